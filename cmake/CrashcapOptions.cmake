@@ -1,0 +1,26 @@
+# Build options. Optional parts are AUTO|ON|OFF: AUTO probes, ON fails with a message
+# that says what to install, OFF skips. Their defines stay PRIVATE to the targets using them.
+
+set(CRASHCAP_WITH_TORCH AUTO CACHE STRING
+  "Build the LibTorch parts (tensor bridge, .pt export, later the recorder): AUTO|ON|OFF")
+set(CRASHCAP_WITH_CUPTI AUTO CACHE STRING
+  "Build the CUPTI kernel tracer (arrives with the kernel-trace issue): AUTO|ON|OFF")
+set(CRASHCAP_SANITIZE "" CACHE STRING
+  "Sanitizers to build with, e.g. address,undefined (empty: none)")
+option(CRASHCAP_BUILD_TESTS "Build the Catch2 tests and the fuzz driver" ON)
+option(CRASHCAP_BUILD_BENCH "Build the benchmarks in bench/" ON)
+option(CRASHCAP_LIBFUZZER "Build the fuzz targets with libFuzzer (needs clang)" OFF)
+
+foreach(opt CRASHCAP_WITH_TORCH CRASHCAP_WITH_CUPTI)
+  set_property(CACHE ${opt} PROPERTY STRINGS AUTO ON OFF)
+  if(NOT ${opt} MATCHES "^(AUTO|ON|OFF)$")
+    message(FATAL_ERROR "${opt} must be AUTO, ON or OFF (got '${${opt}}')")
+  endif()
+endforeach()
+
+if(CRASHCAP_SANITIZE)
+  add_compile_options(-fsanitize=${CRASHCAP_SANITIZE} -fno-omit-frame-pointer)
+  add_link_options(-fsanitize=${CRASHCAP_SANITIZE})
+endif()
+
+add_compile_options(-Wall -Wextra -Wno-unused-parameter)

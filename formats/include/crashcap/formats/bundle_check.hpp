@@ -1,0 +1,50 @@
+#pragma once
+// verify (every checksum and invariant, read-only) and recover (a repaired copy).
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/limits.hpp"
+
+namespace crashcap::formats {
+
+/// One problem verify found.
+struct Problem {
+  uint64_t offset = 0;        ///< first byte of the damaged structure
+  uint64_t length = 0;        ///< its length in bytes (0 when unknown)
+  std::string where;          ///< "file header", "record #12 (tensor_chunk 'w' chunk 3)", "footer", "index"
+  std::string what;           ///< "body checksum mismatch: stored 0x..., computed 0x..."
+};
+
+struct VerifyReport {
+  uint64_t fileSize = 0;
+  bool sealed = false;          ///< a valid footer and index were found
+  uint64_t recordsChecked = 0;
+  uint64_t tensorsChecked = 0;
+  uint64_t bytesChecked = 0;
+  std::vector<Problem> problems;
+  std::vector<std::string> notices;   ///< not problems: unknown record types skipped, ...
+  bool ok() const { return problems.empty(); }
+};
+
+/// Checks every byte of `path`: file header, each record's header, meta and body checksums,
+/// meta decoding, zstd frames, tensor tiling, the index against the records, the footer.
+/// An unsealed bundle is a problem ("not sealed"). Throws only for I/O errors and files that
+/// are not bundles at all.
+VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits = {});
+
+struct RecoverReport {
+  OpenReport source;           ///< what the scan of the input found
+  uint64_t recordsCopied = 0;
+  uint64_t tensorsCopied = 0;
+  uint64_t bytesWritten = 0;
+};
+
+/// Writes a sealed copy of `in` to `out` holding every intact record of `in` (copied byte for
+/// byte, no recompression) except chunks of incomplete tensors, plus a "crashcap.recovery"
+/// note saying what was lost. Never modifies `in`; refuses an existing `out` and out == in.
+RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits = {});
+
+}  // namespace crashcap::formats

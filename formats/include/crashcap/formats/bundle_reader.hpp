@@ -1,0 +1,122 @@
+#pragma once
+// BundleReader: opens a bundle, sealed or not, and reads tensors by name.
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "crashcap/formats/layout.hpp"
+#include "crashcap/formats/limits.hpp"
+#include "crashcap/formats/tensor_info.hpp"
+
+namespace crashcap::formats {
+
+/// One record as found in the file.
+struct RecordEntry {
+  uint64_t offset = 0;   ///< file offset of its header
+  uint16_t type = 0;
+  uint64_t sequence = 0;
+  uint64_t length = 0;   ///< header + meta + body
+};
+
+/// A stretch of the file the reader could not use, and why.
+struct Damage {
+  uint64_t offset = 0;   ///< first byte of the damaged range
+  uint64_t length = 0;   ///< bytes skipped
+  std::string what;      ///< "record header checksum mismatch", "body checksum mismatch in record #12 (tensor_chunk)"
+};
+
+/// A tensor some of whose chunks were lost.
+struct LostTensor {
+  std::string name;
+  uint32_t chunksFound = 0;
+  uint32_t chunkCount = 0;
+};
+
+/// How the bundle was opened and what, if anything, was lost.
+struct OpenReport {
+  bool sealed = false;           ///< footer and index were valid and used
+  bool scanned = false;          ///< records were found by the forward scan
+  std::string whyScanned;        ///< "no footer (not sealed: crash during recording?)", ...
+  uint64_t fileSize = 0;
+  uint64_t usableBytes = 0;      ///< bytes up to the end of the last valid record
+  std::optional<uint64_t> truncatedAt;  ///< where an incomplete trailing record starts
+  bool fileHeaderDamaged = false;
+  uint64_t recordsRecovered = 0;
+  std::vector<Damage> damage;    ///< damaged ranges the scan skipped
+  std::vector<uint64_t> missingSequences;  ///< gaps in the record sequence numbers (capped)
+  uint64_t missingSequenceCount = 0;
+  std::vector<LostTensor> lostTensors;
+  std::map<uint16_t, uint64_t> unknownTypes;  ///< record type -> count, skipped with a notice
+  std::vector<std::string> notices;           ///< human-readable, one line each
+
+  /// True when nothing was lost (sealed, or scanned with no damage/truncation/lost tensors).
+  bool complete() const;
+  /// One line: "sealed, 212 records" or "truncated at byte 1048576 (crash during recording?): ...".
+  std::string summary() const;
+};
+
+struct RecordingInfoData {
+  std::string producer, toolVersion, hostname;
+  uint32_t pid = 0;
+  int64_t createdNs = 0;
+};
+
+struct NoteData {
+  std::string key, text;
+};
+
+/// A read-only view of one bundle. Opening reads the footer and index (sealed bundles) or
+/// scans every record (unsealed or damaged ones); reading a tensor then touches only its
+/// own chunks, each checked against its checksums. Safe on untrusted files: every length is
+/// bounded by ReaderLimits before anything is allocated. Thread-compatible (const methods
+/// may be called from several threads; each read uses pread).
+class BundleReader {
+ public:
+  /// Opens `path`. Throws Error{NotABundle, IncompatibleVersion, Io, LimitExceeded, ...}.
+  static std::unique_ptr<BundleReader> open(const std::string& path, const ReaderLimits& limits = {});
+  /// Like open, but ignores footer and index and always scans (for recover and tests).
+  static std::unique_ptr<BundleReader> scan(const std::string& path, const ReaderLimits& limits = {});
+  ~BundleReader();
+
+  const std::string& path() const;
+  const FileHeader& fileHeader() const;
+  const OpenReport& report() const;
+  const ReaderLimits& limits() const;
+  std::optional<RecordingInfoData> recordingInfo() const;
+  const std::vector<NoteData>& notes() const;
+  /// Every usable record, in file order (index record excluded).
+  const std::vector<RecordEntry>& records() const;
+  /// Every complete tensor, in first-write order.
+  const std::vector<TensorInfo>& tensors() const;
+  /// The tensor named `name`, or nullptr.
+  const TensorInfo* find(const std::string& name) const;
+  /// The tensor named `name`; throws NotFound listing close names.
+  const TensorInfo& get(const std::string& name) const;
+
+  /// Reads a tensor's contiguous bytes into `out` (exactly t.totalBytes), checking every
+  /// chunk's checksums and invariants. Throws LimitExceeded when t.totalBytes exceeds
+  /// limits().maxTensorBytes.
+  void readTensor(const TensorInfo& t, void* out, uint64_t outSize) const;
+  std::vector<uint8_t> readTensor(const TensorInfo& t) const;
+
+  /// Reads one record's raw parts (header checked, meta and body checksums checked, body
+  /// decoded). For tools and later record types.
+  struct RawRecord {
+    RecordHeader header;
+    std::vector<uint8_t> meta;
+    std::vector<uint8_t> body;  ///< decoded
+  };
+  RawRecord readRecord(uint64_t offset) const;
+
+ private:
+  struct Impl;
+  explicit BundleReader(std::unique_ptr<Impl> impl);
+  static std::unique_ptr<Impl> load(const std::string& path, const ReaderLimits& limits, bool useIndex);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crashcap::formats

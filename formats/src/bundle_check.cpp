@@ -1,0 +1,288 @@
+#include "crashcap/formats/bundle_check.hpp"
+
+#include <sys/stat.h>
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <unordered_map>
+
+#include "codec.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/error.hpp"
+#include "file_io.hpp"
+#include "meta.hpp"
+#include "scanner.hpp"
+
+namespace crashcap::formats {
+namespace {
+
+std::string recordLabel(const RecordHeader& h, uint64_t offset, const std::string& detail = {}) {
+  return fmt::format("record #{} ({}{}) at byte {}", h.sequence, recordTypeName(h.type),
+                     detail.empty() ? "" : " " + detail, offset);
+}
+
+}  // namespace
+
+VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
+  VerifyReport report;
+  auto file = detail::File::openRead(path);
+  uint64_t size = file.size();
+  report.fileSize = size;
+  if (size == 0) throw Error(ErrorCode::NotABundle, fmt::format("{} is empty (0 bytes), not a crashcap bundle", path));
+  uint8_t head[kFileHeaderSize] = {};
+  uint64_t got = file.preadSome(head, kFileHeaderSize, 0);
+  if (std::memcmp(head, kMagic.data(), std::min<size_t>(got, kMagic.size())) != 0) decodeFileHeader(head);
+  auto problem = [&](uint64_t offset, uint64_t length, std::string where, std::string what) {
+    report.problems.push_back({offset, length, std::move(where), std::move(what)});
+  };
+  if (got < kFileHeaderSize) {
+    problem(0, got, "file header", fmt::format("the file ends at byte {}, inside the {}-byte file header", got,
+                                               kFileHeaderSize));
+    return report;
+  }
+  try {
+    auto h = decodeFileHeader(head);
+    if (h.formatMajor != kFormatMajor)
+      problem(0, kFileHeaderSize, "file header",
+              fmt::format("format version {}.{}; this crashcap reads {}.x", h.formatMajor, h.formatMinor, kFormatMajor));
+  } catch (const Error& e) {
+    problem(0, kFileHeaderSize, "file header", e.message());
+  }
+  report.bytesChecked += kFileHeaderSize;
+
+  std::optional<Footer> footer;
+  uint64_t scanEnd = size;
+  if (size >= kFileHeaderSize + kFooterSize) {
+    uint8_t foot[kFooterSize];
+    file.preadExact(foot, kFooterSize, size - kFooterSize);
+    auto fc = decodeFooter(foot);
+    if (fc.footer) {
+      footer = fc.footer;
+      scanEnd = size - kFooterSize;
+      report.bytesChecked += kFooterSize;
+    } else {
+      problem(size - kFooterSize, kFooterSize, "footer", "not sealed: " + fc.problem);
+    }
+  } else {
+    problem(kFileHeaderSize, size - kFileHeaderSize, "footer", "not sealed: the file is too short for a footer");
+  }
+
+  struct Chunk {
+    uint64_t offset;
+    detail::ChunkMeta meta;
+  };
+  std::map<uint64_t, std::vector<Chunk>> chunksById;
+  std::vector<RecordEntry> scanned;
+  std::optional<std::pair<uint64_t, detail::IndexData>> index;
+  std::optional<uint64_t> indexAt;
+  std::vector<uint64_t> sequences;
+  detail::Decompressor dec(limits.zstdWindowLogMax);
+  std::vector<uint8_t> decoded;
+  detail::ScanOptions options;
+  options.end = scanEnd;
+  options.keepBodies = true;
+  auto result = detail::scanRecords(
+      file, limits, options,
+      [&](detail::ScannedRecord& rec) {
+        const auto& h = rec.header;
+        report.recordsChecked++;
+        report.bytesChecked += h.totalLength();
+        sequences.push_back(h.sequence);
+        std::string label = recordLabel(h, rec.offset);
+        try {
+          if (h.codec() == Codec::Zstd) {
+            decoded.resize(h.rawLength);
+            auto p = dec.decompress(rec.body.data(), rec.body.size(), decoded.data(), decoded.size());
+            if (!p.empty()) throw Error(ErrorCode::Corrupt, p);
+          } else {
+            decoded = std::move(rec.body);
+          }
+          switch (static_cast<RecordType>(h.type)) {
+            case RecordType::RecordingInfo:
+              detail::decodeRecordingInfo(rec.meta.data(), rec.meta.size(), limits);
+              break;
+            case RecordType::Note:
+              detail::decodeNote(rec.meta.data(), rec.meta.size(), limits);
+              break;
+            case RecordType::TensorChunk: {
+              auto c = detail::decodeChunk(rec.meta.data(), rec.meta.size(), h.rawLength, limits);
+              chunksById[c.tensorId].push_back({rec.offset, std::move(c)});
+              break;
+            }
+            case RecordType::Index: {
+              indexAt = rec.offset;
+              detail::decodeIndexInfo(rec.meta.data(), rec.meta.size(), limits);
+              index.emplace(rec.offset, detail::decodeIndex(decoded.data(), decoded.size(), kFileHeaderSize,
+                                                            rec.offset, limits));
+              return;
+            }
+            default:
+              report.notices.push_back(fmt::format("{}: unknown record type {} skipped", label, h.type));
+          }
+          scanned.push_back({rec.offset, h.type, h.sequence, h.totalLength()});
+        } catch (const Error& e) {
+          problem(rec.offset, h.totalLength(), label, e.message());
+        }
+      },
+      [&](const detail::ScanDamage& d) {
+        std::string where = d.header ? recordLabel(*d.header, d.offset)
+                                     : fmt::format("bytes {}..{}", d.offset, d.offset + d.length);
+        if (d.header) sequences.push_back(d.header->sequence);
+        problem(d.offset, d.length, where, d.what);
+      });
+  if (result.truncatedAt) {
+    std::string where = result.truncatedHeader ? recordLabel(*result.truncatedHeader, *result.truncatedAt)
+                                               : fmt::format("bytes {}..{}", *result.truncatedAt, scanEnd);
+    problem(*result.truncatedAt, scanEnd - *result.truncatedAt, where,
+            fmt::format("truncated: the file ends at byte {} inside this record", scanEnd));
+  }
+
+  std::sort(sequences.begin(), sequences.end());
+  uint64_t expect = 0;
+  for (uint64_t s : sequences) {
+    if (s > expect)
+      problem(0, 0, "record sequence",
+              s - expect == 1 ? fmt::format("record #{} is missing", expect)
+                              : fmt::format("records #{}..#{} are missing", expect, s - 1));
+    else if (s < expect)
+      problem(0, 0, "record sequence", fmt::format("record #{} appears twice", s));
+    expect = std::max(expect, s + 1);
+  }
+
+  // Tensors: chunks of one id must agree and tile their bytes exactly.
+  std::unordered_map<std::string, uint64_t> names;
+  std::map<std::string, std::vector<uint64_t>> tensorChunks;
+  for (auto& [id, chunks] : chunksById) {
+    std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
+      return a.meta.chunkIndex < b.meta.chunkIndex;
+    });
+    const auto& first = chunks.front().meta;
+    std::string where = fmt::format("tensor '{}' (id {})", first.name, id);
+    uint64_t next = 0;
+    bool ok = true;
+    for (size_t i = 0; i < chunks.size(); ++i) {
+      const auto& c = chunks[i].meta;
+      if (!detail::sameTensor(first, c)) {
+        problem(chunks[i].offset, 0, where, fmt::format("chunk {} describes a different tensor", c.chunkIndex));
+        ok = false;
+      } else if (c.chunkIndex != i || c.offset != next) {
+        problem(chunks[i].offset, 0, where,
+                fmt::format("chunk {} at tensor byte {} does not follow the previous chunk (expected chunk {} at "
+                            "byte {})",
+                            c.chunkIndex, c.offset, i, next));
+        ok = false;
+        break;
+      }
+      next = c.offset + c.length;
+    }
+    if (ok && (chunks.size() != first.chunkCount || next != first.totalBytes))
+      problem(chunks.back().offset, 0, where,
+              fmt::format("incomplete: {} of {} chunks, {} of {} bytes", chunks.size(), first.chunkCount, next,
+                          first.totalBytes));
+    if (names.count(first.name))
+      problem(chunks.front().offset, 0, where, "another tensor has the same name");
+    names[first.name] = id;
+    for (const auto& c : chunks) tensorChunks[first.name].push_back(c.offset);
+    report.tensorsChecked++;
+  }
+
+  // The index must describe exactly the records and tensors found.
+  if (footer) {
+    if (!indexAt || *indexAt != footer->indexOffset) {
+      problem(footer->indexOffset, 0, "index",
+              fmt::format("the footer points at an index at byte {}, but no intact index record is there",
+                          footer->indexOffset));
+    } else if (index) {
+      const auto& idx = index->second;
+      if (idx.records.size() != scanned.size() || footer->recordCount != idx.records.size())
+        problem(*indexAt, 0, "index",
+                fmt::format("lists {} records (footer: {}); {} intact records were found", idx.records.size(),
+                            footer->recordCount, scanned.size()));
+      for (size_t i = 0; i < std::min(idx.records.size(), scanned.size()); ++i) {
+        const auto& a = idx.records[i];
+        const auto& b = scanned[i];
+        if (a.offset != b.offset || a.type != b.type || a.sequence != b.sequence || a.length != b.length) {
+          problem(*indexAt, 0, "index",
+                  fmt::format("entry {} says record #{} ({}) at byte {}, the file has record #{} ({}) there", i,
+                              a.sequence, recordTypeName(a.type), a.offset, b.sequence, recordTypeName(b.type)));
+          break;
+        }
+      }
+      for (const auto& t : idx.tensors) {
+        auto it = tensorChunks.find(t.name);
+        if (it == tensorChunks.end() || it->second != t.chunkRecords)
+          problem(*indexAt, 0, "index", fmt::format("entry for tensor '{}' does not match its chunk records", t.name));
+      }
+    }
+  }
+  return report;
+}
+
+RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits) {
+  struct stat a, b;
+  if (stat(in.c_str(), &a) == 0 && stat(out.c_str(), &b) == 0) {
+    if (a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+      throw Error(ErrorCode::InvalidArgument, fmt::format("{} and {} are the same file", in, out),
+                  "recover never modifies the evidence file; give another output path");
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{} already exists", out),
+                "recover never overwrites; choose another output path");
+  }
+  auto reader = BundleReader::scan(in, limits);
+  RecoverReport report;
+  report.source = reader->report();
+
+  FileHeader header = reader->fileHeader();
+  if (report.source.fileHeaderDamaged) {
+    header = FileHeader{};
+    header.recordingId = newRecordingId();
+  }
+  WriterOptions options;
+  auto writer = BundleWriter::createCopy(out, header, options);
+
+  std::unordered_map<uint64_t, const TensorInfo*> chunkOwner;
+  for (const auto& t : reader->tensors())
+    for (uint64_t off : t.chunkRecords) chunkOwner[off] = &t;
+  std::unordered_map<uint64_t, uint64_t> moved;
+  uint64_t skipped = 0;
+  auto file = detail::File::openRead(in);
+  for (const auto& r : reader->records()) {
+    if (r.type == static_cast<uint16_t>(RecordType::TensorChunk) && !chunkOwner.count(r.offset)) {
+      ++skipped;
+      continue;
+    }
+    uint8_t head[kRecordHeaderSize];
+    file.preadExact(head, kRecordHeaderSize, r.offset);
+    auto check = decodeRecordHeader(head);
+    CRASHCAP_ASSERT(check.header, fmt::format("record at {} was valid during the scan", r.offset));
+    const auto& h = *check.header;
+    std::vector<uint8_t> meta(h.metaLength), body(h.bodyLength);
+    file.preadExact(meta.data(), meta.size(), r.offset + kRecordHeaderSize);
+    file.preadExact(body.data(), body.size(), r.offset + kRecordHeaderSize + h.metaLength);
+    if (hash64(meta.data(), meta.size()) != h.metaHash || hash64(body.data(), body.size()) != h.bodyHash)
+      throw Error(ErrorCode::Io, fmt::format("{} changed while it was being recovered (record at byte {})", in,
+                                             r.offset));
+    moved[r.offset] = writer->copyRecord(h, meta, body);
+    report.recordsCopied++;
+  }
+  for (const auto& t : reader->tensors()) {
+    TensorInfo copy = t;
+    for (auto& off : copy.chunkRecords) off = moved.at(off);
+    writer->indexTensor(copy);
+    report.tensorsCopied++;
+  }
+  std::string text = fmt::format("recovered from {}: {}", in, report.source.summary());
+  if (skipped) text += fmt::format("; {} chunk records of incomplete tensors dropped", skipped);
+  for (const auto& n : report.source.notices) text += "\n" + n;
+  for (const auto& d : report.source.damage)
+    text += fmt::format("\ndamaged bytes {}..{}: {}", d.offset, d.offset + d.length, d.what);
+  if (text.size() > (1u << 20) - 64) text.resize((1u << 20) - 64);
+  writer->writeNote("crashcap.recovery", text);
+  writer->seal();
+  report.bytesWritten = writer->stats().fileBytes;
+  return report;
+}
+
+}  // namespace crashcap::formats

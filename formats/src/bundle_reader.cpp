@@ -1,0 +1,535 @@
+#include "crashcap/formats/bundle_reader.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "codec.hpp"
+#include "crashcap/formats/error.hpp"
+#include "file_io.hpp"
+#include "meta.hpp"
+#include "scanner.hpp"
+
+namespace crashcap::formats {
+
+bool OpenReport::complete() const {
+  return !truncatedAt && damage.empty() && lostTensors.empty() && !fileHeaderDamaged && missingSequenceCount == 0;
+}
+
+std::string OpenReport::summary() const {
+  if (sealed && complete()) return fmt::format("sealed, {} records", recordsRecovered);
+  std::vector<std::string> parts;
+  if (truncatedAt)
+    parts.push_back(fmt::format("truncated at byte {} of {} (crash during recording?)", *truncatedAt, fileSize));
+  else if (!sealed)
+    parts.push_back(fmt::format("not sealed ({})", whyScanned));
+  if (fileHeaderDamaged) parts.push_back("file header damaged");
+  parts.push_back(fmt::format("{} records recovered", recordsRecovered));
+  if (!damage.empty()) {
+    uint64_t bytes = 0;
+    for (const auto& d : damage) bytes += d.length;
+    parts.push_back(fmt::format("{} damaged range{} ({} bytes) skipped", damage.size(), damage.size() == 1 ? "" : "s",
+                                bytes));
+  }
+  if (missingSequenceCount) parts.push_back(fmt::format("{} records missing", missingSequenceCount));
+  if (!lostTensors.empty()) {
+    std::string lost;
+    for (size_t i = 0; i < lostTensors.size() && i < 3; ++i)
+      lost += fmt::format("{}'{}' ({} of {} chunks)", i ? ", " : "", lostTensors[i].name, lostTensors[i].chunksFound,
+                          lostTensors[i].chunkCount);
+    if (lostTensors.size() > 3) lost += fmt::format(" and {} more", lostTensors.size() - 3);
+    parts.push_back(fmt::format("{} tensor{} lost: {}", lostTensors.size(), lostTensors.size() == 1 ? "" : "s", lost));
+  }
+  std::string s;
+  for (size_t i = 0; i < parts.size(); ++i) s += (i ? (i == 1 ? ": " : "; ") : "") + parts[i];
+  return s;
+}
+
+struct BundleReader::Impl {
+  detail::File file;
+  ReaderLimits limits;
+  FileHeader header;
+  OpenReport report;
+  std::optional<RecordingInfoData> info;
+  std::vector<NoteData> notes;
+  std::vector<RecordEntry> records;
+  std::vector<TensorInfo> tensors;
+  std::unordered_map<std::string, size_t> byName;
+
+  void reset() {
+    info.reset();
+    notes.clear();
+    records.clear();
+    tensors.clear();
+    byName.clear();
+  }
+
+  /// Reads and checks one record: header, limits, meta and body checksums; decodes the body.
+  BundleReader::RawRecord read(uint64_t offset, bool decodeBody = true) const {
+    uint64_t size = file.size();
+    if (offset < kFileHeaderSize || offset > size || size - offset < kRecordHeaderSize)
+      throw Error(ErrorCode::Corrupt, fmt::format("no record header fits at byte {} of a {}-byte file", offset, size));
+    uint8_t head[kRecordHeaderSize];
+    file.preadExact(head, kRecordHeaderSize, offset);
+    auto check = decodeRecordHeader(head);
+    if (!check.header) throw Error(ErrorCode::Corrupt, fmt::format("record at byte {}: {}", offset, check.problem));
+    const RecordHeader& h = *check.header;
+    uint64_t bodyLimit = detail::bodyLimitFor(h.type, limits);
+    if (h.metaLength > limits.maxMetaBytes || h.bodyLength > bodyLimit || h.rawLength > bodyLimit)
+      throw Error(ErrorCode::LimitExceeded,
+                  fmt::format("{} record #{} at byte {} has a {}-byte meta and a {}-byte body ({} decoded); the limits "
+                              "are {} and {}",
+                              recordTypeName(h.type), h.sequence, offset, h.metaLength, h.bodyLength, h.rawLength,
+                              limits.maxMetaBytes, bodyLimit));
+    if (h.totalLength() > size - offset)
+      throw Error(ErrorCode::Truncated,
+                  fmt::format("{} record #{} at byte {} needs {} bytes but the file ends at byte {}",
+                              recordTypeName(h.type), h.sequence, offset, h.totalLength(), size));
+    BundleReader::RawRecord r;
+    r.header = h;
+    r.meta.resize(h.metaLength);
+    file.preadExact(r.meta.data(), h.metaLength, offset + kRecordHeaderSize);
+    if (hash64(r.meta.data(), r.meta.size()) != h.metaHash)
+      throw Error(ErrorCode::Corrupt, fmt::format("meta checksum mismatch in {} record #{} at byte {}",
+                                                  recordTypeName(h.type), h.sequence, offset),
+                  "run `crashcap verify` for details and `crashcap recover` for a repaired copy");
+    std::vector<uint8_t> stored(h.bodyLength);
+    file.preadExact(stored.data(), h.bodyLength, offset + kRecordHeaderSize + h.metaLength);
+    if (hash64(stored.data(), stored.size()) != h.bodyHash)
+      throw Error(ErrorCode::Corrupt,
+                  fmt::format("body checksum mismatch in {} record #{} at byte {} (body bytes {}..{})",
+                              recordTypeName(h.type), h.sequence, offset, offset + kRecordHeaderSize + h.metaLength,
+                              offset + h.totalLength()),
+                  "run `crashcap verify` for details and `crashcap recover` for a repaired copy");
+    if (!decodeBody || h.codec() == Codec::None) {
+      r.body = std::move(stored);
+    } else {
+      r.body.resize(h.rawLength);
+      detail::Decompressor d(limits.zstdWindowLogMax);
+      auto problem = d.decompress(stored.data(), stored.size(), r.body.data(), r.body.size());
+      if (!problem.empty())
+        throw Error(ErrorCode::Corrupt, fmt::format("{} record #{} at byte {}: {}", recordTypeName(h.type),
+                                                    h.sequence, offset, problem));
+    }
+    return r;
+  }
+
+  void addTensor(TensorInfo t) {
+    if (byName.count(t.name)) {
+      report.notices.push_back(fmt::format("a second tensor named '{}' (id {}) was ignored", t.name, t.id));
+      return;
+    }
+    byName[t.name] = tensors.size();
+    tensors.push_back(std::move(t));
+  }
+
+  void noteUnknown(uint16_t type, uint16_t flags, uint64_t offset) {
+    if (flags & kFlagRequired)
+      throw Error(ErrorCode::IncompatibleVersion,
+                  fmt::format("record at byte {} has type {} which this crashcap ({}) does not know and which is marked "
+                              "required",
+                              offset, type, CRASHCAP_VERSION),
+                  "the bundle was made by a newer crashcap; upgrade to read it");
+    report.unknownTypes[type]++;
+  }
+
+  /// The fast path: footer -> index. Throws Error when anything does not check out.
+  void loadIndexed(const Footer& footer) {
+    uint64_t size = file.size();
+    uint64_t indexOffset = footer.indexOffset;
+    if (indexOffset < kFileHeaderSize || indexOffset > size - kFooterSize - kRecordHeaderSize)
+      throw Error(ErrorCode::Corrupt, fmt::format("footer points at an index at byte {} outside the file", indexOffset));
+    auto rec = withContext("while reading the index", [&] { return read(indexOffset); });
+    if (rec.header.type != static_cast<uint16_t>(RecordType::Index))
+      throw Error(ErrorCode::Corrupt, fmt::format("footer points at a {} record, not the index",
+                                                  recordTypeName(rec.header.type)));
+    if (indexOffset + rec.header.totalLength() != size - kFooterSize)
+      throw Error(ErrorCode::Corrupt, fmt::format("{} bytes lie between the index and the footer",
+                                                  size - kFooterSize - indexOffset - rec.header.totalLength()));
+    auto [recordCount, tensorCount] =
+        detail::decodeIndexInfo(rec.meta.data(), rec.meta.size(), limits);
+    auto index = detail::decodeIndex(rec.body.data(), rec.body.size(), kFileHeaderSize, indexOffset, limits);
+    if (recordCount != index.records.size() || footer.recordCount != index.records.size() ||
+        tensorCount != index.tensors.size())
+      throw Error(ErrorCode::Corrupt,
+                  fmt::format("index lists {} records and {} tensors; its header says {} and {}, the footer {} records",
+                              index.records.size(), index.tensors.size(), recordCount, tensorCount,
+                              footer.recordCount));
+    std::unordered_set<uint64_t> chunkOffsets;
+    for (const auto& e : index.records) {
+      switch (static_cast<RecordType>(e.type)) {
+        case RecordType::TensorChunk:
+          chunkOffsets.insert(e.offset);
+          break;
+        case RecordType::RecordingInfo: {
+          auto r = read(e.offset, false);
+          info = detail::decodeRecordingInfo(r.meta.data(), r.meta.size(), limits);
+          break;
+        }
+        case RecordType::Note: {
+          auto r = read(e.offset, false);
+          notes.push_back(detail::decodeNote(r.meta.data(), r.meta.size(), limits));
+          break;
+        }
+        case RecordType::Index:
+          throw Error(ErrorCode::Corrupt, fmt::format("index lists a second index at byte {}", e.offset));
+        default: {
+          uint8_t head[kRecordHeaderSize];
+          file.preadExact(head, kRecordHeaderSize, e.offset);
+          auto check = decodeRecordHeader(head);
+          noteUnknown(e.type, check.header ? check.header->flags : 0, e.offset);
+        }
+      }
+    }
+    for (auto& t : index.tensors) {
+      for (uint64_t off : t.chunkRecords)
+        if (!chunkOffsets.count(off))
+          throw Error(ErrorCode::Corrupt,
+                      fmt::format("index places a chunk of tensor '{}' at byte {}, where no tensor_chunk record is",
+                                  t.name, off));
+      if (byName.count(t.name))
+        throw Error(ErrorCode::Corrupt, fmt::format("index lists tensor '{}' twice", t.name));
+      addTensor(std::move(t));
+    }
+    records = std::move(index.records);
+    report.sealed = true;
+    report.recordsRecovered = records.size();
+    report.usableBytes = size;
+  }
+
+  void loadScanned(uint64_t end) {
+    report.scanned = true;
+    std::vector<uint64_t> sequences;
+    struct Group {
+      detail::ChunkMeta first;
+      struct Found {
+        uint64_t offset;
+        uint64_t bodyLength;
+        detail::ChunkMeta meta;
+      };
+      std::vector<std::optional<Found>> chunks;  // by chunk index
+      uint64_t order = 0;
+    };
+    std::unordered_map<uint64_t, Group> groups;
+    uint64_t groupOrder = 0;
+    auto damaged = [&](uint64_t offset, uint64_t length, std::string what) {
+      report.damage.push_back({offset, length, std::move(what)});
+    };
+    detail::ScanOptions options;
+    options.end = end;
+    auto result = detail::scanRecords(
+        file, limits, options,
+        [&](detail::ScannedRecord& rec) {
+          const auto& h = rec.header;
+          try {
+            switch (static_cast<RecordType>(h.type)) {
+              case RecordType::RecordingInfo:
+                info = detail::decodeRecordingInfo(rec.meta.data(), rec.meta.size(), limits);
+                break;
+              case RecordType::Note:
+                notes.push_back(detail::decodeNote(rec.meta.data(), rec.meta.size(), limits));
+                break;
+              case RecordType::Index:
+                break;  // rebuilt from the records themselves
+              case RecordType::TensorChunk: {
+                auto c = detail::decodeChunk(rec.meta.data(), rec.meta.size(), h.rawLength, limits);
+                auto it = groups.find(c.tensorId);
+                if (it == groups.end()) {
+                  Group g;
+                  g.first = c;
+                  g.chunks.resize(c.chunkCount);
+                  g.order = groupOrder++;
+                  it = groups.emplace(c.tensorId, std::move(g)).first;
+                }
+                auto& g = it->second;
+                if (!detail::sameTensor(g.first, c)) {
+                  damaged(rec.offset, h.totalLength(),
+                          fmt::format("tensor_chunk record #{} claims tensor id {} but its descriptor ('{}' {} {}) "
+                                      "differs from that tensor's first chunk ('{}' {} {})",
+                                      h.sequence, c.tensorId, c.name, dtypeName(c.dtype), formatShape(c.shape),
+                                      g.first.name, dtypeName(g.first.dtype), formatShape(g.first.shape)));
+                  return;
+                }
+                if (g.chunks[c.chunkIndex]) {
+                  report.notices.push_back(fmt::format("duplicate chunk {} of tensor '{}' at byte {} ignored",
+                                                       c.chunkIndex, c.name, rec.offset));
+                  return;
+                }
+                uint32_t index = c.chunkIndex;
+                g.chunks[index] = Group::Found{rec.offset, h.bodyLength, std::move(c)};
+                break;
+              }
+              default:
+                noteUnknown(h.type, h.flags, rec.offset);
+            }
+          } catch (const Error& e) {
+            if (e.code() == ErrorCode::IncompatibleVersion) throw;
+            damaged(rec.offset, h.totalLength(),
+                    fmt::format("{} record #{}: {}", recordTypeName(h.type), h.sequence, e.message()));
+            return;
+          }
+          if (h.type != static_cast<uint16_t>(RecordType::Index)) {
+            records.push_back({rec.offset, h.type, h.sequence, h.totalLength()});
+            sequences.push_back(h.sequence);
+          }
+        },
+        [&](const detail::ScanDamage& d) { damaged(d.offset, d.length, d.what); });
+
+    report.truncatedAt = result.truncatedAt;
+    report.usableBytes = result.usableEnd;
+    report.recordsRecovered = records.size();
+    if (result.truncatedAt) {
+      std::string what = "the incomplete record there";
+      if (result.truncatedHeader) {
+        const auto& h = *result.truncatedHeader;
+        what = fmt::format("the incomplete record there was {} #{} ({} of {} bytes present)", recordTypeName(h.type),
+                           h.sequence, end - *result.truncatedAt, h.totalLength());
+        if (h.type == static_cast<uint16_t>(RecordType::TensorChunk) && !result.truncatedMeta.empty()) {
+          try {
+            auto c = detail::decodeChunk(result.truncatedMeta.data(), result.truncatedMeta.size(), h.rawLength, limits);
+            what += fmt::format(": tensor '{}' chunk {} of {}", c.name, c.chunkIndex, c.chunkCount);
+          } catch (const Error&) {
+          }
+        }
+        report.notices.push_back(fmt::format("truncated at byte {}: {}", *result.truncatedAt, what));
+      } else {
+        report.notices.push_back(fmt::format("truncated at byte {}: {} trailing bytes are less than a record header",
+                                             *result.truncatedAt, end - *result.truncatedAt));
+      }
+    }
+
+    // Sequence gaps say how many records were lost in damaged ranges or at the end.
+    std::sort(sequences.begin(), sequences.end());
+    uint64_t expect = 0;
+    for (uint64_t s : sequences) {
+      if (s > expect) {
+        report.missingSequenceCount += s - expect;
+        for (uint64_t m = expect; m < s && report.missingSequences.size() < 100; ++m)
+          report.missingSequences.push_back(m);
+      }
+      expect = std::max(expect, s + 1);
+    }
+
+    std::vector<std::pair<uint64_t, Group*>> ordered;
+    for (auto& [id, g] : groups) ordered.emplace_back(g.order, &g);
+    std::sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    for (auto& [order, g] : ordered) {
+      uint32_t found = 0;
+      bool tiles = true;
+      uint64_t next = 0, stored = 0;
+      TensorInfo t;
+      for (const auto& c : g->chunks) {
+        if (!c) {
+          tiles = false;
+          continue;
+        }
+        ++found;
+        if (c->meta.offset != next) tiles = false;
+        next = c->meta.offset + c->meta.length;
+        stored += c->bodyLength;
+        t.chunkRecords.push_back(c->offset);
+      }
+      if (!tiles || next != g->first.totalBytes || found != g->first.chunkCount) {
+        report.lostTensors.push_back({g->first.name, found, g->first.chunkCount});
+        continue;
+      }
+      t.id = g->first.tensorId;
+      t.name = g->first.name;
+      t.dtype = g->first.dtype;
+      t.shape = g->first.shape;
+      t.totalBytes = g->first.totalBytes;
+      t.storedBytes = stored;
+      addTensor(std::move(t));
+    }
+  }
+};
+
+BundleReader::BundleReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+BundleReader::~BundleReader() = default;
+
+std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, const ReaderLimits& limits,
+                                                      bool useIndex) {
+  auto m = std::make_unique<BundleReader::Impl>();
+  m->file = detail::File::openRead(path);
+  m->limits = limits;
+  uint64_t size = m->file.size();
+  m->report.fileSize = size;
+  if (size == 0)
+    throw Error(ErrorCode::NotABundle, fmt::format("{} is empty (0 bytes), not a crashcap bundle", path));
+  uint8_t head[kFileHeaderSize] = {};
+  uint64_t got = m->file.preadSome(head, kFileHeaderSize, 0);
+  size_t magicBytes = std::min<size_t>(got, kMagic.size());
+  if (std::memcmp(head, kMagic.data(), magicBytes) != 0) {
+    try {
+      decodeFileHeader(head);  // builds the message that shows the bytes found
+    } catch (Error& e) {
+      throw e.with("while opening " + path);
+    }
+  }
+  if (got < kFileHeaderSize) {
+    m->report.scanned = true;
+    m->report.whyScanned = "the file ends inside the file header";
+    m->report.truncatedAt = got;
+    m->report.fileHeaderDamaged = true;
+    m->report.notices.push_back(
+        fmt::format("truncated at byte {} inside the {}-byte file header: no records", got, kFileHeaderSize));
+    return m;
+  }
+  try {
+    m->header = decodeFileHeader(head);
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::Corrupt) throw;
+    m->report.fileHeaderDamaged = true;
+    m->report.notices.push_back(e.message() + "; reading the records anyway");
+  }
+  if (!m->report.fileHeaderDamaged && m->header.formatMajor != kFormatMajor)
+    throw Error(ErrorCode::IncompatibleVersion,
+                fmt::format("{} was made by an incompatible crashcap: bundle format {}.{}, this crashcap ({}) reads "
+                            "format {}.x",
+                            path, m->header.formatMajor, m->header.formatMinor, CRASHCAP_VERSION, kFormatMajor),
+                m->header.formatMajor > kFormatMajor ? "upgrade crashcap to read it"
+                                                     : "use the older crashcap that wrote it");
+
+  uint64_t scanEnd = size;
+  if (size >= kFileHeaderSize + kRecordHeaderSize + kFooterSize) {
+    uint8_t foot[kFooterSize];
+    m->file.preadExact(foot, kFooterSize, size - kFooterSize);
+    auto fc = decodeFooter(foot);
+    if (fc.footer) {
+      scanEnd = size - kFooterSize;
+      if (useIndex) {
+        try {
+          m->loadIndexed(*fc.footer);
+          return m;
+        } catch (const Error& e) {
+          if (e.code() == ErrorCode::IncompatibleVersion || e.code() == ErrorCode::Io) throw;
+          m->reset();
+          bool headerDamaged = m->report.fileHeaderDamaged;
+          auto notices = std::move(m->report.notices);
+          m->report = OpenReport{};
+          m->report.fileSize = size;
+          m->report.fileHeaderDamaged = headerDamaged;
+          m->report.notices = std::move(notices);
+          m->report.whyScanned = "index unusable: " + std::string(e.what());
+        }
+      } else {
+        m->report.whyScanned = "scan requested";
+      }
+    } else {
+      m->report.whyScanned = "no valid footer (crash during recording, or the end of the file is damaged)";
+    }
+  } else {
+    m->report.whyScanned = "too short for a footer";
+  }
+  m->loadScanned(scanEnd);
+  if (scanEnd != size && !m->report.truncatedAt) m->report.usableBytes = size;
+  return m;
+}
+
+std::unique_ptr<BundleReader> BundleReader::open(const std::string& path, const ReaderLimits& limits) {
+  return std::unique_ptr<BundleReader>(new BundleReader(load(path, limits, true)));
+}
+
+std::unique_ptr<BundleReader> BundleReader::scan(const std::string& path, const ReaderLimits& limits) {
+  return std::unique_ptr<BundleReader>(new BundleReader(load(path, limits, false)));
+}
+
+const std::string& BundleReader::path() const { return impl_->file.path(); }
+const FileHeader& BundleReader::fileHeader() const { return impl_->header; }
+const OpenReport& BundleReader::report() const { return impl_->report; }
+const ReaderLimits& BundleReader::limits() const { return impl_->limits; }
+std::optional<RecordingInfoData> BundleReader::recordingInfo() const { return impl_->info; }
+const std::vector<NoteData>& BundleReader::notes() const { return impl_->notes; }
+const std::vector<RecordEntry>& BundleReader::records() const { return impl_->records; }
+const std::vector<TensorInfo>& BundleReader::tensors() const { return impl_->tensors; }
+
+const TensorInfo* BundleReader::find(const std::string& name) const {
+  auto it = impl_->byName.find(name);
+  return it == impl_->byName.end() ? nullptr : &impl_->tensors[it->second];
+}
+
+const TensorInfo& BundleReader::get(const std::string& name) const {
+  if (const auto* t = find(name)) return *t;
+  std::vector<std::string> close;
+  for (const auto& t : impl_->tensors) {
+    if (close.size() >= 5) break;
+    auto slash = name.rfind('/');
+    std::string leaf = slash == std::string::npos ? name : name.substr(slash + 1);
+    if (t.name.find(leaf) != std::string::npos || name.find(t.name) != std::string::npos) close.push_back(t.name);
+  }
+  std::string hint = close.empty() ? "run `crashcap ls` to list the tensors"
+                                   : fmt::format("did you mean {}?", fmt::join(close, ", "));
+  throw Error(ErrorCode::NotFound,
+              fmt::format("no tensor named '{}' in {} ({} tensors)", name, impl_->file.path(), impl_->tensors.size()),
+              hint);
+}
+
+BundleReader::RawRecord BundleReader::readRecord(uint64_t offset) const { return impl_->read(offset); }
+
+void BundleReader::readTensor(const TensorInfo& t, void* out, uint64_t outSize) const {
+  const auto& m = *impl_;
+  if (outSize != t.totalBytes)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("tensor '{}' has {} bytes; the buffer has {}", t.name, t.totalBytes, outSize));
+  if (t.totalBytes > m.limits.maxTensorBytes)
+    throw Error(ErrorCode::LimitExceeded,
+                fmt::format("tensor '{}' is {} bytes; the reader's limit is {}", t.name, t.totalBytes,
+                            m.limits.maxTensorBytes),
+                "raise the limit (--max-tensor-bytes) if you trust the bundle and have the memory");
+  auto* dst = static_cast<uint8_t*>(out);
+  detail::Decompressor dec(m.limits.zstdWindowLogMax);
+  std::vector<uint8_t> scratch;
+  uint64_t next = 0;
+  const uint32_t count = uint32_t(t.chunkRecords.size());
+  for (uint32_t i = 0; i < count; ++i) {
+    withContext(fmt::format("while reading tensor '{}' chunk {} of {}", t.name, i, count), [&] {
+      uint64_t offset = t.chunkRecords[i];
+      auto r = m.read(offset, false);
+      if (r.header.type != static_cast<uint16_t>(RecordType::TensorChunk))
+        throw Error(ErrorCode::Corrupt, fmt::format("record at byte {} is {}, not a tensor_chunk", offset,
+                                                    recordTypeName(r.header.type)));
+      auto c = detail::decodeChunk(r.meta.data(), r.meta.size(), r.header.rawLength, m.limits);
+      if (c.tensorId != t.id || c.name != t.name || c.dtype != t.dtype || c.shape != t.shape ||
+          c.totalBytes != t.totalBytes || c.chunkCount != count || c.chunkIndex != i || c.offset != next)
+        throw Error(ErrorCode::Corrupt,
+                    fmt::format("chunk record at byte {} describes '{}' chunk {}/{} at tensor byte {}, expected '{}' "
+                                "chunk {}/{} at byte {}",
+                                offset, c.name, c.chunkIndex, c.chunkCount, c.offset, t.name, i, count, next));
+      uint8_t* target = dst + c.offset;
+      if (r.header.codec() == Codec::None) {
+        if (c.shuffle) detail::unshuffleBytes(r.body.data(), target, c.length, c.shuffle);
+        else std::memcpy(target, r.body.data(), c.length);
+      } else {
+        uint8_t* into = target;
+        if (c.shuffle) {
+          scratch.resize(c.length);
+          into = scratch.data();
+        }
+        auto problem = dec.decompress(r.body.data(), r.body.size(), into, c.length);
+        if (!problem.empty())
+          throw Error(ErrorCode::Corrupt, fmt::format("chunk record at byte {}: {}", offset, problem));
+        if (c.shuffle) detail::unshuffleBytes(scratch.data(), target, c.length, c.shuffle);
+      }
+      next += c.length;
+    });
+  }
+  if (next != t.totalBytes)
+    throw Error(ErrorCode::Corrupt,
+                fmt::format("tensor '{}' chunks cover {} of its {} bytes", t.name, next, t.totalBytes));
+}
+
+std::vector<uint8_t> BundleReader::readTensor(const TensorInfo& t) const {
+  if (t.totalBytes > impl_->limits.maxTensorBytes)
+    throw Error(ErrorCode::LimitExceeded,
+                fmt::format("tensor '{}' is {} bytes; the reader's limit is {}", t.name, t.totalBytes,
+                            impl_->limits.maxTensorBytes),
+                "raise the limit (--max-tensor-bytes) if you trust the bundle and have the memory");
+  std::vector<uint8_t> out(t.totalBytes);
+  readTensor(t, out.data(), out.size());
+  return out;
+}
+
+}  // namespace crashcap::formats

@@ -1,0 +1,113 @@
+#include "codec.hpp"
+
+#include <fmt/format.h>
+
+#include <cstring>
+#include <new>
+
+namespace crashcap::formats::detail {
+
+void shuffleBytes(const uint8_t* in, uint8_t* out, size_t n, size_t k) {
+  const size_t count = n / k;
+  if (k == 4) {
+    uint8_t* o0 = out;
+    uint8_t* o1 = out + count;
+    uint8_t* o2 = out + 2 * count;
+    uint8_t* o3 = out + 3 * count;
+    for (size_t i = 0; i < count; ++i) {
+      o0[i] = in[4 * i];
+      o1[i] = in[4 * i + 1];
+      o2[i] = in[4 * i + 2];
+      o3[i] = in[4 * i + 3];
+    }
+    return;
+  }
+  if (k == 2) {
+    uint8_t* o0 = out;
+    uint8_t* o1 = out + count;
+    for (size_t i = 0; i < count; ++i) {
+      o0[i] = in[2 * i];
+      o1[i] = in[2 * i + 1];
+    }
+    return;
+  }
+  for (size_t b = 0; b < k; ++b) {
+    uint8_t* o = out + b * count;
+    for (size_t i = 0; i < count; ++i) o[i] = in[i * k + b];
+  }
+}
+
+void unshuffleBytes(const uint8_t* in, uint8_t* out, size_t n, size_t k) {
+  const size_t count = n / k;
+  for (size_t b = 0; b < k; ++b) {
+    const uint8_t* s = in + b * count;
+    for (size_t i = 0; i < count; ++i) out[i * k + b] = s[i];
+  }
+}
+
+Compressor::Compressor() : ctx_(ZSTD_createCCtx()) {
+  if (!ctx_) throw std::bad_alloc();
+  ZSTD_CCtx_setParameter(ctx_, ZSTD_c_checksumFlag, 1);
+  ZSTD_CCtx_setParameter(ctx_, ZSTD_c_contentSizeFlag, 1);
+}
+
+Compressor::~Compressor() { ZSTD_freeCCtx(ctx_); }
+
+void Compressor::compress(const void* in, size_t size, int level, std::vector<uint8_t>& out) {
+  ZSTD_CCtx_setParameter(ctx_, ZSTD_c_compressionLevel, level);
+  out.resize(ZSTD_compressBound(size));
+  size_t n = ZSTD_compress2(ctx_, out.data(), out.size(), in, size);
+  if (ZSTD_isError(n)) throw std::runtime_error(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+  out.resize(n);
+}
+
+Decompressor::Decompressor(unsigned windowLogMax) : ctx_(ZSTD_createDCtx()) {
+  if (!ctx_) throw std::bad_alloc();
+  ZSTD_DCtx_setParameter(ctx_, ZSTD_d_windowLogMax, int(windowLogMax));
+}
+
+Decompressor::~Decompressor() { ZSTD_freeDCtx(ctx_); }
+
+std::string Decompressor::decompress(const void* in, size_t size, void* out, size_t rawSize) {
+  unsigned long long content = ZSTD_getFrameContentSize(in, size);
+  if (content == ZSTD_CONTENTSIZE_ERROR) return "body is not a zstd frame";
+  if (content == ZSTD_CONTENTSIZE_UNKNOWN) return "zstd frame does not declare its content size";
+  if (content != rawSize)
+    return fmt::format("zstd frame declares {} bytes, the record header {}", content, rawSize);
+  size_t frame = ZSTD_findFrameCompressedSize(in, size);
+  if (ZSTD_isError(frame)) return fmt::format("zstd frame is incomplete: {}", ZSTD_getErrorName(frame));
+  if (frame != size) return fmt::format("zstd frame is {} bytes but the body is {}", frame, size);
+  size_t n = ZSTD_decompressDCtx(ctx_, out, rawSize, in, size);
+  if (ZSTD_isError(n)) return fmt::format("zstd decoding failed: {}", ZSTD_getErrorName(n));
+  if (n != rawSize) return fmt::format("zstd frame decoded to {} bytes, expected {}", n, rawSize);
+  return {};
+}
+
+void encodeBody(Compressor& c, const uint8_t* in, size_t size, int level, size_t shuffleElement, double minSavings,
+                std::vector<uint8_t>& scratch, EncodedBody& out) {
+  out.owned.clear();
+  out.codec = Codec::None;
+  out.shuffle = 0;
+  out.data = in;
+  out.size = size;
+  if (level <= 0 || size == 0) return;
+  const uint8_t* src = in;
+  if (shuffleElement > 1 && size % shuffleElement == 0) {
+    scratch.resize(size);
+    shuffleBytes(in, scratch.data(), size, shuffleElement);
+    src = scratch.data();
+  } else {
+    shuffleElement = 0;
+  }
+  c.compress(src, size, level, out.owned);
+  if (double(out.owned.size()) > double(size) * (1.0 - minSavings)) {
+    out.owned.clear();
+    return;  // not worth it: store the caller's bytes as they are
+  }
+  out.codec = Codec::Zstd;
+  out.shuffle = uint8_t(shuffleElement);
+  out.data = out.owned.data();
+  out.size = out.owned.size();
+}
+
+}  // namespace crashcap::formats::detail

@@ -1,0 +1,277 @@
+#include "meta.hpp"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <fmt/format.h>
+#include <kj/exception.h>
+
+#include <cstring>
+
+#include "bundle.capnp.h"
+#include "crashcap/formats/error.hpp"
+
+namespace crashcap::formats::detail {
+namespace {
+
+std::vector<uint8_t> toBytes(capnp::MessageBuilder& b) {
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(b);
+  auto bytes = words.asBytes();
+  return std::vector<uint8_t>(bytes.begin(), bytes.end());
+}
+
+/// Decodes a Cap'n Proto message from untrusted bytes and hands its root to `fn`, turning
+/// every kj exception into Error{Corrupt}.
+template <typename Root, typename Fn>
+auto withRoot(const uint8_t* data, size_t size, const ReaderLimits& limits, const char* what, Fn&& fn) {
+  if (size % sizeof(capnp::word) != 0 || size == 0)
+    throw Error(ErrorCode::Corrupt, fmt::format("{} message is {} bytes, not a positive multiple of 8", what, size));
+  // Copy into word-aligned memory: records sit at arbitrary offsets in the file buffer.
+  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
+  std::memcpy(words.begin(), data, size);
+  capnp::ReaderOptions options;
+  options.traversalLimitInWords = std::min<uint64_t>(limits.capnpTraversalWords, 8 * (size / 8) + 1024);
+  options.nestingLimit = limits.capnpNestingLimit;
+  try {
+    capnp::FlatArrayMessageReader reader(words.asPtr(), options);
+    if (reader.getEnd() != words.end())
+      throw Error(ErrorCode::Corrupt, fmt::format("{} message has trailing bytes", what));
+    return fn(reader.getRoot<Root>());
+  } catch (const kj::Exception& e) {
+    throw Error(ErrorCode::Corrupt, fmt::format("{} message is malformed: {}", what, e.getDescription().cStr()));
+  }
+}
+
+std::string text(capnp::Text::Reader t, size_t maxBytes, const char* what) {
+  if (t.size() > maxBytes)
+    throw Error(ErrorCode::Corrupt, fmt::format("{} is {} bytes; at most {} allowed", what, t.size(), maxBytes));
+  return std::string(t.cStr(), t.size());
+}
+
+DType dtypeOf(schema::DType d) {
+  auto dt = dtypeFromNumber(static_cast<unsigned>(d));
+  if (!dt) throw Error(ErrorCode::Corrupt, fmt::format("unknown dtype number {}", static_cast<unsigned>(d)));
+  return *dt;
+}
+
+std::vector<int64_t> shapeOf(capnp::List<int64_t>::Reader s) {
+  if (s.size() > kMaxRank)
+    throw Error(ErrorCode::Corrupt, fmt::format("tensor rank {} exceeds the limit of {}", s.size(), kMaxRank));
+  std::vector<int64_t> out;
+  out.reserve(s.size());
+  for (auto v : s) out.push_back(v);
+  return out;
+}
+
+}  // namespace
+
+std::vector<uint8_t> encodeRecordingInfo(const RecordingInfoData& info) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::RecordingInfo>();
+  r.setProducer(info.producer);
+  r.setToolVersion(info.toolVersion);
+  r.setHostname(info.hostname);
+  r.setPid(info.pid);
+  r.setCreatedNs(info.createdNs);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeChunk(const ChunkMeta& c) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::TensorChunk>();
+  r.setTensorId(c.tensorId);
+  r.setName(c.name);
+  r.setDtype(static_cast<schema::DType>(c.dtype));
+  auto shape = r.initShape(unsigned(c.shape.size()));
+  for (unsigned i = 0; i < c.shape.size(); ++i) shape.set(i, c.shape[i]);
+  r.setTotalBytes(c.totalBytes);
+  r.setChunkIndex(c.chunkIndex);
+  r.setChunkCount(c.chunkCount);
+  r.setOffset(c.offset);
+  r.setLength(c.length);
+  r.setShuffle(c.shuffle);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeNote(const NoteData& n) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::Note>();
+  r.setKey(n.key);
+  r.setText(n.text);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeIndexInfo(uint64_t recordCount, uint64_t tensorCount) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::IndexInfo>();
+  r.setRecordCount(recordCount);
+  r.setTensorCount(tensorCount);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeIndex(const IndexData& index) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::Index>();
+  auto records = r.initRecords(unsigned(index.records.size()));
+  for (unsigned i = 0; i < index.records.size(); ++i) {
+    const auto& e = index.records[i];
+    auto o = records[i];
+    o.setOffset(e.offset);
+    o.setType(e.type);
+    o.setSequence(e.sequence);
+    o.setLength(e.length);
+  }
+  auto tensors = r.initTensors(unsigned(index.tensors.size()));
+  for (unsigned i = 0; i < index.tensors.size(); ++i) {
+    const auto& t = index.tensors[i];
+    auto o = tensors[i];
+    o.setTensorId(t.id);
+    o.setName(t.name);
+    o.setDtype(static_cast<schema::DType>(t.dtype));
+    auto shape = o.initShape(unsigned(t.shape.size()));
+    for (unsigned j = 0; j < t.shape.size(); ++j) shape.set(j, t.shape[j]);
+    o.setTotalBytes(t.totalBytes);
+    o.setStoredBytes(t.storedBytes);
+    auto chunks = o.initChunkRecords(unsigned(t.chunkRecords.size()));
+    for (unsigned j = 0; j < t.chunkRecords.size(); ++j) chunks.set(j, t.chunkRecords[j]);
+  }
+  return toBytes(b);
+}
+
+RecordingInfoData decodeRecordingInfo(const uint8_t* meta, size_t size, const ReaderLimits& limits) {
+  return withRoot<schema::RecordingInfo>(meta, size, limits, "recording_info", [](auto r) {
+    RecordingInfoData d;
+    d.producer = text(r.getProducer(), 4096, "producer");
+    d.toolVersion = text(r.getToolVersion(), 256, "tool version");
+    d.hostname = text(r.getHostname(), 4096, "hostname");
+    d.pid = r.getPid();
+    d.createdNs = r.getCreatedNs();
+    return d;
+  });
+}
+
+ChunkMeta decodeChunk(const uint8_t* meta, size_t size, uint64_t rawLength, const ReaderLimits& limits) {
+  ChunkMeta c = withRoot<schema::TensorChunk>(meta, size, limits, "tensor_chunk", [](auto r) {
+    ChunkMeta c;
+    c.tensorId = r.getTensorId();
+    c.name = text(r.getName(), kMaxNameBytes, "tensor name");
+    c.dtype = dtypeOf(r.getDtype());
+    c.shape = shapeOf(r.getShape());
+    c.totalBytes = r.getTotalBytes();
+    c.chunkIndex = r.getChunkIndex();
+    c.chunkCount = r.getChunkCount();
+    c.offset = r.getOffset();
+    c.length = r.getLength();
+    c.shuffle = r.getShuffle();
+    return c;
+  });
+  auto bad = [&](const std::string& what) {
+    return Error(ErrorCode::Corrupt, fmt::format("tensor_chunk '{}' chunk {}: {}", c.name, c.chunkIndex, what));
+  };
+  if (c.tensorId == 0) throw bad("tensorId is 0");
+  try {
+    validateTensorName(c.name);
+  } catch (const Error& e) {
+    throw bad(e.message());
+  }
+  uint64_t expect = 0;
+  try {
+    expect = tensorByteSize(c.dtype, c.shape, "'" + c.name + "'");
+  } catch (const Error& e) {
+    throw bad(e.message());
+  }
+  if (expect != c.totalBytes)
+    throw bad(fmt::format("totalBytes {} but shape {} of {} needs {}", c.totalBytes, formatShape(c.shape),
+                          dtypeName(c.dtype), expect));
+  if (c.chunkCount == 0 || c.chunkIndex >= c.chunkCount)
+    throw bad(fmt::format("chunk index {} outside chunk count {}", c.chunkIndex, c.chunkCount));
+  if (c.length != rawLength)
+    throw bad(fmt::format("length {} differs from the record's decoded body length {}", c.length, rawLength));
+  if (c.offset > c.totalBytes || c.length > c.totalBytes - c.offset)
+    throw bad(fmt::format("bytes [{}, {}) lie outside the tensor's {} bytes", c.offset, c.offset + c.length,
+                          c.totalBytes));
+  size_t es = elementSize(c.dtype);
+  if (c.length % es != 0 || c.offset % es != 0)
+    throw bad(fmt::format("offset {} / length {} not a multiple of the element size {}", c.offset, c.length, es));
+  if (c.shuffle != 0 && c.shuffle != es)
+    throw bad(fmt::format("shuffle {} does not match the element size {}", c.shuffle, es));
+  if (c.length == 0 && c.totalBytes != 0) throw bad("empty chunk in a non-empty tensor");
+  if (c.length > limits.maxChunkBytes)
+    throw Error(ErrorCode::LimitExceeded,
+                fmt::format("tensor_chunk '{}' chunk {} is {} bytes; the limit is {}", c.name, c.chunkIndex, c.length,
+                            limits.maxChunkBytes));
+  return c;
+}
+
+NoteData decodeNote(const uint8_t* meta, size_t size, const ReaderLimits& limits) {
+  return withRoot<schema::Note>(meta, size, limits, "note", [](auto r) {
+    NoteData n;
+    n.key = text(r.getKey(), 256, "note key");
+    n.text = text(r.getText(), 1u << 20, "note text");
+    return n;
+  });
+}
+
+std::pair<uint64_t, uint64_t> decodeIndexInfo(const uint8_t* meta, size_t size, const ReaderLimits& limits) {
+  return withRoot<schema::IndexInfo>(meta, size, limits, "index_info", [](auto r) {
+    return std::make_pair(r.getRecordCount(), r.getTensorCount());
+  });
+}
+
+IndexData decodeIndex(const uint8_t* body, size_t size, uint64_t firstRecord, uint64_t indexOffset,
+                      const ReaderLimits& limits) {
+  ReaderLimits l = limits;
+  l.capnpTraversalWords = std::max<uint64_t>(limits.capnpTraversalWords, size / 8 * 2);
+  return withRoot<schema::Index>(body, size, l, "index", [&](auto r) {
+    IndexData d;
+    auto records = r.getRecords();
+    if (records.size() > limits.maxRecords)
+      throw Error(ErrorCode::LimitExceeded,
+                  fmt::format("index lists {} records; the limit is {}", records.size(), limits.maxRecords));
+    d.records.reserve(records.size());
+    uint64_t next = firstRecord;
+    for (auto rec : records) {
+      RecordEntry e{rec.getOffset(), rec.getType(), rec.getSequence(), rec.getLength()};
+      if (e.offset != next || e.length < kRecordHeaderSize || e.length > indexOffset - e.offset)
+        throw Error(ErrorCode::Corrupt,
+                    fmt::format("index entry {} places a record at byte {} of length {}; expected one at byte {} "
+                                "ending before the index at byte {}",
+                                d.records.size(), e.offset, e.length, next, indexOffset));
+      next = e.offset + e.length;
+      d.records.push_back(e);
+    }
+    if (next != indexOffset)
+      throw Error(ErrorCode::Corrupt,
+                  fmt::format("index records end at byte {} but the index starts at byte {}", next, indexOffset));
+    auto tensors = r.getTensors();
+    if (tensors.size() > records.size())
+      throw Error(ErrorCode::Corrupt, "index lists more tensors than records");
+    for (auto t : tensors) {
+      TensorInfo info;
+      info.id = t.getTensorId();
+      info.name = text(t.getName(), kMaxNameBytes, "tensor name");
+      info.dtype = dtypeOf(t.getDtype());
+      info.shape = shapeOf(t.getShape());
+      info.totalBytes = t.getTotalBytes();
+      info.storedBytes = t.getStoredBytes();
+      uint64_t expect = tensorByteSize(info.dtype, info.shape, "'" + info.name + "'");
+      if (expect != info.totalBytes)
+        throw Error(ErrorCode::Corrupt, fmt::format("index entry for tensor '{}' has totalBytes {}, shape needs {}",
+                                                    info.name, info.totalBytes, expect));
+      auto chunks = t.getChunkRecords();
+      if (chunks.size() == 0 || chunks.size() > records.size())
+        throw Error(ErrorCode::Corrupt,
+                    fmt::format("index entry for tensor '{}' lists {} chunks", info.name, chunks.size()));
+      info.chunkRecords.reserve(chunks.size());
+      for (auto off : chunks) info.chunkRecords.push_back(off);
+      d.tensors.push_back(std::move(info));
+    }
+    return d;
+  });
+}
+
+bool sameTensor(const ChunkMeta& a, const ChunkMeta& b) {
+  return a.tensorId == b.tensorId && a.name == b.name && a.dtype == b.dtype && a.shape == b.shape &&
+         a.totalBytes == b.totalBytes && a.chunkCount == b.chunkCount;
+}
+
+}  // namespace crashcap::formats::detail

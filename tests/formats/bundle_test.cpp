@@ -1,0 +1,208 @@
+// Round trips through BundleWriter and BundleReader.
+#include <catch2/catch.hpp>
+
+#include <cstring>
+
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/error.hpp"
+#include "test_support.hpp"
+
+using namespace crashcap;
+using namespace crashcap::formats;
+using crashcap::test::TempDir;
+
+namespace {
+
+std::vector<uint8_t> patternFor(DType dtype, uint64_t numel, uint64_t seed) {
+  std::vector<uint8_t> bytes = test::randomBytes(numel * elementSize(dtype), seed);
+  if (dtype == DType::Bool)
+    for (auto& b : bytes) b &= 1;
+  return bytes;
+}
+
+}  // namespace
+
+TEST_CASE("every dtype and shape round-trips bit for bit", "[formats][roundtrip]") {
+  TempDir dir;
+  const std::vector<std::vector<int64_t>> shapes = {{}, {0}, {1}, {7}, {3, 0, 2}, {2, 3, 5}, {1, 1, 1, 1, 1, 1, 1, 1}};
+  struct Expect {
+    std::string name;
+    DType dtype;
+    std::vector<int64_t> shape;
+    std::vector<uint8_t> bytes;
+  };
+  std::vector<Expect> expected;
+  WriterOptions options;
+  options.chunkBytes = 4096;
+  auto writer = BundleWriter::create(dir.file("b.ccap"), options);
+  uint64_t seed = 1;
+  for (int d = 0; d < kDTypeCount; ++d) {
+    auto dtype = *dtypeFromNumber(unsigned(d));
+    for (const auto& shape : shapes) {
+      uint64_t numel = 1;
+      for (auto s : shape) numel *= uint64_t(s);
+      Expect e{std::string(dtypeName(dtype)) + "/" + formatShape(shape), dtype, shape, patternFor(dtype, numel, seed++)};
+      writer->writeTensor(e.name, e.dtype, e.shape, e.bytes.data(), e.bytes.size());
+      expected.push_back(std::move(e));
+    }
+    // One tensor spanning many chunks, with a partial last chunk.
+    uint64_t numel = (3 * 4096 + 24) / elementSize(dtype);
+    Expect e{std::string(dtypeName(dtype)) + "/multi", dtype, {int64_t(numel)}, patternFor(dtype, numel, seed++)};
+    writer->writeTensor(e.name, e.dtype, e.shape, e.bytes.data(), e.bytes.size());
+    expected.push_back(std::move(e));
+  }
+  writer->seal();
+
+  for (bool scan : {false, true}) {
+    auto reader = scan ? BundleReader::scan(dir.file("b.ccap")) : BundleReader::open(dir.file("b.ccap"));
+    CHECK(reader->report().sealed == !scan);
+    CHECK(reader->report().complete());
+    REQUIRE(reader->tensors().size() == expected.size());
+    for (const auto& e : expected) {
+      INFO(e.name);
+      const auto& t = reader->get(e.name);
+      CHECK(t.dtype == e.dtype);
+      CHECK(t.shape == e.shape);
+      CHECK(reader->readTensor(t) == e.bytes);
+    }
+  }
+}
+
+TEST_CASE("compressible floats are shuffled and compressed, noise is stored raw", "[formats][codec]") {
+  TempDir dir;
+  std::vector<float> smooth(100000);
+  for (size_t i = 0; i < smooth.size(); ++i) smooth[i] = float(i % 100) * 0.5f;
+  auto noise = test::randomBytes(400000, 9);
+  auto writer = BundleWriter::create(dir.file("b.ccap"));
+  writer->writeTensor("smooth", DType::Float32, {int64_t(smooth.size())}, smooth.data(), smooth.size() * 4);
+  writer->writeTensor("noise", DType::UInt8, {int64_t(noise.size())}, noise.data(), noise.size());
+  writer->seal();
+  auto reader = BundleReader::open(dir.file("b.ccap"));
+  CHECK(reader->get("smooth").storedBytes < smooth.size() * 4 / 10);
+  CHECK(reader->get("noise").storedBytes == noise.size());
+  auto back = reader->readTensor(reader->get("smooth"));
+  CHECK(std::memcmp(back.data(), smooth.data(), back.size()) == 0);
+}
+
+TEST_CASE("compression threads write the same tensors as the calling thread", "[formats][threads]") {
+  TempDir dir;
+  std::vector<float> data = test::randomFloats(3'000'000, 4);
+  for (unsigned threads : {0u, 1u, 3u}) {
+    WriterOptions options;
+    options.compressionThreads = threads;
+    options.chunkBytes = 1 << 20;
+    std::string path = dir.file("t" + std::to_string(threads) + ".ccap");
+    auto writer = BundleWriter::create(path, options);
+    writer->writeTensor("w", DType::Float32, {3, 1'000'000}, data.data(), data.size() * 4);
+    writer->writeTensor("w2", DType::Float32, {1'000'000}, data.data(), 4'000'000);
+    writer->seal();
+    auto reader = BundleReader::open(path);
+    auto back = reader->readTensor(reader->get("w"));
+    CHECK(std::memcmp(back.data(), data.data(), back.size()) == 0);
+    CHECK(reader->get("w").chunkRecords.size() == 12);
+  }
+}
+
+TEST_CASE("notes and recording info survive a round trip", "[formats][roundtrip]") {
+  TempDir dir;
+  WriterOptions options;
+  options.producer = "bundle_test";
+  auto writer = BundleWriter::create(dir.file("b.ccap"), options);
+  writer->writeNote("user.comment", "loss went NaN at step 1033");
+  writer->seal();
+  auto reader = BundleReader::open(dir.file("b.ccap"));
+  REQUIRE(reader->recordingInfo());
+  CHECK(reader->recordingInfo()->producer == "bundle_test");
+  CHECK(reader->recordingInfo()->toolVersion == toolVersion());
+  REQUIRE(reader->notes().size() == 1);
+  CHECK(reader->notes()[0].text == "loss went NaN at step 1033");
+  CHECK(reader->fileHeader().recordingId == writer->fileHeader().recordingId);
+}
+
+TEST_CASE("the writer refuses bad names, sizes, duplicates and existing files", "[formats][errors]") {
+  TempDir dir;
+  auto writer = BundleWriter::create(dir.file("b.ccap"));
+  float x[4] = {};
+  CHECK_THROWS_WITH(writer->writeTensor("", DType::Float32, {4}, x, 16), Catch::Contains("empty"));
+  CHECK_THROWS_WITH(writer->writeTensor("a\nb", DType::Float32, {4}, x, 16), Catch::Contains("control character"));
+  CHECK_THROWS_WITH(writer->writeTensor("a", DType::Float32, {5}, x, 16), Catch::Contains("needs 20 bytes, got 16"));
+  CHECK_THROWS_WITH(writer->writeTensor("a", DType::Float32, {-1}, x, 16), Catch::Contains("negative"));
+  writer->writeTensor("a", DType::Float32, {4}, x, 16);
+  CHECK_THROWS_WITH(writer->writeTensor("a", DType::Float32, {4}, x, 16), Catch::Contains("already written"));
+  writer->seal();
+  CHECK_THROWS_WITH(writer->writeTensor("b", DType::Float32, {4}, x, 16), Catch::Contains("already sealed"));
+  try {
+    BundleWriter::create(dir.file("b.ccap"));
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::InvalidArgument);
+    CHECK_THAT(e.what(), Catch::Contains("already exists"));
+  }
+  try {
+    BundleWriter::create(dir.file("no/such/dir/b.ccap"));
+    FAIL("expected an error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Io);
+    CHECK_THAT(e.what(), Catch::Contains("no/such/dir/b.ccap"));
+  }
+}
+
+TEST_CASE("a missing tensor name is reported with close matches", "[formats][errors]") {
+  TempDir dir;
+  auto writer = BundleWriter::create(dir.file("b.ccap"));
+  float x[2] = {1, 2};
+  writer->writeTensor("batch/images", DType::Float32, {2}, x, 8);
+  writer->seal();
+  auto reader = BundleReader::open(dir.file("b.ccap"));
+  try {
+    reader->get("images");
+    FAIL("expected NotFound");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::NotFound);
+    CHECK_THAT(e.what(), Catch::Contains("did you mean batch/images"));
+  }
+}
+
+TEST_CASE("files that are not bundles are refused with the bytes found", "[formats][errors]") {
+  TempDir dir;
+  test::writeText(dir.file("text.txt"), "hello, this is not a bundle at all; it is long enough for a header......");
+  test::writeText(dir.file("empty"), "");
+  try {
+    BundleReader::open(dir.file("text.txt"));
+    FAIL("expected NotABundle");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::NotABundle);
+    CHECK_THAT(e.what(), Catch::Contains("expected magic bytes 89 43 43 41 50") && Catch::Contains("found 68 65 6c"));
+  }
+  try {
+    BundleReader::open(dir.file("empty"));
+    FAIL("expected NotABundle");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::NotABundle);
+  }
+  try {
+    BundleReader::open(dir.file("missing.ccap"));
+    FAIL("expected NotFound");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::NotFound);
+  }
+}
+
+TEST_CASE("a bundle from a newer format major is refused as incompatible", "[formats][errors]") {
+  TempDir dir;
+  auto writer = BundleWriter::create(dir.file("b.ccap"));
+  writer->seal();
+  auto bytes = test::readFile(dir.file("b.ccap"));
+  FileHeader h = decodeFileHeader(bytes.data());
+  h.formatMajor = 2;
+  encodeFileHeader(h, bytes.data());
+  test::writeFile(dir.file("b.ccap"), bytes);
+  try {
+    BundleReader::open(dir.file("b.ccap"));
+    FAIL("expected IncompatibleVersion");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::IncompatibleVersion);
+    CHECK_THAT(e.what(), Catch::Contains("format 2.0") && Catch::Contains("upgrade"));
+  }
+}

@@ -34,7 +34,9 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
   if (size == 0) throw Error(ErrorCode::NotABundle, fmt::format("{} is empty (0 bytes), not a crashcap bundle", path));
   uint8_t head[kFileHeaderSize] = {};
   uint64_t got = file.preadSome(head, kFileHeaderSize, 0);
-  if (std::memcmp(head, kMagic.data(), std::min<size_t>(got, kMagic.size())) != 0) decodeFileHeader(head);
+  if (std::memcmp(head, kMagic.data(), std::min<size_t>(got, kMagic.size())) != 0 &&
+      !detail::recordFollowsFileHeader(file))
+    decodeFileHeader(head);  // throws NotABundle showing the bytes found
   auto problem = [&](uint64_t offset, uint64_t length, std::string where, std::string what) {
     report.problems.push_back({offset, length, std::move(where), std::move(what)});
   };
@@ -190,6 +192,7 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
   }
 
   // The index must describe exactly the records and tensors found.
+  const size_t problemsBeforeIndex = report.problems.size();
   if (footer) {
     if (!indexAt || *indexAt != footer->indexOffset) {
       problem(footer->indexOffset, 0, "index",
@@ -217,6 +220,7 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
           problem(*indexAt, 0, "index", fmt::format("entry for tensor '{}' does not match its chunk records", t.name));
       }
     }
+    report.sealed = index && indexAt && *indexAt == footer->indexOffset && report.problems.size() == problemsBeforeIndex;
   }
   return report;
 }

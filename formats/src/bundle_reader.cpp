@@ -16,14 +16,14 @@
 namespace crashcap::formats {
 
 bool OpenReport::complete() const {
-  return !truncatedAt && damage.empty() && lostTensors.empty() && !fileHeaderDamaged && missingSequenceCount == 0;
+  return footerPresent && !truncatedAt && damage.empty() && lostTensors.empty() && !fileHeaderDamaged && missingSequenceCount == 0;
 }
 
 std::string OpenReport::summary() const {
   if (sealed && complete()) return fmt::format("sealed, {} records", recordsRecovered);
   std::vector<std::string> parts;
   if (truncatedAt)
-    parts.push_back(fmt::format("truncated at byte {} of {} (crash during recording?)", *truncatedAt, fileSize));
+    parts.push_back(fmt::format("truncated at byte {} (crash during recording?)", fileSize));
   else if (!sealed)
     parts.push_back(fmt::format("not sealed ({})", whyScanned));
   if (fileHeaderDamaged) parts.push_back("file header damaged");
@@ -34,6 +34,8 @@ std::string OpenReport::summary() const {
     parts.push_back(fmt::format("{} damaged range{} ({} bytes) skipped", damage.size(), damage.size() == 1 ? "" : "s",
                                 bytes));
   }
+  if (truncatedAt && *truncatedAt < fileSize)
+    parts.push_back(fmt::format("the incomplete record at byte {} dropped", *truncatedAt));
   if (missingSequenceCount) parts.push_back(fmt::format("{} records missing", missingSequenceCount));
   if (!lostTensors.empty()) {
     std::string lost;
@@ -291,6 +293,7 @@ struct BundleReader::Impl {
           try {
             auto c = detail::decodeChunk(result.truncatedMeta.data(), result.truncatedMeta.size(), h.rawLength, limits);
             what += fmt::format(": tensor '{}' chunk {} of {}", c.name, c.chunkIndex, c.chunkCount);
+            if (!groups.count(c.tensorId)) report.lostTensors.push_back({c.name, 0, c.chunkCount});
           } catch (const Error&) {
           }
         }
@@ -362,7 +365,7 @@ std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, 
   uint8_t head[kFileHeaderSize] = {};
   uint64_t got = m->file.preadSome(head, kFileHeaderSize, 0);
   size_t magicBytes = std::min<size_t>(got, kMagic.size());
-  if (std::memcmp(head, kMagic.data(), magicBytes) != 0) {
+  if (std::memcmp(head, kMagic.data(), magicBytes) != 0 && !detail::recordFollowsFileHeader(m->file)) {
     try {
       decodeFileHeader(head);  // builds the message that shows the bytes found
     } catch (Error& e) {
@@ -400,6 +403,7 @@ std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, 
     auto fc = decodeFooter(foot);
     if (fc.footer) {
       scanEnd = size - kFooterSize;
+      m->report.footerPresent = true;
       if (useIndex) {
         try {
           m->loadIndexed(*fc.footer);
@@ -413,6 +417,7 @@ std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, 
           m->report.fileSize = size;
           m->report.fileHeaderDamaged = headerDamaged;
           m->report.notices = std::move(notices);
+          m->report.footerPresent = true;
           m->report.whyScanned = "index unusable: " + std::string(e.what());
         }
       } else {

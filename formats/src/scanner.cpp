@@ -12,6 +12,12 @@ uint64_t bodyLimitFor(uint16_t type, const ReaderLimits& limits) {
   return type == static_cast<uint16_t>(RecordType::Index) ? limits.maxIndexBytes : limits.maxChunkBytes;
 }
 
+bool recordFollowsFileHeader(const File& file) {
+  uint8_t head[kRecordHeaderSize];
+  if (file.preadSome(head, kRecordHeaderSize, kFileHeaderSize) != kRecordHeaderSize) return false;
+  return decodeRecordHeader(head).header.has_value();
+}
+
 namespace {
 
 /// Finds the next offset in (from, end - header size] where a record header decodes cleanly,

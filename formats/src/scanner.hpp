@@ -52,6 +52,10 @@ ScanResult scanRecords(const File& file, const ReaderLimits& limits, const ScanO
                        const std::function<void(ScannedRecord&)>& onRecord,
                        const std::function<void(const ScanDamage&)>& onDamage);
 
+/// True when an intact record header sits right after the file header: the file is a
+/// bundle whose magic was damaged, not some other file.
+bool recordFollowsFileHeader(const File& file);
+
 /// Maximum stored/decoded body a record of this type may have under `limits`.
 uint64_t bodyLimitFor(uint16_t type, const ReaderLimits& limits);
 

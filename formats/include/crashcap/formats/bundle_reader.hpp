@@ -39,11 +39,14 @@ struct LostTensor {
 /// How the bundle was opened and what, if anything, was lost.
 struct OpenReport {
   bool sealed = false;           ///< footer and index were valid and used
+  bool footerPresent = false;    ///< a valid footer ends the file (used or not)
   bool scanned = false;          ///< records were found by the forward scan
   std::string whyScanned;        ///< "no footer (not sealed: crash during recording?)", ...
   uint64_t fileSize = 0;
   uint64_t usableBytes = 0;      ///< bytes up to the end of the last valid record
-  std::optional<uint64_t> truncatedAt;  ///< where an incomplete trailing record starts
+  /// Where the incomplete trailing record starts (the file ends inside it); fileSize when the
+  /// file ends inside the file header.
+  std::optional<uint64_t> truncatedAt;
   bool fileHeaderDamaged = false;
   uint64_t recordsRecovered = 0;
   std::vector<Damage> damage;    ///< damaged ranges the scan skipped
@@ -53,7 +56,8 @@ struct OpenReport {
   std::map<uint16_t, uint64_t> unknownTypes;  ///< record type -> count, skipped with a notice
   std::vector<std::string> notices;           ///< human-readable, one line each
 
-  /// True when nothing was lost (sealed, or scanned with no damage/truncation/lost tensors).
+  /// True when nothing was lost: the file ends with a valid footer and nothing was damaged,
+  /// truncated or missing.
   bool complete() const;
   /// One line: "sealed, 212 records" or "truncated at byte 1048576 (crash during recording?): ...".
   std::string summary() const;

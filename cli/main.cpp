@@ -1,0 +1,349 @@
+// crashcap: the command-line entry point. Wiring only: each subcommand parses its options,
+// calls the libraries and prints; errors become exit codes here and nowhere else.
+//
+// Exit codes: 0 ok; 1 a check failed (verify found damage); 2 bad input or usage (missing or
+// corrupt file, unknown tensor, bad option); 3 internal error (a crashcap bug).
+
+#include <unistd.h>
+
+#include <CLI/CLI.hpp>
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <iostream>
+
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/inspect/npy.hpp"
+#include "crashcap/inspect/print.hpp"
+#include "crashcap/inspect/slice.hpp"
+#include "crashcap/inspect/stats.hpp"
+#include "crashcap/inspect/summary.hpp"
+#ifdef CRASHCAP_HAVE_TORCH
+#include "crashcap/formats/torch/pt_file.hpp"
+#include "crashcap/formats/torch/tensor_bridge.hpp"
+#endif
+
+namespace {
+
+using namespace crashcap;
+using nlohmann::json;
+
+constexpr int kExitOk = 0;
+constexpr int kExitCheckFailed = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitInternal = 3;
+
+const char* kExitCodesHelp =
+    "Exit codes: 0 ok; 1 a check failed (verify found damage); 2 bad input or usage (missing or\n"
+    "corrupt file, unknown tensor, bad option); 3 internal error (a crashcap bug; please report it).";
+
+/// Options shared by the commands that open a bundle.
+struct ReadOptions {
+  bool json = false;
+  uint64_t maxTensorBytes = formats::ReaderLimits{}.maxTensorBytes;
+
+  formats::ReaderLimits limits() const {
+    formats::ReaderLimits l;
+    l.maxTensorBytes = maxTensorBytes;
+    return l;
+  }
+};
+
+void addReadOptions(CLI::App* cmd, ReadOptions& o) {
+  cmd->add_flag("--json", o.json, "Print one JSON object instead of text");
+  cmd->add_option("--max-tensor-bytes", o.maxTensorBytes,
+                  "Refuse to load a tensor larger than this into memory (untrusted bundles)")
+      ->capture_default_str();
+}
+
+void printJson(const json& j) { std::cout << j.dump(2) << "\n"; }
+
+inspect::HostTensor loadTensor(const formats::BundleReader& reader, const std::string& name) {
+  const auto& t = reader.get(name);
+  inspect::HostTensor h;
+  h.dtype = t.dtype;
+  h.shape = t.shape;
+  h.bytes = reader.readTensor(t);
+  return h;
+}
+
+int cmdInfo(const std::string& path, const ReadOptions& o) {
+  auto reader = formats::BundleReader::open(path, o.limits());
+  if (o.json)
+    printJson(inspect::bundleInfoJson(*reader));
+  else
+    std::cout << inspect::bundleInfoText(*reader);
+  return kExitOk;
+}
+
+int cmdLs(const std::string& path, const ReadOptions& o) {
+  auto reader = formats::BundleReader::open(path, o.limits());
+  if (o.json)
+    printJson(inspect::tensorListJson(*reader));
+  else
+    std::cout << inspect::tensorListText(*reader);
+  if (!reader->report().complete() && !o.json)
+    std::cerr << "note: " << reader->report().summary() << "\n";
+  return kExitOk;
+}
+
+struct ShowOptions {
+  std::string name;
+  std::string slice;
+  bool stats = false;
+  bool full = false;
+  int precision = 4;
+};
+
+int cmdShow(const std::string& path, const ShowOptions& s, const ReadOptions& o) {
+  auto reader = formats::BundleReader::open(path, o.limits());
+  auto t = loadTensor(*reader, s.name);
+  const auto fullShape = t.shape;
+  if (!s.slice.empty()) t = inspect::applySlice(t, inspect::parseSlice(s.slice));
+  inspect::PrintOptions p;
+  p.precision = s.precision;
+  if (s.full) p.threshold = UINT64_MAX;
+  if (o.json) {
+    json j = {{"name", s.name},
+              {"dtype", formats::dtypeName(t.dtype)},
+              {"shape", fullShape},
+              {"slice", s.slice.empty() ? json(nullptr) : json(s.slice)},
+              {"slice_shape", t.shape}};
+    if (s.stats) j["stats"] = inspect::statsToJson(inspect::computeStats(t));
+    j["text"] = inspect::formatTensor(t, p);
+    printJson(j);
+    return kExitOk;
+  }
+  std::cout << fmt::format("{}  {}  {}{}\n", s.name, formats::dtypeName(t.dtype), formats::formatShape(fullShape),
+                           s.slice.empty() ? "" : fmt::format("  [{}] -> {}", s.slice, formats::formatShape(t.shape)));
+  if (s.stats) std::cout << inspect::formatStats(inspect::computeStats(t)) << "\n";
+  std::cout << inspect::formatTensor(t, p) << "\n";
+  return kExitOk;
+}
+
+struct ExportOptions {
+  std::string name, npy, pt, slice;
+};
+
+int cmdExport(const std::string& path, const ExportOptions& e, const ReadOptions& o) {
+  if (e.npy.empty() == e.pt.empty())
+    throw Error(ErrorCode::InvalidArgument, "give exactly one of --npy FILE or --pt FILE");
+  auto reader = formats::BundleReader::open(path, o.limits());
+  auto t = loadTensor(*reader, e.name);
+  if (!e.slice.empty()) t = inspect::applySlice(t, inspect::parseSlice(e.slice));
+  std::string out;
+  if (!e.npy.empty()) {
+    bool widened = inspect::writeNpy(t, e.npy);
+    out = e.npy;
+    if (widened) std::cerr << "note: numpy has no bfloat16; wrote float32 (exact widening)\n";
+  } else {
+#ifdef CRASHCAP_HAVE_TORCH
+    formats::torch::savePt(formats::torch::tensorFromBytes(t.dtype, t.shape, t.bytes.data(), t.bytes.size()), e.pt);
+    out = e.pt;
+#else
+    throw Error(ErrorCode::Unsupported, "this crashcap was built without LibTorch, so it cannot write .pt files",
+                "use --npy, or rebuild with -DCRASHCAP_WITH_TORCH=ON");
+#endif
+  }
+  if (o.json)
+    printJson({{"name", e.name}, {"dtype", formats::dtypeName(t.dtype)}, {"shape", t.shape}, {"output", out}});
+  else
+    std::cout << fmt::format("wrote {} ({} {}, {})\n", out, formats::dtypeName(t.dtype), formats::formatShape(t.shape),
+                             inspect::formatBytes(t.bytes.size()));
+  return kExitOk;
+}
+
+struct ImportOptions {
+  std::string out;
+  std::vector<std::string> items;
+  std::vector<std::string> notes;
+  int level = 3;
+  bool force = false;
+  bool json = false;
+};
+
+int cmdImport(const ImportOptions& im) {
+  struct Item {
+    std::string name, file;
+  };
+  std::vector<Item> items;
+  for (const auto& a : im.items) {
+    auto eq = a.find('=');
+    if (eq == std::string::npos || eq == 0 || eq + 1 == a.size())
+      throw Error(ErrorCode::InvalidArgument, fmt::format("'{}' is not NAME=FILE.npy", a),
+                  "example: crashcap import bug.ccap batch/images=images.npy labels=labels.npy");
+    items.push_back({a.substr(0, eq), a.substr(eq + 1)});
+    formats::validateTensorName(items.back().name);
+  }
+  std::vector<std::pair<std::string, std::string>> notes;
+  for (const auto& n : im.notes) {
+    auto eq = n.find('=');
+    if (eq == std::string::npos || eq == 0)
+      throw Error(ErrorCode::InvalidArgument, fmt::format("'{}' is not KEY=TEXT", n));
+    notes.emplace_back(n.substr(0, eq), n.substr(eq + 1));
+  }
+  // Read every input before creating the output, so a bad file leaves nothing behind.
+  std::vector<inspect::HostTensor> tensors;
+  for (const auto& it : items)
+    tensors.push_back(withContext("while importing " + it.file, [&] { return inspect::readNpy(it.file); }));
+  formats::WriterOptions w;
+  w.zstdLevel = im.level;
+  w.overwrite = im.force;
+  w.producer = "crashcap import";
+  std::string tmp = im.out + ".partial";
+  auto writer = formats::BundleWriter::create(tmp, [&] {
+    auto t = w;
+    t.overwrite = true;
+    return t;
+  }());
+  try {
+    if (!im.force && access(im.out.c_str(), F_OK) == 0)
+      throw Error(ErrorCode::InvalidArgument, fmt::format("{} already exists", im.out),
+                  "pass --force to replace it");
+    for (size_t i = 0; i < items.size(); ++i) {
+      writer->writeTensor(items[i].name, tensors[i].dtype, tensors[i].shape, tensors[i].bytes.data(),
+                          tensors[i].bytes.size());
+      writer->writeNote("crashcap.import.source", items[i].name + "=" + items[i].file);
+    }
+    for (const auto& [k, v] : notes) writer->writeNote(k, v);
+    writer->seal();
+    if (std::rename(tmp.c_str(), im.out.c_str()) != 0)
+      throw Error(ErrorCode::Io, fmt::format("cannot rename {} to {}: {}", tmp, im.out, std::strerror(errno)));
+  } catch (...) {
+    std::remove(tmp.c_str());
+    throw;
+  }
+  if (im.json)
+    printJson({{"output", im.out}, {"tensors", items.size()}, {"bytes", writer->stats().fileBytes}});
+  else
+    std::cout << fmt::format("wrote {}: {} tensor{}, {}\n", im.out, items.size(), items.size() == 1 ? "" : "s",
+                             inspect::formatBytes(writer->stats().fileBytes));
+  return kExitOk;
+}
+
+int cmdVerify(const std::string& path, const ReadOptions& o) {
+  auto v = formats::verifyBundle(path, o.limits());
+  if (o.json)
+    printJson(inspect::verifyJson(path, v));
+  else
+    std::cout << inspect::verifyText(path, v);
+  return v.ok() ? kExitOk : kExitCheckFailed;
+}
+
+int cmdRecover(const std::string& in, const std::string& out, const ReadOptions& o) {
+  auto r = formats::recoverBundle(in, out, o.limits());
+  if (o.json)
+    printJson(inspect::recoverJson(in, out, r));
+  else
+    std::cout << inspect::recoverText(in, out, r);
+  return kExitOk;
+}
+
+int exitCodeFor(ErrorCode code) {
+  return code == ErrorCode::Internal ? kExitInternal : kExitBadInput;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{
+      "crashcap: a flight recorder for deep-learning training crashes.\n"
+      "A bundle (*.ccap) holds the tensors and context of a training run; these commands read,\n"
+      "check, repair and build bundles."};
+  app.footer(kExitCodesHelp);
+  app.require_subcommand(1);
+  app.set_version_flag("--version", std::string("crashcap ") + formats::toolVersion());
+
+  ReadOptions ro;
+  std::string bundle, out;
+
+  auto* info = app.add_subcommand("info", "Summarize a bundle: identity, state, what was recovered or lost");
+  info->add_option("bundle", bundle, "Bundle file (*.ccap)")->required();
+  addReadOptions(info, ro);
+
+  auto* ls = app.add_subcommand("ls", "List the tensors in a bundle with dtype, shape and sizes");
+  ls->add_option("bundle", bundle, "Bundle file")->required();
+  addReadOptions(ls, ro);
+
+  ShowOptions so;
+  auto* show = app.add_subcommand("show", "Print a tensor (numpy-like, summarized when large) and its statistics");
+  show->add_option("bundle", bundle, "Bundle file")->required();
+  show->add_option("name", so.name, "Tensor name, as `crashcap ls` prints it")->required();
+  show->add_flag("--stats", so.stats, "Also print min, max, mean, std, NaN/Inf counts and their first positions");
+  show->add_option("--slice", so.slice, "numpy-style selection, e.g. '0,:,2:5' or '...,-1'");
+  show->add_flag("--full", so.full, "Print every element, never summarize");
+  show->add_option("--precision", so.precision, "Digits after the point for floats")->capture_default_str();
+  show->footer("Example: crashcap show crash.ccap batch/images --stats --slice '0,0'");
+  addReadOptions(show, ro);
+
+  ExportOptions eo;
+  auto* exp = app.add_subcommand("export", "Write one tensor as .npy (numpy) or .pt (torch.load)");
+  exp->add_option("bundle", bundle, "Bundle file")->required();
+  exp->add_option("name", eo.name, "Tensor name")->required();
+  exp->add_option("--npy", eo.npy, "Output .npy file (bfloat16 is widened to float32)");
+  exp->add_option("--pt", eo.pt, "Output .pt file, loadable with torch.load");
+  exp->add_option("--slice", eo.slice, "Export only this numpy-style selection");
+  exp->footer("Example: crashcap export crash.ccap batch/images --npy images.npy");
+  addReadOptions(exp, ro);
+
+  ImportOptions io;
+  auto* imp = app.add_subcommand("import", "Build a bundle from .npy files (to attach tensors to a bug report)");
+  imp->add_option("out", io.out, "Bundle to write")->required();
+  imp->add_option("tensors", io.items, "NAME=FILE.npy pairs")->required();
+  imp->add_option("--note", io.notes, "KEY=TEXT annotations to store with the tensors");
+  imp->add_option("--level", io.level, "zstd level 0..19 (0 stores raw)")->capture_default_str()->check(
+      CLI::Range(0, 19));
+  imp->add_flag("--force", io.force, "Replace OUT if it exists");
+  imp->add_flag("--json", io.json, "Print one JSON object instead of text");
+  imp->footer("Example: crashcap import bug.ccap batch/images=images.npy batch/labels=labels.npy");
+
+  auto* ver = app.add_subcommand("verify", "Check every checksum and invariant; exit 1 when anything is damaged");
+  ver->add_option("bundle", bundle, "Bundle file")->required();
+  addReadOptions(ver, ro);
+
+  auto* rec = app.add_subcommand("recover", "Write a sealed copy of everything intact (never touches the input)");
+  rec->add_option("bundle", bundle, "Damaged or unsealed bundle")->required();
+  rec->add_option("out", out, "Where to write the repaired copy (must not exist)")->required();
+  addReadOptions(rec, ro);
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    int rc = app.exit(e);
+    return rc == 0 ? kExitOk : kExitBadInput;
+  }
+
+  bool json = ro.json || io.json;
+  try {
+    if (*info) return cmdInfo(bundle, ro);
+    if (*ls) return cmdLs(bundle, ro);
+    if (*show) return cmdShow(bundle, so, ro);
+    if (*exp) return cmdExport(bundle, eo, ro);
+    if (*imp) return cmdImport(io);
+    if (*ver) return cmdVerify(bundle, ro);
+    if (*rec) return cmdRecover(bundle, out, ro);
+  } catch (const Error& e) {
+    if (json)
+      std::cout << json::object({{"error",
+                                  {{"code", errorCodeName(e.code())},
+                                   {"code_number", int(e.code())},
+                                   {"message", e.message()},
+                                   {"context", e.context()},
+                                   {"hint", e.hint()}}}})
+                       .dump(2)
+                << "\n";
+    std::cerr << "crashcap: error: " << e.what() << "\n";
+    return exitCodeFor(e.code());
+  } catch (const std::bad_alloc&) {
+    std::cerr << "crashcap: error: out of memory\n";
+    return kExitBadInput;
+  } catch (const std::exception& e) {
+    std::cerr << "crashcap: internal error: " << e.what() << "\n";
+    return kExitInternal;
+  }
+  return kExitInternal;
+}

@@ -1,0 +1,35 @@
+#pragma once
+// What the CLI's read commands print about a bundle, as text for people and JSON for scripts.
+
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+
+namespace crashcap::inspect {
+
+/// `crashcap info`: identity, state (sealed / what was recovered and lost), tensors, notes.
+nlohmann::json bundleInfoJson(const formats::BundleReader& reader);
+std::string bundleInfoText(const formats::BundleReader& reader);
+
+/// `crashcap ls`: one entry per tensor with dtype, shape, sizes and chunk count.
+nlohmann::json tensorListJson(const formats::BundleReader& reader);
+std::string tensorListText(const formats::BundleReader& reader);
+
+/// `crashcap verify`.
+nlohmann::json verifyJson(const std::string& path, const formats::VerifyReport& report);
+std::string verifyText(const std::string& path, const formats::VerifyReport& report);
+
+/// `crashcap recover`.
+nlohmann::json recoverJson(const std::string& in, const std::string& out, const formats::RecoverReport& report);
+std::string recoverText(const std::string& in, const std::string& out, const formats::RecoverReport& report);
+
+/// "1.5 MiB", "312 B".
+std::string formatBytes(uint64_t bytes);
+/// "2026-11-21 21:40:01 UTC" from ns since the epoch.
+std::string formatTime(int64_t ns);
+
+}  // namespace crashcap::inspect

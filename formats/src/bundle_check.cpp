@@ -246,14 +246,33 @@ RecoverReport recoverBundle(const std::string& in, const std::string& out, const
   WriterOptions options;
   auto writer = BundleWriter::createCopy(out, header, options);
 
+  // Records whose checksums hold can still fail to decode (a body that is no zstd frame):
+  // decode every record first and drop tensors that have such a chunk.
+  std::unordered_map<uint64_t, std::string> undecodable;
+  for (const auto& r : reader->records()) {
+    try {
+      (void)reader->readRecord(r.offset);
+    } catch (const Error& e) {
+      undecodable[r.offset] = e.message();
+    }
+  }
   std::unordered_map<uint64_t, const TensorInfo*> chunkOwner;
-  for (const auto& t : reader->tensors())
+  std::vector<std::string> droppedTensors;
+  for (const auto& t : reader->tensors()) {
+    bool ok = std::none_of(t.chunkRecords.begin(), t.chunkRecords.end(),
+                           [&](uint64_t off) { return undecodable.count(off) > 0; });
+    if (!ok) {
+      droppedTensors.push_back(t.name);
+      continue;
+    }
     for (uint64_t off : t.chunkRecords) chunkOwner[off] = &t;
+  }
   std::unordered_map<uint64_t, uint64_t> moved;
   uint64_t skipped = 0;
   auto file = detail::File::openRead(in);
   for (const auto& r : reader->records()) {
-    if (r.type == static_cast<uint16_t>(RecordType::TensorChunk) && !chunkOwner.count(r.offset)) {
+    if ((r.type == static_cast<uint16_t>(RecordType::TensorChunk) && !chunkOwner.count(r.offset)) ||
+        undecodable.count(r.offset)) {
       ++skipped;
       continue;
     }
@@ -272,13 +291,16 @@ RecoverReport recoverBundle(const std::string& in, const std::string& out, const
     report.recordsCopied++;
   }
   for (const auto& t : reader->tensors()) {
+    if (!chunkOwner.count(t.chunkRecords.front())) continue;
     TensorInfo copy = t;
     for (auto& off : copy.chunkRecords) off = moved.at(off);
     writer->indexTensor(copy);
     report.tensorsCopied++;
   }
   std::string text = fmt::format("recovered from {}: {}", in, report.source.summary());
-  if (skipped) text += fmt::format("; {} chunk records of incomplete tensors dropped", skipped);
+  if (skipped) text += fmt::format("; {} records of incomplete or undecodable tensors dropped", skipped);
+  for (const auto& name : droppedTensors) text += fmt::format("\ntensor '{}' dropped: a chunk does not decode", name);
+  for (const auto& [off, why] : undecodable) text += fmt::format("\nrecord at byte {} dropped: {}", off, why);
   for (const auto& n : report.source.notices) text += "\n" + n;
   for (const auto& d : report.source.damage)
     text += fmt::format("\ndamaged bytes {}..{}: {}", d.offset, d.offset + d.length, d.what);

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -212,7 +213,7 @@ struct BundleReader::Impl {
         uint64_t bodyLength;
         detail::ChunkMeta meta;
       };
-      std::vector<std::optional<Found>> chunks;  // by chunk index
+      std::map<uint32_t, Found> chunks;  // by chunk index; never sized by the untrusted count
       uint64_t order = 0;
     };
     std::unordered_map<uint64_t, Group> groups;
@@ -242,7 +243,6 @@ struct BundleReader::Impl {
                 if (it == groups.end()) {
                   Group g;
                   g.first = c;
-                  g.chunks.resize(c.chunkCount);
                   g.order = groupOrder++;
                   it = groups.emplace(c.tensorId, std::move(g)).first;
                 }
@@ -255,13 +255,13 @@ struct BundleReader::Impl {
                                       g.first.name, dtypeName(g.first.dtype), formatShape(g.first.shape)));
                   return;
                 }
-                if (g.chunks[c.chunkIndex]) {
+                if (g.chunks.count(c.chunkIndex)) {
                   report.notices.push_back(fmt::format("duplicate chunk {} of tensor '{}' at byte {} ignored",
                                                        c.chunkIndex, c.name, rec.offset));
                   return;
                 }
                 uint32_t index = c.chunkIndex;
-                g.chunks[index] = Group::Found{rec.offset, h.bodyLength, std::move(c)};
+                g.chunks.emplace(index, Group::Found{rec.offset, h.bodyLength, std::move(c)});
                 break;
               }
               default:
@@ -324,16 +324,13 @@ struct BundleReader::Impl {
       bool tiles = true;
       uint64_t next = 0, stored = 0;
       TensorInfo t;
-      for (const auto& c : g->chunks) {
-        if (!c) {
-          tiles = false;
-          continue;
-        }
+      uint32_t expectIndex = 0;
+      for (const auto& [index, c] : g->chunks) {
         ++found;
-        if (c->meta.offset != next) tiles = false;
-        next = c->meta.offset + c->meta.length;
-        stored += c->bodyLength;
-        t.chunkRecords.push_back(c->offset);
+        if (index != expectIndex++ || c.meta.offset != next) tiles = false;
+        next = c.meta.offset + c.meta.length;
+        stored += c.bodyLength;
+        t.chunkRecords.push_back(c.offset);
       }
       if (!tiles || next != g->first.totalBytes || found != g->first.chunkCount) {
         report.lostTensors.push_back({g->first.name, found, g->first.chunkCount});

@@ -347,7 +347,9 @@ uint64_t BundleWriter::copyRecord(const RecordHeader& header, const std::vector<
   CRASHCAP_ASSERT(meta.size() == header.metaLength && storedBody.size() == header.bodyLength,
                   fmt::format("meta {} / body {} bytes vs header {} / {}", meta.size(), storedBody.size(),
                               header.metaLength, header.bodyLength));
-  return impl_->appendWithHeader(header, meta, storedBody.data());
+  RecordHeader h = header;
+  h.sequence = impl_->sequence;  // renumbered so the copy has no gaps where records were lost
+  return impl_->appendWithHeader(h, meta, storedBody.data());
 }
 
 void BundleWriter::indexTensor(const TensorInfo& tensor) {

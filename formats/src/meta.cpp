@@ -182,6 +182,9 @@ ChunkMeta decodeChunk(const uint8_t* meta, size_t size, uint64_t rawLength, cons
   if (expect != c.totalBytes)
     throw bad(fmt::format("totalBytes {} but shape {} of {} needs {}", c.totalBytes, formatShape(c.shape),
                           dtypeName(c.dtype), expect));
+  const uint64_t maxChunks = c.totalBytes == 0 ? 1 : c.totalBytes / elementSize(c.dtype);
+  if (c.chunkCount > maxChunks)
+    throw bad(fmt::format("chunk count {} exceeds the {} element(s) of the tensor", c.chunkCount, maxChunks));
   if (c.chunkCount == 0 || c.chunkIndex >= c.chunkCount)
     throw bad(fmt::format("chunk index {} outside chunk count {}", c.chunkIndex, c.chunkCount));
   if (c.length != rawLength)

@@ -7,16 +7,15 @@
 // torch.load hands to torch.jit.load and returns as a ScriptModule, not a tensor.
 #include <torch/serialize.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
-#include <algorithm>
 #include <cstring>
 #include <memory>
 #include <sstream>
 #include <vector>
 
 #include "crashcap/formats/error.hpp"
-#include "crashcap/formats/tensor_info.hpp"
 
 namespace crashcap::formats::torch {
 namespace {

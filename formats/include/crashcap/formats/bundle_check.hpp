@@ -43,7 +43,7 @@ struct RecoverReport {
 };
 
 /// Writes a sealed copy of `in` to `out` holding every intact record of `in` (copied byte for
-/// byte, no recompression) except chunks of incomplete tensors, plus a "crashcap.recovery"
+/// byte, no recompression; sequence numbers renumbered without gaps) except chunks of incomplete tensors, plus a "crashcap.recovery"
 /// note saying what was lost. Never modifies `in`; refuses an existing `out` and out == in.
 RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits = {});
 

@@ -72,8 +72,9 @@ class BundleWriter {
   /// no RecordingInfo record of its own.
   static std::unique_ptr<BundleWriter> createCopy(const std::string& path, const FileHeader& header,
                                                   const WriterOptions& options = {});
-  /// For `recover`: appends a record verbatim (type, flags, sequence, checksums as in
-  /// `header`, which must describe `meta` and `storedBody`). Returns its new offset.
+  /// For `recover`: appends a record with meta and body verbatim (type, flags, lengths and
+  /// checksums as in `header`, which must describe them); only the sequence number is
+  /// renumbered to the next one. Returns its new offset.
   uint64_t copyRecord(const RecordHeader& header, const std::vector<uint8_t>& meta,
                       const std::vector<uint8_t>& storedBody);
   /// For `recover`: lists a tensor whose chunk records were appended with copyRecord

@@ -1,0 +1,96 @@
+// Fuzz target: everything the CLI does with an untrusted bundle (open, list, read every
+// tensor, stats and printing, verify, scan, recover) must end in a value or a crashcap::Error,
+// never a crash, hang or allocation past the reader's limits.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/inspect/print.hpp"
+#include "crashcap/inspect/stats.hpp"
+
+namespace {
+
+/// Limits small enough that the biggest legal allocation is far below the fuzz cap.
+crashcap::formats::ReaderLimits fuzzLimits() {
+  crashcap::formats::ReaderLimits l;
+  l.maxMetaBytes = 1 << 20;
+  l.maxChunkBytes = 16 << 20;
+  l.maxIndexBytes = 16 << 20;
+  l.maxTensorBytes = 32 << 20;
+  l.maxRecords = 100000;
+  return l;
+}
+
+std::string memFile(const uint8_t* data, size_t size, int& fd) {
+  fd = memfd_create("fuzz-bundle", 0);
+  if (fd < 0) std::abort();
+  size_t done = 0;
+  while (done < size) {
+    ssize_t n = write(fd, data + done, size - done);
+    if (n <= 0) std::abort();
+    done += size_t(n);
+  }
+  return "/proc/self/fd/" + std::to_string(fd);
+}
+
+template <typename Fn>
+void expectValueOrError(Fn&& fn) {
+  try {
+    fn();
+  } catch (const crashcap::Error&) {
+  }
+}
+
+}  // namespace
+
+#ifdef CRASHCAP_FUZZ_STANDALONE
+int fuzzBundleReader(const uint8_t* data, size_t size) {
+#else
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+#endif
+  using namespace crashcap;
+  int fd = -1;
+  std::string path = memFile(data, size, fd);
+  auto limits = fuzzLimits();
+  for (bool scan : {false, true}) {
+    expectValueOrError([&] {
+      auto reader = scan ? formats::BundleReader::scan(path, limits) : formats::BundleReader::open(path, limits);
+      (void)reader->report().summary();
+      for (const auto& t : reader->tensors()) {
+        expectValueOrError([&] {
+          inspect::HostTensor h;
+          h.dtype = t.dtype;
+          h.shape = t.shape;
+          h.bytes = reader->readTensor(t);
+          (void)inspect::computeStats(h);
+          (void)inspect::formatTensor(h);
+        });
+      }
+    });
+  }
+  expectValueOrError([&] { (void)formats::verifyBundle(path, limits); });
+  char out[] = "/tmp/crashcap-fuzz-recover-XXXXXX";
+  int ofd = mkstemp(out);
+  if (ofd >= 0) {
+    close(ofd);
+    unlink(out);
+    expectValueOrError([&] {
+      formats::recoverBundle(path, out, limits);
+      auto v = formats::verifyBundle(out, limits);
+      if (!v.ok()) {
+        std::fprintf(stderr, "recover wrote a bundle that does not verify: %s\n", v.problems[0].what.c_str());
+        std::abort();
+      }
+    });
+    unlink(out);
+  }
+  close(fd);
+  return 0;
+}

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <mutex>
 #include <unordered_map>
 #include <unordered_set>
 
@@ -61,10 +62,26 @@ struct BundleReader::Impl {
   std::vector<RecordEntry> records;
   std::vector<TensorInfo> tensors;
   std::unordered_map<std::string, size_t> byName;
+  std::vector<RecordEntry> lazyMetas;  // sealed bundles: recording info and notes, not yet read
+  std::once_flag lazyOnce;
+
+  /// Reads the recording info and notes of a sealed bundle on first use.
+  void loadLazyMetas() {
+    std::call_once(lazyOnce, [this] {
+      for (const auto& e : lazyMetas) {
+        auto r = read(e.offset, false);
+        if (e.type == static_cast<uint16_t>(RecordType::RecordingInfo))
+          info = detail::decodeRecordingInfo(r.meta.data(), r.meta.size(), limits);
+        else
+          notes.push_back(detail::decodeNote(r.meta.data(), r.meta.size(), limits));
+      }
+    });
+  }
 
   void reset() {
     info.reset();
     notes.clear();
+    lazyMetas.clear();
     records.clear();
     tensors.clear();
     byName.clear();
@@ -167,16 +184,10 @@ struct BundleReader::Impl {
         case RecordType::TensorChunk:
           chunkOffsets.insert(e.offset);
           break;
-        case RecordType::RecordingInfo: {
-          auto r = read(e.offset, false);
-          info = detail::decodeRecordingInfo(r.meta.data(), r.meta.size(), limits);
+        case RecordType::RecordingInfo:
+        case RecordType::Note:
+          lazyMetas.push_back(e);  // decoded on first use: opening touches only footer and index
           break;
-        }
-        case RecordType::Note: {
-          auto r = read(e.offset, false);
-          notes.push_back(detail::decodeNote(r.meta.data(), r.meta.size(), limits));
-          break;
-        }
         case RecordType::Index:
           throw Error(ErrorCode::Corrupt, fmt::format("index lists a second index at byte {}", e.offset));
         default: {
@@ -443,8 +454,14 @@ const std::string& BundleReader::path() const { return impl_->file.path(); }
 const FileHeader& BundleReader::fileHeader() const { return impl_->header; }
 const OpenReport& BundleReader::report() const { return impl_->report; }
 const ReaderLimits& BundleReader::limits() const { return impl_->limits; }
-std::optional<RecordingInfoData> BundleReader::recordingInfo() const { return impl_->info; }
-const std::vector<NoteData>& BundleReader::notes() const { return impl_->notes; }
+std::optional<RecordingInfoData> BundleReader::recordingInfo() const {
+  impl_->loadLazyMetas();
+  return impl_->info;
+}
+const std::vector<NoteData>& BundleReader::notes() const {
+  impl_->loadLazyMetas();
+  return impl_->notes;
+}
 const std::vector<RecordEntry>& BundleReader::records() const { return impl_->records; }
 const std::vector<TensorInfo>& BundleReader::tensors() const { return impl_->tensors; }
 

@@ -90,6 +90,8 @@ class BundleReader {
   const FileHeader& fileHeader() const;
   const OpenReport& report() const;
   const ReaderLimits& limits() const;
+  /// The RecordingInfo record. For sealed bundles this and notes() read their records on
+  /// first use; they throw Error{Corrupt} when those records are damaged.
   std::optional<RecordingInfoData> recordingInfo() const;
   const std::vector<NoteData>& notes() const;
   /// Every usable record, in file order (index record excluded).

@@ -8,6 +8,7 @@
 #include <cstring>
 #include <map>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "codec.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
@@ -51,7 +52,10 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
       problem(0, kFileHeaderSize, "file header",
               fmt::format("format version {}.{}; this crashcap reads {}.x", h.formatMajor, h.formatMinor, kFormatMajor));
   } catch (const Error& e) {
-    problem(0, kFileHeaderSize, "file header", e.message());
+    std::string what = e.message();
+    const std::string prefix = "not a crashcap bundle: ";
+    if (what.rfind(prefix, 0) == 0) what = "damaged magic: " + what.substr(prefix.size());
+    problem(0, kFileHeaderSize, "file header", what);
   }
   report.bytesChecked += kFileHeaderSize;
 
@@ -81,6 +85,7 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
   std::optional<std::pair<uint64_t, detail::IndexData>> index;
   std::optional<uint64_t> indexAt;
   std::vector<uint64_t> sequences;
+  std::unordered_set<uint64_t> damagedAt;
   detail::Decompressor dec(limits.zstdWindowLogMax);
   std::vector<uint8_t> decoded;
   detail::ScanOptions options;
@@ -127,12 +132,20 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
           scanned.push_back({rec.offset, h.type, h.sequence, h.totalLength()});
         } catch (const Error& e) {
           problem(rec.offset, h.totalLength(), label, e.message());
+          scanned.push_back({rec.offset, h.type, h.sequence, h.totalLength()});
+          damagedAt.insert(rec.offset);
         }
       },
       [&](const detail::ScanDamage& d) {
         std::string where = d.header ? recordLabel(*d.header, d.offset)
                                      : fmt::format("bytes {}..{}", d.offset, d.offset + d.length);
-        if (d.header) sequences.push_back(d.header->sequence);
+        if (d.header) {
+          // Its header is intact, so the index may list it: compare it like any record
+          // instead of reporting the same damage again as an index mismatch.
+          sequences.push_back(d.header->sequence);
+          scanned.push_back({d.offset, d.header->type, d.header->sequence, d.header->totalLength()});
+        }
+        damagedAt.insert(d.offset);
         problem(d.offset, d.length, where, d.what);
       });
   if (result.truncatedAt) {
@@ -215,6 +228,9 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
         }
       }
       for (const auto& t : idx.tensors) {
+        bool alreadyReported = std::any_of(t.chunkRecords.begin(), t.chunkRecords.end(),
+                                           [&](uint64_t off) { return damagedAt.count(off) > 0; });
+        if (alreadyReported) continue;
         auto it = tensorChunks.find(t.name);
         if (it == tensorChunks.end() || it->second != t.chunkRecords)
           problem(*indexAt, 0, "index", fmt::format("entry for tensor '{}' does not match its chunk records", t.name));

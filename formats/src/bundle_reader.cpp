@@ -29,7 +29,7 @@ std::string OpenReport::summary() const {
   else if (!sealed)
     parts.push_back(fmt::format("not sealed ({})", whyScanned));
   if (fileHeaderDamaged) parts.push_back("file header damaged");
-  parts.push_back(fmt::format("{} records recovered", recordsRecovered));
+  parts.push_back(fmt::format("{} record{} recovered", recordsRecovered, recordsRecovered == 1 ? "" : "s"));
   if (!damage.empty()) {
     uint64_t bytes = 0;
     for (const auto& d : damage) bytes += d.length;
@@ -392,9 +392,11 @@ std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, 
   try {
     m->header = decodeFileHeader(head);
   } catch (const Error& e) {
-    if (e.code() != ErrorCode::Corrupt) throw;
+    // Reaching here with a bad magic means an intact record follows: a damaged bundle.
+    if (e.code() != ErrorCode::Corrupt && e.code() != ErrorCode::NotABundle) throw;
     m->report.fileHeaderDamaged = true;
-    m->report.notices.push_back(e.message() + "; reading the records anyway");
+    m->report.notices.push_back("file header damaged (" + e.message() +
+                                "); an intact record follows it, so the records are read anyway");
   }
   if (!m->report.fileHeaderDamaged && m->header.formatMajor != kFormatMajor)
     throw Error(ErrorCode::IncompatibleVersion,

@@ -16,6 +16,7 @@ struct HostTensor {
   std::vector<int64_t> shape;
   std::vector<uint8_t> bytes;
 
+  /// Product of shape (1 for 0-d); Error{InvalidArgument} for a negative dimension or overflow.
   uint64_t numel() const;
   /// Element i (flat index) as double; complex types give the real part. Half and bfloat16
   /// are widened exactly.

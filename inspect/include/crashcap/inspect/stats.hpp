@@ -24,6 +24,7 @@ struct TensorStats {
   std::optional<std::vector<int64_t>> firstNan, firstInf;
 };
 
+/// One pass over t's bytes; Error{InvalidArgument} when they do not match its shape.
 TensorStats computeStats(const HostTensor& t);
 /// {"count", "nan_count", "inf_count", "pos_inf_count", "neg_inf_count", "zero_count",
 ///  "min", "max", "mean", "std" (null when absent), "first_nan", "first_inf" (index list or null)}.

@@ -13,7 +13,5 @@ function(crashcap_add_test)
   if(NOT T_TIMEOUT)
     set(T_TIMEOUT 600)
   endif()
-  catch_discover_tests(${T_NAME}
-    PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT}
-    ENVIRONMENT "CRASHCAP_BIN=${CMAKE_BINARY_DIR}/bin;CRASHCAP_SOURCE_DIR=${CMAKE_SOURCE_DIR}")
+  catch_discover_tests(${T_NAME} PROPERTIES LABELS "${T_LABELS}" TIMEOUT ${T_TIMEOUT})
 endfunction()

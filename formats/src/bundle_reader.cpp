@@ -298,8 +298,9 @@ struct BundleReader::Impl {
       std::string what = "the incomplete record there";
       if (result.truncatedHeader) {
         const auto& h = *result.truncatedHeader;
-        what = fmt::format("the incomplete record there was {} #{} ({} of {} bytes present)", recordTypeName(h.type),
-                           h.sequence, end - *result.truncatedAt, h.totalLength());
+        what = fmt::format("the file ends inside {} record #{} at byte {} ({} of its {} bytes present)",
+                           recordTypeName(h.type), h.sequence, *result.truncatedAt, end - *result.truncatedAt,
+                           h.totalLength());
         if (h.type == static_cast<uint16_t>(RecordType::TensorChunk) && !result.truncatedMeta.empty()) {
           try {
             auto c = detail::decodeChunk(result.truncatedMeta.data(), result.truncatedMeta.size(), h.rawLength, limits);
@@ -308,10 +309,10 @@ struct BundleReader::Impl {
           } catch (const Error&) {
           }
         }
-        report.notices.push_back(fmt::format("truncated at byte {}: {}", *result.truncatedAt, what));
+        report.notices.push_back(what);
       } else {
-        report.notices.push_back(fmt::format("truncated at byte {}: {} trailing bytes are less than a record header",
-                                             *result.truncatedAt, end - *result.truncatedAt));
+        report.notices.push_back(fmt::format("the file ends {} bytes into a record header at byte {}",
+                                             end - *result.truncatedAt, *result.truncatedAt));
       }
     }
 

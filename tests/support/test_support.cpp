@@ -111,12 +111,12 @@ RunResult run(const std::vector<std::string>& argv, int timeoutSeconds) {
 
 std::string binPath(const std::string& name) {
   const char* dir = std::getenv("CRASHCAP_BIN");
-  return std::string(dir && *dir ? dir : ".") + "/" + name;
+  return std::string(dir && *dir ? dir : CRASHCAP_TEST_BIN_DIR) + "/" + name;
 }
 
 std::string sourceDir() {
   const char* dir = std::getenv("CRASHCAP_SOURCE_DIR");
-  return dir && *dir ? dir : ".";
+  return dir && *dir ? dir : CRASHCAP_TEST_SOURCE_DIR;
 }
 
 std::vector<uint8_t> randomBytes(uint64_t n, uint64_t seed) {

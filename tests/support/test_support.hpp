@@ -36,9 +36,9 @@ struct RunResult {
 /// stdout and stderr, killing it after timeoutSeconds.
 RunResult run(const std::vector<std::string>& argv, int timeoutSeconds = 120);
 
-/// Path to a built executable: $CRASHCAP_BIN/name (set by ctest), else ./name.
+/// Path to a built executable: $CRASHCAP_BIN/name, else build/bin/name.
 std::string binPath(const std::string& name);
-/// The source tree root ($CRASHCAP_SOURCE_DIR).
+/// The source tree root ($CRASHCAP_SOURCE_DIR, else the one this build was configured from).
 std::string sourceDir();
 
 /// Deterministic pseudo-random bytes / floats for test data.

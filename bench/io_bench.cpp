@@ -155,7 +155,7 @@ std::string cpuModel() {
 
 int main(int argc, char** argv) {
   bool json = false;
-  int rounds = 5;
+  int rounds = 7;
   int64_t mixMiB = 256;
   std::string dir = std::filesystem::temp_directory_path().string();
   for (int i = 1; i < argc; ++i) {

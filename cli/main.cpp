@@ -60,7 +60,9 @@ void addReadOptions(CLI::App* cmd, ReadOptions& o) {
       ->capture_default_str();
 }
 
-void printJson(const json& j) { std::cout << j.dump(2) << "\n"; }
+/// Prints JSON; bytes from a bundle that are not valid UTF-8 (a note, a hostname) become U+FFFD
+/// instead of aborting the output.
+void printJson(const json& j) { std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n"; }
 
 inspect::HostTensor loadTensor(const formats::BundleReader& reader, const std::string& name) {
   const auto& t = reader.get(name);
@@ -328,14 +330,12 @@ int main(int argc, char** argv) {
     if (*rec) return cmdRecover(bundle, out, ro);
   } catch (const Error& e) {
     if (json)
-      std::cout << json::object({{"error",
-                                  {{"code", errorCodeName(e.code())},
-                                   {"code_number", int(e.code())},
-                                   {"message", e.message()},
-                                   {"context", e.context()},
-                                   {"hint", e.hint()}}}})
-                       .dump(2)
-                << "\n";
+      printJson({{"error",
+                  {{"code", errorCodeName(e.code())},
+                   {"code_number", int(e.code())},
+                   {"message", e.message()},
+                   {"context", e.context()},
+                   {"hint", e.hint()}}}});
     std::cerr << "crashcap: error: " << e.what() << "\n";
     return exitCodeFor(e.code());
   } catch (const std::bad_alloc&) {

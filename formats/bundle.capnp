@@ -1,5 +1,5 @@
-# crashcap bundle record metas. Each record's meta is one single-segment, unpacked Cap'n
-# Proto message of one of the structs below, chosen by the record type in the record header
+# crashcap bundle record metas. Each record's meta is one unpacked Cap'n Proto message
+# (standard serialization: segment table, then segments; at most 1 MiB) of one of the structs below, chosen by the record type in the record header
 # (formats/include/crashcap/formats/layout.hpp). Record bodies are raw bytes or one zstd
 # frame; which struct describes the body is said per struct.
 #
@@ -49,7 +49,7 @@ struct RecordingInfo {
 # Invariants (a reader rejects a chunk that breaks one):
 # - tensorId > 0; all chunks of one tensor carry the same tensorId, name, dtype, shape,
 #   totalBytes and chunkCount.
-# - name: 1..1024 bytes of UTF-8 without control characters; '/' separates path parts;
+# - name: 1..1024 bytes of valid UTF-8 without control characters; '/' separates path parts;
 #   unique within a bundle.
 # - rank (shape length) <= 16; every dim >= 0;
 #   totalBytes = product(shape) * elementSize(dtype), computed without overflow.
@@ -75,11 +75,11 @@ struct TensorChunk {
 # notes). No body.
 struct Note {
   key @0 :Text;   # 1..256 bytes; dotted namespace, "crashcap." reserved for the tool
-  text @1 :Text;  # UTF-8, at most 1 MiB
+  text @1 :Text;  # UTF-8, at most 64 KiB
 }
 
 # Record type 15. Written once, when the bundle is sealed. The meta is IndexInfo; the body
-# (zstd) is an Index message.
+# is an Index message (zstd-compressed unless that does not make it smaller).
 struct IndexInfo {
   recordCount @0 :UInt64;   # records listed in Index.records
   tensorCount @1 :UInt64;   # tensors listed in Index.tensors

@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <unordered_map>
@@ -52,10 +54,9 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
       problem(0, kFileHeaderSize, "file header",
               fmt::format("format version {}.{}; this crashcap reads {}.x", h.formatMajor, h.formatMinor, kFormatMajor));
   } catch (const Error& e) {
-    std::string what = e.message();
-    const std::string prefix = "not a crashcap bundle: ";
-    if (what.rfind(prefix, 0) == 0) what = "damaged magic: " + what.substr(prefix.size());
-    problem(0, kFileHeaderSize, "file header", what);
+    // We only get here with a bad magic when an intact record follows: the magic is damaged.
+    problem(0, kFileHeaderSize, "file header",
+            e.code() == ErrorCode::NotABundle ? "damaged magic: " + e.message() : e.message());
   }
   report.bytesChecked += kFileHeaderSize;
 
@@ -121,12 +122,21 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
             }
             case RecordType::Index: {
               indexAt = rec.offset;
-              detail::decodeIndexInfo(rec.meta.data(), rec.meta.size(), limits);
-              index.emplace(rec.offset, detail::decodeIndex(decoded.data(), decoded.size(), kFileHeaderSize,
-                                                            rec.offset, limits));
+              auto counts = detail::decodeIndexInfo(rec.meta.data(), rec.meta.size(), limits);
+              auto idx = detail::decodeIndex(decoded.data(), decoded.size(), kFileHeaderSize, rec.offset, limits);
+              if (counts.first != idx.records.size() || counts.second != idx.tensors.size())
+                throw Error(ErrorCode::Corrupt,
+                            fmt::format("index lists {} records and {} tensors; its meta says {} and {}",
+                                        idx.records.size(), idx.tensors.size(), counts.first, counts.second));
+              index.emplace(rec.offset, std::move(idx));
               return;
             }
             default:
+              if (h.flags & kFlagRequired)
+                throw Error(ErrorCode::IncompatibleVersion,
+                            fmt::format("unknown record type {} is marked required: this crashcap cannot read the "
+                                        "bundle (made by a newer version?)",
+                                        h.type));
               report.notices.push_back(fmt::format("{}: unknown record type {} skipped", label, h.type));
           }
           scanned.push_back({rec.offset, h.type, h.sequence, h.totalLength()});
@@ -169,6 +179,7 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
 
   // Tensors: chunks of one id must agree and tile their bytes exactly.
   std::unordered_map<std::string, uint64_t> names;
+  std::map<std::string, const detail::ChunkMeta*> complete;  // tensors whose chunks tile them
   std::map<std::string, std::vector<uint64_t>> tensorChunks;
   for (auto& [id, chunks] : chunksById) {
     std::sort(chunks.begin(), chunks.end(), [](const Chunk& a, const Chunk& b) {
@@ -201,6 +212,7 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
       problem(chunks.front().offset, 0, where, "another tensor has the same name");
     names[first.name] = id;
     for (const auto& c : chunks) tensorChunks[first.name].push_back(c.offset);
+    if (ok && chunks.size() == first.chunkCount && next == first.totalBytes) complete[first.name] = &first;
     report.tensorsChecked++;
   }
 
@@ -232,9 +244,24 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
                                            [&](uint64_t off) { return damagedAt.count(off) > 0; });
         if (alreadyReported) continue;
         auto it = tensorChunks.find(t.name);
+        auto c = complete.find(t.name);
         if (it == tensorChunks.end() || it->second != t.chunkRecords)
-          problem(*indexAt, 0, "index", fmt::format("entry for tensor '{}' does not match its chunk records", t.name));
+          problem(*indexAt, 0, "index",
+                  fmt::format("entry for tensor '{}' lists {} chunk records; the file has {} for it", t.name,
+                              t.chunkRecords.size(), it == tensorChunks.end() ? 0 : it->second.size()));
+        else if (c == complete.end() || c->second->dtype != t.dtype || c->second->shape != t.shape ||
+                 c->second->totalBytes != t.totalBytes)
+          problem(*indexAt, 0, "index",
+                  fmt::format("entry for tensor '{}' says {} {}; its chunks say otherwise", t.name,
+                              dtypeName(t.dtype), formatShape(t.shape)));
       }
+      // Every complete tensor must be in the index, or opening the bundle would hide it.
+      std::unordered_set<std::string> listed;
+      for (const auto& t : idx.tensors) listed.insert(t.name);
+      for (const auto& [name, meta] : complete)
+        if (!listed.count(name))
+          problem(*indexAt, 0, "index", fmt::format("tensor '{}' is complete in the file but missing from the index",
+                                                    name));
     }
     report.sealed = index && indexAt && *indexAt == footer->indexOffset && report.problems.size() == problemsBeforeIndex;
   }
@@ -259,8 +286,19 @@ RecoverReport recoverBundle(const std::string& in, const std::string& out, const
     header = FileHeader{};
     header.recordingId = newRecordingId();
   }
+  // Write next to the output and rename at the end, so a failure leaves no half-written
+  // OUT that would block the retry.
+  const std::string partial = out + ".partial";
   WriterOptions options;
-  auto writer = BundleWriter::createCopy(out, header, options);
+  options.overwrite = true;
+  auto writer = BundleWriter::createCopy(partial, header, options);
+  struct RemoveOnFailure {
+    const std::string& path;
+    bool done = false;
+    ~RemoveOnFailure() {
+      if (!done) std::remove(path.c_str());
+    }
+  } cleanup{partial};
 
   // Records whose checksums hold can still fail to decode (a body that is no zstd frame):
   // decode every record first and drop tensors that have such a chunk.
@@ -320,10 +358,18 @@ RecoverReport recoverBundle(const std::string& in, const std::string& out, const
   for (const auto& n : report.source.notices) text += "\n" + n;
   for (const auto& d : report.source.damage)
     text += fmt::format("\ndamaged bytes {}..{}: {}", d.offset, d.offset + d.length, d.what);
-  if (text.size() > (1u << 20) - 64) text.resize((1u << 20) - 64);
+  if (text.size() > kMaxNoteTextBytes) {
+    size_t cut = kMaxNoteTextBytes - 64;
+    while (cut > 0 && (static_cast<unsigned char>(text[cut]) & 0xc0) == 0x80) --cut;  // whole UTF-8 characters
+    text = text.substr(0, cut) + fmt::format("\n... ({} more bytes; run `crashcap info` on the input)",
+                                             text.size() - cut);
+  }
   writer->writeNote("crashcap.recovery", text);
   writer->seal();
   report.bytesWritten = writer->stats().fileBytes;
+  if (std::rename(partial.c_str(), out.c_str()) != 0)
+    throw Error(ErrorCode::Io, fmt::format("cannot rename {} to {}: {}", partial, out, std::strerror(errno)));
+  cleanup.done = true;
   return report;
 }
 

@@ -22,7 +22,8 @@ bool OpenReport::complete() const {
 }
 
 std::string OpenReport::summary() const {
-  if (sealed && complete()) return fmt::format("sealed, {} records", recordsRecovered);
+  if (complete())
+    return fmt::format(sealed ? "sealed, {} records" : "sealed, {} records (read by a full scan)", recordsRecovered);
   std::vector<std::string> parts;
   if (truncatedAt)
     parts.push_back(fmt::format("truncated at byte {} (crash during recording?)", fileSize));
@@ -65,15 +66,22 @@ struct BundleReader::Impl {
   std::vector<RecordEntry> lazyMetas;  // sealed bundles: recording info and notes, not yet read
   std::once_flag lazyOnce;
 
-  /// Reads the recording info and notes of a sealed bundle on first use.
+  /// Reads the recording info and notes of a sealed bundle on first use. A damaged one is
+  /// reported (damage + notice) and skipped, as the scan would; it never throws.
   void loadLazyMetas() {
     std::call_once(lazyOnce, [this] {
       for (const auto& e : lazyMetas) {
-        auto r = read(e.offset, false);
-        if (e.type == static_cast<uint16_t>(RecordType::RecordingInfo))
-          info = detail::decodeRecordingInfo(r.meta.data(), r.meta.size(), limits);
-        else
-          notes.push_back(detail::decodeNote(r.meta.data(), r.meta.size(), limits));
+        try {
+          auto r = read(e.offset, false);
+          if (e.type == static_cast<uint16_t>(RecordType::RecordingInfo))
+            info = detail::decodeRecordingInfo(r.meta.data(), r.meta.size(), limits);
+          else
+            notes.push_back(detail::decodeNote(r.meta.data(), r.meta.size(), limits));
+        } catch (const Error& err) {
+          report.damage.push_back({e.offset, e.length, err.message()});
+          report.notices.push_back(fmt::format("{} record #{} at byte {} is damaged and was skipped: {}",
+                                               recordTypeName(e.type), e.sequence, e.offset, err.message()));
+        }
       }
     });
   }
@@ -429,7 +437,7 @@ std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, 
           m->report.fileHeaderDamaged = headerDamaged;
           m->report.notices = std::move(notices);
           m->report.footerPresent = true;
-          m->report.whyScanned = "index unusable: " + std::string(e.what());
+          m->report.whyScanned = "index unusable: " + e.message();
         }
       } else {
         m->report.whyScanned = "scan requested";
@@ -455,7 +463,10 @@ std::unique_ptr<BundleReader> BundleReader::scan(const std::string& path, const 
 
 const std::string& BundleReader::path() const { return impl_->file.path(); }
 const FileHeader& BundleReader::fileHeader() const { return impl_->header; }
-const OpenReport& BundleReader::report() const { return impl_->report; }
+const OpenReport& BundleReader::report() const {
+  impl_->loadLazyMetas();  // so the report includes damage found in those records
+  return impl_->report;
+}
 const ReaderLimits& BundleReader::limits() const { return impl_->limits; }
 std::optional<RecordingInfoData> BundleReader::recordingInfo() const {
   impl_->loadLazyMetas();
@@ -523,7 +534,7 @@ void BundleReader::readTensor(const TensorInfo& t, void* out, uint64_t outSize) 
       uint8_t* target = dst + c.offset;
       if (r.header.codec() == Codec::None) {
         if (c.shuffle) detail::unshuffleBytes(r.body.data(), target, c.length, c.shuffle);
-        else std::memcpy(target, r.body.data(), c.length);
+        else if (c.length) std::memcpy(target, r.body.data(), c.length);
       } else {
         uint8_t* into = target;
         if (c.shuffle) {

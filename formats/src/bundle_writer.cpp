@@ -16,6 +16,7 @@
 
 #include "codec.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/limits.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/tensor_info.hpp"
 #include "file_io.hpp"
@@ -131,6 +132,10 @@ struct BundleWriter::Impl {
 
   uint64_t append(uint16_t type, uint16_t flags, const std::vector<uint8_t>& meta, const detail::EncodedBody& body,
                   uint64_t rawLength) {
+    if (meta.size() > kMaxMetaBytes)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("{} meta is {} bytes; readers accept at most {}", recordTypeName(type), meta.size(),
+                              kMaxMetaBytes));
     RecordHeader h;
     h.type = type;
     h.flags = uint16_t(flags | static_cast<uint16_t>(body.codec));
@@ -191,6 +196,9 @@ std::unique_ptr<BundleWriter> BundleWriter::create(const std::string& path, cons
   if (options.compressionThreads > 64)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("{} compression threads requested; at most 64", options.compressionThreads));
+  if (options.producer.size() > 1024)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("producer name is {} bytes; at most 1024", options.producer.size()));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   impl->file = detail::File::create(path, options.overwrite);
@@ -276,6 +284,15 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
     // Keep at most two chunks per thread in flight; write them back in order.
     const uint64_t window = 2ull * m.options.compressionThreads;
     std::deque<std::pair<std::future<void>, std::unique_ptr<detail::EncodedBody>>> inflight;
+    // If a write fails, the workers may still be encoding into these bodies (and reading the
+    // caller's bytes): wait for all of them before unwinding frees anything.
+    struct WaitAll {
+      decltype(inflight)& jobs;
+      ~WaitAll() {
+        for (auto& j : jobs)
+          if (j.first.valid()) j.first.wait();
+      }
+    } waitAll{inflight};
     uint64_t next = 0, done = 0;
     const int level = m.options.zstdLevel;
     const double minSavings = m.options.minSavings;
@@ -305,8 +322,9 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
 void BundleWriter::writeNote(const std::string& key, const std::string& text) {
   if (key.empty() || key.size() > 256)
     throw Error(ErrorCode::InvalidArgument, fmt::format("note key must be 1..256 bytes, got {}", key.size()));
-  if (text.size() > (1u << 20))
-    throw Error(ErrorCode::InvalidArgument, fmt::format("note text is {} bytes; at most 1 MiB", text.size()));
+  if (text.size() > kMaxNoteTextBytes)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("note text is {} bytes; at most {}", text.size(), kMaxNoteTextBytes));
   detail::EncodedBody none;
   impl_->append(static_cast<uint16_t>(RecordType::Note), 0, detail::encodeNote({key, text}), none, 0);
 }
@@ -320,6 +338,10 @@ uint64_t BundleWriter::writeRecord(uint16_t type, const std::vector<uint8_t>& me
     throw Error(ErrorCode::InvalidArgument, fmt::format("record type {} is written by the writer itself",
                                                         recordTypeName(type)));
   if (extraFlags & kCodecMask) throw Error(ErrorCode::InvalidArgument, "extraFlags must not set codec bits");
+  if (bodySize > ReaderLimits{}.maxChunkBytes)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("record body is {} bytes; readers accept at most {} by default", bodySize,
+                            ReaderLimits{}.maxChunkBytes));
   detail::EncodedBody enc;
   detail::encodeBody(impl_->compressor, static_cast<const uint8_t*>(body), bodySize,
                      compress ? std::max(1, impl_->options.zstdLevel) : 0, 0, impl_->options.minSavings,
@@ -371,6 +393,11 @@ void BundleWriter::seal() {
   index.records = m.records;
   index.tensors = m.tensors;
   std::vector<uint8_t> body = detail::encodeIndex(index);
+  if (body.size() > ReaderLimits{}.maxIndexBytes)
+    throw Error(ErrorCode::LimitExceeded,
+                fmt::format("the index of {} records is {} bytes; readers accept at most {}", m.records.size(),
+                            body.size(), ReaderLimits{}.maxIndexBytes),
+                "the records written so far stay readable by a scan (`crashcap recover`)");
   detail::EncodedBody enc;
   detail::encodeBody(m.compressor, body.data(), body.size(), std::max(1, m.options.zstdLevel), 0, 0.0, m.scratch,
                      enc);
@@ -393,10 +420,13 @@ void BundleWriter::seal() {
   }
   m.offset += kFooterSize;
   m.stats.fileBytes = m.offset;
-  if (m.options.durability.syncOnSeal) {
-    m.doSync();
+  try {
+    if (m.options.durability.syncOnSeal) m.doSync();
+    m.file.close();
+  } catch (...) {
+    m.broken = true;  // index and footer are written; a second seal() must not append more
+    throw;
   }
-  m.file.close();
   if (m.options.durability.syncOnSeal) detail::syncParentDirectory(m.file.path());
   m.sealed = true;
 }

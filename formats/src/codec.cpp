@@ -1,5 +1,7 @@
 #include "codec.hpp"
 
+#include "crashcap/formats/error.hpp"
+
 #include <fmt/format.h>
 
 #include <cstring>
@@ -57,7 +59,9 @@ void Compressor::compress(const void* in, size_t size, int level, std::vector<ui
   ZSTD_CCtx_setParameter(ctx_, ZSTD_c_compressionLevel, level);
   out.resize(ZSTD_compressBound(size));
   size_t n = ZSTD_compress2(ctx_, out.data(), out.size(), in, size);
-  if (ZSTD_isError(n)) throw std::runtime_error(std::string("zstd compression failed: ") + ZSTD_getErrorName(n));
+  if (ZSTD_isError(n))
+    throw Error(ErrorCode::Internal, fmt::format("zstd compression of {} bytes at level {} failed: {}", size, level,
+                                                 ZSTD_getErrorName(n)));
   out.resize(n);
 }
 

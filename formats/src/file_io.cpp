@@ -103,7 +103,7 @@ void File::writeAll(const void* const* parts, const uint64_t* sizes, int count, 
   uint64_t written = 0;
   while (first < iov.size()) {
     int n = int(std::min<size_t>(iov.size() - first, 1024));
-    ssize_t r = ::writev(fd_, iov.data() + first, n);
+    ssize_t r = ::pwritev(fd_, iov.data() + first, n, off_t(atOffset + written));
     if (r < 0) {
       if (errno == EINTR) continue;
       throw ioError(fmt::format("cannot write at byte {} of", atOffset + written), path_, errno);

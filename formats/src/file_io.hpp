@@ -28,7 +28,7 @@ class File {
   void preadExact(void* buf, uint64_t n, uint64_t offset) const;
   /// Reads up to n bytes at offset; returns how many.
   uint64_t preadSome(void* buf, uint64_t n, uint64_t offset) const;
-  /// Writes all parts in order (writev, retrying short writes and EINTR).
+  /// Writes all parts in order at atOffset (pwritev, retrying short writes and EINTR).
   void writeAll(const void* const* parts, const uint64_t* sizes, int count, uint64_t atOffset);
   void datasync();
   void close();

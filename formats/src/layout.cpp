@@ -52,8 +52,9 @@ FileHeader decodeFileHeader(const uint8_t in[kFileHeaderSize]) {
                 fmt::format("file header checksum mismatch at byte 0: stored {:#018x}, computed {:#018x}", stored,
                             computed));
   if (in[9] != 0 || getU16(in + 14) != kFileHeaderSize)
-    throw Error(ErrorCode::Corrupt, fmt::format("file header at byte 0 has header size {}, expected {}",
-                                                getU16(in + 14), kFileHeaderSize));
+    throw Error(ErrorCode::Corrupt, fmt::format("file header at byte 0 has byte 9 = {} and header size {}; expected 0 "
+                                                "and {}",
+                                                in[9], getU16(in + 14), kFileHeaderSize));
   FileHeader h;
   h.formatMajor = getU16(in + 10);
   h.formatMinor = getU16(in + 12);
@@ -99,7 +100,12 @@ RecordHeaderCheck decodeRecordHeader(const uint8_t in[kRecordHeaderSize]) {
   h.metaHash = getU64(in + 40);
   h.bodyHash = getU64(in + 48);
   if (getU32(in + 20) != 0) {
-    r.problem = "record header reserved field is not zero";
+    r.problem = fmt::format("record header reserved field (bytes 20..24) is {:#x}, expected 0", getU32(in + 20));
+    return r;
+  }
+  if (h.bodyLength > kMaxRecordBodyBytes || h.rawLength > kMaxRecordBodyBytes) {
+    r.problem = fmt::format("record body length {} (decoded {}) exceeds the format's maximum of {}", h.bodyLength,
+                            h.rawLength, kMaxRecordBodyBytes);
     return r;
   }
   if (h.metaLength % 8 != 0) {

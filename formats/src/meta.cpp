@@ -29,7 +29,8 @@ auto withRoot(const uint8_t* data, size_t size, const ReaderLimits& limits, cons
   kj::Array<capnp::word> words = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
   std::memcpy(words.begin(), data, size);
   capnp::ReaderOptions options;
-  options.traversalLimitInWords = std::min<uint64_t>(limits.capnpTraversalWords, 8 * (size / 8) + 1024);
+  // A well-formed message reads each of its words about once; allow twice that.
+  options.traversalLimitInWords = std::min<uint64_t>(limits.capnpTraversalWords, 2 * (size / 8) + 1024);
   options.nestingLimit = limits.capnpNestingLimit;
   try {
     capnp::FlatArrayMessageReader reader(words.asPtr(), options);
@@ -209,7 +210,7 @@ NoteData decodeNote(const uint8_t* meta, size_t size, const ReaderLimits& limits
   return withRoot<schema::Note>(meta, size, limits, "note", [](auto r) {
     NoteData n;
     n.key = text(r.getKey(), 256, "note key");
-    n.text = text(r.getText(), 1u << 20, "note text");
+    n.text = text(r.getText(), kMaxNoteTextBytes, "note text");
     return n;
   });
 }
@@ -222,15 +223,12 @@ std::pair<uint64_t, uint64_t> decodeIndexInfo(const uint8_t* meta, size_t size, 
 
 IndexData decodeIndex(const uint8_t* body, size_t size, uint64_t firstRecord, uint64_t indexOffset,
                       const ReaderLimits& limits) {
-  ReaderLimits l = limits;
-  l.capnpTraversalWords = std::max<uint64_t>(limits.capnpTraversalWords, size / 8 * 2);
-  return withRoot<schema::Index>(body, size, l, "index", [&](auto r) {
+  return withRoot<schema::Index>(body, size, limits, "index", [&](auto r) {
     IndexData d;
     auto records = r.getRecords();
     if (records.size() > limits.maxRecords)
       throw Error(ErrorCode::LimitExceeded,
                   fmt::format("index lists {} records; the limit is {}", records.size(), limits.maxRecords));
-    d.records.reserve(records.size());
     uint64_t next = firstRecord;
     for (auto rec : records) {
       RecordEntry e{rec.getOffset(), rec.getType(), rec.getSequence(), rec.getLength()};
@@ -247,7 +245,8 @@ IndexData decodeIndex(const uint8_t* body, size_t size, uint64_t firstRecord, ui
                   fmt::format("index records end at byte {} but the index starts at byte {}", next, indexOffset));
     auto tensors = r.getTensors();
     if (tensors.size() > records.size())
-      throw Error(ErrorCode::Corrupt, "index lists more tensors than records");
+      throw Error(ErrorCode::Corrupt, fmt::format("index lists {} tensors but only {} records", tensors.size(),
+                                                  records.size()));
     for (auto t : tensors) {
       TensorInfo info;
       info.id = t.getTensorId();
@@ -256,7 +255,12 @@ IndexData decodeIndex(const uint8_t* body, size_t size, uint64_t firstRecord, ui
       info.shape = shapeOf(t.getShape());
       info.totalBytes = t.getTotalBytes();
       info.storedBytes = t.getStoredBytes();
-      uint64_t expect = tensorByteSize(info.dtype, info.shape, "'" + info.name + "'");
+      uint64_t expect = 0;
+      try {
+        expect = tensorByteSize(info.dtype, info.shape, "'" + info.name + "'");
+      } catch (const Error& e) {
+        throw Error(ErrorCode::Corrupt, "index entry: " + e.message());
+      }
       if (expect != info.totalBytes)
         throw Error(ErrorCode::Corrupt, fmt::format("index entry for tensor '{}' has totalBytes {}, shape needs {}",
                                                     info.name, info.totalBytes, expect));

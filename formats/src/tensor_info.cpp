@@ -17,6 +17,20 @@ void validateTensorName(const std::string& name) {
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("tensor name has control character 0x{:02x} at byte {}", c, i),
                   "names are UTF-8 paths like \"batch/images\"");
+    if (c < 0x80) continue;
+    // UTF-8: a lead byte with 1-3 continuation bytes, shortest form, no surrogates, <= U+10FFFF.
+    size_t extra = c >= 0xf0 ? 3 : c >= 0xe0 ? 2 : c >= 0xc0 ? 1 : 0;
+    uint32_t cp = extra == 3 ? c & 0x07u : extra == 2 ? c & 0x0fu : c & 0x1fu;
+    bool ok = extra > 0 && c < 0xf5 && i + extra < name.size();
+    for (size_t k = 1; ok && k <= extra; ++k) {
+      auto cc = static_cast<unsigned char>(name[i + k]);
+      ok = (cc & 0xc0) == 0x80;
+      cp = (cp << 6) | (cc & 0x3fu);
+    }
+    const uint32_t minimum[] = {0, 0x80, 0x800, 0x10000};
+    if (!ok || cp < minimum[extra] || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff))
+      throw Error(ErrorCode::InvalidArgument, fmt::format("tensor name is not valid UTF-8 at byte {}", i));
+    i += extra;
   }
 }
 

@@ -31,8 +31,8 @@ struct VerifyReport {
 
 /// Checks every byte of `path`: file header, each record's header, meta and body checksums,
 /// meta decoding, zstd frames, tensor tiling, the index against the records, the footer.
-/// An unsealed bundle is a problem ("not sealed"). Throws only for I/O errors and files that
-/// are not bundles at all.
+/// An unsealed bundle is a problem ("not sealed"). Throws for I/O errors, files that are not
+/// bundles at all, and bundles holding more records than limits.maxRecords.
 VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits = {});
 
 struct RecoverReport {

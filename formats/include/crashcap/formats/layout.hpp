@@ -29,9 +29,12 @@ inline constexpr uint16_t kFormatMinor = 0;
 inline constexpr uint32_t kFileHeaderSize = 64;
 inline constexpr uint32_t kRecordHeaderSize = 64;
 inline constexpr uint32_t kFooterSize = 48;
-/// First four bytes of every record header ("RCCQ" little-endian is arbitrary but unlikely
-/// in float data: 0x51 0x43 0x43 0xD2).
+/// First four bytes of every record header (bytes 51 43 43 D2: "QCC" and a high byte that
+/// is unlikely in float data).
 inline constexpr uint32_t kRecordSync = 0xD2434351u;
+/// Structural bound on a record's body (stored or decoded) length, far above any reader
+/// limit; a header claiming more is not a header. Keeps header+meta+body sums from wrapping.
+inline constexpr uint64_t kMaxRecordBodyBytes = 1ull << 48;
 
 /// Record types. Numbers are stable; a reader skips types it does not know with a notice,
 /// unless the record carries kFlagRequired.

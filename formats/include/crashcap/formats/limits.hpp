@@ -1,14 +1,21 @@
 #pragma once
 // Bounds on untrusted input. Every length read from a file is checked against these before
-// anything is allocated; a bundle that needs more is refused with ErrorCode::LimitExceeded
-// and a message naming the limit (raise it with the CLI's --max-tensor-bytes etc.).
+// anything is allocated. Reading a tensor beyond a limit throws ErrorCode::LimitExceeded
+// naming the limit (the CLI raises maxTensorBytes with --max-tensor-bytes); during a scan, a
+// record beyond the limits is reported as damage and skipped.
 
 #include <cstdint>
 
 namespace crashcap::formats {
 
+/// A record meta never exceeds this (the writer refuses larger ones); the default
+/// ReaderLimits::maxMetaBytes.
+inline constexpr uint64_t kMaxMetaBytes = 1ull << 20;
+/// Longest note text the writer accepts.
+inline constexpr uint64_t kMaxNoteTextBytes = 64ull << 10;
+
 struct ReaderLimits {
-  uint64_t maxMetaBytes = 1ull << 20;        ///< one record's meta
+  uint64_t maxMetaBytes = kMaxMetaBytes;     ///< one record's meta
   uint64_t maxChunkBytes = 64ull << 20;      ///< one record's body, stored or decoded
   uint64_t maxIndexBytes = 256ull << 20;     ///< the decoded index body
   uint64_t maxTensorBytes = 16ull << 30;     ///< one tensor read into memory

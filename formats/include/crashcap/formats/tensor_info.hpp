@@ -25,11 +25,12 @@ struct TensorInfo {
   uint64_t numel() const { return elementSize(dtype) ? totalBytes / elementSize(dtype) : 0; }
 };
 
-/// Checks a tensor name against the schema's rules; throws InvalidArgument saying why.
+/// Checks a tensor name against the schema's rules (1..1024 bytes of valid UTF-8 without
+/// control characters); throws InvalidArgument saying why.
 void validateTensorName(const std::string& name);
 
-/// product(shape) * elementSize(dtype); throws Corrupt/InvalidArgument on a negative dim,
-/// rank > kMaxRank or overflow. `what` names the tensor in the message.
+/// product(shape) * elementSize(dtype); throws InvalidArgument on a negative dim, rank >
+/// kMaxRank or overflow (readers rethrow it as Corrupt). `what` names the tensor.
 uint64_t tensorByteSize(DType dtype, const std::vector<int64_t>& shape, const std::string& what);
 
 /// "[2, 3, 224, 224]".

@@ -23,4 +23,10 @@ if(CRASHCAP_SANITIZE)
   add_link_options(-fsanitize=${CRASHCAP_SANITIZE})
 endif()
 
+if(CRASHCAP_LIBFUZZER)
+  # Coverage instrumentation for every library, so libFuzzer sees inside the readers; the
+  # fuzz targets themselves link with -fsanitize=fuzzer (tests/fuzz).
+  add_compile_options(-fsanitize=fuzzer-no-link)
+endif()
+
 add_compile_options(-Wall -Wextra -Wno-unused-parameter)

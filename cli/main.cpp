@@ -62,6 +62,22 @@ void addReadOptions(CLI::App* cmd, ReadOptions& o) {
 
 /// Prints JSON; bytes from a bundle that are not valid UTF-8 (a note, a hostname) become U+FFFD
 /// instead of aborting the output.
+/// Progress on stderr for long scans, only when stderr is a terminal.
+formats::Progress progressPrinter(const char* what) {
+  if (!isatty(2)) return {};
+  return [what](uint64_t done, uint64_t total) {
+    std::fprintf(stderr, "\r%s: %3d%% (%s of %s)\033[K", what, total ? int(100 * done / total) : 100,
+                 inspect::formatBytes(done).c_str(), inspect::formatBytes(total).c_str());
+    if (done >= total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+}
+
+/// Clears a progress line (if one was drawn) before the result is printed.
+void endProgress() {
+  if (isatty(2)) std::fprintf(stderr, "\r\033[K");
+}
+
 void printJson(const json& j) { std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n"; }
 
 inspect::HostTensor loadTensor(const formats::BundleReader& reader, const std::string& name) {
@@ -74,7 +90,8 @@ inspect::HostTensor loadTensor(const formats::BundleReader& reader, const std::s
 }
 
 int cmdInfo(const std::string& path, const ReadOptions& o) {
-  auto reader = formats::BundleReader::open(path, o.limits());
+  auto reader = formats::BundleReader::open(path, o.limits(), progressPrinter("scanning"));
+  endProgress();
   if (o.json)
     printJson(inspect::bundleInfoJson(*reader));
   else
@@ -228,7 +245,8 @@ int cmdImport(const ImportOptions& im) {
 }
 
 int cmdVerify(const std::string& path, const ReadOptions& o) {
-  auto v = formats::verifyBundle(path, o.limits());
+  auto v = formats::verifyBundle(path, o.limits(), progressPrinter("verifying"));
+  endProgress();
   if (o.json)
     printJson(inspect::verifyJson(path, v));
   else
@@ -237,7 +255,8 @@ int cmdVerify(const std::string& path, const ReadOptions& o) {
 }
 
 int cmdRecover(const std::string& in, const std::string& out, const ReadOptions& o) {
-  auto r = formats::recoverBundle(in, out, o.limits());
+  auto r = formats::recoverBundle(in, out, o.limits(), progressPrinter("recovering"));
+  endProgress();
   if (o.json)
     printJson(inspect::recoverJson(in, out, r));
   else

@@ -27,3 +27,19 @@ if(NOT CRASHCAP_WITH_TORCH STREQUAL "OFF")
     message(STATUS "crashcap: LibTorch not found; building without the LibTorch parts")
   endif()
 endif()
+
+# CUPTI (the kernel tracer arrives with its issue): AUTO probes, ON requires, OFF skips.
+# Nothing links it yet; the result is recorded so `crashcap doctor` and the tracer can use it.
+set(CRASHCAP_HAVE_CUPTI OFF)
+if(NOT CRASHCAP_WITH_CUPTI STREQUAL "OFF")
+  find_package(CUDAToolkit QUIET)
+  if(CUDAToolkit_FOUND AND TARGET CUDA::cupti)
+    set(CRASHCAP_HAVE_CUPTI ON)
+    message(STATUS "crashcap: CUPTI found (CUDA ${CUDAToolkit_VERSION})")
+  elseif(CRASHCAP_WITH_CUPTI STREQUAL "ON")
+    message(FATAL_ERROR "CRASHCAP_WITH_CUPTI=ON but CUPTI was not found. Install the CUDA toolkit "
+      "(with extras/CUPTI) in its standard location or pass -DCUDAToolkit_ROOT=/path/to/cuda.")
+  else()
+    message(STATUS "crashcap: CUPTI not found; the kernel tracer will be built as unavailable")
+  endif()
+endif()

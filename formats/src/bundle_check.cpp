@@ -29,7 +29,7 @@ std::string recordLabel(const RecordHeader& h, uint64_t offset, const std::strin
 
 }  // namespace
 
-VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
+VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, const Progress& progress) {
   VerifyReport report;
   auto file = detail::File::openRead(path);
   uint64_t size = file.size();
@@ -92,6 +92,7 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
   detail::ScanOptions options;
   options.end = scanEnd;
   options.keepBodies = true;
+  options.progress = progress;
   auto result = detail::scanRecords(
       file, limits, options,
       [&](detail::ScannedRecord& rec) {
@@ -268,7 +269,8 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits) {
   return report;
 }
 
-RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits) {
+RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits,
+                            const Progress& progress) {
   struct stat a, b;
   if (stat(in.c_str(), &a) == 0 && stat(out.c_str(), &b) == 0) {
     if (a.st_dev == b.st_dev && a.st_ino == b.st_ino)
@@ -277,7 +279,7 @@ RecoverReport recoverBundle(const std::string& in, const std::string& out, const
     throw Error(ErrorCode::InvalidArgument, fmt::format("{} already exists", out),
                 "recover never overwrites; choose another output path");
   }
-  auto reader = BundleReader::scan(in, limits);
+  auto reader = BundleReader::scan(in, limits, progress);
   RecoverReport report;
   report.source = reader->report();
 

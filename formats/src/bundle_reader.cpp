@@ -222,7 +222,7 @@ struct BundleReader::Impl {
     report.usableBytes = size;
   }
 
-  void loadScanned(uint64_t end) {
+  void loadScanned(uint64_t end, const Progress& progress) {
     report.scanned = true;
     std::vector<uint64_t> sequences;
     struct Group {
@@ -242,6 +242,7 @@ struct BundleReader::Impl {
     };
     detail::ScanOptions options;
     options.end = end;
+    options.progress = progress;
     auto result = detail::scanRecords(
         file, limits, options,
         [&](detail::ScannedRecord& rec) {
@@ -371,7 +372,7 @@ BundleReader::BundleReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) 
 BundleReader::~BundleReader() = default;
 
 std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, const ReaderLimits& limits,
-                                                      bool useIndex) {
+                                                      bool useIndex, const Progress& progress) {
   auto m = std::make_unique<BundleReader::Impl>();
   m->file = detail::File::openRead(path);
   m->limits = limits;
@@ -448,17 +449,19 @@ std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, 
   } else {
     m->report.whyScanned = "too short for a footer";
   }
-  m->loadScanned(scanEnd);
+  m->loadScanned(scanEnd, progress);
   if (scanEnd != size && !m->report.truncatedAt) m->report.usableBytes = size;
   return m;
 }
 
-std::unique_ptr<BundleReader> BundleReader::open(const std::string& path, const ReaderLimits& limits) {
-  return std::unique_ptr<BundleReader>(new BundleReader(load(path, limits, true)));
+std::unique_ptr<BundleReader> BundleReader::open(const std::string& path, const ReaderLimits& limits,
+                                                 const Progress& progress) {
+  return std::unique_ptr<BundleReader>(new BundleReader(load(path, limits, true, progress)));
 }
 
-std::unique_ptr<BundleReader> BundleReader::scan(const std::string& path, const ReaderLimits& limits) {
-  return std::unique_ptr<BundleReader>(new BundleReader(load(path, limits, false)));
+std::unique_ptr<BundleReader> BundleReader::scan(const std::string& path, const ReaderLimits& limits,
+                                                 const Progress& progress) {
+  return std::unique_ptr<BundleReader>(new BundleReader(load(path, limits, false, progress)));
 }
 
 const std::string& BundleReader::path() const { return impl_->file.path(); }

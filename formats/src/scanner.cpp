@@ -50,7 +50,12 @@ ScanResult scanRecords(const File& file, const ReaderLimits& limits, const ScanO
   const uint64_t end = options.end;
   result.usableEnd = pos;
   uint64_t accepted = 0;
+  uint64_t nextReport = pos + (64ull << 20);
   while (pos < end) {
+    if (options.progress && pos >= nextReport) {
+      options.progress(pos, end);
+      nextReport = pos + (64ull << 20);
+    }
     if (end - pos < kRecordHeaderSize) {
       result.truncatedAt = pos;
       break;

@@ -37,6 +37,7 @@ struct ScanOptions {
   uint64_t begin = kFileHeaderSize;
   uint64_t end = 0;          ///< stop here (exclusive); a valid footer's offset or the file size
   bool keepBodies = false;
+  Progress progress;         ///< called about every 64 MiB scanned
 };
 
 struct ScanResult {

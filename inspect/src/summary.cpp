@@ -186,8 +186,8 @@ std::string verifyText(const std::string& path, const formats::VerifyReport& v) 
                   : fmt::format("DAMAGED  {}: {}\n", p.where, p.what);
   for (const auto& n : v.notices) s += fmt::format("notice   {}\n", n);
   if (v.ok())
-    s += fmt::format("OK  {}: {} records, {} tensors, {} checked, every checksum matches\n", path, v.recordsChecked,
-                     v.tensorsChecked, formatBytes(v.bytesChecked));
+    s += fmt::format("OK  {}: {} records, {} tensor{}, {} checked, every checksum matches\n", path, v.recordsChecked,
+                     v.tensorsChecked, v.tensorsChecked == 1 ? "" : "s", formatBytes(v.bytesChecked));
   else
     s += fmt::format("FAILED  {}: {} problem{}; `crashcap recover {} OUT.ccap` writes a sealed copy of what is intact\n",
                      path, v.problems.size(), v.problems.size() == 1 ? "" : "s", path);
@@ -207,8 +207,8 @@ std::string recoverText(const std::string& in, const std::string& out, const for
   std::string s = fmt::format("source   {}: {}\n", in, r.source.summary());
   for (const auto& l : r.source.lostTensors)
     s += fmt::format("lost     tensor '{}' ({} of {} chunks present)\n", l.name, l.chunksFound, l.chunkCount);
-  s += fmt::format("wrote    {}: {} records, {} tensors, {} (sealed; {} untouched)\n", out, r.recordsCopied,
-                   r.tensorsCopied, formatBytes(r.bytesWritten), in);
+  s += fmt::format("wrote    {}: {} records, {} tensor{}, {} (sealed; {} untouched)\n", out, r.recordsCopied,
+                   r.tensorsCopied, r.tensorsCopied == 1 ? "" : "s", formatBytes(r.bytesWritten), in);
   return s;
 }
 

@@ -61,3 +61,20 @@ TEST_CASE("verify reports a single flipped bit anywhere with the damaged structu
     CHECK(located);
   }
 }
+
+TEST_CASE("long scans report progress up to the end of the file", "[formats][verify]") {
+  TempDir dir;
+  WriterOptions options;
+  options.zstdLevel = 0;  // raw, so the file is as big as the data
+  auto writer = BundleWriter::create(dir.file("big.ccap"), options);
+  std::vector<uint8_t> zeros(150u << 20, 0);
+  writer->writeTensor("zeros", DType::UInt8, {int64_t(zeros.size())}, zeros.data(), zeros.size());
+  writer->seal();
+  std::vector<std::pair<uint64_t, uint64_t>> calls;
+  auto v = verifyBundle(dir.file("big.ccap"), {}, [&](uint64_t done, uint64_t total) { calls.emplace_back(done, total); });
+  CHECK(v.ok());
+  REQUIRE(calls.size() >= 2);
+  for (size_t i = 1; i < calls.size(); ++i) CHECK(calls[i].first > calls[i - 1].first);
+  CHECK(calls.back().first <= calls.back().second);
+  CHECK(calls.back().second == v.fileSize - kFooterSize);
+}

@@ -33,7 +33,7 @@ struct VerifyReport {
 /// meta decoding, zstd frames, tensor tiling, the index against the records, the footer.
 /// An unsealed bundle is a problem ("not sealed"). Throws for I/O errors, files that are not
 /// bundles at all, and bundles holding more records than limits.maxRecords.
-VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits = {});
+VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits = {}, const Progress& progress = {});
 
 struct RecoverReport {
   OpenReport source;           ///< what the scan of the input found
@@ -45,6 +45,7 @@ struct RecoverReport {
 /// Writes a sealed copy of `in` to `out` holding every intact record of `in` (copied byte for
 /// byte, no recompression; sequence numbers renumbered without gaps) except chunks of incomplete tensors, plus a "crashcap.recovery"
 /// note saying what was lost. Never modifies `in`; refuses an existing `out` and out == in.
-RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits = {});
+RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits = {},
+                            const Progress& progress = {});
 
 }  // namespace crashcap::formats

@@ -81,9 +81,12 @@ struct NoteData {
 class BundleReader {
  public:
   /// Opens `path`. Throws Error{NotABundle, IncompatibleVersion, Io, LimitExceeded, ...}.
-  static std::unique_ptr<BundleReader> open(const std::string& path, const ReaderLimits& limits = {});
+  /// `progress` is called while a forward scan runs (never on the indexed path).
+  static std::unique_ptr<BundleReader> open(const std::string& path, const ReaderLimits& limits = {},
+                                            const Progress& progress = {});
   /// Like open, but ignores footer and index and always scans (for recover and tests).
-  static std::unique_ptr<BundleReader> scan(const std::string& path, const ReaderLimits& limits = {});
+  static std::unique_ptr<BundleReader> scan(const std::string& path, const ReaderLimits& limits = {},
+                                            const Progress& progress = {});
   ~BundleReader();
 
   const std::string& path() const;
@@ -121,7 +124,8 @@ class BundleReader {
  private:
   struct Impl;
   explicit BundleReader(std::unique_ptr<Impl> impl);
-  static std::unique_ptr<Impl> load(const std::string& path, const ReaderLimits& limits, bool useIndex);
+  static std::unique_ptr<Impl> load(const std::string& path, const ReaderLimits& limits, bool useIndex,
+                                    const Progress& progress);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -5,6 +5,7 @@
 // record beyond the limits is reported as damage and skipped.
 
 #include <cstdint>
+#include <functional>
 
 namespace crashcap::formats {
 
@@ -13,6 +14,10 @@ namespace crashcap::formats {
 inline constexpr uint64_t kMaxMetaBytes = 1ull << 20;
 /// Longest note text the writer accepts.
 inline constexpr uint64_t kMaxNoteTextBytes = 64ull << 10;
+
+/// Called now and then during long reads (scans, verify, recover) with the bytes done so far
+/// and the total; may be empty. Called on the reading thread.
+using Progress = std::function<void(uint64_t done, uint64_t total)>;
 
 struct ReaderLimits {
   uint64_t maxMetaBytes = kMaxMetaBytes;     ///< one record's meta

@@ -1,7 +1,6 @@
 // Fuzz target: everything the CLI does with an untrusted bundle (open, list, read every
 // tensor, stats and printing, verify, scan, recover) must end in a value or a crashcap::Error,
 // never a crash, hang or allocation past the reader's limits.
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <cstdint>
@@ -14,6 +13,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/inspect/print.hpp"
 #include "crashcap/inspect/stats.hpp"
+#include "mem_file.hpp"
 
 namespace {
 
@@ -26,18 +26,6 @@ crashcap::formats::ReaderLimits fuzzLimits() {
   l.maxTensorBytes = 32 << 20;
   l.maxRecords = 100000;
   return l;
-}
-
-std::string memFile(const uint8_t* data, size_t size, int& fd) {
-  fd = memfd_create("fuzz-bundle", 0);
-  if (fd < 0) std::abort();
-  size_t done = 0;
-  while (done < size) {
-    ssize_t n = write(fd, data + done, size - done);
-    if (n <= 0) std::abort();
-    done += size_t(n);
-  }
-  return "/proc/self/fd/" + std::to_string(fd);
 }
 
 template <typename Fn>
@@ -56,8 +44,8 @@ int fuzzBundleReader(const uint8_t* data, size_t size) {
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 #endif
   using namespace crashcap;
-  int fd = -1;
-  std::string path = memFile(data, size, fd);
+  fuzz::MemFile input(data, size);
+  const std::string path = input.path();
   auto limits = fuzzLimits();
   for (bool scan : {false, true}) {
     expectValueOrError([&] {
@@ -91,6 +79,5 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     });
     unlink(out);
   }
-  close(fd);
   return 0;
 }

@@ -78,6 +78,22 @@ struct Note {
   text @1 :Text;  # UTF-8, at most 64 KiB
 }
 
+# Record type 4. The environment fingerprint of the recorded process (machine, OS, WSL2,
+# versions, threads, the environment variables that change CUDA/PyTorch behaviour, the
+# command line). The writer's caller redacts secrets before writing: a secret's value never
+# appears here, only its name in `redacted` and the text "<redacted>" in its place. No body.
+struct Environment {
+  facts @0 :List(Entry);       # "cpu.model", "os.wsl2", "torch.version", ...; keys unique
+  variables @1 :List(Entry);   # environment variables, sorted by name
+  commandLine @2 :List(Text);  # argv, secret values replaced
+  redacted @3 :List(Text);     # names (or "argv[i]") whose values were withheld
+}
+
+struct Entry {
+  key @0 :Text;     # at most 4 KiB
+  value @1 :Text;   # at most 64 KiB
+}
+
 # Record type 15. Written once, when the bundle is sealed. The meta is IndexInfo; the body
 # is an Index message (zstd-compressed unless that does not make it smaller).
 struct IndexInfo {

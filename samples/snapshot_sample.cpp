@@ -12,6 +12,7 @@
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
+#include "crashcap/recorder/environment.hpp"
 
 namespace {
 
@@ -95,6 +96,10 @@ int main(int argc, char** argv) {
     writeTensor(*writer, "batch/labels", labels);
     writeTensor(*writer, "loss", loss.detach());
     writer->writeNote("sample.step", std::to_string(steps - 1));
+    auto env = crashcap::recorder::captureEnvironment();
+    env.facts.emplace_back("torch.version", TORCH_VERSION);
+    env.facts.emplace_back("torch.threads", std::to_string(torch::get_num_threads()));
+    writer->writeEnvironment(env);
     writer->seal();
     std::printf("wrote %s (%llu bytes)\n", out.c_str(), (unsigned long long)writer->stats().fileBytes);
   } catch (const crashcap::Error& e) {

@@ -116,6 +116,9 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, c
             case RecordType::Note:
               detail::decodeNote(rec.meta.data(), rec.meta.size(), limits);
               break;
+            case RecordType::Environment:
+              detail::decodeEnvironment(rec.meta.data(), rec.meta.size(), limits);
+              break;
             case RecordType::TensorChunk: {
               auto c = detail::decodeChunk(rec.meta.data(), rec.meta.size(), h.rawLength, limits);
               chunksById[c.tensorId].push_back({rec.offset, std::move(c)});

@@ -21,6 +21,12 @@ bool OpenReport::complete() const {
   return footerPresent && !truncatedAt && damage.empty() && lostTensors.empty() && !fileHeaderDamaged && missingSequenceCount == 0;
 }
 
+std::string EnvironmentData::fact(const std::string& key) const {
+  for (const auto& [k, v] : facts)
+    if (k == key) return v;
+  return {};
+}
+
 std::string OpenReport::summary() const {
   if (complete())
     return fmt::format(sealed ? "sealed, {} records" : "sealed, {} records (read by a full scan)", recordsRecovered);
@@ -60,6 +66,7 @@ struct BundleReader::Impl {
   OpenReport report;
   std::optional<RecordingInfoData> info;
   std::vector<NoteData> notes;
+  std::optional<EnvironmentData> environment;
   std::vector<RecordEntry> records;
   std::vector<TensorInfo> tensors;
   std::unordered_map<std::string, size_t> byName;
@@ -75,6 +82,8 @@ struct BundleReader::Impl {
           auto r = read(e.offset, false);
           if (e.type == static_cast<uint16_t>(RecordType::RecordingInfo))
             info = detail::decodeRecordingInfo(r.meta.data(), r.meta.size(), limits);
+          else if (e.type == static_cast<uint16_t>(RecordType::Environment))
+            environment = detail::decodeEnvironment(r.meta.data(), r.meta.size(), limits);
           else
             notes.push_back(detail::decodeNote(r.meta.data(), r.meta.size(), limits));
         } catch (const Error& err) {
@@ -89,6 +98,7 @@ struct BundleReader::Impl {
   void reset() {
     info.reset();
     notes.clear();
+    environment.reset();
     lazyMetas.clear();
     records.clear();
     tensors.clear();
@@ -194,6 +204,7 @@ struct BundleReader::Impl {
           break;
         case RecordType::RecordingInfo:
         case RecordType::Note:
+        case RecordType::Environment:
           lazyMetas.push_back(e);  // decoded on first use: opening touches only footer and index
           break;
         case RecordType::Index:
@@ -254,6 +265,9 @@ struct BundleReader::Impl {
                 break;
               case RecordType::Note:
                 notes.push_back(detail::decodeNote(rec.meta.data(), rec.meta.size(), limits));
+                break;
+              case RecordType::Environment:
+                environment = detail::decodeEnvironment(rec.meta.data(), rec.meta.size(), limits);
                 break;
               case RecordType::Index:
                 break;  // rebuilt from the records themselves
@@ -478,6 +492,10 @@ std::optional<RecordingInfoData> BundleReader::recordingInfo() const {
 const std::vector<NoteData>& BundleReader::notes() const {
   impl_->loadLazyMetas();
   return impl_->notes;
+}
+std::optional<EnvironmentData> BundleReader::environment() const {
+  impl_->loadLazyMetas();
+  return impl_->environment;
 }
 const std::vector<RecordEntry>& BundleReader::records() const { return impl_->records; }
 const std::vector<TensorInfo>& BundleReader::tensors() const { return impl_->tensors; }

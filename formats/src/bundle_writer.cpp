@@ -329,6 +329,11 @@ void BundleWriter::writeNote(const std::string& key, const std::string& text) {
   impl_->append(static_cast<uint16_t>(RecordType::Note), 0, detail::encodeNote({key, text}), none, 0);
 }
 
+void BundleWriter::writeEnvironment(const EnvironmentData& environment) {
+  detail::EncodedBody none;
+  impl_->append(static_cast<uint16_t>(RecordType::Environment), 0, detail::encodeEnvironment(environment), none, 0);
+}
+
 uint64_t BundleWriter::writeRecord(uint16_t type, const std::vector<uint8_t>& meta, const void* body,
                                    uint64_t bodySize, bool compress, uint16_t extraFlags) {
   if (meta.size() % 8 != 0 || meta.empty())

@@ -16,6 +16,7 @@ std::string recordTypeName(uint16_t type) {
     case RecordType::RecordingInfo: return "recording_info";
     case RecordType::TensorChunk: return "tensor_chunk";
     case RecordType::Note: return "note";
+    case RecordType::Environment: return "environment";
     case RecordType::Index: return "index";
   }
   return fmt::format("unknown({})", type);

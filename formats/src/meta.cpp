@@ -101,6 +101,24 @@ std::vector<uint8_t> encodeNote(const NoteData& n) {
   return toBytes(b);
 }
 
+std::vector<uint8_t> encodeEnvironment(const EnvironmentData& env) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::Environment>();
+  auto fill = [](auto list, const std::vector<std::pair<std::string, std::string>>& kv) {
+    for (unsigned i = 0; i < kv.size(); ++i) {
+      list[i].setKey(kv[i].first);
+      list[i].setValue(kv[i].second);
+    }
+  };
+  fill(r.initFacts(unsigned(env.facts.size())), env.facts);
+  fill(r.initVariables(unsigned(env.variables.size())), env.variables);
+  auto cmd = r.initCommandLine(unsigned(env.commandLine.size()));
+  for (unsigned i = 0; i < env.commandLine.size(); ++i) cmd.set(i, env.commandLine[i]);
+  auto red = r.initRedacted(unsigned(env.redacted.size()));
+  for (unsigned i = 0; i < env.redacted.size(); ++i) red.set(i, env.redacted[i]);
+  return toBytes(b);
+}
+
 std::vector<uint8_t> encodeIndexInfo(uint64_t recordCount, uint64_t tensorCount) {
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<schema::IndexInfo>();
@@ -212,6 +230,20 @@ NoteData decodeNote(const uint8_t* meta, size_t size, const ReaderLimits& limits
     n.key = text(r.getKey(), 256, "note key");
     n.text = text(r.getText(), kMaxNoteTextBytes, "note text");
     return n;
+  });
+}
+
+EnvironmentData decodeEnvironment(const uint8_t* meta, size_t size, const ReaderLimits& limits) {
+  return withRoot<schema::Environment>(meta, size, limits, "environment", [](auto r) {
+    EnvironmentData env;
+    auto pairs = [](auto list, std::vector<std::pair<std::string, std::string>>& out) {
+      for (auto e : list) out.emplace_back(text(e.getKey(), 4096, "environment key"), text(e.getValue(), 65536, "environment value"));
+    };
+    pairs(r.getFacts(), env.facts);
+    pairs(r.getVariables(), env.variables);
+    for (auto t : r.getCommandLine()) env.commandLine.push_back(text(t, 65536, "command line argument"));
+    for (auto t : r.getRedacted()) env.redacted.push_back(text(t, 4096, "redacted name"));
+    return env;
   });
 }
 

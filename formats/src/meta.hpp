@@ -34,6 +34,7 @@ struct IndexData {
 std::vector<uint8_t> encodeRecordingInfo(const RecordingInfoData& info);
 std::vector<uint8_t> encodeChunk(const ChunkMeta& chunk);
 std::vector<uint8_t> encodeNote(const NoteData& note);
+std::vector<uint8_t> encodeEnvironment(const EnvironmentData& env);
 std::vector<uint8_t> encodeIndexInfo(uint64_t recordCount, uint64_t tensorCount);
 std::vector<uint8_t> encodeIndex(const IndexData& index);
 
@@ -42,6 +43,7 @@ RecordingInfoData decodeRecordingInfo(const uint8_t* meta, size_t size, const Re
 /// Also checks rawLength == length and every per-chunk invariant of bundle.capnp.
 ChunkMeta decodeChunk(const uint8_t* meta, size_t size, uint64_t rawLength, const ReaderLimits& limits);
 NoteData decodeNote(const uint8_t* meta, size_t size, const ReaderLimits& limits);
+EnvironmentData decodeEnvironment(const uint8_t* meta, size_t size, const ReaderLimits& limits);
 /// Returns (recordCount, tensorCount).
 std::pair<uint64_t, uint64_t> decodeIndexInfo(const uint8_t* meta, size_t size, const ReaderLimits& limits);
 /// Checks record offsets are increasing, inside [firstRecord, indexOffset), and each

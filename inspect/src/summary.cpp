@@ -78,6 +78,14 @@ json bundleInfoJson(const BundleReader& reader) {
             {"records", {{"count", reader.records().size()}, {"by_type", byType}}},
             {"tensors", {{"count", reader.tensors().size()}, {"raw_bytes", raw}, {"stored_bytes", stored}}},
             {"notes", notes}};
+  if (auto env = reader.environment()) {
+    json facts = json::object(), vars = json::object();
+    for (const auto& [k, v] : env->facts) facts[k] = v;
+    for (const auto& [k, v] : env->variables) vars[k] = v;
+    j["env"] = {{"facts", facts}, {"variables", vars}, {"command_line", env->commandLine}, {"redacted", env->redacted}};
+  } else {
+    j["env"] = nullptr;
+  }
   if (auto info = reader.recordingInfo()) {
     j["producer"] = info->producer;
     j["tool_version"] = info->toolVersion;
@@ -117,6 +125,20 @@ std::string bundleInfoText(const BundleReader& reader) {
   }
   s += fmt::format("tensors    {}, {} ({} stored{})\n", reader.tensors().size(), formatBytes(raw), formatBytes(stored),
                    stored ? fmt::format(", {:.2f}x", double(raw) / double(stored)) : "");
+  if (auto env = reader.environment()) {
+    auto f = [&](const char* k) { return env->fact(k).empty() ? std::string("?") : env->fact(k); };
+    s += fmt::format("machine    {} ({} logical CPUs), {}, WSL2: {}\n", f("cpu.model"), f("cpu.logical"),
+                     f("os.name"), f("os.wsl2"));
+    std::string cmd;
+    for (const auto& a : env->commandLine) cmd += (cmd.empty() ? "" : " ") + a;
+    if (!cmd.empty()) s += fmt::format("command    {}\n", cmd.size() > 200 ? cmd.substr(0, 200) + "..." : cmd);
+    for (const auto& [k, v] : env->variables)
+      if (k.rfind("CUDA_", 0) == 0 || k.rfind("PYTORCH_", 0) == 0 || k.rfind("TORCH_", 0) == 0 ||
+          k.rfind("CUBLAS_", 0) == 0 || k.rfind("NCCL_", 0) == 0)
+        s += fmt::format("env        {}={}\n", k, v);
+    if (!env->redacted.empty())
+      s += fmt::format("redacted   {} value(s) withheld: {}\n", env->redacted.size(), fmt::join(env->redacted, ", "));
+  }
   for (const auto& n : reader.notes()) {
     std::string text = n.text;
     if (text.size() > 200) text = text.substr(0, 200) + "...";

@@ -8,6 +8,7 @@
 #include <filesystem>
 
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/recorder/environment.hpp"
 #include "test_support.hpp"
 
 using crashcap::test::run;
@@ -218,4 +219,26 @@ TEST_CASE("bad input and usage exit 2 with a message that says what is wrong", "
   auto noEq = cli({"import", dir.file("out.ccap"), dir.file("bad.npy")});
   CHECK(noEq.exitCode == 2);
   CHECK_THAT(noEq.err, Catch::Contains("NAME=FILE.npy"));
+}
+
+TEST_CASE("info shows the recorded environment with secrets withheld", "[cli][env]") {
+  TempDir dir;
+  setenv("HF_TOKEN", "hf_never_shown_5150", 1);
+  setenv("CUDA_LAUNCH_BLOCKING", "1", 1);
+  {
+    auto w = crashcap::formats::BundleWriter::create(dir.file("b.ccap"));
+    w->writeEnvironment(crashcap::recorder::captureEnvironment());
+    w->seal();
+  }
+  unsetenv("HF_TOKEN");
+  unsetenv("CUDA_LAUNCH_BLOCKING");
+  auto text = cli({"info", dir.file("b.ccap")});
+  CHECK(text.exitCode == 0);
+  CHECK_THAT(text.out, Catch::Contains("WSL2: no") && Catch::Contains("env        CUDA_LAUNCH_BLOCKING=1") &&
+                           Catch::Contains("redacted") && Catch::Contains("HF_TOKEN"));
+  CHECK(text.out.find("hf_never_shown") == std::string::npos);
+  auto j = parse(cli({"info", dir.file("b.ccap"), "--json"}));
+  CHECK(j["env"]["variables"]["HF_TOKEN"] == "<redacted>");
+  CHECK(j["env"]["variables"]["CUDA_LAUNCH_BLOCKING"] == "1");
+  CHECK(j["env"]["facts"]["os.wsl2"] == "no");
 }

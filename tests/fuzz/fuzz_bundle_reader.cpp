@@ -51,6 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     expectValueOrError([&] {
       auto reader = scan ? formats::BundleReader::scan(path, limits) : formats::BundleReader::open(path, limits);
       (void)reader->report().summary();
+      (void)reader->environment();
       for (const auto& t : reader->tensors()) {
         expectValueOrError([&] {
           inspect::HostTensor h;

@@ -109,6 +109,12 @@ std::vector<Bytes> bundleSeeds() {
     w->writeTensor("s", DType::Float64, {}, &scalar, 8);
     w->writeTensor("empty", DType::Complex64, {0, 4}, nullptr, 0);
     w->writeNote("user.note", "seed");
+    EnvironmentData env;
+    env.facts = {{"cpu.model", "seed"}, {"os.wsl2", "no"}};
+    env.variables = {{"CUDA_LAUNCH_BLOCKING", "1"}, {"WANDB_API_KEY", "<redacted>"}};
+    env.commandLine = {"python", "train.py"};
+    env.redacted = {"WANDB_API_KEY"};
+    w->writeEnvironment(env);
     if (variant != 1) w->seal();
     else w->sync();
     w.reset();

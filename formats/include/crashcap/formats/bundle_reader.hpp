@@ -73,6 +73,17 @@ struct NoteData {
   std::string key, text;
 };
 
+/// The environment fingerprint record (see bundle.capnp `Environment`).
+struct EnvironmentData {
+  std::vector<std::pair<std::string, std::string>> facts;      ///< "cpu.model", "os.wsl2", ...
+  std::vector<std::pair<std::string, std::string>> variables;  ///< sorted by name
+  std::vector<std::string> commandLine;                        ///< secrets replaced
+  std::vector<std::string> redacted;                           ///< names whose values were withheld
+
+  /// The value of a fact, or "" when absent.
+  std::string fact(const std::string& key) const;
+};
+
 /// A read-only view of one bundle. Opening reads the footer and index (sealed bundles) or
 /// scans every record (unsealed or damaged ones); reading a tensor then touches only its
 /// own chunks, each checked against its checksums. Safe on untrusted files: every length is
@@ -97,6 +108,8 @@ class BundleReader {
   /// first use; they throw Error{Corrupt} when those records are damaged.
   std::optional<RecordingInfoData> recordingInfo() const;
   const std::vector<NoteData>& notes() const;
+  /// The environment fingerprint, when the bundle has one (the last one written wins).
+  std::optional<EnvironmentData> environment() const;
   /// Every usable record, in file order (index record excluded).
   const std::vector<RecordEntry>& records() const;
   /// Every complete tensor, in first-write order.

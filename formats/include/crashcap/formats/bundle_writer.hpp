@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/dtype.hpp"
 #include "crashcap/formats/layout.hpp"
 #include "crashcap/formats/tensor_info.hpp"
@@ -61,6 +62,9 @@ class BundleWriter {
 
   /// Writes a Note record.
   void writeNote(const std::string& key, const std::string& text);
+
+  /// Writes an Environment record. The caller redacts secrets first (recorder/environment).
+  void writeEnvironment(const EnvironmentData& environment);
 
   /// Low-level: writes one record with an already-built meta (Cap'n Proto flat array,
   /// multiple of 8 bytes) and body, compressing the body when `compress`. Returns the

@@ -42,6 +42,7 @@ enum class RecordType : uint16_t {
   RecordingInfo = 1,  ///< first record: who wrote the bundle, when
   TensorChunk = 2,    ///< one chunk of one tensor
   Note = 3,           ///< free-form key/text annotation
+  Environment = 4,    ///< the environment fingerprint (secrets already redacted)
   Index = 15,         ///< written once at seal; locates every record and tensor
 };
 

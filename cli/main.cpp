@@ -21,7 +21,9 @@
 #include "crashcap/inspect/print.hpp"
 #include "crashcap/inspect/slice.hpp"
 #include "crashcap/inspect/stats.hpp"
+#include "crashcap/inspect/story.hpp"
 #include "crashcap/inspect/summary.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
 #ifdef CRASHCAP_HAVE_TORCH
 #include "crashcap/formats/torch/pt_file.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
@@ -264,6 +266,63 @@ int cmdRecover(const std::string& in, const std::string& out, const ReadOptions&
   return kExitOk;
 }
 
+int cmdInspect(const std::string& path, const ReadOptions& o) {
+  auto reader = formats::BundleReader::open(path, o.limits(), progressPrinter("scanning"));
+  endProgress();
+  if (o.json)
+    printJson(inspect::storyJson(*reader));
+  else
+    std::cout << inspect::storyText(*reader);
+  return kExitOk;
+}
+
+struct SealCliOptions {
+  std::string dir;
+  std::string out;
+  bool keep = false;
+  bool json = false;
+};
+
+int cmdSeal(const SealCliOptions& s) {
+  auto recordings = recorder::findRecordings(s.dir);
+  if (recordings.empty())
+    throw Error(ErrorCode::NotFound, fmt::format("{} holds no recording", s.dir),
+                "give the directory passed to the recorder (or a recording-<time>-<pid> directory in it)");
+  if (!s.out.empty() && recordings.size() > 1)
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{} holds {} recordings; -o names one output", s.dir, recordings.size()),
+                "seal them one by one: crashcap seal DIR/recording-... -o OUT");
+  json all = json::array();
+  for (const auto& r : recordings) {
+    recorder::SealOptions so;
+    so.out = s.out;
+    so.removeRecording = !s.keep;
+    so.progress = progressPrinter("sealing");
+    auto rep = recorder::sealRecording(r, so);
+    endProgress();
+    if (s.json) {
+      all.push_back({{"recording", r},
+                     {"bundle", rep.out},
+                     {"state", rep.state},
+                     {"records", rep.records},
+                     {"tensors", rep.tensors},
+                     {"steps", rep.steps},
+                     {"first_step", rep.firstStep >= 0 ? json(rep.firstStep) : json(nullptr)},
+                     {"last_step", rep.lastStep >= 0 ? json(rep.lastStep) : json(nullptr)},
+                     {"lost", rep.lost},
+                     {"bytes", rep.bytes}});
+    } else {
+      std::cout << fmt::format("sealed {} -> {} ({}): {} steps", r, rep.out, rep.state, rep.steps);
+      if (rep.steps) std::cout << fmt::format(" ({}..{})", rep.firstStep, rep.lastStep);
+      std::cout << fmt::format(", {} tensors, {}\n", rep.tensors, inspect::formatBytes(rep.bytes));
+      for (const auto& l : rep.lost) std::cout << "  lost: " << l << "\n";
+      std::cout << fmt::format("next: crashcap inspect {}\n", rep.out);
+    }
+  }
+  if (s.json) printJson({{"sealed", all}});
+  return kExitOk;
+}
+
 int exitCodeFor(ErrorCode code) {
   return code == ErrorCode::Internal ? kExitInternal : kExitBadInput;
 }
@@ -331,6 +390,21 @@ int main(int argc, char** argv) {
   rec->add_option("out", out, "Where to write the repaired copy (must not exist)")->required();
   addReadOptions(rec, ro);
 
+  auto* insp = app.add_subcommand("inspect", "The story of a recorded run: steps, keyframes, the crash, last ops, the failing batch");
+  insp->add_option("bundle", bundle, "Bundle file (crash-*.ccap)")->required();
+  insp->footer("Example: crashcap inspect runs/crash-20261121T233427Z-4242.ccap --json | jq .crash");
+  addReadOptions(insp, ro);
+
+  SealCliOptions sl;
+  auto* seal = app.add_subcommand(
+      "seal", "Turn a recording left by a killed process (SIGKILL, power loss) into a bundle");
+  seal->add_option("dir", sl.dir, "The recorder's directory, or one recording-<time>-<pid> in it")->required();
+  seal->add_option("-o,--out", sl.out, "Output bundle (default: DIR/crash-<time>-<pid>.ccap)");
+  seal->add_flag("--keep", sl.keep, "Keep the recording directory after sealing");
+  seal->add_flag("--json", sl.json, "Print one JSON object instead of text");
+  seal->footer("Every intact record that reached the disk is copied; what was cut short is listed.\n"
+               "Example: crashcap seal runs/ && crashcap inspect runs/crash-*.ccap");
+
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -338,7 +412,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitBadInput;
   }
 
-  bool json = ro.json || io.json;
+  bool json = ro.json || io.json || sl.json;
   try {
     if (*info) return cmdInfo(bundle, ro);
     if (*ls) return cmdLs(bundle, ro);
@@ -347,6 +421,8 @@ int main(int argc, char** argv) {
     if (*imp) return cmdImport(io);
     if (*ver) return cmdVerify(bundle, ro);
     if (*rec) return cmdRecover(bundle, out, ro);
+    if (*insp) return cmdInspect(bundle, ro);
+    if (*seal) return cmdSeal(sl);
   } catch (const Error& e) {
     if (json)
       printJson({{"error",

@@ -94,6 +94,132 @@ struct Entry {
   value @1 :Text;   # at most 64 KiB
 }
 
+# ---------------------------------------------------------------------------------------
+# Records written by the recorder (recorder/). Step numbers are the training loop's own
+# step indices as given to Recorder::beginStep (>= 0, strictly increasing within a
+# recording). Tensor names follow fixed paths so tools find them without an index:
+#   steps/<step>/batch/<name>                       the batch as fed to the step
+#   steps/<step>/rng/<device>                       generator state before the step ("cpu", "cuda0")
+#   keyframes/<step>/parameters/<name>              weights before the step ran
+#   keyframes/<step>/buffers/<name>                 buffers (batch-norm statistics) before the step
+#   keyframes/<step>/optimizer/<parameter>/<key>    optimizer state ("momentum_buffer", "exp_avg")
+# A record that refers to tensors is written after all of them, so its presence means they
+# reached the file first (a commit marker).
+
+# Record type 5. The step program: what the replayer executes. The body is a TorchScript
+# archive (torch.jit.save format) of a module in training mode whose forward(inputs...)
+# returns the loss: a scalar tensor, or a tuple whose element 0 is the loss, or a dict
+# with key "loss".
+struct StepProgram {
+  format @0 :Text;              # "torchscript"
+  inputs @1 :List(Text);        # forward's batch arguments, in order; each a batch tensor name
+  parameters @2 :List(Text);    # trainable parameters by name, in module order
+  buffers @3 :List(Text);       # buffers by name, in module order
+}
+
+# Record type 6. The optimizer and the recipe replay follows:
+#   zero_grad -> forward -> backward -> [clip grad norm] -> optimizer step. No body.
+struct OptimizerSpec {
+  kind @0 :Text;                # "sgd" | "adam" | "adamw" | "rmsprop" | "adagrad" | "unknown"
+  groups @1 :List(ParamGroup);
+  gradClipNorm @2 :Float64;     # max total norm; 0 = no clipping
+  gradClipNormType @3 :Float64; # p of the p-norm (2.0 usually)
+}
+
+struct ParamGroup {
+  parameters @0 :List(Text);    # parameter names in this group
+  options @1 :List(Number);     # "lr", "momentum", "dampening", "weight_decay", "nesterov" (0/1),
+                                # "beta1", "beta2", "eps", "amsgrad" (0/1), "alpha", "centered",
+                                # "lr_decay", "initial_accumulator_value"
+}
+
+struct Number {
+  key @0 :Text;
+  value @1 :Float64;
+}
+
+# Record type 7. A step began: its batch and generator states are in the file (written just
+# before this record). No body.
+struct StepBegin {
+  step @0 :Int64;
+  batch @1 :List(Text);         # tensor names, in step-program input order when a program is set
+  rng @2 :List(Text);           # tensor names of generator states
+  learningRates @3 :List(Float64);  # per parameter group, as the optimizer will use them
+  timeNs @4 :Int64;             # wall clock at step begin, ns since the Unix epoch
+  keyframe @5 :Int64;           # step of the newest keyframe at or before this step; -1 none
+}
+
+# Record type 8. A step ended normally (the guard's end(loss) ran). No body.
+struct StepEnd {
+  step @0 :Int64;
+  loss @1 :Float64;             # the loss as computed (float32 losses widened exactly); NaN/Inf kept
+  gradNorm @2 :Float64;         # total 2-norm of all gradients after backward; NaN when unknown
+  hasGradNorm @3 :Bool;
+  nonFinite @4 :Bool;           # loss or gradient norm is NaN/Inf
+  durationNs @5 :Int64;         # beginStep to end(loss)
+}
+
+# Record type 9. A keyframe: the full pre-step state of step `step`, whose tensors precede
+# this record. No body.
+struct Keyframe {
+  step @0 :Int64;
+  parameters @1 :List(Text);    # tensor names
+  buffers @2 :List(Text);
+  optimizerState @3 :List(Text);
+  optimizerScalars @4 :List(Number);   # "<parameter>/step" for Adam-like optimizers
+}
+
+# Record type 10. The ring of the last ATen ops the recorder saw before a crash (or at
+# seal), oldest first. No body.
+struct OpTrace {
+  ops @0 :List(Op);
+  totalOps @1 :UInt64;          # ops observed since recording began
+  capacity @2 :UInt32;          # ring size
+}
+
+struct Op {
+  index @0 :UInt64;             # 0-based count of ops observed since recording began
+  name @1 :Text;                # "aten::conv2d", "ConvolutionBackward0"
+  phase @2 :Text;               # "forward" | "backward"
+  sequenceNr @3 :Int64;         # autograd sequence number (links forward and backward); -1 none
+  step @4 :Int64;               # step in progress; -1 outside steps
+  thread @5 :UInt64;            # OS thread id
+  inputs @6 :List(OpInput);     # first inputs (at most 4)
+}
+
+struct OpInput {
+  dtype @0 :Text;               # "float32", ... for tensors; "scalar", "none", "other" otherwise
+  shape @1 :List(Int64);
+}
+
+# Record type 11. How the recorded process failed. No body.
+struct Crash {
+  kind @0 :Text;                # "exception" | "terminate" | "signal" | "nonfinite"
+  step @1 :Int64;               # step in progress; -1 outside steps
+  phase @2 :Text;               # "setup" | "forward" | "backward" | "optimizer" | "between-steps"
+  error @3 :Text;               # the error text, as the program would have printed it
+  errorType @4 :Text;           # demangled exception type; "" when none
+  signal @5 :Int32;             # signal number; 0 when the failure was no signal
+  signalName @6 :Text;          # "SIGSEGV"; "" when none
+  stack @7 :List(Text);         # native stack, innermost first, one frame per entry
+  timeNs @8 :Int64;
+  pid @9 :UInt32;
+  thread @10 :UInt64;
+}
+
+# Record type 12. The recorder's own health: written when a recording closes and into every
+# sealed bundle. No body.
+struct RunStatus {
+  state @0 :Text;               # "finished" | "crashed" | "interrupted" (sealed from a directory
+                                # whose process never closed it)
+  stepsBegun @1 :UInt64;
+  lastStep @2 :Int64;           # -1 none
+  droppedRecords @3 :UInt64;    # records the recorder could not write (disk full, queue full)
+  droppedBytes @4 :UInt64;
+  warnings @5 :List(Text);
+  segmentsDeleted @6 :UInt64;   # by the retention budget
+}
+
 # Record type 15. Written once, when the bundle is sealed. The meta is IndexInfo; the body
 # is an Index message (zstd-compressed unless that does not make it smaller).
 struct IndexInfo {

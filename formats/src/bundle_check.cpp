@@ -1,4 +1,5 @@
 #include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/records.hpp"
 
 #include <sys/stat.h>
 
@@ -136,6 +137,10 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, c
               return;
             }
             default:
+              if (isRecorderRecord(h.type)) {
+                validateRecorderMeta(h.type, rec.meta.data(), rec.meta.size(), limits);
+                break;
+              }
               if (h.flags & kFlagRequired)
                 throw Error(ErrorCode::IncompatibleVersion,
                             fmt::format("unknown record type {} is marked required: this crashcap cannot read the "
@@ -272,6 +277,65 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, c
   return report;
 }
 
+CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
+                       const std::function<bool(const RecordEntry&)>& keep) {
+  CopyReport report;
+  // Records whose checksums hold can still fail to decode (a body that is no zstd frame):
+  // decode every record first and drop tensors that have such a chunk.
+  std::unordered_map<uint64_t, std::string> undecodable;
+  for (const auto& r : reader.records()) {
+    try {
+      (void)reader.readRecord(r.offset);
+    } catch (const Error& e) {
+      undecodable[r.offset] = e.message();
+    }
+  }
+  std::unordered_map<uint64_t, const TensorInfo*> chunkOwner;
+  for (const auto& t : reader.tensors()) {
+    bool ok = std::none_of(t.chunkRecords.begin(), t.chunkRecords.end(),
+                           [&](uint64_t off) { return undecodable.count(off) > 0; });
+    if (!ok) {
+      report.lines.push_back(fmt::format("tensor '{}' dropped: a chunk does not decode", t.name));
+      continue;
+    }
+    for (uint64_t off : t.chunkRecords) chunkOwner[off] = &t;
+  }
+  std::unordered_map<uint64_t, uint64_t> moved;
+  auto file = detail::File::openRead(reader.path());
+  for (const auto& r : reader.records()) {
+    bool isChunk = r.type == static_cast<uint16_t>(RecordType::TensorChunk);
+    if ((isChunk && !chunkOwner.count(r.offset)) || undecodable.count(r.offset)) {
+      ++report.recordsSkipped;
+      continue;
+    }
+    if (!isChunk && keep && !keep(r)) continue;
+    uint8_t head[kRecordHeaderSize];
+    file.preadExact(head, kRecordHeaderSize, r.offset);
+    auto check = decodeRecordHeader(head);
+    CRASHCAP_ASSERT(check.header, fmt::format("record at {} was valid during the scan", r.offset));
+    const auto& h = *check.header;
+    std::vector<uint8_t> meta(h.metaLength), body(h.bodyLength);
+    file.preadExact(meta.data(), meta.size(), r.offset + kRecordHeaderSize);
+    file.preadExact(body.data(), body.size(), r.offset + kRecordHeaderSize + h.metaLength);
+    if (hash64(meta.data(), meta.size()) != h.metaHash || hash64(body.data(), body.size()) != h.bodyHash)
+      throw Error(ErrorCode::Io, fmt::format("{} changed while it was being copied (record at byte {})", reader.path(),
+                                             r.offset));
+    moved[r.offset] = writer.copyRecord(h, meta, body);
+    report.recordsCopied++;
+  }
+  for (const auto& t : reader.tensors()) {
+    bool all = std::all_of(t.chunkRecords.begin(), t.chunkRecords.end(),
+                           [&](uint64_t off) { return moved.count(off) > 0; });
+    if (!all) continue;
+    TensorInfo copy = t;
+    for (auto& off : copy.chunkRecords) off = moved.at(off);
+    writer.indexTensor(copy);
+    report.tensorsCopied++;
+  }
+  for (const auto& [off, why] : undecodable) report.lines.push_back(fmt::format("record at byte {} dropped: {}", off, why));
+  return report;
+}
+
 RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits,
                             const Progress& progress) {
   struct stat a, b;
@@ -305,61 +369,13 @@ RecoverReport recoverBundle(const std::string& in, const std::string& out, const
     }
   } cleanup{partial};
 
-  // Records whose checksums hold can still fail to decode (a body that is no zstd frame):
-  // decode every record first and drop tensors that have such a chunk.
-  std::unordered_map<uint64_t, std::string> undecodable;
-  for (const auto& r : reader->records()) {
-    try {
-      (void)reader->readRecord(r.offset);
-    } catch (const Error& e) {
-      undecodable[r.offset] = e.message();
-    }
-  }
-  std::unordered_map<uint64_t, const TensorInfo*> chunkOwner;
-  std::vector<std::string> droppedTensors;
-  for (const auto& t : reader->tensors()) {
-    bool ok = std::none_of(t.chunkRecords.begin(), t.chunkRecords.end(),
-                           [&](uint64_t off) { return undecodable.count(off) > 0; });
-    if (!ok) {
-      droppedTensors.push_back(t.name);
-      continue;
-    }
-    for (uint64_t off : t.chunkRecords) chunkOwner[off] = &t;
-  }
-  std::unordered_map<uint64_t, uint64_t> moved;
-  uint64_t skipped = 0;
-  auto file = detail::File::openRead(in);
-  for (const auto& r : reader->records()) {
-    if ((r.type == static_cast<uint16_t>(RecordType::TensorChunk) && !chunkOwner.count(r.offset)) ||
-        undecodable.count(r.offset)) {
-      ++skipped;
-      continue;
-    }
-    uint8_t head[kRecordHeaderSize];
-    file.preadExact(head, kRecordHeaderSize, r.offset);
-    auto check = decodeRecordHeader(head);
-    CRASHCAP_ASSERT(check.header, fmt::format("record at {} was valid during the scan", r.offset));
-    const auto& h = *check.header;
-    std::vector<uint8_t> meta(h.metaLength), body(h.bodyLength);
-    file.preadExact(meta.data(), meta.size(), r.offset + kRecordHeaderSize);
-    file.preadExact(body.data(), body.size(), r.offset + kRecordHeaderSize + h.metaLength);
-    if (hash64(meta.data(), meta.size()) != h.metaHash || hash64(body.data(), body.size()) != h.bodyHash)
-      throw Error(ErrorCode::Io, fmt::format("{} changed while it was being recovered (record at byte {})", in,
-                                             r.offset));
-    moved[r.offset] = writer->copyRecord(h, meta, body);
-    report.recordsCopied++;
-  }
-  for (const auto& t : reader->tensors()) {
-    if (!chunkOwner.count(t.chunkRecords.front())) continue;
-    TensorInfo copy = t;
-    for (auto& off : copy.chunkRecords) off = moved.at(off);
-    writer->indexTensor(copy);
-    report.tensorsCopied++;
-  }
+  auto copied = copyRecords(*reader, *writer);
+  report.recordsCopied = copied.recordsCopied;
+  report.tensorsCopied = copied.tensorsCopied;
   std::string text = fmt::format("recovered from {}: {}", in, report.source.summary());
-  if (skipped) text += fmt::format("; {} records of incomplete or undecodable tensors dropped", skipped);
-  for (const auto& name : droppedTensors) text += fmt::format("\ntensor '{}' dropped: a chunk does not decode", name);
-  for (const auto& [off, why] : undecodable) text += fmt::format("\nrecord at byte {} dropped: {}", off, why);
+  if (copied.recordsSkipped)
+    text += fmt::format("; {} records of incomplete or undecodable tensors dropped", copied.recordsSkipped);
+  for (const auto& line : copied.lines) text += "\n" + line;
   for (const auto& n : report.source.notices) text += "\n" + n;
   for (const auto& d : report.source.damage)
     text += fmt::format("\ndamaged bytes {}..{}: {}", d.offset, d.offset + d.length, d.what);

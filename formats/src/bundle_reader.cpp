@@ -1,4 +1,5 @@
 #include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/records.hpp"
 
 #include <fmt/format.h>
 
@@ -210,6 +211,7 @@ struct BundleReader::Impl {
         case RecordType::Index:
           throw Error(ErrorCode::Corrupt, fmt::format("index lists a second index at byte {}", e.offset));
         default: {
+          if (isRecorderRecord(e.type)) break;  // decoded on demand (records.hpp)
           uint8_t head[kRecordHeaderSize];
           file.preadExact(head, kRecordHeaderSize, e.offset);
           auto check = decodeRecordHeader(head);
@@ -299,7 +301,10 @@ struct BundleReader::Impl {
                 break;
               }
               default:
-                noteUnknown(h.type, h.flags, rec.offset);
+                if (isRecorderRecord(h.type))
+                  validateRecorderMeta(h.type, rec.meta.data(), rec.meta.size(), limits);
+                else
+                  noteUnknown(h.type, h.flags, rec.offset);
             }
           } catch (const Error& e) {
             if (e.code() == ErrorCode::IncompatibleVersion) throw;

@@ -201,6 +201,7 @@ std::unique_ptr<BundleWriter> BundleWriter::create(const std::string& path, cons
                 fmt::format("producer name is {} bytes; at most 1024", options.producer.size()));
   auto impl = std::make_unique<Impl>();
   impl->options = options;
+  impl->nextTensorId = std::max<uint64_t>(1, options.firstTensorId);
   impl->file = detail::File::create(path, options.overwrite);
   impl->header.recordingId = newRecordingId();
   impl->header.createdNs = nowNs();

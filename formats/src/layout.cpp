@@ -17,6 +17,14 @@ std::string recordTypeName(uint16_t type) {
     case RecordType::TensorChunk: return "tensor_chunk";
     case RecordType::Note: return "note";
     case RecordType::Environment: return "environment";
+    case RecordType::StepProgram: return "step_program";
+    case RecordType::OptimizerSpec: return "optimizer_spec";
+    case RecordType::StepBegin: return "step_begin";
+    case RecordType::StepEnd: return "step_end";
+    case RecordType::Keyframe: return "keyframe";
+    case RecordType::OpTrace: return "op_trace";
+    case RecordType::Crash: return "crash";
+    case RecordType::RunStatus: return "run_status";
     case RecordType::Index: return "index";
   }
   return fmt::format("unknown({})", type);

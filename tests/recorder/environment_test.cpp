@@ -15,10 +15,11 @@ using namespace crashcap::recorder;
 TEST_CASE("secret-looking names are recognised, ordinary ones are not", "[recorder][env]") {
   for (const char* name : {"WANDB_API_KEY", "HF_TOKEN", "AWS_SECRET_ACCESS_KEY", "AWS_REGION", "db_password",
                            "GITHUB_TOKEN", "OPENAI_API_KEY", "MY_CREDENTIALS", "api-key", "auth_header",
-                           "SESSION_ID", "HUGGING_FACE_HUB_TOKEN", "wandb_project"})
+                           "SESSION_ID", "HUGGING_FACE_HUB_TOKEN", "wandb_project", "KEYFRAME_KEY",
+                           "my_keyframe_token"})
     CHECK(isSecretName(name));
   for (const char* name : {"CUDA_LAUNCH_BLOCKING", "PYTORCH_CUDA_ALLOC_CONF", "NCCL_DEBUG", "HOME", "PATH",
-                           "OMP_NUM_THREADS", "lr", "--batch-size"})
+                           "OMP_NUM_THREADS", "lr", "--batch-size", "--keyframe-every", "TOKENIZERS_PARALLELISM"})
     CHECK_FALSE(isSecretName(name));
 }
 

@@ -2,10 +2,12 @@
 // verify (every checksum and invariant, read-only) and recover (a repaired copy).
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
 #include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/limits.hpp"
 
 namespace crashcap::formats {
@@ -47,5 +49,19 @@ struct RecoverReport {
 /// note saying what was lost. Never modifies `in`; refuses an existing `out` and out == in.
 RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits = {},
                             const Progress& progress = {});
+
+struct CopyReport {
+  uint64_t recordsCopied = 0;
+  uint64_t tensorsCopied = 0;
+  uint64_t recordsSkipped = 0;       ///< chunks of incomplete or undecodable tensors, undecodable records
+  std::vector<std::string> lines;    ///< one line per dropped tensor or record, for a note
+};
+
+/// Appends every intact record of `reader` to `writer` byte for byte (no recompression; the
+/// writer renumbers sequences) and lists the copied tensors in the writer's index. Chunks of
+/// incomplete or undecodable tensors are dropped; `keep`, when given, may reject records
+/// other than tensor chunks (every complete tensor is copied). Used by recover and by sealing a recording.
+CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
+                       const std::function<bool(const RecordEntry&)>& keep = {});
 
 }  // namespace crashcap::formats

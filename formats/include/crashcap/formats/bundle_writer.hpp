@@ -30,6 +30,9 @@ struct WriterOptions {
   Durability durability;
   std::string producer = "crashcap";      ///< goes into the RecordingInfo record
   bool overwrite = false;                 ///< replace an existing file instead of refusing
+  /// Id of the first tensor written. Files that are later merged into one bundle (the
+  /// recorder's segments) use disjoint ranges so their tensor ids stay unique.
+  uint64_t firstTensorId = 1;
 };
 
 /// Counters for tests, benchmarks and `info`.

@@ -43,6 +43,14 @@ enum class RecordType : uint16_t {
   TensorChunk = 2,    ///< one chunk of one tensor
   Note = 3,           ///< free-form key/text annotation
   Environment = 4,    ///< the environment fingerprint (secrets already redacted)
+  StepProgram = 5,    ///< the TorchScript step program replay executes
+  OptimizerSpec = 6,  ///< optimizer kind, hyperparameters per group, recipe
+  StepBegin = 7,      ///< a step's batch and generator states are in the file
+  StepEnd = 8,        ///< a step's fingerprints (loss, gradient norm)
+  Keyframe = 9,       ///< a full pre-step snapshot (weights, buffers, optimizer state)
+  OpTrace = 10,       ///< the last ATen ops before a crash
+  Crash = 11,         ///< how the recorded process failed
+  RunStatus = 12,     ///< the recorder's own health: steps, drops, warnings
   Index = 15,         ///< written once at seal; locates every record and tensor
 };
 

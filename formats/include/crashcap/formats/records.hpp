@@ -1,0 +1,188 @@
+#pragma once
+// The recorder's record kinds (bundle.capnp types 5..12) as plain structs, with their
+// encoders and checked decoders, and the fixed tensor paths they refer to. No LibTorch:
+// the CLI, `inspect` and the replayer read these without it.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/layout.hpp"
+#include "crashcap/formats/limits.hpp"
+
+namespace crashcap::formats {
+
+class BundleWriter;
+
+/// A named number (optimizer options, scalar optimizer state).
+using NumberEntry = std::pair<std::string, double>;
+
+/// Type 5: the TorchScript step program (its archive is the record body).
+struct StepProgramData {
+  std::string format = "torchscript";
+  std::vector<std::string> inputs;      ///< forward's batch arguments, in order
+  std::vector<std::string> parameters;  ///< trainable parameters, module order
+  std::vector<std::string> buffers;     ///< buffers, module order
+};
+
+struct ParamGroupData {
+  std::vector<std::string> parameters;
+  std::vector<NumberEntry> options;     ///< "lr", "momentum", "beta1", ...
+  /// The option named `key`, or `fallback` when absent.
+  double option(const std::string& key, double fallback) const;
+};
+
+/// Type 6: optimizer and recipe.
+struct OptimizerSpecData {
+  std::string kind;                     ///< "sgd" | "adam" | "adamw" | "rmsprop" | "adagrad" | "unknown"
+  std::vector<ParamGroupData> groups;
+  double gradClipNorm = 0;              ///< 0 = no clipping
+  double gradClipNormType = 2;
+};
+
+/// Type 7: a step began; its batch and generator states precede this record.
+struct StepBeginData {
+  int64_t step = 0;
+  std::vector<std::string> batch;       ///< tensor names
+  std::vector<std::string> rng;         ///< tensor names
+  std::vector<double> learningRates;    ///< per parameter group
+  int64_t timeNs = 0;
+  int64_t keyframe = -1;                ///< newest keyframe at or before this step
+};
+
+/// Type 8: a step's fingerprints.
+struct StepEndData {
+  int64_t step = 0;
+  double loss = 0;
+  double gradNorm = 0;
+  bool hasGradNorm = false;
+  bool nonFinite = false;
+  int64_t durationNs = 0;
+};
+
+/// Type 9: a full pre-step snapshot; its tensors precede this record.
+struct KeyframeData {
+  int64_t step = 0;
+  std::vector<std::string> parameters, buffers, optimizerState;  ///< tensor names
+  std::vector<NumberEntry> optimizerScalars;                     ///< "<parameter>/step"
+};
+
+struct OpInputData {
+  std::string dtype;                    ///< "float32", ...; "scalar", "none", "other" for non-tensors
+  std::vector<int64_t> shape;
+};
+
+struct OpData {
+  uint64_t index = 0;
+  std::string name;
+  std::string phase;                    ///< "forward" | "backward"
+  int64_t sequenceNr = -1;
+  int64_t step = -1;
+  uint64_t thread = 0;
+  std::vector<OpInputData> inputs;
+};
+
+/// Type 10: the last ops before a crash, oldest first.
+struct OpTraceData {
+  std::vector<OpData> ops;
+  uint64_t totalOps = 0;
+  uint32_t capacity = 0;
+};
+
+/// Type 11: how the recorded process failed.
+struct CrashData {
+  std::string kind;                     ///< "exception" | "terminate" | "signal" | "nonfinite"
+  int64_t step = -1;
+  std::string phase;                    ///< "setup" | "forward" | "backward" | "optimizer" | "between-steps"
+  std::string error;
+  std::string errorType;
+  int32_t signal = 0;
+  std::string signalName;
+  std::vector<std::string> stack;       ///< innermost frame first
+  int64_t timeNs = 0;
+  uint32_t pid = 0;
+  uint64_t thread = 0;
+};
+
+/// Type 12: the recorder's own health.
+struct RunStatusData {
+  std::string state;                    ///< "finished" | "crashed" | "interrupted"
+  uint64_t stepsBegun = 0;
+  int64_t lastStep = -1;
+  uint64_t droppedRecords = 0;
+  uint64_t droppedBytes = 0;
+  std::vector<std::string> warnings;
+  uint64_t segmentsDeleted = 0;
+};
+
+// Encoders: the meta bytes for BundleWriter::writeRecord. Decoders throw Error{Corrupt}
+// naming the invariant that failed (texts bounded, steps >= 0, names valid tensor names).
+std::vector<uint8_t> encodeMeta(const StepProgramData& v);
+std::vector<uint8_t> encodeMeta(const OptimizerSpecData& v);
+std::vector<uint8_t> encodeMeta(const StepBeginData& v);
+std::vector<uint8_t> encodeMeta(const StepEndData& v);
+std::vector<uint8_t> encodeMeta(const KeyframeData& v);
+std::vector<uint8_t> encodeMeta(const OpTraceData& v);
+std::vector<uint8_t> encodeMeta(const CrashData& v);
+std::vector<uint8_t> encodeMeta(const RunStatusData& v);
+std::vector<uint8_t> encodeMeta(const EnvironmentData& v);
+
+StepProgramData decodeStepProgram(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+OptimizerSpecData decodeOptimizerSpec(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+StepBeginData decodeStepBegin(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+StepEndData decodeStepEnd(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+KeyframeData decodeKeyframe(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+OpTraceData decodeOpTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+CrashData decodeCrash(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+
+/// The record type each struct is written as.
+inline RecordType recordTypeOf(const StepProgramData&) { return RecordType::StepProgram; }
+inline RecordType recordTypeOf(const OptimizerSpecData&) { return RecordType::OptimizerSpec; }
+inline RecordType recordTypeOf(const StepBeginData&) { return RecordType::StepBegin; }
+inline RecordType recordTypeOf(const StepEndData&) { return RecordType::StepEnd; }
+inline RecordType recordTypeOf(const KeyframeData&) { return RecordType::Keyframe; }
+inline RecordType recordTypeOf(const OpTraceData&) { return RecordType::OpTrace; }
+inline RecordType recordTypeOf(const CrashData&) { return RecordType::Crash; }
+inline RecordType recordTypeOf(const RunStatusData&) { return RecordType::RunStatus; }
+inline RecordType recordTypeOf(const EnvironmentData&) { return RecordType::Environment; }
+
+/// Writes one recorder record (no body; StepProgram takes its archive as `body`).
+template <typename T>
+uint64_t writeMetaRecord(BundleWriter& writer, const T& value, const std::vector<uint8_t>& body = {});
+
+/// Decodes the meta of any recorder record type, throwing Error{Corrupt} when it breaks an
+/// invariant; does nothing for other types. For verify and scans.
+void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const ReaderLimits& limits);
+
+/// True for the record types this header describes (5..12).
+bool isRecorderRecord(uint16_t type);
+
+// Tensor paths (see bundle.capnp).
+std::string batchTensorName(int64_t step, const std::string& name);
+std::string rngTensorName(int64_t step, const std::string& device);
+/// `part` is "parameters", "buffers" or "optimizer".
+std::string keyframeTensorName(int64_t step, const std::string& part, const std::string& name);
+
+/// Everything the recorder wrote into one bundle, decoded, in file order. Damaged recorder
+/// records are skipped and described in `problems`.
+struct RecordingView {
+  std::optional<StepProgramData> program;
+  std::optional<uint64_t> programOffset;    ///< where the step program record is (its body is the archive)
+  std::optional<OptimizerSpecData> optimizer;
+  std::vector<StepBeginData> stepBegins;
+  std::vector<StepEndData> stepEnds;
+  std::vector<KeyframeData> keyframes;
+  std::optional<OpTraceData> opTrace;       ///< the last one
+  std::optional<CrashData> crash;           ///< the first one
+  std::optional<RunStatusData> status;      ///< the last one
+  std::vector<std::string> problems;
+};
+
+/// Reads every recorder record of `reader`.
+RecordingView readRecording(const BundleReader& reader);
+
+}  // namespace crashcap::formats

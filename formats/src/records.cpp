@@ -1,0 +1,412 @@
+#include "crashcap/formats/records.hpp"
+
+#include <cmath>
+
+#include "capnp_util.hpp"
+#include "meta.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+
+namespace crashcap::formats {
+namespace {
+
+using detail::text;
+using detail::toBytes;
+using detail::withRoot;
+
+constexpr size_t kNameBytes = 1024;
+constexpr size_t kMaxListEntries = 1u << 20;
+
+template <typename List>
+void setTexts(List list, const std::vector<std::string>& values) {
+  for (unsigned i = 0; i < values.size(); ++i) list.set(i, values[i]);
+}
+
+template <typename Builder>
+void setNumbers(Builder list, const std::vector<NumberEntry>& values) {
+  for (unsigned i = 0; i < values.size(); ++i) {
+    list[i].setKey(values[i].first);
+    list[i].setValue(values[i].second);
+  }
+}
+
+template <typename List>
+void checkCount(List list, const char* what) {
+  if (list.size() > kMaxListEntries)
+    throw Error(ErrorCode::Corrupt, fmt::format("{} lists {} entries; at most {} allowed", what, list.size(),
+                                                kMaxListEntries));
+}
+
+/// Texts that are tensor names must be valid tensor names.
+std::vector<std::string> names(capnp::List<capnp::Text>::Reader list, const char* what) {
+  checkCount(list, what);
+  std::vector<std::string> out;
+  out.reserve(list.size());
+  for (auto t : list) {
+    auto s = text(t, kNameBytes, what);
+    try {
+      validateTensorName(s);
+    } catch (const Error& e) {
+      throw Error(ErrorCode::Corrupt, fmt::format("{}: {}", what, e.message()));
+    }
+    out.push_back(std::move(s));
+  }
+  return out;
+}
+
+std::vector<std::string> texts(capnp::List<capnp::Text>::Reader list, size_t maxBytes, const char* what) {
+  checkCount(list, what);
+  std::vector<std::string> out;
+  out.reserve(list.size());
+  for (auto t : list) out.push_back(text(t, maxBytes, what));
+  return out;
+}
+
+std::vector<NumberEntry> numbers(capnp::List<schema::Number>::Reader list, const char* what) {
+  checkCount(list, what);
+  std::vector<NumberEntry> out;
+  for (auto n : list) out.emplace_back(text(n.getKey(), 256, what), n.getValue());
+  return out;
+}
+
+int64_t stepOf(int64_t step, const char* what) {
+  if (step < 0) throw Error(ErrorCode::Corrupt, fmt::format("{} has step {}; steps are >= 0", what, step));
+  return step;
+}
+
+template <typename Root, typename Fn>
+auto decode(const std::vector<uint8_t>& meta, const ReaderLimits& limits, const char* what, Fn&& fn) {
+  return withRoot<Root>(meta.data(), meta.size(), limits, what, std::forward<Fn>(fn));
+}
+
+}  // namespace
+
+double ParamGroupData::option(const std::string& key, double fallback) const {
+  for (const auto& [k, v] : options)
+    if (k == key) return v;
+  return fallback;
+}
+
+std::vector<uint8_t> encodeMeta(const StepProgramData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::StepProgram>();
+  r.setFormat(v.format);
+  setTexts(r.initInputs(v.inputs.size()), v.inputs);
+  setTexts(r.initParameters(v.parameters.size()), v.parameters);
+  setTexts(r.initBuffers(v.buffers.size()), v.buffers);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeMeta(const OptimizerSpecData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::OptimizerSpec>();
+  r.setKind(v.kind);
+  auto groups = r.initGroups(v.groups.size());
+  for (unsigned i = 0; i < v.groups.size(); ++i) {
+    setTexts(groups[i].initParameters(v.groups[i].parameters.size()), v.groups[i].parameters);
+    setNumbers(groups[i].initOptions(v.groups[i].options.size()), v.groups[i].options);
+  }
+  r.setGradClipNorm(v.gradClipNorm);
+  r.setGradClipNormType(v.gradClipNormType);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeMeta(const StepBeginData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::StepBegin>();
+  r.setStep(v.step);
+  setTexts(r.initBatch(v.batch.size()), v.batch);
+  setTexts(r.initRng(v.rng.size()), v.rng);
+  auto lrs = r.initLearningRates(v.learningRates.size());
+  for (unsigned i = 0; i < v.learningRates.size(); ++i) lrs.set(i, v.learningRates[i]);
+  r.setTimeNs(v.timeNs);
+  r.setKeyframe(v.keyframe);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeMeta(const StepEndData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::StepEnd>();
+  r.setStep(v.step);
+  r.setLoss(v.loss);
+  r.setGradNorm(v.gradNorm);
+  r.setHasGradNorm(v.hasGradNorm);
+  r.setNonFinite(v.nonFinite);
+  r.setDurationNs(v.durationNs);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeMeta(const KeyframeData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::Keyframe>();
+  r.setStep(v.step);
+  setTexts(r.initParameters(v.parameters.size()), v.parameters);
+  setTexts(r.initBuffers(v.buffers.size()), v.buffers);
+  setTexts(r.initOptimizerState(v.optimizerState.size()), v.optimizerState);
+  setNumbers(r.initOptimizerScalars(v.optimizerScalars.size()), v.optimizerScalars);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeMeta(const OpTraceData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::OpTrace>();
+  auto ops = r.initOps(v.ops.size());
+  for (unsigned i = 0; i < v.ops.size(); ++i) {
+    const auto& o = v.ops[i];
+    auto w = ops[i];
+    w.setIndex(o.index);
+    w.setName(o.name);
+    w.setPhase(o.phase);
+    w.setSequenceNr(o.sequenceNr);
+    w.setStep(o.step);
+    w.setThread(o.thread);
+    auto inputs = w.initInputs(o.inputs.size());
+    for (unsigned k = 0; k < o.inputs.size(); ++k) {
+      inputs[k].setDtype(o.inputs[k].dtype);
+      auto shape = inputs[k].initShape(o.inputs[k].shape.size());
+      for (unsigned d = 0; d < o.inputs[k].shape.size(); ++d) shape.set(d, o.inputs[k].shape[d]);
+    }
+  }
+  r.setTotalOps(v.totalOps);
+  r.setCapacity(v.capacity);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeMeta(const CrashData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::Crash>();
+  r.setKind(v.kind);
+  r.setStep(v.step);
+  r.setPhase(v.phase);
+  // The error text is bounded like a note: a huge what() must not make the record unreadable.
+  r.setError(v.error.size() > kMaxNoteTextBytes ? v.error.substr(0, kMaxNoteTextBytes) : v.error);
+  r.setErrorType(v.errorType);
+  r.setSignal(v.signal);
+  r.setSignalName(v.signalName);
+  setTexts(r.initStack(v.stack.size()), v.stack);
+  r.setTimeNs(v.timeNs);
+  r.setPid(v.pid);
+  r.setThread(v.thread);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeMeta(const RunStatusData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::RunStatus>();
+  r.setState(v.state);
+  r.setStepsBegun(v.stepsBegun);
+  r.setLastStep(v.lastStep);
+  r.setDroppedRecords(v.droppedRecords);
+  r.setDroppedBytes(v.droppedBytes);
+  setTexts(r.initWarnings(v.warnings.size()), v.warnings);
+  r.setSegmentsDeleted(v.segmentsDeleted);
+  return toBytes(b);
+}
+
+std::vector<uint8_t> encodeMeta(const EnvironmentData& v) { return detail::encodeEnvironment(v); }
+
+StepProgramData decodeStepProgram(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::StepProgram>(meta, limits, "step_program", [](auto r) {
+    StepProgramData v;
+    v.format = text(r.getFormat(), 64, "step program format");
+    v.inputs = texts(r.getInputs(), kNameBytes, "step program input");
+    v.parameters = texts(r.getParameters(), kNameBytes, "step program parameter");
+    v.buffers = texts(r.getBuffers(), kNameBytes, "step program buffer");
+    return v;
+  });
+}
+
+OptimizerSpecData decodeOptimizerSpec(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::OptimizerSpec>(meta, limits, "optimizer_spec", [](auto r) {
+    OptimizerSpecData v;
+    v.kind = text(r.getKind(), 64, "optimizer kind");
+    checkCount(r.getGroups(), "optimizer spec");
+    for (auto g : r.getGroups()) {
+      ParamGroupData d;
+      d.parameters = texts(g.getParameters(), kNameBytes, "optimizer group parameter");
+      d.options = numbers(g.getOptions(), "optimizer option");
+      v.groups.push_back(std::move(d));
+    }
+    v.gradClipNorm = r.getGradClipNorm();
+    v.gradClipNormType = r.getGradClipNormType();
+    if (!(v.gradClipNorm >= 0))
+      throw Error(ErrorCode::Corrupt, fmt::format("optimizer spec has gradient clip norm {}; must be >= 0",
+                                                  v.gradClipNorm));
+    return v;
+  });
+}
+
+StepBeginData decodeStepBegin(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::StepBegin>(meta, limits, "step_begin", [](auto r) {
+    StepBeginData v;
+    v.step = stepOf(r.getStep(), "step_begin");
+    v.batch = names(r.getBatch(), "step_begin batch tensor");
+    v.rng = names(r.getRng(), "step_begin generator state");
+    checkCount(r.getLearningRates(), "step_begin learning rates");
+    for (double lr : r.getLearningRates()) v.learningRates.push_back(lr);
+    v.timeNs = r.getTimeNs();
+    v.keyframe = r.getKeyframe();
+    if (v.keyframe > v.step)
+      throw Error(ErrorCode::Corrupt,
+                  fmt::format("step_begin of step {} names keyframe {}, which is after it", v.step, v.keyframe));
+    return v;
+  });
+}
+
+StepEndData decodeStepEnd(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::StepEnd>(meta, limits, "step_end", [](auto r) {
+    StepEndData v;
+    v.step = stepOf(r.getStep(), "step_end");
+    v.loss = r.getLoss();
+    v.gradNorm = r.getGradNorm();
+    v.hasGradNorm = r.getHasGradNorm();
+    v.nonFinite = r.getNonFinite();
+    v.durationNs = r.getDurationNs();
+    return v;
+  });
+}
+
+KeyframeData decodeKeyframe(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::Keyframe>(meta, limits, "keyframe", [](auto r) {
+    KeyframeData v;
+    v.step = stepOf(r.getStep(), "keyframe");
+    v.parameters = names(r.getParameters(), "keyframe parameter");
+    v.buffers = names(r.getBuffers(), "keyframe buffer");
+    v.optimizerState = names(r.getOptimizerState(), "keyframe optimizer state");
+    v.optimizerScalars = numbers(r.getOptimizerScalars(), "keyframe optimizer scalar");
+    return v;
+  });
+}
+
+OpTraceData decodeOpTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::OpTrace>(meta, limits, "op_trace", [](auto r) {
+    OpTraceData v;
+    checkCount(r.getOps(), "op trace");
+    for (auto o : r.getOps()) {
+      OpData d;
+      d.index = o.getIndex();
+      d.name = text(o.getName(), 512, "op name");
+      d.phase = text(o.getPhase(), 32, "op phase");
+      d.sequenceNr = o.getSequenceNr();
+      d.step = o.getStep();
+      d.thread = o.getThread();
+      if (o.getInputs().size() > 64)
+        throw Error(ErrorCode::Corrupt, fmt::format("op '{}' lists {} inputs; at most 64", d.name, o.getInputs().size()));
+      for (auto in : o.getInputs()) d.inputs.push_back({text(in.getDtype(), 32, "op input dtype"),
+                                                        detail::shapeOf(in.getShape())});
+      v.ops.push_back(std::move(d));
+    }
+    v.totalOps = r.getTotalOps();
+    v.capacity = r.getCapacity();
+    return v;
+  });
+}
+
+CrashData decodeCrash(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::Crash>(meta, limits, "crash", [](auto r) {
+    CrashData v;
+    v.kind = text(r.getKind(), 64, "crash kind");
+    v.step = r.getStep();
+    v.phase = text(r.getPhase(), 64, "crash phase");
+    v.error = text(r.getError(), kMaxNoteTextBytes, "crash error");
+    v.errorType = text(r.getErrorType(), 1024, "crash error type");
+    v.signal = r.getSignal();
+    v.signalName = text(r.getSignalName(), 64, "crash signal name");
+    v.stack = texts(r.getStack(), 4096, "crash stack frame");
+    v.timeNs = r.getTimeNs();
+    v.pid = r.getPid();
+    v.thread = r.getThread();
+    return v;
+  });
+}
+
+RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::RunStatus>(meta, limits, "run_status", [](auto r) {
+    RunStatusData v;
+    v.state = text(r.getState(), 64, "run state");
+    v.stepsBegun = r.getStepsBegun();
+    v.lastStep = r.getLastStep();
+    v.droppedRecords = r.getDroppedRecords();
+    v.droppedBytes = r.getDroppedBytes();
+    v.warnings = texts(r.getWarnings(), 4096, "run warning");
+    v.segmentsDeleted = r.getSegmentsDeleted();
+    return v;
+  });
+}
+
+template <typename T>
+uint64_t writeMetaRecord(BundleWriter& writer, const T& value, const std::vector<uint8_t>& body) {
+  return writer.writeRecord(static_cast<uint16_t>(recordTypeOf(value)), encodeMeta(value), body.data(), body.size(),
+                            !body.empty());
+}
+template uint64_t writeMetaRecord(BundleWriter&, const StepProgramData&, const std::vector<uint8_t>&);
+template uint64_t writeMetaRecord(BundleWriter&, const OptimizerSpecData&, const std::vector<uint8_t>&);
+template uint64_t writeMetaRecord(BundleWriter&, const StepBeginData&, const std::vector<uint8_t>&);
+template uint64_t writeMetaRecord(BundleWriter&, const StepEndData&, const std::vector<uint8_t>&);
+template uint64_t writeMetaRecord(BundleWriter&, const KeyframeData&, const std::vector<uint8_t>&);
+template uint64_t writeMetaRecord(BundleWriter&, const OpTraceData&, const std::vector<uint8_t>&);
+template uint64_t writeMetaRecord(BundleWriter&, const CrashData&, const std::vector<uint8_t>&);
+template uint64_t writeMetaRecord(BundleWriter&, const RunStatusData&, const std::vector<uint8_t>&);
+
+bool isRecorderRecord(uint16_t type) {
+  return type >= static_cast<uint16_t>(RecordType::StepProgram) && type <= static_cast<uint16_t>(RecordType::RunStatus);
+}
+
+void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const ReaderLimits& limits) {
+  if (!isRecorderRecord(type)) return;
+  std::vector<uint8_t> m(meta, meta + size);
+  switch (static_cast<RecordType>(type)) {
+    case RecordType::StepProgram: decodeStepProgram(m, limits); break;
+    case RecordType::OptimizerSpec: decodeOptimizerSpec(m, limits); break;
+    case RecordType::StepBegin: decodeStepBegin(m, limits); break;
+    case RecordType::StepEnd: decodeStepEnd(m, limits); break;
+    case RecordType::Keyframe: decodeKeyframe(m, limits); break;
+    case RecordType::OpTrace: decodeOpTrace(m, limits); break;
+    case RecordType::Crash: decodeCrash(m, limits); break;
+    case RecordType::RunStatus: decodeRunStatus(m, limits); break;
+    default: break;
+  }
+}
+
+std::string batchTensorName(int64_t step, const std::string& name) {
+  return fmt::format("steps/{}/batch/{}", step, name);
+}
+
+std::string rngTensorName(int64_t step, const std::string& device) {
+  return fmt::format("steps/{}/rng/{}", step, device);
+}
+
+std::string keyframeTensorName(int64_t step, const std::string& part, const std::string& name) {
+  return fmt::format("keyframes/{}/{}/{}", step, part, name);
+}
+
+RecordingView readRecording(const BundleReader& reader) {
+  RecordingView view;
+  for (const auto& r : reader.records()) {
+    if (!isRecorderRecord(r.type)) continue;
+    try {
+      auto raw = reader.readRecord(r.offset);
+      switch (static_cast<RecordType>(r.type)) {
+        case RecordType::StepProgram:
+          view.program = decodeStepProgram(raw.meta, reader.limits());
+          view.programOffset = r.offset;
+          break;
+        case RecordType::OptimizerSpec: view.optimizer = decodeOptimizerSpec(raw.meta, reader.limits()); break;
+        case RecordType::StepBegin: view.stepBegins.push_back(decodeStepBegin(raw.meta, reader.limits())); break;
+        case RecordType::StepEnd: view.stepEnds.push_back(decodeStepEnd(raw.meta, reader.limits())); break;
+        case RecordType::Keyframe: view.keyframes.push_back(decodeKeyframe(raw.meta, reader.limits())); break;
+        case RecordType::OpTrace: view.opTrace = decodeOpTrace(raw.meta, reader.limits()); break;
+        case RecordType::Crash:
+          if (!view.crash) view.crash = decodeCrash(raw.meta, reader.limits());
+          break;
+        case RecordType::RunStatus: view.status = decodeRunStatus(raw.meta, reader.limits()); break;
+        default: break;
+      }
+    } catch (const Error& e) {
+      view.problems.push_back(fmt::format("{} record #{} at byte {}: {}", recordTypeName(r.type), r.sequence,
+                                          r.offset, e.message()));
+    }
+  }
+  return view;
+}
+
+}  // namespace crashcap::formats

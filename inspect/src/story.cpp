@@ -1,0 +1,280 @@
+#include "crashcap/inspect/story.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/formats/tensor_info.hpp"
+#include "crashcap/inspect/stats.hpp"
+#include "crashcap/inspect/summary.hpp"
+
+namespace crashcap::inspect {
+namespace {
+
+using nlohmann::json;
+
+json number(double v) {
+  if (std::isnan(v)) return "nan";
+  if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
+  return v;
+}
+
+std::string numberText(double v) { return fmt::format("{:.6g}", v); }
+
+/// The step a crash is about: the crash's own, else the last step begun.
+int64_t focusStep(const formats::RecordingView& v) {
+  if (v.crash && v.crash->step >= 0) return v.crash->step;
+  return v.stepBegins.empty() ? -1 : v.stepBegins.back().step;
+}
+
+}  // namespace
+
+json storyJson(const formats::BundleReader& reader, const StoryOptions& options) {
+  auto v = formats::readRecording(reader);
+  json j;
+  j["bundle"] = reader.path();
+  j["sealed"] = reader.report().sealed;
+  j["state"] = reader.report().summary();
+  if (auto info = reader.recordingInfo())
+    j["run"] = {{"id", formats::formatRecordingId(reader.fileHeader().recordingId)},
+                {"producer", info->producer},
+                {"tool_version", info->toolVersion},
+                {"hostname", info->hostname},
+                {"pid", info->pid},
+                {"created", formatTime(info->createdNs)}};
+  else
+    j["run"] = nullptr;
+  if (auto env = reader.environment()) {
+    json facts = json::object(), vars = json::object();
+    for (const auto& [k, val] : env->facts) facts[k] = val;
+    for (const auto& [k, val] : env->variables) vars[k] = val;
+    j["env"] = {{"facts", facts}, {"variables", vars}, {"command_line", env->commandLine}, {"redacted", env->redacted}};
+  } else {
+    j["env"] = json::object();
+  }
+  if (v.program)
+    j["program"] = {{"format", v.program->format},
+                    {"inputs", v.program->inputs},
+                    {"parameters", v.program->parameters.size()},
+                    {"buffers", v.program->buffers.size()}};
+  else
+    j["program"] = nullptr;
+  if (v.optimizer) {
+    json groups = json::array();
+    for (const auto& g : v.optimizer->groups) {
+      json opts = json::object();
+      for (const auto& [k, val] : g.options) opts[k] = number(val);
+      groups.push_back({{"parameters", g.parameters.size()}, {"options", opts}});
+    }
+    j["optimizer"] = {{"kind", v.optimizer->kind}, {"groups", groups}, {"grad_clip_norm", v.optimizer->gradClipNorm}};
+  } else {
+    j["optimizer"] = nullptr;
+  }
+  json steps = {{"count", v.stepBegins.size()}, {"completed", v.stepEnds.size()}};
+  steps["first"] = v.stepBegins.empty() ? json(nullptr) : json(v.stepBegins.front().step);
+  steps["last"] = v.stepBegins.empty() ? json(nullptr) : json(v.stepBegins.back().step);
+  steps["last_loss"] = v.stepEnds.empty() ? json(nullptr) : number(v.stepEnds.back().loss);
+  steps["last_grad_norm"] =
+      v.stepEnds.empty() || !v.stepEnds.back().hasGradNorm ? json(nullptr) : number(v.stepEnds.back().gradNorm);
+  j["steps"] = steps;
+  json keyframes = json::array();
+  for (const auto& k : v.keyframes) keyframes.push_back(k.step);
+  j["keyframes"] = keyframes;
+  if (v.crash) {
+    const auto& c = *v.crash;
+    j["crash"] = {{"kind", c.kind},
+                  {"step", c.step >= 0 ? json(c.step) : json(nullptr)},
+                  {"phase", c.phase},
+                  {"error", c.error},
+                  {"error_type", c.errorType},
+                  {"signal", c.signal ? json(c.signal) : json(nullptr)},
+                  {"signal_name", c.signal ? json(c.signalName) : json(nullptr)},
+                  {"stack", c.stack},
+                  {"time", formatTime(c.timeNs)},
+                  {"pid", c.pid},
+                  {"thread", c.thread}};
+  } else {
+    j["crash"] = nullptr;
+  }
+  json ops = json::array();
+  if (v.opTrace) {
+    size_t n = v.opTrace->ops.size(), from = n > options.lastOps ? n - options.lastOps : 0;
+    for (size_t i = from; i < n; ++i) {
+      const auto& o = v.opTrace->ops[i];
+      json inputs = json::array();
+      for (const auto& in : o.inputs) inputs.push_back({{"dtype", in.dtype}, {"shape", in.shape}});
+      ops.push_back({{"index", o.index},
+                     {"name", o.name},
+                     {"phase", o.phase},
+                     {"seq", o.sequenceNr},
+                     {"step", o.step},
+                     {"thread", o.thread},
+                     {"inputs", inputs}});
+    }
+    j["op_trace"] = {{"total_ops", v.opTrace->totalOps}, {"capacity", v.opTrace->capacity}};
+  } else {
+    j["op_trace"] = nullptr;
+  }
+  j["last_ops"] = ops;
+  json tensors = json::array();
+  int64_t focus = focusStep(v);
+  for (const auto& b : v.stepBegins) {
+    if (b.step != focus) continue;
+    for (const auto& name : b.batch) {
+      const auto* t = reader.find(name);
+      if (!t) continue;
+      json e = {{"name", name}, {"dtype", formats::dtypeName(t->dtype)}, {"shape", t->shape}};
+      if (options.tensorStats && t->totalBytes <= reader.limits().maxTensorBytes) {
+        try {
+          HostTensor h{t->dtype, t->shape, reader.readTensor(*t)};
+          e["stats"] = statsToJson(computeStats(h));
+        } catch (const Error& err) {
+          e["stats"] = nullptr;
+          e["error"] = err.message();
+        }
+      }
+      tensors.push_back(std::move(e));
+    }
+  }
+  j["crash_step"] = focus >= 0 ? json(focus) : json(nullptr);
+  j["crash_tensors"] = tensors;
+  if (v.status) {
+    j["status"] = v.status->state;
+    j["dropped_records"] = v.status->droppedRecords;
+    j["dropped_bytes"] = v.status->droppedBytes;
+    j["warnings"] = v.status->warnings;
+    j["segments_deleted"] = v.status->segmentsDeleted;
+  } else {
+    j["status"] = nullptr;
+    j["dropped_records"] = 0;
+    j["dropped_bytes"] = 0;
+    j["warnings"] = json::array();
+    j["segments_deleted"] = 0;
+  }
+  j["problems"] = v.problems;
+  return j;
+}
+
+std::string storyText(const formats::BundleReader& reader, const StoryOptions& options) {
+  json j = storyJson(reader, options);
+  std::string s;
+  auto str = [](const json& x) {
+    if (x.is_string()) return x.get<std::string>();
+    if (x.is_number_float()) return numberText(x.get<double>());
+    return x.dump();
+  };
+  s += fmt::format("bundle     {}\n", reader.path());
+  s += fmt::format("state      {}\n", str(j["state"]));
+  if (!j["run"].is_null())
+    s += fmt::format("run        {} by {} (pid {}) on {}, started {}\n", str(j["run"]["id"]),
+                     str(j["run"]["producer"]), str(j["run"]["pid"]), str(j["run"]["hostname"]),
+                     str(j["run"]["created"]));
+  const auto& facts = j["env"].value("facts", json::object());
+  auto fact = [&](const char* k) { return facts.contains(k) ? str(facts[k]) : std::string("?"); };
+  if (!facts.empty()) {
+    s += fmt::format("env        {} | {} | torch {} ({} threads) | cuda {} | cudnn benchmark {} deterministic {}\n",
+                     fact("os.name"), fact("cpu.model"), fact("torch.version"), fact("torch.threads"),
+                     fact("cuda.available"), fact("cudnn.benchmark"), fact("cudnn.deterministic"));
+    std::string cmd;
+    for (const auto& a : j["env"]["command_line"]) cmd += (cmd.empty() ? "" : " ") + str(a);
+    if (!cmd.empty()) s += fmt::format("command    {}\n", cmd);
+    if (!j["env"]["redacted"].empty()) s += fmt::format("redacted   {} secret value(s) withheld\n", j["env"]["redacted"].size());
+  }
+  if (!j["program"].is_null()) {
+    std::string inputs;
+    for (const auto& i : j["program"]["inputs"]) inputs += (inputs.empty() ? "" : ", ") + str(i);
+    s += fmt::format("program    torchscript forward({}) -> loss; {} parameters, {} buffers\n", inputs,
+                     str(j["program"]["parameters"]), str(j["program"]["buffers"]));
+  }
+  if (!j["optimizer"].is_null()) {
+    std::string opts;
+    if (!j["optimizer"]["groups"].empty())
+      for (const auto& [k, val] : j["optimizer"]["groups"][0]["options"].items())
+        opts += fmt::format("{}{}={}", opts.empty() ? "" : " ", k, str(val));
+    s += fmt::format("optimizer  {} ({} group(s)) {}\n", str(j["optimizer"]["kind"]),
+                     j["optimizer"]["groups"].size(), opts);
+  }
+  const auto& st = j["steps"];
+  if (st["count"].get<uint64_t>() > 0)
+    s += fmt::format("steps      {}..{}: {} recorded, {} completed; last loss {}, grad norm {}\n", str(st["first"]),
+                     str(st["last"]), str(st["count"]), str(st["completed"]), str(st["last_loss"]),
+                     str(st["last_grad_norm"]));
+  else
+    s += "steps      none recorded\n";
+  std::string kfs;
+  for (const auto& k : j["keyframes"]) kfs += (kfs.empty() ? "" : ", ") + str(k);
+  s += fmt::format("keyframes  {}\n", kfs.empty() ? "none" : kfs);
+  if (!j["crash"].is_null()) {
+    const auto& c = j["crash"];
+    s += fmt::format("\nCRASH      {} at step {}, phase {}{}\n", str(c["kind"]), str(c["step"]), str(c["phase"]),
+                     c["signal"].is_null() ? "" : fmt::format(", signal {}", str(c["signal_name"])));
+    std::string err = str(c["error"]);
+    // The last lines of a TorchScript traceback hold the original message.
+    if (std::count(err.begin(), err.end(), '\n') > 8) {
+      auto cut = err.size();
+      for (int n = 0; n < 8 && cut > 0; ++n) cut = err.rfind('\n', cut - 1);
+      err = "..." + err.substr(cut);
+    }
+    s += fmt::format("error      {}\n", err);
+    if (!str(c["error_type"]).empty()) s += fmt::format("type       {}\n", str(c["error_type"]));
+    size_t shown = 0;
+    for (const auto& f : c["stack"]) {
+      if (shown++ >= options.stackFrames) {
+        s += fmt::format("           ... {} more frames (--json shows all)\n", c["stack"].size() - options.stackFrames);
+        break;
+      }
+      s += fmt::format("  #{:<3}    {}\n", shown - 1, str(f));
+    }
+  } else if (str(j["status"]) == "interrupted") {
+    s += "\nNO CRASH RECORD: the recording ends without a crash or a clean close; the process was killed\n"
+         "           (SIGKILL, the OOM killer, a scheduler) or the machine lost power. The last steps below\n"
+         "           are the last that reached the disk.\n";
+  } else {
+    s += "\nno crash recorded\n";
+  }
+  if (!j["last_ops"].empty()) {
+    s += fmt::format("\nlast ops ({} of {} observed)\n", j["last_ops"].size(), str(j["op_trace"]["total_ops"]));
+    for (const auto& o : j["last_ops"]) {
+      std::string inputs;
+      for (const auto& in : o["inputs"]) {
+        std::string shape;
+        for (const auto& d : in["shape"]) shape += (shape.empty() ? "" : ", ") + str(d);
+        inputs += fmt::format("{}{}[{}]", inputs.empty() ? "" : " ", str(in["dtype"]), shape);
+      }
+      s += fmt::format("  {:>8} {:<9} step {:<5} {:<36} {}\n", str(o["index"]), str(o["phase"]), str(o["step"]),
+                       str(o["name"]), inputs);
+    }
+  }
+  if (!j["crash_tensors"].empty()) {
+    s += fmt::format("\nbatch of step {}\n", str(j["crash_step"]));
+    for (const auto& t : j["crash_tensors"]) {
+      std::string shape;
+      for (const auto& d : t["shape"]) shape += (shape.empty() ? "" : ", ") + str(d);
+      std::string stats;
+      if (t.contains("stats") && !t["stats"].is_null()) {
+        const auto& x = t["stats"];
+        stats = fmt::format("min {} max {} mean {}", str(x["min"]), str(x["max"]), str(x["mean"]));
+        if (x["nan_count"].get<uint64_t>() > 0)
+          stats += fmt::format("  NaN {} (first at {})", str(x["nan_count"]), str(x["first_nan"]));
+        if (x["inf_count"].get<uint64_t>() > 0)
+          stats += fmt::format("  Inf {} (first at {})", str(x["inf_count"]), str(x["first_inf"]));
+      }
+      s += fmt::format("  {:<32} {:<8} [{}]  {}\n", str(t["name"]), str(t["dtype"]), shape, stats);
+    }
+  }
+  s += fmt::format("\nrecorder   {}; {} records dropped ({})", str(j["status"]), str(j["dropped_records"]),
+                   formatBytes(j["dropped_bytes"].get<uint64_t>()));
+  if (j["segments_deleted"].get<uint64_t>()) s += fmt::format("; {} old segments deleted by retention", str(j["segments_deleted"]));
+  s += "\n";
+  for (const auto& w : j["warnings"]) s += fmt::format("warning    {}\n", str(w));
+  for (const auto& p : j["problems"]) s += fmt::format("problem    {}\n", str(p));
+  if (!j["crash"].is_null())
+    s += fmt::format("\nnext       crashcap show {} {} --stats\n", reader.path(),
+                     j["crash_tensors"].empty() ? std::string("<tensor>") : str(j["crash_tensors"][0]["name"]));
+  return s;
+}
+
+}  // namespace crashcap::inspect

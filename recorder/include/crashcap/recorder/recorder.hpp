@@ -1,0 +1,168 @@
+#pragma once
+// crashcap::recorder::Recorder — the flight recorder a training loop calls. It records, per
+// step, the batch, the generator states and the learning rates before the step runs, and the
+// loss and gradient norm after backward; every K steps a keyframe (weights, buffers,
+// optimizer state); a ring of the last ATen ops; and, when the process fails (exception,
+// std::terminate, fatal signal, non-finite loss), a crash record, after which it seals
+// <dir>/crash-<time>-<pid>.ccap. The disk work happens on a background thread; a full disk
+// degrades the recording and never the training.
+//
+//   crashcap::recorder::Recorder rec("runs/crashes");
+//   rec.setProgram(module, {"image", "label"});     // the TorchScript step program
+//   rec.setOptimizer(optimizer);
+//   for (int64_t step = 0; step < steps; ++step) {
+//     auto guard = rec.beginStep(step, {{"image", image}, {"label", label}});
+//     optimizer.zero_grad();
+//     auto loss = module.forward({image, label}).toTensor();
+//     loss.backward();
+//     guard.end(loss);         // fingerprints; throws NonFiniteError on a NaN/Inf loss
+//     optimizer.step();
+//   }
+//
+// One Recorder per process at a time (the crash guard is process-wide).
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace torch::jit {
+struct Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+
+namespace crashcap::recorder {
+
+enum class NonFinitePolicy {
+  Raise,   ///< end(loss) throws NonFiniteError: the step fails before the optimizer runs
+  Record,  ///< only recorded in the step's fingerprint
+};
+
+/// What the recorder keeps and how hard it tries. Defaults suit a long run on one machine.
+struct Policy {
+  int64_t keyframeEvery = 50;           ///< steps between keyframes (>= 1)
+  size_t retainSegments = 4;            ///< keep at most this many segments (one per keyframe); 0 = all
+  uint64_t retainBytes = 8ull << 30;    ///< and at most this many bytes of them; 0 = no limit
+  size_t opTraceDepth = 256;            ///< ops kept in the ring; 0 turns the op observer off
+  NonFinitePolicy nonFinite = NonFinitePolicy::Raise;
+  bool checkGradients = true;           ///< a non-finite gradient norm is non-finite too
+  int zstdLevel = 1;                    ///< 0 stores raw
+  unsigned compressionThreads = 0;      ///< extra threads for zstd; 0 = the writer thread itself
+  uint64_t queueBytes = 512ull << 20;   ///< copies waiting for the disk beyond this are dropped
+  uint64_t syncEveryBytes = 64ull << 20;  ///< fdatasync cadence of the writer thread
+  double crashDrainSeconds = 10;        ///< how long the crash path may spend draining
+  bool crashGuard = true;               ///< install signal and std::terminate handlers
+  bool allEnvironmentVariables = false; ///< record every variable (secret values still redacted)
+  bool quiet = false;                   ///< no messages on stderr (tests)
+};
+
+/// How replay steps the optimizer: zero_grad -> forward -> backward -> [clip] -> step.
+struct Recipe {
+  double gradClipNorm = 0;              ///< max total gradient norm; 0 = no clipping
+  double gradClipNormType = 2;
+};
+
+/// Named batch tensors, in the step program's input order.
+using Batch = std::vector<std::pair<std::string, at::Tensor>>;
+
+/// Thrown by StepGuard::end when the loss (or the gradient norm) is NaN or Inf under
+/// NonFinitePolicy::Raise.
+class NonFiniteError : public std::runtime_error {
+ public:
+  NonFiniteError(int64_t step, std::string what) : std::runtime_error(std::move(what)), step_(step) {}
+  int64_t step() const { return step_; }
+
+ private:
+  int64_t step_;
+};
+
+struct RecorderStats {
+  uint64_t stepsBegun = 0;
+  uint64_t keyframes = 0;
+  uint64_t droppedRecords = 0;          ///< records that could not be written (queue or disk full)
+  uint64_t droppedBytes = 0;
+  uint64_t segmentsDeleted = 0;         ///< by the retention budget
+  int64_t writtenThrough = -1;          ///< newest step whose batch reached the OS
+  bool degraded = false;                ///< a write failed; see warnings
+  bool recording = false;               ///< false when the directory could not be used at all
+  std::vector<std::string> warnings;
+};
+
+class Recorder;
+
+/// One step in flight. Destroyed normally: the step is complete. Destroyed while an
+/// exception unwinds: the step failed; the crash is recorded with its step and phase (pass
+/// the exception to Recorder::fail to keep its text). Move-only.
+class StepGuard {
+ public:
+  StepGuard(StepGuard&& other) noexcept;
+  StepGuard& operator=(StepGuard&&) = delete;
+  ~StepGuard();
+
+  /// Call after loss.backward() and before optimizer.step(): records the loss and the
+  /// gradient norm (no host-device synchronisation: device values are read when they are
+  /// ready) and applies the non-finite policy. Throws NonFiniteError.
+  void end(const at::Tensor& loss);
+  int64_t step() const { return step_; }
+
+ private:
+  friend class Recorder;
+  StepGuard(Recorder* recorder, int64_t step);
+  Recorder* recorder_;
+  int64_t step_;
+  int uncaught_;
+  bool ended_ = false;
+};
+
+class Recorder {
+ public:
+  /// Starts a recording in `dir` (created if needed): <dir>/recording-<time>-<pid>/. When the
+  /// directory cannot be used the training still runs: stats().recording is false and one
+  /// warning says why.
+  explicit Recorder(std::string dir, Policy policy = {});
+  ~Recorder();  ///< close()
+  Recorder(const Recorder&) = delete;
+  Recorder& operator=(const Recorder&) = delete;
+
+  /// The TorchScript step program; `inputs` name forward's batch arguments in order. Its
+  /// parameters and buffers are what keyframes hold. The module is shared, not copied.
+  void setProgram(const torch::jit::Module& module, std::vector<std::string> inputs);
+  /// Without a step program (a torch::nn::Module): the named tensors keyframes hold.
+  void setModel(std::vector<std::pair<std::string, at::Tensor>> parameters,
+                std::vector<std::pair<std::string, at::Tensor>> buffers);
+  /// The optimizer (must outlive the recorder) and the recipe. Call after setProgram/setModel.
+  void setOptimizer(torch::optim::Optimizer& optimizer, Recipe recipe = {});
+
+  /// Records step `step`'s batch (copied now), generator states and learning rates, and a
+  /// keyframe when one is due. Steps must increase.
+  StepGuard beginStep(int64_t step, const Batch& batch);
+
+  /// The exception that ended training: records it as the crash (with the step and phase of
+  /// the failed step) and seals the crash bundle. Returns the bundle path ("" when it
+  /// could not be sealed). Call from the handler that caught it.
+  std::string fail(const std::exception& error);
+  std::string fail(std::exception_ptr error);
+
+  /// Drains and closes the recording (kept on disk for `crashcap seal`). Idempotent.
+  void close();
+
+  RecorderStats stats() const;
+  /// The live recording directory ("" when not recording).
+  std::string recordingDir() const;
+  /// The last crash bundle sealed ("" none).
+  std::string crashBundle() const;
+
+ private:
+  friend class StepGuard;
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crashcap::recorder

@@ -1,0 +1,148 @@
+#include "crash_guard.hpp"
+
+#include <cxxabi.h>
+#include <execinfo.h>
+#include <fmt/format.h>
+#include <signal.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <typeinfo>
+
+#include "live_writer.hpp"
+
+namespace crashcap::recorder::detail {
+namespace {
+
+constexpr int kSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
+constexpr int kSignalCount = sizeof(kSignals) / sizeof(kSignals[0]);
+
+std::mutex gInstallMu;
+bool gInstalled = false;
+struct sigaction gPrevious[kSignalCount];
+std::terminate_handler gPrevTerminate = nullptr;
+DescribeException gDescribe = nullptr;
+/// Set once a terminal failure (signal or std::terminate) was handed to the writer, so the
+/// SIGABRT that std::terminate raises next does not record a second crash.
+std::atomic<bool> gHandled{false};
+alignas(16) char gAltStack[64 * 1024];
+
+int slotOf(int sig) {
+  for (int i = 0; i < kSignalCount; ++i)
+    if (kSignals[i] == sig) return i;
+  return -1;
+}
+
+void onFatalSignal(int sig, siginfo_t* info, void* /*context*/) {
+  if (!gHandled.exchange(true)) {
+    if (LiveWriter* w = activeWriter()) {
+      void* frames[64];
+      int n = backtrace(frames, 64);  // warmed up at install time, so it does not allocate
+      w->crashFromSignal(sig, info ? info->si_addr : nullptr, frames, n);
+    }
+  }
+  // Die as the process would have: restore what was there before and deliver the signal
+  // again. It is blocked while this handler runs, so it arrives as soon as we return; a
+  // hardware fault would also simply recur.
+  int slot = slotOf(sig);
+  struct sigaction previous = gPrevious[slot];
+  if (previous.sa_handler == SIG_IGN) previous.sa_handler = SIG_DFL;
+  sigaction(sig, &previous, nullptr);
+  raise(sig);
+}
+
+void onTerminate() {
+  if (!gHandled.exchange(true)) {
+    if (LiveWriter* w = activeWriter()) {
+      formats::CrashData crash;
+      crash.kind = "terminate";
+      if (auto e = std::current_exception()) {
+        describeCurrentException(e, crash);
+        crash.error = fmt::format("terminate called after throwing an instance of '{}'\n  what():  {}",
+                                  crash.errorType.empty() ? "unknown" : crash.errorType, crash.error);
+      } else {
+        crash.error = "std::terminate called without an active exception";
+      }
+      if (crash.stack.empty()) crash.stack = currentStack(1);
+      crash.step = w->currentStep.load();
+      crash.phase = phaseName(static_cast<Phase>(w->phase.load()));
+      crash.timeNs = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                         std::chrono::system_clock::now().time_since_epoch())
+                         .count();
+      crash.pid = static_cast<uint32_t>(::getpid());
+      crash.thread = static_cast<uint64_t>(::syscall(SYS_gettid));
+      w->crash(std::move(crash));
+    }
+  }
+  if (gPrevTerminate)
+    gPrevTerminate();
+  std::abort();
+}
+
+}  // namespace
+
+std::string exceptionTypeName(const std::exception& e) {
+  int status = 0;
+  char* name = abi::__cxa_demangle(typeid(e).name(), nullptr, nullptr, &status);
+  std::string out = status == 0 && name ? name : typeid(e).name();
+  std::free(name);
+  return out;
+}
+
+std::vector<std::string> currentStack(int skip) {
+  void* frames[64];
+  int n = backtrace(frames, 64);
+  skip = std::min(skip + 1, n);
+  return symbolize(frames + skip, n - skip);
+}
+
+void describeCurrentException(std::exception_ptr e, formats::CrashData& crash) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& ex) {
+    crash.errorType = exceptionTypeName(ex);
+    crash.error = ex.what();
+    if (gDescribe) gDescribe(ex, crash);
+  } catch (...) {
+    crash.errorType = "";
+    crash.error = "unknown exception (not derived from std::exception)";
+  }
+}
+
+void installCrashGuard(DescribeException describe) {
+  std::lock_guard<std::mutex> lk(gInstallMu);
+  gDescribe = describe;
+  if (gInstalled) return;
+  {
+    // The first backtrace() loads libgcc_s (it allocates); do it here, not in a handler.
+    void* warm[4];
+    (void)backtrace(warm, 4);
+  }
+  // An alternate stack so a stack overflow can still be reported (this thread only).
+  stack_t ss{};
+  ss.ss_sp = gAltStack;
+  ss.ss_size = sizeof gAltStack;
+  sigaltstack(&ss, nullptr);
+  struct sigaction sa {};
+  sa.sa_sigaction = onFatalSignal;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  for (int i = 0; i < kSignalCount; ++i) sigaction(kSignals[i], &sa, &gPrevious[i]);
+  gPrevTerminate = std::set_terminate(onTerminate);
+  gHandled = false;
+  gInstalled = true;
+}
+
+void uninstallCrashGuard() {
+  std::lock_guard<std::mutex> lk(gInstallMu);
+  if (!gInstalled) return;
+  for (int i = 0; i < kSignalCount; ++i) sigaction(kSignals[i], &gPrevious[i], nullptr);
+  std::set_terminate(gPrevTerminate);
+  gInstalled = false;
+}
+
+}  // namespace crashcap::recorder::detail

@@ -1,0 +1,503 @@
+#include "live_writer.hpp"
+
+#include <cxxabi.h>
+#include <execinfo.h>
+#include <fmt/format.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+
+#include "crashcap/formats/error.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
+
+namespace crashcap::recorder::detail {
+namespace fs = std::filesystem;
+using crashcap::Error;
+using crashcap::ErrorCode;
+
+namespace {
+
+std::atomic<LiveWriter*> gActive{nullptr};
+
+/// Filled in by the signal handler (no allocation there), read by the writer thread.
+struct SignalCrash {
+  int signal = 0;
+  void* address = nullptr;
+  void* frames[64] = {};
+  int frameCount = 0;
+  uint64_t thread = 0;
+  int64_t timeNs = 0;
+};
+SignalCrash gSignal;
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+uint64_t threadId() { return static_cast<uint64_t>(::syscall(SYS_gettid)); }
+
+const char* signalName(int sig) {
+  switch (sig) {
+    case SIGSEGV: return "SIGSEGV";
+    case SIGABRT: return "SIGABRT";
+    case SIGBUS: return "SIGBUS";
+    case SIGFPE: return "SIGFPE";
+    case SIGILL: return "SIGILL";
+    case SIGTERM: return "SIGTERM";
+    case SIGINT: return "SIGINT";
+    default: return "signal";
+  }
+}
+
+}  // namespace
+
+const char* phaseName(Phase p) {
+  switch (p) {
+    case Phase::Setup: return "setup";
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Optimizer: return "optimizer";
+    case Phase::BetweenSteps: return "between-steps";
+  }
+  return "unknown";
+}
+
+LiveWriter* activeWriter() { return gActive.load(std::memory_order_acquire); }
+void setActiveWriter(LiveWriter* writer) { gActive.store(writer, std::memory_order_release); }
+
+std::vector<std::string> symbolize(void* const* frames, int count) {
+  std::vector<std::string> out;
+  char** symbols = backtrace_symbols(frames, count);
+  for (int i = 0; i < count; ++i) {
+    std::string line = symbols ? symbols[i] : fmt::format("[{}]", frames[i]);
+    // "binary(mangled+0x1a) [0x...]": demangle the part between '(' and '+'.
+    auto open = line.find('('), plus = line.find('+', open == std::string::npos ? 0 : open);
+    if (open != std::string::npos && plus != std::string::npos && plus > open + 1) {
+      std::string mangled = line.substr(open + 1, plus - open - 1);
+      int status = 0;
+      char* demangled = abi::__cxa_demangle(mangled.c_str(), nullptr, nullptr, &status);
+      if (status == 0 && demangled) {
+        line = line.substr(0, open) + ": " + demangled + " " + line.substr(plus, line.find(')', plus) - plus) +
+               line.substr(line.find(')', plus) + 1);
+      }
+      std::free(demangled);
+    }
+    if (line.size() > 4000) line.resize(4000);
+    out.push_back(std::move(line));
+  }
+  std::free(symbols);
+  return out;
+}
+
+LiveWriter::LiveWriter(LiveWriterOptions options) : options_(std::move(options)) {
+  std::error_code ec;
+  fs::create_directories(options_.dir, ec);
+  if (ec)
+    throw Error(ErrorCode::Io, fmt::format("cannot create recording directory {}: {}", options_.dir, ec.message()),
+                "check the path and its permissions, or pass another directory");
+  startRecording();
+  // A full file-size limit must surface as EFBIG from write(2), which the writer turns into
+  // a counted drop, not as SIGXFSZ killing the training.
+  struct sigaction old {};
+  if (sigaction(SIGXFSZ, nullptr, &old) == 0 && old.sa_handler == SIG_DFL) std::signal(SIGXFSZ, SIG_IGN);
+  thread_ = std::thread([this] { loop(); });
+}
+
+LiveWriter::~LiveWriter() {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (activeWriter() == this) setActiveWriter(nullptr);
+}
+
+void LiveWriter::startRecording() {
+  int64_t t = nowNs();
+  std::string dir = (fs::path(options_.dir) / recordingDirName(t, static_cast<uint32_t>(::getpid()))).string();
+  for (int i = 2; fs::exists(dir); ++i)
+    dir = (fs::path(options_.dir) / fmt::format("{}-{}", recordingDirName(t, ::getpid()), i)).string();
+  std::error_code ec;
+  fs::create_directories(dir, ec);
+  if (ec) throw Error(ErrorCode::Io, fmt::format("cannot create {}: {}", dir, ec.message()));
+  formats::WriterOptions wo;
+  wo.zstdLevel = options_.zstdLevel;
+  wo.producer = "crashcap recorder";
+  run_ = formats::BundleWriter::create((fs::path(dir) / kRunFileName).string(), wo);
+  for (auto& r : runRecords_) run_->writeRecord(r.type, r.meta, r.body.data(), r.body.size(), !r.body.empty());
+  run_->sync();
+  recording_ = dir;
+  segmentIndex_ = 0;
+  segment_.reset();
+  segmentBroken_ = false;
+}
+
+bool LiveWriter::push(std::vector<Job> jobs) {
+  uint64_t bytes = 0;
+  for (const auto& j : jobs) bytes += j.bytes();
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (!closed_ && queuedBytes_ + bytes <= options_.queueBytes) {
+      queuedBytes_ += bytes;
+      for (auto& j : jobs) queue_.push_back(std::move(j));
+      bytes = 0;
+    }
+  }
+  if (bytes) {
+    countDrop(jobs.size(), bytes);
+    std::lock_guard<std::mutex> lk(statsMu_);
+    if (stats_.warnings.empty() || stats_.warnings.back().rfind("queue full", 0) != 0) {
+      auto w = fmt::format("queue full: the writer is {} MiB behind; records are dropped until it catches up",
+                           options_.queueBytes >> 20);
+      stats_.warnings.push_back(w);
+      if (!options_.quiet) std::fprintf(stderr, "crashcap: warning: %s\n", w.c_str());
+    }
+    return false;
+  }
+  cv_.notify_one();
+  return true;
+}
+
+void LiveWriter::countDrop(uint64_t records, uint64_t bytes) {
+  std::lock_guard<std::mutex> lk(statsMu_);
+  stats_.droppedRecords += records;
+  stats_.droppedBytes += bytes;
+}
+
+void LiveWriter::setOpsSnapshot(std::function<std::optional<formats::OpTraceData>()> fn) {
+  std::lock_guard<std::mutex> lk(mu_);
+  opsSnapshot_ = std::move(fn);
+}
+
+LiveWriterStats LiveWriter::stats() const {
+  std::lock_guard<std::mutex> lk(statsMu_);
+  return stats_;
+}
+
+std::string LiveWriter::lastBundle() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return lastBundle_;
+}
+
+void LiveWriter::degrade(const std::string& why) {
+  segmentBroken_ = true;
+  std::lock_guard<std::mutex> lk(statsMu_);
+  if (!stats_.degraded && !options_.quiet)
+    std::fprintf(stderr,
+                 "crashcap: warning: recording degraded: %s\n"
+                 "crashcap: training continues; records are dropped and counted until a new segment can be "
+                 "written (see `crashcap inspect`)\n",
+                 why.c_str());
+  if (!stats_.degraded || stats_.warnings.size() < 16) stats_.warnings.push_back("recording degraded: " + why);
+  stats_.degraded = true;
+}
+
+void LiveWriter::loop() {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lk(mu_);
+      // The timeout bounds how long a crash requested from a signal handler (which cannot
+      // notify a condition variable) waits for this thread.
+      cv_.wait_for(lk, std::chrono::milliseconds(20),
+                   [&] { return !queue_.empty() || stop_ || crashPending_.load(std::memory_order_acquire); });
+      if (crashPending_.load(std::memory_order_acquire)) {
+        lk.unlock();
+        handleCrash();
+        continue;
+      }
+      if (queue_.empty()) {
+        busy_ = false;
+        idle_.notify_all();
+        if (stop_) return;
+        continue;
+      }
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      queuedBytes_ -= job.bytes();
+      busy_ = true;
+    }
+    process(job);
+  }
+}
+
+void LiveWriter::startSegment() {
+  if (segment_) {
+    try {
+      if (!segmentBroken_) segment_->sync();
+    } catch (const Error&) {
+    }
+    segment_.reset();
+  }
+  segmentBroken_ = false;
+  auto path = (fs::path(recording_) / segmentFileName(++segmentIndex_)).string();
+  formats::WriterOptions wo;
+  wo.zstdLevel = options_.zstdLevel;
+  wo.compressionThreads = options_.compressionThreads;
+  wo.durability.syncEveryBytes = options_.syncEveryBytes;
+  wo.producer = "crashcap recorder";
+  wo.firstTensorId = (segmentIndex_ << 32) + 1;  // unique across the segments sealing merges
+  try {
+    segment_ = formats::BundleWriter::create(path, wo);
+    std::lock_guard<std::mutex> lk(statsMu_);
+    stats_.segments++;
+  } catch (const Error& e) {
+    segment_.reset();
+    degrade(e.what());
+    return;
+  }
+  applyRetention();
+}
+
+void LiveWriter::applyRetention() {
+  auto files = segmentFiles(recording_);
+  if (files.size() <= 1) return;
+  std::vector<uint64_t> sizes;
+  uint64_t total = 0;
+  for (const auto& f : files) {
+    std::error_code ec;
+    uint64_t s = fs::file_size(f, ec);
+    sizes.push_back(ec ? 0 : s);
+    total += sizes.back();
+  }
+  size_t first = 0;
+  // The newest segment (just opened) always stays; so does the one before it, which holds
+  // the steps up to this keyframe.
+  while (files.size() - first > 2 &&
+         ((options_.retainSegments && files.size() - first > options_.retainSegments) ||
+          (options_.retainBytes && total > options_.retainBytes))) {
+    std::error_code ec;
+    fs::remove(files[first], ec);
+    total -= sizes[first];
+    ++first;
+    std::lock_guard<std::mutex> lk(statsMu_);
+    stats_.segmentsDeleted++;
+  }
+}
+
+void LiveWriter::process(Job& job) {
+  if (needNewRecording_ && job.kind != Job::Kind::RunRecord) {
+    try {
+      startRecording();
+      needNewRecording_ = false;
+    } catch (const Error& e) {
+      degrade(e.what());
+    }
+  }
+  try {
+    switch (job.kind) {
+      case Job::Kind::RunRecord:
+        runRecords_.push_back(job);
+        if (!needNewRecording_) {
+          run_->writeRecord(job.type, job.meta, job.body.data(), job.body.size(), !job.body.empty());
+          run_->sync();  // small, and without it a replay has nothing to execute
+        }
+        return;
+      case Job::Kind::StartSegment:
+        startSegment();
+        return;
+      case Job::Kind::Tensor:
+        if (!segmentUsable()) break;
+        if (job.tensor.wait && !job.tensor.wait()) {
+          countDrop(1, job.bytes());
+          return;
+        }
+        segment_->writeTensor(job.tensor.name, job.tensor.dtype, job.tensor.shape, job.tensor.data, job.tensor.size);
+        return;
+      case Job::Kind::Record:
+        if (!segmentUsable()) break;
+        segment_->writeRecord(job.type, job.meta, job.body.data(), job.body.size(), !job.body.empty());
+        if (job.commitsStep) writtenThrough_.store(job.step, std::memory_order_release);
+        return;
+    }
+  } catch (const Error& e) {
+    degrade(e.what());
+  } catch (const std::exception& e) {
+    degrade(e.what());
+  }
+  countDrop(1, job.bytes());
+}
+
+std::string LiveWriter::crash(formats::CrashData crash) {
+  if (std::this_thread::get_id() == thread_.get_id()) return "";
+  uint64_t before = crashDone_.load(std::memory_order_acquire);
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (closed_) return "";
+    pendingCrash_ = std::move(crash);
+    crashPending_.store(true, std::memory_order_release);
+  }
+  cv_.notify_all();
+  // Draining is bounded by crashDrainSeconds; sealing copies what was written, so allow it
+  // as long again before giving up.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(2 * options_.crashDrainSeconds + 5);
+  std::unique_lock<std::mutex> lk(mu_);
+  idle_.wait_until(lk, deadline, [&] { return crashDone_.load(std::memory_order_acquire) != before; });
+  return crashDone_.load() != before ? lastBundle_ : "";
+}
+
+bool LiveWriter::crashFromSignal(int signal, void* address, void* const* frames, int frameCount) {
+  // Async-signal-safe: plain stores, atomics, nanosleep.
+  if (std::this_thread::get_id() == thread_.get_id()) return false;
+  gSignal.signal = signal;
+  gSignal.address = address;
+  gSignal.frameCount = frameCount < 64 ? frameCount : 64;
+  for (int i = 0; i < gSignal.frameCount; ++i) gSignal.frames[i] = frames[i];
+  gSignal.thread = threadId();
+  struct timespec ts {};
+  clock_gettime(CLOCK_REALTIME, &ts);
+  gSignal.timeNs = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  uint64_t before = crashDone_.load(std::memory_order_acquire);
+  crashPending_.store(true, std::memory_order_release);
+  double waited = 0, limit = 2 * options_.crashDrainSeconds + 5;
+  while (crashDone_.load(std::memory_order_acquire) == before && waited < limit) {
+    struct timespec step {0, 2000000};
+    nanosleep(&step, nullptr);
+    waited += 0.002;
+  }
+  return crashDone_.load(std::memory_order_acquire) != before;
+}
+
+void LiveWriter::handleCrash() {
+  formats::CrashData crash;
+  bool fromSignal = false;
+  std::function<std::optional<formats::OpTraceData>()> ops;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (pendingCrash_) {
+      crash = std::move(*pendingCrash_);
+      pendingCrash_.reset();
+    } else {
+      fromSignal = true;
+    }
+    ops = opsSnapshot_;
+  }
+  if (fromSignal) {
+    crash.kind = "signal";
+    crash.signal = gSignal.signal;
+    crash.signalName = signalName(gSignal.signal);
+    crash.step = currentStep.load();
+    crash.phase = phaseName(static_cast<Phase>(phase.load()));
+    const char* desc = strsignal(gSignal.signal);
+    crash.error = fmt::format("fatal signal {} ({})", crash.signalName, desc ? desc : "?");
+    if (gSignal.signal == SIGSEGV || gSignal.signal == SIGBUS || gSignal.signal == SIGFPE ||
+        gSignal.signal == SIGILL)
+      crash.error += fmt::format(" at address {}", gSignal.address);
+    crash.stack = symbolize(gSignal.frames, gSignal.frameCount);
+    crash.timeNs = gSignal.timeNs;
+    crash.pid = static_cast<uint32_t>(::getpid());
+    crash.thread = gSignal.thread;
+  }
+  // Drain what the training handed over before it failed, within the deadline.
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(options_.crashDrainSeconds);
+  for (;;) {
+    Job job;
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      if (queue_.empty()) break;
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      queuedBytes_ -= job.bytes();
+    }
+    if (std::chrono::steady_clock::now() > deadline) {
+      countDrop(1, job.bytes());
+      continue;
+    }
+    process(job);
+  }
+  std::optional<formats::OpTraceData> trace;
+  if (ops) trace = ops();
+  formats::RunStatusData status;
+  {
+    auto s = stats();
+    status.state = "crashed";
+    status.stepsBegun = stepsBegun.load();
+    status.lastStep = currentStep.load();
+    status.droppedRecords = s.droppedRecords;
+    status.droppedBytes = s.droppedBytes;
+    status.warnings = s.warnings;
+    status.segmentsDeleted = s.segmentsDeleted;
+  }
+  // The crash goes into the live segment first: if sealing cannot finish, `crashcap seal`
+  // still finds it.
+  if (segmentUsable()) {
+    try {
+      formats::writeMetaRecord(*segment_, crash);
+      if (trace) formats::writeMetaRecord(*segment_, *trace);
+      segment_->sync();
+    } catch (const Error& e) {
+      degrade(e.what());
+    }
+  }
+  segment_.reset();
+  run_.reset();
+  std::string bundle;
+  try {
+    SealOptions so;
+    so.status = status;
+    auto report = sealRecording(recording_, so);
+    bundle = report.out;
+    if (!options_.quiet) std::fprintf(stderr, "crashcap: crash recorded: %s\n", bundle.c_str());
+  } catch (const std::exception& e) {
+    if (!options_.quiet)
+      std::fprintf(stderr, "crashcap: could not seal the crash bundle: %s\ncrashcap: run `crashcap seal %s`\n",
+                   e.what(), options_.dir.c_str());
+  }
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    lastBundle_ = bundle;
+    needNewRecording_ = true;  // if the program goes on, it records into a fresh recording
+    crashPending_.store(false, std::memory_order_release);
+    crashDone_.fetch_add(1, std::memory_order_acq_rel);
+  }
+  idle_.notify_all();
+}
+
+void LiveWriter::close(formats::RunStatusData status) {
+  {
+    std::unique_lock<std::mutex> lk(mu_);
+    if (closed_) return;
+    closed_ = true;
+    idle_.wait(lk, [&] { return queue_.empty() && !busy_ && !crashPending_.load(); });
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+  if (needNewRecording_) return;  // a crash sealed everything and nothing came after
+  auto s = stats();
+  status.droppedRecords = s.droppedRecords;
+  status.droppedBytes = s.droppedBytes;
+  status.warnings = s.warnings;
+  status.segmentsDeleted = s.segmentsDeleted;
+  // With the live segment broken (disk full, file-size limit) the status goes into a new,
+  // small segment, so the drops are on record once space returns.
+  for (int attempt = 0; attempt < 2; ++attempt) {
+    if (!segmentUsable()) startSegment();
+    if (!segmentUsable()) continue;
+    try {
+      formats::writeMetaRecord(*segment_, status);
+      segment_->sync();
+      break;
+    } catch (const Error& e) {
+      degrade(e.what());
+    }
+  }
+  segment_.reset();
+  try {
+    if (run_) run_->seal();
+  } catch (const Error&) {
+  }
+  run_.reset();
+}
+
+}  // namespace crashcap::recorder::detail

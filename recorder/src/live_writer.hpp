@@ -1,0 +1,164 @@
+#pragma once
+// The recorder's background writer: one thread owns the recording's files. The training
+// thread hands it jobs (tensor copies it already owns, encoded records) through a bounded
+// queue and never waits for the disk; the writer turns a full queue, a full disk or an
+// unwritable directory into counted drops and one warning, never into a training failure.
+// It also performs the crash path: drain within a deadline, write the crash, seal the bundle.
+// No LibTorch here.
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/records.hpp"
+
+namespace crashcap::recorder::detail {
+
+/// Bytes of one tensor, owned by `owner` until written. `wait`, when set, blocks until the
+/// bytes are valid (an asynchronous device-to-host copy) and returns false when they never
+/// will be (the device failed).
+struct TensorJob {
+  std::string name;
+  formats::DType dtype = formats::DType::Float32;
+  std::vector<int64_t> shape;
+  const void* data = nullptr;
+  uint64_t size = 0;
+  std::shared_ptr<void> owner;
+  std::function<bool()> wait;
+};
+
+struct Job {
+  enum class Kind { Tensor, Record, StartSegment, RunRecord };
+  Kind kind = Kind::Record;
+  TensorJob tensor;
+  uint16_t type = 0;               ///< Record, RunRecord
+  std::vector<uint8_t> meta, body; ///< Record, RunRecord
+  int64_t step = -1;               ///< StartSegment: its keyframe step; Record: the step it commits
+  bool commitsStep = false;        ///< a step_begin: once written, the step reached the OS
+  uint64_t bytes() const { return tensor.size + meta.size() + body.size(); }
+};
+
+/// Where the training is, for crash records written from a signal handler.
+enum class Phase : int { Setup = 0, Forward, Backward, Optimizer, BetweenSteps };
+const char* phaseName(Phase p);
+
+struct LiveWriterOptions {
+  std::string dir;                  ///< the directory that holds recordings and crash bundles
+  int zstdLevel = 1;
+  unsigned compressionThreads = 0;
+  uint64_t queueBytes = 512ull << 20;
+  size_t retainSegments = 4;        ///< 0 = no limit
+  uint64_t retainBytes = 0;         ///< 0 = no limit
+  uint64_t syncEveryBytes = 64ull << 20;
+  double crashDrainSeconds = 10;
+  bool quiet = false;               ///< no warning on stderr (tests)
+};
+
+struct LiveWriterStats {
+  uint64_t droppedRecords = 0;
+  uint64_t droppedBytes = 0;
+  uint64_t segmentsDeleted = 0;
+  uint64_t segments = 0;
+  bool degraded = false;
+  std::vector<std::string> warnings;
+};
+
+class LiveWriter {
+ public:
+  /// Creates <dir>/recording-<time>-<pid>/run.ccap. Throws Error{Io} when it cannot (the
+  /// Recorder then runs without recording and says so).
+  explicit LiveWriter(LiveWriterOptions options);
+  ~LiveWriter();  ///< stops the thread after draining (no status record: call close first)
+
+  /// Queues jobs all-or-nothing: when they do not fit the queue budget they are dropped and
+  /// counted, and false is returned. Never blocks on I/O.
+  bool push(std::vector<Job> jobs);
+  /// The newest step whose step_begin record (and so its batch) reached the OS; -1 none.
+  int64_t writtenThrough() const { return writtenThrough_.load(std::memory_order_acquire); }
+  /// Counts records the producer decided not to write.
+  void countDrop(uint64_t records, uint64_t bytes);
+
+  /// Where the training is (read by the crash path).
+  std::atomic<int64_t> currentStep{-1};
+  std::atomic<int> phase{static_cast<int>(Phase::Setup)};
+  std::atomic<uint64_t> stepsBegun{0};
+
+  /// Produces the op ring at crash time (called on the writer thread).
+  void setOpsSnapshot(std::function<std::optional<formats::OpTraceData>()> fn);
+
+  /// Normal context (exception, std::terminate, non-finite): drain, write `crash`, seal the
+  /// bundle. Waits at most crashDrainSeconds (+ sealing). Returns the bundle path, or ""
+  /// when the writer could not finish in time (the recording stays for `crashcap seal`).
+  std::string crash(formats::CrashData crash);
+  /// Async-signal-safe variant for fatal signals: records the signal and the raw frames,
+  /// wakes the writer thread and waits (bounded). Returns true when the bundle was sealed.
+  bool crashFromSignal(int signal, void* address, void* const* frames, int frameCount);
+
+  /// Clean end of the run: drains, writes `status`, closes the files (the recording stays
+  /// on disk for `crashcap seal`). Idempotent.
+  void close(formats::RunStatusData status);
+
+  LiveWriterStats stats() const;
+  const std::string& recordingDir() const { return recording_; }
+  std::string lastBundle() const;
+
+ private:
+  void loop();
+  void process(Job& job);
+  void startRecording();
+  void startSegment();
+  void applyRetention();
+  void degrade(const std::string& why);
+  void handleCrash();
+  bool segmentUsable() const { return segment_ && !segmentBroken_; }
+
+  LiveWriterOptions options_;
+  std::string recording_;
+  std::unique_ptr<formats::BundleWriter> run_;
+  std::unique_ptr<formats::BundleWriter> segment_;
+  bool segmentBroken_ = false;
+  uint64_t segmentIndex_ = 0;
+  std::vector<Job> runRecords_;      ///< replayed into a new run.ccap when a recording restarts after a crash
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  std::condition_variable idle_;
+  std::deque<Job> queue_;
+  uint64_t queuedBytes_ = 0;
+  bool busy_ = false;
+  bool stop_ = false;
+  bool closed_ = false;
+  std::atomic<int64_t> writtenThrough_{-1};
+
+  // Crash hand-off. `crashPending_` is set by the failing thread (possibly in a signal
+  // handler); the writer thread does the work and bumps `crashDone_`.
+  std::atomic<bool> crashPending_{false};
+  std::atomic<uint64_t> crashDone_{0};
+  std::optional<formats::CrashData> pendingCrash_;   // under mu_; empty for a signal crash
+  std::string lastBundle_;                           // under mu_
+  bool needNewRecording_ = false;
+  std::function<std::optional<formats::OpTraceData>()> opsSnapshot_;
+
+  mutable std::mutex statsMu_;
+  LiveWriterStats stats_;
+
+  std::thread thread_;
+};
+
+/// The crash guard's handle on the active writer (one recorder per process).
+LiveWriter* activeWriter();
+void setActiveWriter(LiveWriter* writer);
+
+/// Formats raw return addresses as "binary: function+0x12 [0x...]" lines, demangled.
+std::vector<std::string> symbolize(void* const* frames, int count);
+
+}  // namespace crashcap::recorder::detail

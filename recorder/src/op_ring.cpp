@@ -1,0 +1,203 @@
+#include "op_ring.hpp"
+
+#include <ATen/record_function.h>
+#include <c10/core/ScalarType.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include "live_writer.hpp"
+
+namespace crashcap::recorder::detail {
+namespace {
+
+constexpr int kMaxInputs = 4;
+constexpr int kMaxDims = 6;
+constexpr size_t kNameBytes = 64;
+
+struct InputSlot {
+  int8_t dtype;   ///< c10::ScalarType, or -1 scalar, -2 none, -3 other
+  uint8_t rank;   ///< true rank; only the first kMaxDims dims are kept
+  int64_t dims[kMaxDims];
+};
+
+struct Entry {
+  std::atomic<uint64_t> committed{0};  ///< op index + 1 once the entry is complete
+  char name[kNameBytes];
+  uint8_t backward;
+  uint8_t inputCount;
+  int64_t sequenceNr;
+  int64_t step;
+  uint64_t thread;
+  InputSlot inputs[kMaxInputs];
+};
+
+struct Ring {
+  explicit Ring(size_t n) : entries(n) {}
+  std::atomic<uint64_t> next{0};
+  std::vector<Entry> entries;
+};
+
+std::mutex gMu;
+std::unique_ptr<Ring> gRingOwner;
+std::atomic<Ring*> gRing{nullptr};
+std::atomic<int64_t>* gStep = nullptr;
+std::atomic<int>* gPhase = nullptr;
+at::CallbackHandle gOpHandle = 0, gBackwardHandle = 0;
+bool gRunning = false;
+
+thread_local int tBackwardDepth = 0;
+thread_local uint64_t tThread = 0;
+
+uint64_t thisThread() {
+  if (!tThread) tThread = static_cast<uint64_t>(::syscall(SYS_gettid));
+  return tThread;
+}
+
+void record(const at::RecordFunction& fn, bool backward) {
+  Ring* ring = gRing.load(std::memory_order_acquire);
+  if (!ring) return;
+  uint64_t index = ring->next.fetch_add(1, std::memory_order_relaxed);
+  Entry& e = ring->entries[index % ring->entries.size()];
+  e.committed.store(0, std::memory_order_relaxed);
+  const char* name = fn.name();
+  size_t i = 0;
+  if (name)
+    for (; i + 1 < kNameBytes && name[i]; ++i) e.name[i] = name[i];
+  e.name[i] = '\0';
+  e.backward = backward;
+  e.sequenceNr = fn.seqNr();
+  e.step = gStep ? gStep->load(std::memory_order_relaxed) : -1;
+  e.thread = thisThread();
+  e.inputCount = 0;
+  // Inputs: check everything before touching it (a callback must never throw: LibTorch
+  // would catch it and log a backtrace per op).
+  auto inputs = fn.inputs();
+  for (size_t k = 0; k < inputs.size() && e.inputCount < kMaxInputs; ++k) {
+    const c10::IValue& v = inputs[k];
+    InputSlot& s = e.inputs[e.inputCount++];
+    s.rank = 0;
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {
+        s.dtype = -2;
+        continue;
+      }
+      s.dtype = static_cast<int8_t>(t.scalar_type());
+      int64_t rank = t.dim();
+      s.rank = static_cast<uint8_t>(rank);
+      auto sizes = t.sizes();
+      for (int64_t d = 0; d < rank && d < kMaxDims; ++d) s.dims[d] = sizes[d];
+    } else if (v.isScalar()) {
+      s.dtype = -1;
+    } else if (v.isNone()) {
+      s.dtype = -2;
+    } else {
+      s.dtype = -3;
+    }
+  }
+  e.committed.store(index + 1, std::memory_order_release);
+}
+
+std::unique_ptr<at::ObserverContext> onOp(const at::RecordFunction& fn) {
+  record(fn, tBackwardDepth > 0);
+  return nullptr;
+}
+
+std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction& fn) {
+  ++tBackwardDepth;
+  if (gPhase) {
+    // The first autograd node of a step moves the step from forward to backward.
+    int expected = static_cast<int>(Phase::Forward);
+    gPhase->compare_exchange_strong(expected, static_cast<int>(Phase::Backward), std::memory_order_relaxed);
+  }
+  record(fn, true);
+  return nullptr;
+}
+
+void onBackwardEnd(const at::RecordFunction&, at::ObserverContext*) {
+  if (tBackwardDepth > 0) --tBackwardDepth;
+}
+
+std::string dtypeText(int8_t d) {
+  switch (d) {
+    case -1: return "scalar";
+    case -2: return "none";
+    case -3: return "other";
+    default: break;
+  }
+  if (d < 0 || d >= static_cast<int8_t>(c10::ScalarType::NumOptions)) return "other";
+  std::string s = c10::toString(static_cast<c10::ScalarType>(d));
+  // "Float" -> crashcap's dtype names where they exist.
+  static const std::pair<const char*, const char*> names[] = {
+      {"Float", "float32"}, {"Double", "float64"}, {"Half", "float16"}, {"BFloat16", "bfloat16"},
+      {"Char", "int8"},     {"Short", "int16"},    {"Int", "int32"},    {"Long", "int64"},
+      {"Byte", "uint8"},    {"Bool", "bool"},      {"ComplexFloat", "complex64"},
+      {"ComplexDouble", "complex128"}};
+  for (const auto& [from, to] : names)
+    if (s == from) return to;
+  return s;
+}
+
+}  // namespace
+
+void startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase) {
+  std::lock_guard<std::mutex> lk(gMu);
+  if (gRunning || capacity == 0) return;
+  gStep = step;
+  gPhase = phase;
+  gRingOwner = std::make_unique<Ring>(capacity);
+  gRing.store(gRingOwner.get(), std::memory_order_release);
+  gOpHandle = at::addGlobalCallback(
+      at::RecordFunctionCallback(&onOp).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+  gBackwardHandle = at::addGlobalCallback(at::RecordFunctionCallback(&onBackwardStart, &onBackwardEnd)
+                                              .needsInputs(false)
+                                              .scopes({at::RecordScope::BACKWARD_FUNCTION}));
+  gRunning = true;
+}
+
+void stopOpObserver() {
+  std::lock_guard<std::mutex> lk(gMu);
+  if (!gRunning) return;
+  at::removeCallback(gOpHandle);
+  at::removeCallback(gBackwardHandle);
+  gRunning = false;
+  gStep = nullptr;
+  gPhase = nullptr;
+  // The ring itself stays: a crash after close can still be described.
+}
+
+std::optional<formats::OpTraceData> snapshotOps() {
+  Ring* ring = gRing.load(std::memory_order_acquire);
+  if (!ring) return std::nullopt;
+  formats::OpTraceData out;
+  uint64_t total = ring->next.load(std::memory_order_acquire);
+  size_t cap = ring->entries.size();
+  out.totalOps = total;
+  out.capacity = static_cast<uint32_t>(cap);
+  uint64_t first = total > cap ? total - cap : 0;
+  for (uint64_t i = first; i < total; ++i) {
+    const Entry& e = ring->entries[i % cap];
+    if (e.committed.load(std::memory_order_acquire) != i + 1) continue;  // being rewritten
+    formats::OpData op;
+    op.index = i;
+    op.name.assign(e.name, strnlen(e.name, kNameBytes));
+    op.phase = e.backward ? "backward" : "forward";
+    op.sequenceNr = e.sequenceNr;
+    op.step = e.step;
+    op.thread = e.thread;
+    for (int k = 0; k < e.inputCount && k < kMaxInputs; ++k) {
+      formats::OpInputData in;
+      in.dtype = dtypeText(e.inputs[k].dtype);
+      for (int d = 0; d < e.inputs[k].rank && d < kMaxDims; ++d) in.shape.push_back(e.inputs[k].dims[d]);
+      op.inputs.push_back(std::move(in));
+    }
+    out.ops.push_back(std::move(op));
+  }
+  return out;
+}
+
+}  // namespace crashcap::recorder::detail

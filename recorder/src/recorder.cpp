@@ -1,0 +1,654 @@
+#include "crashcap/recorder/recorder.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <c10/core/Event.h>
+#include <c10/core/impl/VirtualGuardImpl.h>
+#include <c10/util/Exception.h>
+#include <fmt/format.h>
+#include <torch/csrc/api/include/torch/version.h>
+#include <torch/csrc/jit/api/module.h>
+#include <torch/optim.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <thread>
+#include <unordered_map>
+
+#include "crash_guard.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/formats/torch/tensor_bridge.hpp"
+#include "crashcap/recorder/environment.hpp"
+#include "live_writer.hpp"
+#include "op_ring.hpp"
+
+namespace crashcap::recorder {
+namespace {
+
+using detail::Job;
+using detail::Phase;
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+/// c10::Error's what() is the message followed by a C++ backtrace: keep them apart.
+void describeTorchException(const std::exception& e, formats::CrashData& crash) {
+  if (auto* ce = dynamic_cast<const c10::Error*>(&e)) {
+    std::string message = ce->what_without_backtrace();
+    std::string full = ce->what();
+    crash.error = message;
+    if (full.size() > message.size() && full.compare(0, message.size(), message) != 0) {
+      // Some versions put the backtrace first; keep everything that is not the message.
+      full.erase(full.find(message) == std::string::npos ? full.size() : full.find(message), message.size());
+    } else if (full.size() >= message.size()) {
+      full.erase(0, message.size());
+    }
+    std::istringstream lines(full);
+    std::string line;
+    while (std::getline(lines, line) && crash.stack.size() < 128)
+      if (!line.empty()) crash.stack.push_back(line.size() > 4000 ? line.substr(0, 4000) : line);
+  }
+}
+
+/// The optimizer's state map is keyed by the parameter's TensorImpl pointer, as a string in
+/// LibTorch 1.x and as the pointer itself in later versions.
+template <typename Map>
+const typename Map::mapped_type* stateOf(const Map& state, const at::Tensor& p) {
+  using Key = typename Map::key_type;
+  typename Map::const_iterator it;
+  if constexpr (std::is_same_v<Key, std::string>) {
+    std::ostringstream key;
+    key << p.unsafeGetTensorImpl();
+    it = state.find(key.str());
+  } else {
+    it = state.find(p.unsafeGetTensorImpl());
+  }
+  return it == state.end() ? nullptr : &it->second;
+}
+
+std::string optimizerKind(torch::optim::Optimizer& o) {
+  if (dynamic_cast<torch::optim::SGD*>(&o)) return "sgd";
+  if (dynamic_cast<torch::optim::AdamW*>(&o)) return "adamw";
+  if (dynamic_cast<torch::optim::Adam*>(&o)) return "adam";
+  if (dynamic_cast<torch::optim::RMSprop*>(&o)) return "rmsprop";
+  if (dynamic_cast<torch::optim::Adagrad*>(&o)) return "adagrad";
+  return "unknown";
+}
+
+std::vector<formats::NumberEntry> groupOptions(const torch::optim::OptimizerOptions& options) {
+  using namespace torch::optim;
+  std::vector<formats::NumberEntry> out;
+  if (auto* o = dynamic_cast<const SGDOptions*>(&options)) {
+    out = {{"lr", o->lr()}, {"momentum", o->momentum()}, {"dampening", o->dampening()},
+           {"weight_decay", o->weight_decay()}, {"nesterov", o->nesterov() ? 1.0 : 0.0}};
+  } else if (auto* o = dynamic_cast<const AdamWOptions*>(&options)) {
+    out = {{"lr", o->lr()}, {"beta1", std::get<0>(o->betas())}, {"beta2", std::get<1>(o->betas())},
+           {"eps", o->eps()}, {"weight_decay", o->weight_decay()}, {"amsgrad", o->amsgrad() ? 1.0 : 0.0}};
+  } else if (auto* o = dynamic_cast<const AdamOptions*>(&options)) {
+    out = {{"lr", o->lr()}, {"beta1", std::get<0>(o->betas())}, {"beta2", std::get<1>(o->betas())},
+           {"eps", o->eps()}, {"weight_decay", o->weight_decay()}, {"amsgrad", o->amsgrad() ? 1.0 : 0.0}};
+  } else if (auto* o = dynamic_cast<const RMSpropOptions*>(&options)) {
+    out = {{"lr", o->lr()}, {"alpha", o->alpha()}, {"eps", o->eps()}, {"weight_decay", o->weight_decay()},
+           {"momentum", o->momentum()}, {"centered", o->centered() ? 1.0 : 0.0}};
+  } else if (auto* o = dynamic_cast<const AdagradOptions*>(&options)) {
+    out = {{"lr", o->lr()}, {"lr_decay", o->lr_decay()}, {"weight_decay", o->weight_decay()},
+           {"initial_accumulator_value", o->initial_accumulator_value()}, {"eps", o->eps()}};
+  } else {
+    out = {{"lr", options.get_lr()}};
+  }
+  return out;
+}
+
+/// The state tensors and step counter of one parameter, whatever the optimizer.
+void optimizerState(const torch::optim::OptimizerParamState& s, std::vector<std::pair<std::string, at::Tensor>>& tensors,
+                    std::optional<int64_t>& step) {
+  using namespace torch::optim;
+  auto add = [&](const char* key, const at::Tensor& t) {
+    if (t.defined()) tensors.emplace_back(key, t);
+  };
+  if (auto* p = dynamic_cast<const SGDParamState*>(&s)) {
+    add("momentum_buffer", p->momentum_buffer());
+  } else if (auto* p = dynamic_cast<const AdamWParamState*>(&s)) {
+    step = p->step();
+    add("exp_avg", p->exp_avg());
+    add("exp_avg_sq", p->exp_avg_sq());
+    add("max_exp_avg_sq", p->max_exp_avg_sq());
+  } else if (auto* p = dynamic_cast<const AdamParamState*>(&s)) {
+    step = p->step();
+    add("exp_avg", p->exp_avg());
+    add("exp_avg_sq", p->exp_avg_sq());
+    add("max_exp_avg_sq", p->max_exp_avg_sq());
+  } else if (auto* p = dynamic_cast<const RMSpropParamState*>(&s)) {
+    step = p->step();
+    add("square_avg", p->square_avg());
+    add("momentum_buffer", p->momentum_buffer());
+    add("grad_avg", p->grad_avg());
+  } else if (auto* p = dynamic_cast<const AdagradParamState*>(&s)) {
+    step = p->step();
+    add("sum", p->sum());
+  }
+}
+
+}  // namespace
+
+struct Recorder::Impl {
+  std::string dir;
+  Policy policy;
+  std::unique_ptr<detail::LiveWriter> writer;
+  std::string notRecordingReason;
+
+  std::vector<std::pair<std::string, at::Tensor>> parameters, buffers;
+  std::optional<torch::jit::Module> module;
+  std::vector<std::string> inputs;
+  torch::optim::Optimizer* optimizer = nullptr;
+  Recipe recipe;
+
+  int64_t lastStep = -1;
+  int64_t lastKeyframe = -1;
+  bool keyframeDue = true;
+  uint64_t keyframes = 0;
+  bool environmentWritten = false;
+  int64_t stepStartNs = 0;
+  /// The step whose crash is already recorded (non-finite raise): its unwinding and a
+  /// fail() with the same error add nothing.
+  int64_t crashRecordedStep = -1;
+  /// A step the guard saw fail by exception, not yet handed to fail().
+  std::optional<formats::CrashData> pendingCrash;
+  std::string lastCrashBundle;
+  bool closed = false;
+  std::vector<std::string> warnings;
+
+  bool recording() const { return writer != nullptr; }
+
+  void setPhase(Phase p) {
+    if (writer) writer->phase.store(static_cast<int>(p), std::memory_order_relaxed);
+  }
+  Phase phase() const {
+    return writer ? static_cast<Phase>(writer->phase.load(std::memory_order_relaxed)) : Phase::Setup;
+  }
+
+  void warn(const std::string& w) {
+    warnings.push_back(w);
+    if (!policy.quiet) std::fprintf(stderr, "crashcap: warning: %s\n", w.c_str());
+  }
+
+  /// A host copy the writer can own. CPU tensors are copied now; device tensors are copied
+  /// asynchronously into pinned memory and the writer waits for the copy (never the
+  /// training thread).
+  std::optional<detail::TensorJob> hostCopy(const std::string& name, const at::Tensor& tensor) {
+    if (!tensor.defined()) return std::nullopt;
+    at::Tensor src = tensor.detach().resolve_conj().resolve_neg();
+    auto dtype = formats::torch::toDType(src.scalar_type());
+    if (!dtype) {
+      warn(fmt::format("tensor '{}' has dtype {}, which bundles do not hold; not recorded", name,
+                       c10::toString(src.scalar_type())));
+      return std::nullopt;
+    }
+    detail::TensorJob job;
+    job.name = name;
+    job.dtype = *dtype;
+    job.shape.assign(src.sizes().begin(), src.sizes().end());
+    at::Tensor host;
+    if (src.device().is_cpu()) {
+      host = src.clone(at::MemoryFormat::Contiguous);
+    } else {
+      host = at::empty(src.sizes(), src.options().device(at::kCPU).pinned_memory(true));
+      host.copy_(src, /*non_blocking=*/true);
+      auto event = std::make_shared<c10::Event>(src.device().type());
+      c10::impl::VirtualGuardImpl impl(src.device().type());
+      event->record(impl.getStream(src.device()));
+      job.wait = [event] {
+        try {
+          while (!event->query()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+          return true;
+        } catch (const std::exception&) {
+          return false;  // the device failed before the copy finished
+        }
+      };
+    }
+    auto owner = std::make_shared<at::Tensor>(host);
+    job.data = owner->data_ptr();
+    job.size = static_cast<uint64_t>(owner->numel()) * owner->element_size();
+    job.owner = owner;
+    return job;
+  }
+
+  static Job tensorJob(detail::TensorJob t) {
+    Job j;
+    j.kind = Job::Kind::Tensor;
+    j.tensor = std::move(t);
+    return j;
+  }
+
+  template <typename T>
+  static Job recordJob(const T& value, Job::Kind kind = Job::Kind::Record) {
+    Job j;
+    j.kind = kind;
+    j.type = static_cast<uint16_t>(formats::recordTypeOf(value));
+    j.meta = formats::encodeMeta(value);
+    return j;
+  }
+
+  void writeEnvironment() {
+    if (environmentWritten || !writer) return;
+    environmentWritten = true;
+    EnvironmentOptions eo;
+    eo.allVariables = policy.allEnvironmentVariables;
+    auto env = captureEnvironment(eo);
+    auto& ctx = at::globalContext();
+    auto fact = [&](const char* k, std::string v) { env.facts.emplace_back(k, std::move(v)); };
+    auto yes = [](bool b) { return std::string(b ? "true" : "false"); };
+    fact("torch.version", TORCH_VERSION);
+    fact("torch.threads", std::to_string(at::get_num_threads()));
+    fact("torch.interop_threads", std::to_string(at::get_num_interop_threads()));
+    fact("torch.openmp", yes(at::Context::hasOpenMP()));
+    fact("torch.mkl", yes(at::Context::hasMKL()));
+    fact("torch.mkldnn", yes(at::Context::hasMKLDNN()));
+    bool cuda = at::Context::hasCUDA();
+    fact("cuda.available", yes(cuda));
+    if (!cuda)
+      fact("cuda.unavailable_reason", "this LibTorch build has no CUDA support or no CUDA device is visible");
+    fact("cudnn.enabled", yes(ctx.userEnabledCuDNN()));
+    fact("cudnn.benchmark", yes(ctx.benchmarkCuDNN()));
+    fact("cudnn.deterministic", yes(ctx.deterministicCuDNN()));
+    fact("cuda.matmul.allow_tf32", yes(ctx.allowTF32CuBLAS()));
+    fact("cudnn.allow_tf32", yes(ctx.allowTF32CuDNN()));
+    fact("torch.deterministic_algorithms", yes(ctx.deterministicAlgorithms()));
+    fact("recorder.keyframe_every", std::to_string(policy.keyframeEvery));
+    fact("recorder.op_trace_depth", std::to_string(policy.opTraceDepth));
+    fact("recorder.nonfinite", policy.nonFinite == NonFinitePolicy::Raise ? "raise" : "record");
+    writer->push({recordJob(env, Job::Kind::RunRecord)});
+  }
+
+  std::vector<double> learningRates() const {
+    std::vector<double> out;
+    if (optimizer)
+      for (const auto& g : optimizer->param_groups()) out.push_back(g.options().get_lr());
+    return out;
+  }
+
+  std::vector<Job> keyframeJobs(int64_t step) {
+    std::vector<Job> jobs;
+    Job start;
+    start.kind = Job::Kind::StartSegment;
+    start.step = step;
+    jobs.push_back(std::move(start));
+    formats::KeyframeData kf;
+    kf.step = step;
+    auto add = [&](const std::string& part, const std::string& name, const at::Tensor& t,
+                   std::vector<std::string>& names) {
+      auto full = formats::keyframeTensorName(step, part, name);
+      if (auto job = hostCopy(full, t)) {
+        jobs.push_back(tensorJob(std::move(*job)));
+        names.push_back(full);
+      }
+    };
+    for (const auto& [name, t] : parameters) add("parameters", name, t, kf.parameters);
+    for (const auto& [name, t] : buffers) add("buffers", name, t, kf.buffers);
+    if (optimizer) {
+      const auto& state = optimizer->state();
+      for (const auto& [name, p] : parameters) {
+        auto* s = stateOf(state, p);
+        if (!s || !*s) continue;
+        std::vector<std::pair<std::string, at::Tensor>> tensors;
+        std::optional<int64_t> counter;
+        optimizerState(**s, tensors, counter);
+        for (const auto& [key, t] : tensors) add("optimizer", name + "/" + key, t, kf.optimizerState);
+        if (counter) kf.optimizerScalars.emplace_back(name + "/step", static_cast<double>(*counter));
+      }
+    }
+    jobs.push_back(recordJob(kf));
+    return jobs;
+  }
+
+  std::vector<Job> stepJobs(int64_t step, const Batch& batch) {
+    std::vector<Job> jobs;
+    formats::StepBeginData begin;
+    begin.step = step;
+    begin.timeNs = nowNs();
+    begin.keyframe = lastKeyframe;
+    begin.learningRates = learningRates();
+    for (const auto& [name, t] : batch) {
+      auto full = formats::batchTensorName(step, name);
+      if (auto job = hostCopy(full, t)) {
+        jobs.push_back(tensorJob(std::move(*job)));
+        begin.batch.push_back(full);
+      }
+    }
+    {
+      auto gen = at::detail::getDefaultCPUGenerator();
+      at::Tensor state;
+      {
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        state = gen.get_state();
+      }
+      auto full = formats::rngTensorName(step, "cpu");
+      if (auto job = hostCopy(full, state)) {
+        jobs.push_back(tensorJob(std::move(*job)));
+        begin.rng.push_back(full);
+      }
+    }
+    if (at::Context::hasCUDA()) {
+      for (int64_t d = 0; d < static_cast<int64_t>(at::detail::getCUDAHooks().getNumGPUs()); ++d) {
+        auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d)));
+        at::Tensor state;
+        {
+          std::lock_guard<std::mutex> lock(gen.mutex());
+          state = gen.get_state();
+        }
+        auto full = formats::rngTensorName(step, fmt::format("cuda{}", d));
+        if (auto job = hostCopy(full, state)) {
+          jobs.push_back(tensorJob(std::move(*job)));
+          begin.rng.push_back(full);
+        }
+      }
+    }
+    Job commit = recordJob(begin);
+    commit.step = step;
+    commit.commitsStep = true;
+    jobs.push_back(std::move(commit));
+    return jobs;
+  }
+
+  formats::CrashData crashHere(const char* kind, int64_t step) const {
+    formats::CrashData c;
+    c.kind = kind;
+    c.step = step;
+    c.phase = detail::phaseName(phase());
+    c.timeNs = nowNs();
+    c.pid = static_cast<uint32_t>(::getpid());
+    c.thread = static_cast<uint64_t>(::syscall(SYS_gettid));
+    return c;
+  }
+
+  std::string sealCrash(formats::CrashData crash) {
+    if (!writer) return "";
+    crashRecordedStep = crash.step;
+    pendingCrash.reset();
+    lastCrashBundle = writer->crash(std::move(crash));
+    keyframeDue = true;  // a program that goes on records into a fresh recording
+    return lastCrashBundle;
+  }
+};
+
+Recorder::Recorder(std::string dir, Policy policy) : impl_(std::make_unique<Impl>()) {
+  impl_->dir = std::move(dir);
+  impl_->policy = policy;
+  if (impl_->policy.keyframeEvery < 1)
+    throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
+                         fmt::format("keyframeEvery is {}; it must be >= 1", impl_->policy.keyframeEvery));
+  detail::LiveWriterOptions wo;
+  wo.dir = impl_->dir;
+  wo.zstdLevel = policy.zstdLevel;
+  wo.compressionThreads = policy.compressionThreads;
+  wo.queueBytes = policy.queueBytes;
+  wo.retainSegments = policy.retainSegments;
+  wo.retainBytes = policy.retainBytes;
+  wo.syncEveryBytes = policy.syncEveryBytes;
+  wo.crashDrainSeconds = policy.crashDrainSeconds;
+  wo.quiet = policy.quiet;
+  try {
+    impl_->writer = std::make_unique<detail::LiveWriter>(wo);
+  } catch (const std::exception& e) {
+    impl_->notRecordingReason = e.what();
+    impl_->warn(fmt::format("not recording: {}; training continues without a flight recorder", e.what()));
+    return;
+  }
+  if (detail::activeWriter())
+    impl_->warn("another crashcap Recorder is active in this process; crashes are recorded by the first one");
+  else
+    detail::setActiveWriter(impl_->writer.get());
+  impl_->writer->setOpsSnapshot([] { return detail::snapshotOps(); });
+  if (policy.opTraceDepth > 0)
+    detail::startOpObserver(policy.opTraceDepth, &impl_->writer->currentStep, &impl_->writer->phase);
+  if (policy.crashGuard) detail::installCrashGuard(&describeTorchException);
+}
+
+Recorder::~Recorder() {
+  try {
+    close();
+  } catch (...) {
+    // A destructor must not throw; close() reports its own failures on stderr.
+  }
+}
+
+void Recorder::setProgram(const torch::jit::Module& module, std::vector<std::string> inputs) {
+  auto& m = *impl_;
+  m.module = module;
+  m.inputs = inputs;
+  m.parameters.clear();
+  m.buffers.clear();
+  for (const auto& p : module.named_parameters(/*recurse=*/true)) m.parameters.emplace_back(p.name, p.value);
+  for (const auto& b : module.named_buffers(/*recurse=*/true)) m.buffers.emplace_back(b.name, b.value);
+  if (!m.writer) return;
+  formats::StepProgramData program;
+  program.inputs = std::move(inputs);
+  for (const auto& [n, t] : m.parameters) program.parameters.push_back(n);
+  for (const auto& [n, t] : m.buffers) program.buffers.push_back(n);
+  std::ostringstream archive;
+  module.save(archive);
+  auto bytes = archive.str();
+  Job j = Impl::recordJob(program, Job::Kind::RunRecord);
+  j.body.assign(bytes.begin(), bytes.end());
+  m.writer->push({std::move(j)});
+}
+
+void Recorder::setModel(std::vector<std::pair<std::string, at::Tensor>> parameters,
+                        std::vector<std::pair<std::string, at::Tensor>> buffers) {
+  impl_->parameters = std::move(parameters);
+  impl_->buffers = std::move(buffers);
+}
+
+void Recorder::setOptimizer(torch::optim::Optimizer& optimizer, Recipe recipe) {
+  auto& m = *impl_;
+  m.optimizer = &optimizer;
+  m.recipe = recipe;
+  if (!m.writer) return;
+  std::unordered_map<const void*, std::string> names;
+  for (const auto& [n, t] : m.parameters) names[t.unsafeGetTensorImpl()] = n;
+  formats::OptimizerSpecData spec;
+  spec.kind = optimizerKind(optimizer);
+  spec.gradClipNorm = recipe.gradClipNorm;
+  spec.gradClipNormType = recipe.gradClipNormType;
+  size_t unnamed = 0;
+  for (const auto& g : optimizer.param_groups()) {
+    formats::ParamGroupData group;
+    for (const auto& p : g.params()) {
+      auto it = names.find(p.unsafeGetTensorImpl());
+      if (it == names.end()) {
+        ++unnamed;
+        continue;
+      }
+      group.parameters.push_back(it->second);
+    }
+    group.options = groupOptions(g.options());
+    spec.groups.push_back(std::move(group));
+  }
+  if (unnamed)
+    m.warn(fmt::format("{} optimizer parameters are not among the program's parameters; their state is not "
+                       "recorded (call setProgram or setModel first)",
+                       unnamed));
+  m.writer->push({Impl::recordJob(spec, Job::Kind::RunRecord)});
+}
+
+StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
+  auto& m = *impl_;
+  if (step <= m.lastStep)
+    throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
+                         fmt::format("beginStep({}) after step {}: steps must increase", step, m.lastStep));
+  if (m.pendingCrash) m.sealCrash(std::move(*m.pendingCrash));
+  m.lastStep = step;
+  m.stepStartNs = nowNs();
+  if (!m.writer) return StepGuard(this, step);
+  at::NoGradGuard noGrad;
+  at::DisableRecordFunctionGuard notAnOp;  // the recorder's own copies are not the training's ops
+  m.writeEnvironment();
+  m.writer->currentStep.store(step, std::memory_order_relaxed);
+  m.writer->stepsBegun.fetch_add(1, std::memory_order_relaxed);
+  if (m.keyframeDue || step - m.lastKeyframe >= m.policy.keyframeEvery) {
+    if (m.writer->push(m.keyframeJobs(step))) {
+      m.lastKeyframe = step;
+      m.keyframeDue = false;
+      ++m.keyframes;
+    }
+  }
+  m.writer->push(m.stepJobs(step, batch));
+  m.setPhase(Phase::Forward);
+  return StepGuard(this, step);
+}
+
+std::string Recorder::fail(const std::exception& error) {
+  formats::CrashData c;
+  c.errorType = detail::exceptionTypeName(error);
+  c.error = error.what();
+  describeTorchException(error, c);
+  auto& m = *impl_;
+  int64_t step = m.pendingCrash ? m.pendingCrash->step : m.lastStep;
+  if (step >= 0 && step == m.crashRecordedStep && !m.pendingCrash) return m.lastCrashBundle;
+  formats::CrashData crash = m.pendingCrash ? *m.pendingCrash : m.crashHere("exception", m.lastStep);
+  if (dynamic_cast<const NonFiniteError*>(&error)) crash.kind = "nonfinite";
+  crash.error = c.error;
+  crash.errorType = c.errorType;
+  if (!c.stack.empty()) crash.stack = c.stack;
+  return m.sealCrash(std::move(crash));
+}
+
+std::string Recorder::fail(std::exception_ptr error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return fail(e);
+  } catch (...) {
+    return fail(std::runtime_error("unknown exception (not derived from std::exception)"));
+  }
+}
+
+void Recorder::close() {
+  auto& m = *impl_;
+  if (m.closed) return;
+  m.closed = true;
+  if (m.pendingCrash) m.sealCrash(std::move(*m.pendingCrash));
+  if (m.policy.opTraceDepth > 0 && m.writer) detail::stopOpObserver();
+  if (!m.writer) return;
+  formats::RunStatusData status;
+  status.state = "finished";
+  status.stepsBegun = m.writer->stepsBegun.load();
+  status.lastStep = m.lastStep;
+  m.writer->close(status);
+  if (detail::activeWriter() == m.writer.get()) {
+    detail::setActiveWriter(nullptr);
+    if (m.policy.crashGuard) detail::uninstallCrashGuard();
+  }
+}
+
+RecorderStats Recorder::stats() const {
+  RecorderStats s;
+  const auto& m = *impl_;
+  s.keyframes = m.keyframes;
+  s.warnings = m.warnings;
+  if (!m.writer) return s;
+  s.recording = true;
+  s.stepsBegun = m.writer->stepsBegun.load();
+  s.writtenThrough = m.writer->writtenThrough();
+  auto w = m.writer->stats();
+  s.droppedRecords = w.droppedRecords;
+  s.droppedBytes = w.droppedBytes;
+  s.segmentsDeleted = w.segmentsDeleted;
+  s.degraded = w.degraded;
+  s.warnings.insert(s.warnings.end(), w.warnings.begin(), w.warnings.end());
+  return s;
+}
+
+std::string Recorder::recordingDir() const { return impl_->writer ? impl_->writer->recordingDir() : ""; }
+std::string Recorder::crashBundle() const { return impl_->lastCrashBundle; }
+
+StepGuard::StepGuard(Recorder* recorder, int64_t step)
+    : recorder_(recorder), step_(step), uncaught_(std::uncaught_exceptions()) {}
+
+StepGuard::StepGuard(StepGuard&& other) noexcept
+    : recorder_(other.recorder_), step_(other.step_), uncaught_(other.uncaught_), ended_(other.ended_) {
+  other.recorder_ = nullptr;
+}
+
+void StepGuard::end(const at::Tensor& loss) {
+  if (!recorder_ || ended_) return;
+  ended_ = true;
+  auto& m = *recorder_->impl_;
+  formats::StepEndData fp;
+  fp.step = step_;
+  fp.durationNs = nowNs() - m.stepStartNs;
+  {
+    at::NoGradGuard noGrad;
+    at::DisableRecordFunctionGuard notAnOp;
+    at::Tensor l = loss.detach();
+    std::vector<at::Tensor> grads;
+    for (const auto& [name, p] : m.parameters)
+      if (p.grad().defined()) grads.push_back(p.grad().detach());
+    bool onCpu = l.device().is_cpu();
+    for (const auto& g : grads) onCpu = onCpu && g.device().is_cpu();
+    if (onCpu) {
+      fp.loss = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
+      if (!grads.empty()) {
+        fp.gradNorm = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
+        fp.hasGradNorm = true;
+      }
+    } else {
+      // Reading device values now would synchronise the step: the fingerprint is left
+      // unknown (NaN) and the non-finite check is not applied on the device path.
+      fp.loss = std::nan("");
+    }
+    fp.nonFinite = onCpu && (!std::isfinite(fp.loss) || (m.policy.checkGradients && fp.hasGradNorm &&
+                                                         !std::isfinite(fp.gradNorm)));
+  }
+  if (m.writer) {
+    m.writer->push({Recorder::Impl::recordJob(fp)});
+    m.setPhase(Phase::Optimizer);
+  }
+  if (fp.nonFinite && m.policy.nonFinite == NonFinitePolicy::Raise) {
+    bool lossBad = !std::isfinite(fp.loss);
+    std::string what =
+        lossBad ? fmt::format("non-finite loss at step {}: {}", step_, fp.loss)
+                : fmt::format("non-finite gradient norm at step {}: {} (loss {})", step_, fp.gradNorm, fp.loss);
+    what += " (crashcap stopped the step before optimizer.step(); NonFinitePolicy::Raise)";
+    if (m.writer) {
+      auto crash = m.crashHere("nonfinite", step_);
+      crash.phase = lossBad ? "forward" : "backward";
+      crash.error = what;
+      crash.errorType = "crashcap::recorder::NonFiniteError";
+      crash.stack = detail::currentStack(1);
+      m.sealCrash(std::move(crash));
+    }
+    throw NonFiniteError(step_, what);
+  }
+}
+
+StepGuard::~StepGuard() {
+  if (!recorder_) return;
+  auto& m = *recorder_->impl_;
+  if (std::uncaught_exceptions() > uncaught_) {
+    // The step is failing with an exception we cannot see from here: remember where, and
+    // let fail() (or close(), or the next beginStep) seal it with whatever text it has.
+    if (m.crashRecordedStep != step_ && !m.pendingCrash) {
+      auto crash = m.crashHere("exception", step_);
+      crash.error = "an exception escaped the step; its text was not passed to Recorder::fail()";
+      crash.stack = detail::currentStack(1);
+      m.pendingCrash = std::move(crash);
+    }
+    return;
+  }
+  m.setPhase(Phase::BetweenSteps);
+}
+
+}  // namespace crashcap::recorder

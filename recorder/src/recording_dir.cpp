@@ -1,0 +1,225 @@
+#include "crashcap/recorder/recording_dir.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/error.hpp"
+
+namespace crashcap::recorder {
+namespace fs = std::filesystem;
+using crashcap::Error;
+using crashcap::ErrorCode;
+
+std::string compactUtcTime(int64_t timeNs) {
+  std::time_t t = static_cast<std::time_t>(timeNs / 1000000000);
+  std::tm tm{};
+  gmtime_r(&t, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y%m%dT%H%M%SZ", &tm);
+  return buf;
+}
+
+std::string recordingDirName(int64_t timeNs, uint32_t pid) {
+  return fmt::format("{}{}-{}", kRecordingPrefix, compactUtcTime(timeNs), pid);
+}
+
+std::string segmentFileName(uint64_t index) { return fmt::format("segment-{:06d}.ccap", index); }
+
+bool isRecording(const std::string& path) {
+  std::error_code ec;
+  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kRunFileName, ec);
+}
+
+std::vector<std::string> findRecordings(const std::string& path) {
+  if (isRecording(path)) return {path};
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    auto name = e.path().filename().string();
+    if (name.rfind(kRecordingPrefix, 0) == 0 && isRecording(e.path().string())) out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());  // names start with the UTC time: oldest first
+  return out;
+}
+
+std::vector<std::string> segmentFiles(const std::string& recording) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(recording, ec)) {
+    auto name = e.path().filename().string();
+    if (name.rfind("segment-", 0) == 0 && name.size() > 5 && name.substr(name.size() - 5) == ".ccap")
+      out.push_back(e.path().string());
+  }
+  std::sort(out.begin(), out.end());  // zero-padded numbers: lexical order is write order
+  return out;
+}
+
+namespace {
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+std::string freePath(const std::string& base) {
+  std::error_code ec;
+  if (!fs::exists(base + ".ccap", ec)) return base + ".ccap";
+  for (int i = 2;; ++i) {
+    auto p = fmt::format("{}-{}.ccap", base, i);
+    if (!fs::exists(p, ec)) return p;
+  }
+}
+
+/// What one file of the recording says about how the run ended.
+struct FileFindings {
+  std::optional<formats::CrashData> crash;
+  std::optional<formats::RunStatusData> status;
+  uint64_t steps = 0;
+  int64_t firstStep = -1, lastStep = -1;
+};
+
+FileFindings findings(const formats::BundleReader& reader) {
+  FileFindings f;
+  auto view = formats::readRecording(reader);
+  f.crash = view.crash;
+  f.status = view.status;
+  f.steps = view.stepBegins.size();
+  if (!view.stepBegins.empty()) {
+    f.firstStep = view.stepBegins.front().step;
+    f.lastStep = view.stepBegins.back().step;
+  }
+  return f;
+}
+
+}  // namespace
+
+SealReport sealRecording(const std::string& recording, const SealOptions& options) {
+  if (!isRecording(recording))
+    throw Error(ErrorCode::NotFound, fmt::format("{} is not a recording: it holds no {}", recording, kRunFileName),
+                "give the recording directory (recording-<time>-<pid>) or the directory that holds it");
+  const auto runPath = (fs::path(recording) / kRunFileName).string();
+  std::unique_ptr<formats::BundleReader> run;
+  try {
+    run = formats::BundleReader::open(runPath, options.limits, options.progress);
+  } catch (Error& e) {
+    throw e.with(fmt::format("while reading {}", runPath));
+  }
+  SealReport report;
+  auto lostLine = [&](const formats::BundleReader& r) {
+    const auto& rep = r.report();
+    if (rep.truncatedAt || !rep.damage.empty() || !rep.lostTensors.empty() || rep.missingSequenceCount)
+      report.lost.push_back(fmt::format("{}: {}", fs::path(r.path()).filename().string(), rep.summary()));
+  };
+  lostLine(*run);
+
+  std::vector<std::unique_ptr<formats::BundleReader>> segments;
+  for (const auto& path : segmentFiles(recording)) {
+    try {
+      segments.push_back(formats::BundleReader::open(path, options.limits, options.progress));
+      lostLine(*segments.back());
+    } catch (const Error& e) {
+      // A segment the writer created but died before its header reached the disk, or one
+      // damaged beyond use: the bundle goes on without it and says so.
+      report.lost.push_back(fmt::format("{}: skipped: {}", fs::path(path).filename().string(), e.what()));
+    }
+  }
+
+  std::optional<formats::CrashData> crash = options.crash;
+  std::optional<formats::RunStatusData> status = options.status;
+  std::optional<formats::RunStatusData> fileStatus;
+  bool crashInFiles = false;
+  for (const auto& s : segments) {
+    auto f = findings(*s);
+    report.steps += f.steps;
+    if (f.firstStep >= 0 && report.firstStep < 0) report.firstStep = f.firstStep;
+    if (f.lastStep >= 0) report.lastStep = f.lastStep;
+    if (f.crash) crashInFiles = true;
+    if (f.status) fileStatus = f.status;
+  }
+  if (crash || crashInFiles)
+    report.state = "crashed";
+  else if (status)
+    report.state = status->state;
+  else if (fileStatus)
+    report.state = fileStatus->state;
+  else
+    report.state = "interrupted";
+
+  uint32_t pid = 0;
+  if (auto info = run->recordingInfo()) pid = info->pid;
+  std::string out = options.out;
+  if (out.empty()) {
+    const char* kind = report.state == "finished" ? "recording" : "crash";
+    int64_t t = crash ? crash->timeNs : nowNs();
+    out = freePath((fs::path(recording).parent_path() / fmt::format("{}-{}-{}", kind, compactUtcTime(t), pid)).string());
+  } else if (fs::exists(out)) {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{} already exists", out),
+                "seal never overwrites; choose another output path");
+  }
+  report.out = out;
+
+  const std::string partial = out + ".partial";
+  formats::WriterOptions wo;
+  wo.overwrite = true;
+  wo.producer = "crashcap seal";
+  auto writer = formats::BundleWriter::createCopy(partial, run->fileHeader(), wo);
+  struct RemoveOnFailure {
+    const std::string& path;
+    bool done = false;
+    ~RemoveOnFailure() {
+      if (!done) std::remove(path.c_str());
+    }
+  } cleanup{partial};
+
+  auto add = [&](const formats::CopyReport& c, const std::string& file) {
+    report.records += c.recordsCopied;
+    report.tensors += c.tensorsCopied;
+    for (const auto& l : c.lines) report.lost.push_back(fmt::format("{}: {}", file, l));
+  };
+  add(formats::copyRecords(*run, *writer), kRunFileName);
+  for (const auto& s : segments) {
+    auto c = formats::copyRecords(*s, *writer, [](const formats::RecordEntry& r) {
+      // One recording_info per bundle: run.ccap's.
+      return r.type != static_cast<uint16_t>(formats::RecordType::RecordingInfo);
+    });
+    add(c, fs::path(s->path()).filename().string());
+  }
+  if (crash) formats::writeMetaRecord(*writer, *crash);
+  if (options.ops) formats::writeMetaRecord(*writer, *options.ops);
+  if (status) {
+    formats::writeMetaRecord(*writer, *status);
+  } else if (!fileStatus) {
+    formats::RunStatusData s;
+    s.state = report.state;
+    s.stepsBegun = report.steps;
+    s.lastStep = report.lastStep;
+    s.warnings.push_back("the recording was never closed (process killed, power lost?); sealed by `crashcap seal`");
+    formats::writeMetaRecord(*writer, s);
+  }
+  std::string text = fmt::format("sealed from {}: {} segment files, {} steps", recording, segments.size(), report.steps);
+  if (report.steps) text += fmt::format(" ({}..{})", report.firstStep, report.lastStep);
+  for (const auto& l : report.lost) text += "\n" + l;
+  if (text.size() > formats::kMaxNoteTextBytes) text.resize(formats::kMaxNoteTextBytes - 16);
+  writer->writeNote("crashcap.seal", text);
+  writer->seal();
+  report.bytes = writer->stats().fileBytes;
+  if (std::rename(partial.c_str(), out.c_str()) != 0)
+    throw Error(ErrorCode::Io, fmt::format("cannot rename {} to {}: {}", partial, out, std::strerror(errno)));
+  cleanup.done = true;
+  if (options.removeRecording) {
+    std::error_code ec;
+    fs::remove_all(recording, ec);
+  }
+  return report;
+}
+
+}  // namespace crashcap::recorder

@@ -53,6 +53,7 @@ int main(int argc, char** argv) {
     else if (a == "--retain") retain = std::stoul(next());
     else if (a == "--sleep-ms") sleepMs = std::stoll(next());
     else if (a == "--report") report = true;
+    else if (a == "--api-key") (void)next();  // accepted and ignored: the secrets test passes one
     else {
       std::cerr << "usage: crashcap-test-victim --dir DIR [--fail KIND] [--fail-step S] [--steps N] "
                    "[--keyframe-every K] [--retain N] [--sleep-ms MS] [--report]\n";

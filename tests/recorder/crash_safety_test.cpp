@@ -1,0 +1,302 @@
+// Crash safety with real processes: every way a training process dies leaves a bundle that
+// names the step, and what reached the OS before a SIGKILL is never lost.
+#include <catch2/catch.hpp>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <random>
+#include <regex>
+
+#include <nlohmann/json.hpp>
+
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/inspect/story.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace crashcap;
+using crashcap::test::TempDir;
+
+namespace {
+
+std::vector<std::string> bundlesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".ccap") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+/// The one crash bundle a run left, verified.
+std::string onlyBundle(const std::string& dir) {
+  auto bundles = bundlesIn(dir);
+  REQUIRE(bundles.size() == 1);
+  auto v = formats::verifyBundle(bundles[0]);
+  INFO((v.problems.empty() ? std::string() : v.problems[0].what));
+  REQUIRE(v.ok());
+  return bundles[0];
+}
+
+struct Expect {
+  std::string fail;
+  int exitCode;          ///< negative: killed by that signal
+  std::string kind;
+  int signal;            ///< 0: none
+  std::string errorPart; ///< text the crash error contains
+};
+
+}  // namespace
+
+TEST_CASE("every way a training step dies leaves one sealed bundle naming the step", "[recorder][crash]") {
+  const std::vector<Expect> cases = {
+      {"exception", 1, "exception", 0, "injected failure at step 5"},
+      {"uncaught", -SIGABRT, "terminate", 0, "injected failure at step 5"},
+      {"terminate", -SIGABRT, "terminate", 0, "without an active exception"},
+      {"abort", -SIGABRT, "signal", SIGABRT, "SIGABRT"},
+      {"segv", -SIGSEGV, "signal", SIGSEGV, "SIGSEGV"},
+      {"nonfinite", 1, "nonfinite", 0, "non-finite loss at step 5"},
+  };
+  for (const auto& c : cases) {
+    DYNAMIC_SECTION(c.fail) {
+      TempDir dir;
+      auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--fail", c.fail, "--fail-step",
+                          "5", "--steps", "12", "--keyframe-every", "4"});
+      INFO(r.err);
+      CHECK(r.exitCode == c.exitCode);  // the process dies as it would have without the recorder
+      auto bundle = onlyBundle(dir.path());
+      CHECK(fs::path(bundle).filename().string().rfind("crash-", 0) == 0);
+      CHECK(recorder::findRecordings(dir.path()).empty());  // the recording became the bundle
+      auto reader = formats::BundleReader::open(bundle);
+      auto story = inspect::storyJson(*reader);
+      INFO(story.dump(2));
+      CHECK(story["crash"]["kind"] == c.kind);
+      CHECK(story["crash"]["step"] == 5);
+      CHECK(story["crash"]["phase"] == "forward");
+      if (c.signal)
+        CHECK(story["crash"]["signal"] == c.signal);
+      else
+        CHECK(story["crash"]["signal"].is_null());
+      CHECK(story["crash"]["error"].get<std::string>().find(c.errorPart) != std::string::npos);
+      CHECK(!story["crash"]["stack"].empty());
+      CHECK(story["steps"]["first"] == 0);
+      CHECK(story["steps"]["last"] == 5);
+      CHECK(story["keyframes"] == nlohmann::json::array({0, 4}));
+      // The failing step's inputs and generator state are there, and so is the keyframe
+      // replay starts from.
+      CHECK(reader->find("steps/5/batch/x"));
+      CHECK(reader->find("steps/5/batch/y"));
+      CHECK(reader->find("steps/5/rng/cpu"));
+      CHECK(reader->find("keyframes/4/parameters/w1"));
+      CHECK(reader->find("keyframes/4/optimizer/w1/momentum_buffer"));
+      // The op ring ends in the failing step's forward.
+      REQUIRE(!story["last_ops"].empty());
+      CHECK(story["last_ops"].back()["step"] == 5);
+      CHECK(story["status"] == "crashed");
+    }
+  }
+}
+
+TEST_CASE("a clean run leaves a recording that seal turns into a finished bundle", "[recorder][seal]") {
+  TempDir dir;
+  auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--steps", "9", "--keyframe-every",
+                      "3", "--retain", "2"});
+  REQUIRE(r.exitCode == 0);
+  CHECK(bundlesIn(dir.path()).empty());
+  auto recordings = recorder::findRecordings(dir.path());
+  REQUIRE(recordings.size() == 1);
+  // Retention: one segment per keyframe (0, 3, 6), at most two kept.
+  CHECK(recorder::segmentFiles(recordings[0]).size() == 2);
+  auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
+  INFO(s.err);
+  REQUIRE(s.exitCode == 0);
+  auto j = nlohmann::json::parse(s.out);
+  REQUIRE(j["sealed"].size() == 1);
+  CHECK(j["sealed"][0]["state"] == "finished");
+  CHECK(j["sealed"][0]["first_step"] == 3);
+  CHECK(j["sealed"][0]["last_step"] == 8);
+  std::string bundle = j["sealed"][0]["bundle"];
+  CHECK(fs::path(bundle).filename().string().rfind("recording-", 0) == 0);
+  CHECK(formats::verifyBundle(bundle).ok());
+  auto story = inspect::storyJson(*formats::BundleReader::open(bundle));
+  CHECK(story["crash"].is_null());
+  CHECK(story["status"] == "finished");
+  CHECK(story["segments_deleted"] == 1);
+  CHECK(story["steps"]["completed"] == 6);
+  CHECK(recorder::findRecordings(dir.path()).empty());
+}
+
+namespace {
+
+/// Starts the victim with stdout on a pipe, reads "written N" lines for `ms` milliseconds,
+/// SIGKILLs it and returns the newest N it reported (-1: none).
+int64_t runAndKill(const std::string& dir, int ms, int keyframeEvery) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    dup2(fds[1], 1);
+    close(fds[0]);
+    close(fds[1]);
+    int devnull = open("/dev/null", O_WRONLY);
+    dup2(devnull, 2);
+    auto bin = test::binPath("crashcap-test-victim");
+    auto kf = std::to_string(keyframeEvery);
+    execl(bin.c_str(), bin.c_str(), "--dir", dir.c_str(), "--fail", "busy", "--report", "--keyframe-every", kf.c_str(),
+          static_cast<char*>(nullptr));
+    _exit(127);
+  }
+  close(fds[1]);
+  int64_t written = -1;
+  std::string pending;
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - std::chrono::steady_clock::now());
+    if (left.count() <= 0) break;
+    pollfd p{fds[0], POLLIN, 0};
+    if (poll(&p, 1, static_cast<int>(left.count())) <= 0) continue;
+    char buf[4096];
+    ssize_t n = read(fds[0], buf, sizeof buf);
+    if (n <= 0) break;
+    pending.append(buf, static_cast<size_t>(n));
+    for (size_t nl; (nl = pending.find('\n')) != std::string::npos; pending.erase(0, nl + 1)) {
+      auto line = pending.substr(0, nl);
+      if (line.rfind("written ", 0) == 0) written = std::stoll(line.substr(8));
+    }
+  }
+  kill(pid, SIGKILL);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  close(fds[0]);
+  CHECK(WIFSIGNALED(status));
+  return written;
+}
+
+}  // namespace
+
+TEST_CASE("after SIGKILL at a random moment, seal recovers every step that reached the OS", "[recorder][kill]") {
+  int trials = 50;
+  if (const char* t = std::getenv("CRASHCAP_KILL_TRIALS")) trials = std::atoi(t);
+  uint64_t seed = std::random_device{}();
+  if (const char* s = std::getenv("CRASHCAP_KILL_SEED")) seed = std::strtoull(s, nullptr, 10);
+  INFO("seed " << seed << " (rerun with CRASHCAP_KILL_SEED=" << seed << ")");
+  std::mt19937_64 rng(seed);
+  int withSteps = 0;
+  for (int trial = 0; trial < trials; ++trial) {
+    TempDir dir;
+    // From before the recorder exists to well into the run; keyframes every few steps so
+    // kills land inside segment switches too.
+    int ms = 300 + static_cast<int>(rng() % 1500);
+    int keyframeEvery = 1 + static_cast<int>(rng() % 8);
+    int64_t written = runAndKill(dir.path(), ms, keyframeEvery);
+    INFO("trial " << trial << ": killed after " << ms << " ms, keyframe every " << keyframeEvery
+                  << ", last step reported written " << written);
+    auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
+    if (written < 0 && s.exitCode != 0) continue;  // killed before anything reached the OS
+    INFO(s.err);
+    REQUIRE(s.exitCode == 0);
+    auto j = nlohmann::json::parse(s.out);
+    REQUIRE(j["sealed"].size() == 1);
+    std::string bundle = j["sealed"][0]["bundle"];
+    auto v = formats::verifyBundle(bundle);
+    INFO((v.problems.empty() ? std::string() : v.problems[0].what));
+    REQUIRE(v.ok());
+    auto reader = formats::BundleReader::open(bundle);
+    auto view = formats::readRecording(*reader);
+    CHECK(view.program.has_value());
+    if (written < 0) continue;
+    ++withSteps;
+    // Every step 0..written is there (nothing is retained away: the victim keeps all
+    // segments), with its batch, in order and without gaps.
+    REQUIRE(!view.stepBegins.empty());
+    CHECK(view.stepBegins.front().step == 0);
+    CHECK(view.stepBegins.back().step >= written);
+    for (size_t i = 0; i < view.stepBegins.size(); ++i) {
+      const auto& b = view.stepBegins[i];
+      REQUIRE(b.step == static_cast<int64_t>(i));
+      for (const auto& name : b.batch) REQUIRE(reader->find(name));
+      REQUIRE(b.keyframe >= 0);
+    }
+    CHECK(view.status.has_value());
+    CHECK(view.status->state == "interrupted");
+  }
+  CHECK(withSteps > trials / 2);  // most kills landed mid-training, not during start-up
+}
+
+TEST_CASE("a file-size limit mid-run degrades the recording, never the training", "[recorder][disk]") {
+  TempDir dir;
+  // 160 KiB per file: a segment (a keyframe and 40 steps of about 6 KiB) outgrows it; the next
+  // keyframe's segment starts small again.
+  auto victim = test::binPath("crashcap-test-victim");
+  auto r = test::run({"bash", "-c",
+                      "ulimit -f 160 && exec \"$0\" --dir \"$1\" --steps 120 --keyframe-every 40", victim,
+                      dir.path()});
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);  // training finished
+  std::smatch m;
+  REQUIRE(std::regex_search(r.out, m, std::regex("done: 120 steps, (\\d+) dropped")));
+  uint64_t dropped = std::stoull(m[1]);
+  CHECK(dropped > 0);
+  // One clear warning, not one per record.
+  auto count = [&](const std::string& what) {
+    size_t n = 0;
+    for (size_t at = r.err.find(what); at != std::string::npos; at = r.err.find(what, at + 1)) ++n;
+    return n;
+  };
+  CHECK(count("recording degraded") == 1);
+  CHECK(r.err.find("File too large") != std::string::npos);
+  auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
+  INFO(s.err);
+  REQUIRE(s.exitCode == 0);
+  std::string bundle = nlohmann::json::parse(s.out)["sealed"][0]["bundle"];
+  auto story = inspect::storyJson(*formats::BundleReader::open(bundle));
+  CHECK(story["dropped_records"] == dropped);
+  CHECK(story["status"] == "finished");
+  CHECK(!story["warnings"].empty());
+}
+
+TEST_CASE("secrets in the environment and on the command line never reach a bundle", "[recorder][secrets]") {
+  TempDir dir;
+  const std::string envSecret = "sk-live-ENVSECRET-4f9a2b";
+  const std::string argSecret = "hunter2-ARGSECRET-77c1";
+  setenv("WANDB_API_KEY", envSecret.c_str(), 1);
+  setenv("HF_TOKEN", envSecret.c_str(), 1);
+  setenv("MY_DB_PASSWORD", envSecret.c_str(), 1);
+  auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--fail", "exception", "--api-key",
+                      argSecret});
+  unsetenv("WANDB_API_KEY");
+  unsetenv("HF_TOKEN");
+  unsetenv("MY_DB_PASSWORD");
+  REQUIRE(r.exitCode == 1);
+  auto bundle = onlyBundle(dir.path());
+  // Raw bytes: not stored anywhere as written.
+  auto raw = test::readFile(bundle);
+  std::string bytes(raw.begin(), raw.end());
+  CHECK(bytes.find(envSecret) == std::string::npos);
+  CHECK(bytes.find(argSecret) == std::string::npos);
+  // Decompressed: every record's meta and decoded body.
+  auto reader = formats::BundleReader::open(bundle);
+  for (const auto& rec : reader->records()) {
+    auto raw = reader->readRecord(rec.offset);
+    std::string meta(raw.meta.begin(), raw.meta.end()), body(raw.body.begin(), raw.body.end());
+    INFO("record at " << rec.offset);
+    CHECK(meta.find(envSecret) == std::string::npos);
+    CHECK(body.find(envSecret) == std::string::npos);
+    CHECK(meta.find(argSecret) == std::string::npos);
+    CHECK(body.find(argSecret) == std::string::npos);
+  }
+  // The names are on record as withheld, so a reader knows they were set.
+  auto env = reader->environment();
+  REQUIRE(env);
+  for (const char* name : {"WANDB_API_KEY", "HF_TOKEN", "MY_DB_PASSWORD"})
+    CHECK(std::find(env->redacted.begin(), env->redacted.end(), name) != env->redacted.end());
+}

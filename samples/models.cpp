@@ -22,8 +22,8 @@ constexpr double kPi = 3.14159265358979323846;
 // Randomness
 
 /// A local random source. std::mt19937_64's output sequence is fixed by the C++ standard and the
-/// transforms below are ours, so models and batches are the same on every machine and library
-/// build (at::randn, by contrast, takes a different code path on AVX2 and AVX-512 machines).
+/// transforms below are ours, so models and batches depend neither on LibTorch's RNG internals
+/// nor on the CPU (at::randn takes a vectorized path on AVX2 machines and a scalar one elsewhere).
 class Rng {
  public:
   explicit Rng(uint64_t seed) : engine_(seed) {}
@@ -118,13 +118,15 @@ class Builder {
     return m;
   }
 
-  /// conv (no bias) followed by batch norm, as children "conv" and "bn".
-  Module convBn(const std::string& kind, int64_t cin, int64_t cout, int64_t k, int64_t stride) {
+  /// conv (no bias) followed by batch norm, as children "conv" and "bn", and optionally relu.
+  Module convBn(const std::string& kind, int64_t cin, int64_t cout, int64_t k, int64_t stride, bool relu) {
     Module m = module(kind);
-    m.register_module("conv", conv(cin, cout, k, stride, /*bias=*/false));
+    m.register_module("conv", conv(cin, cout, k, stride, /*bias=*/false, relu ? std::sqrt(2.0) : 1.0));
     m.register_module("bn", batchNorm(cout));
-    m.define("def forward(self, x: Tensor) -> Tensor:\n"
-             "    return self.bn.forward(self.conv.forward(x))\n");
+    m.define(relu ? "def forward(self, x: Tensor) -> Tensor:\n"
+                    "    return torch.relu(self.bn.forward(self.conv.forward(x)))\n"
+                  : "def forward(self, x: Tensor) -> Tensor:\n"
+                    "    return self.bn.forward(self.conv.forward(x))\n");
     return m;
   }
 
@@ -152,7 +154,7 @@ Module basicBlock(Builder& b, int64_t cin, int64_t cout, int64_t stride) {
   m.register_module("conv2", b.conv(cout, cout, 3, 1, false));
   m.register_module("bn2", b.batchNorm(cout));
   const bool project = stride != 1 || cin != cout;
-  if (project) m.register_module("downsample", b.convBn("ConvBn", cin, cout, 1, stride));
+  if (project) m.register_module("downsample", b.convBn("ConvBn", cin, cout, 1, stride, /*relu=*/false));
   m.define(std::string("def forward(self, x: Tensor) -> Tensor:\n"
                        "    out = torch.relu(self.bn1.forward(self.conv1.forward(x)))\n"
                        "    out = self.bn2.forward(self.conv2.forward(out))\n") +
@@ -233,7 +235,7 @@ def forward(self, image: Tensor, prob_map: Tensor, prob_mask: Tensor, thresh_map
     return bce + dice + 10.0 * l1
 )";
 
-/// One text line: a rectangle of blobs in pixel coordinates [x0, x1) x [y0, y1).
+/// One text line: a rectangle of blobs from (x0, y0) to (x1, y1), in pixels.
 struct TextLine {
   double x0, y0, x1, y1;
   bool ignore;  // drawn, but don't-care in the targets (DB's "###" lines)
@@ -266,14 +268,15 @@ def forward(self, image: Tensor, label: Tensor) -> Tensor:
     return torch.cross_entropy_loss(self.fc.forward(x), label, None, 1, -100, 0.0)
 )";
 
+/// Throws std::invalid_argument unless there is a shape for each class.
 void checkClasses(int64_t numClasses) {
   if (numClasses < 2 || numClasses > kMaxClasses)
     throw std::invalid_argument("numClasses must be in [2, " + std::to_string(kMaxClasses) + "], got " +
                                 std::to_string(numClasses));
 }
 
+/// Signed distance from (u, v) to an axis-aligned box centred at 0 with half sizes (hu, hv).
 double box(double u, double v, double hu, double hv) {
-  // Signed distance to an axis-aligned box with half sizes (hu, hv).
   const double qu = std::abs(u) - hu;
   const double qv = std::abs(v) - hv;
   const double outside = std::hypot(std::max(qu, 0.0), std::max(qv, 0.0));
@@ -314,6 +317,7 @@ double shapeDistance(int64_t cls, double u, double v, double s, double t) {
 // ---------------------------------------------------------------------------------------------
 // Faults
 
+/// Throws std::invalid_argument unless the plan's row is in the batch.
 void checkRow(const FaultPlan& plan, int64_t batchSize) {
   if (plan.row < 0 || plan.row >= batchSize)
     throw std::invalid_argument(std::string("fault ") + faultName(plan.fault) + " targets row " +
@@ -323,12 +327,13 @@ void checkRow(const FaultPlan& plan, int64_t batchSize) {
 
 /// Fills a centred square patch of side `side` in image row `row` with NaN, as a decoding bug
 /// or a corrupt file on disk would.
-void poisonPatch(at::Tensor& images, int64_t row, int64_t side) {
+void poisonPatch(const at::Tensor& images, int64_t row, int64_t side) {
   const int64_t h = images.size(2), w = images.size(3);
   const int64_t y0 = (h - side) / 2, x0 = (w - side) / 2;
   images[row].narrow(1, y0, side).narrow(2, x0, side).fill_(std::numeric_limits<float>::quiet_NaN());
 }
 
+/// Whether `fault` is planned for this step.
 bool firesAt(const FaultPlan& plan, Fault fault, int64_t step) { return plan.fault == fault && plan.step == step; }
 
 }  // namespace
@@ -356,7 +361,7 @@ const char* faultName(Fault fault) {
 SampleModel makeSegModel(uint64_t seed, double diceEps) {
   Builder b(seed);
   Module m = b.module("SegNet");
-  m.register_module("stem", b.convBn("Stem", 1, 16, 3, 2));
+  m.register_module("stem", b.convBn("Stem", 1, 16, 3, 2, /*relu=*/true));
   m.register_module("stage1", stage(b, 16, 16, 1));
   m.register_module("stage2", stage(b, 16, 32, 2));
   m.register_module("stage3", stage(b, 32, 64, 2));
@@ -365,7 +370,6 @@ SampleModel makeSegModel(uint64_t seed, double diceEps) {
   m.register_module("thresh_head", dbHead(b, 24));
   m.register_attribute("dice_eps", c10::FloatType::get(), diceEps);
   m.define(kSegForward);
-  m.train();
   return {m, {"image", "prob_map", "prob_mask", "thresh_map", "thresh_mask"}};
 }
 
@@ -465,56 +469,10 @@ SampleModel makeClsModel(uint64_t seed, int64_t numClasses) {
   m.register_module("bn1", b.batchNorm(16));
   m.register_module("conv2", b.conv(16, 32, 3, 1, false));
   m.register_module("bn2", b.batchNorm(32));
-  const int64_t c3 = getenv("CLS_VARIANT") && std::string(getenv("CLS_VARIANT")) == "flat32" ? 32 : 64;
-  m.register_module("conv3", b.conv(32, c3, 3, 1, false));
-  m.register_module("bn3", b.batchNorm(c3));
-  std::string v = getenv("CLS_VARIANT") ? getenv("CLS_VARIANT") : "flat";
-  if (v == "flat") { m.register_module("fc", b.linear(64 * 3 * 3, numClasses)); m.define(kClsForward); }
-  else if (v == "gap") { m.register_module("fc", b.linear(64, numClasses)); m.define(R"(
-def forward(self, image: Tensor, label: Tensor) -> Tensor:
-    x = torch.relu(self.bn1.forward(self.conv1.forward(image)))
-    x = torch.max_pool2d(x, [2, 2], [2, 2])
-    x = torch.relu(self.bn2.forward(self.conv2.forward(x)))
-    x = torch.max_pool2d(x, [2, 2], [2, 2])
-    x = torch.relu(self.bn3.forward(self.conv3.forward(x)))
-    x = torch.mean(x, [2, 3])
-    x = torch.dropout(x, 0.25, self.training)
-    return torch.cross_entropy_loss(self.fc.forward(x), label, None, 1, -100, 0.0)
-)"); }
-  else if (v == "gapmlp") { m.register_module("fc1", b.linear(64, 64)); m.register_module("fc", b.linear(64, numClasses)); m.define(R"(
-def forward(self, image: Tensor, label: Tensor) -> Tensor:
-    x = torch.relu(self.bn1.forward(self.conv1.forward(image)))
-    x = torch.max_pool2d(x, [2, 2], [2, 2])
-    x = torch.relu(self.bn2.forward(self.conv2.forward(x)))
-    x = torch.max_pool2d(x, [2, 2], [2, 2])
-    x = torch.relu(self.bn3.forward(self.conv3.forward(x)))
-    x = torch.relu(self.fc1.forward(torch.mean(x, [2, 3])))
-    x = torch.dropout(x, 0.25, self.training)
-    return torch.cross_entropy_loss(self.fc.forward(x), label, None, 1, -100, 0.0)
-)"); }
-  else if (v == "gmax") { m.register_module("fc", b.linear(64, numClasses)); m.define(R"(
-def forward(self, image: Tensor, label: Tensor) -> Tensor:
-    x = torch.relu(self.bn1.forward(self.conv1.forward(image)))
-    x = torch.max_pool2d(x, [2, 2], [2, 2])
-    x = torch.relu(self.bn2.forward(self.conv2.forward(x)))
-    x = torch.max_pool2d(x, [2, 2], [2, 2])
-    x = torch.relu(self.bn3.forward(self.conv3.forward(x)))
-    x = torch.amax(x, [2, 3])
-    x = torch.dropout(x, 0.25, self.training)
-    return torch.cross_entropy_loss(self.fc.forward(x), label, None, 1, -100, 0.0)
-)"); }
-  else { m.register_module("fc", b.linear(32 * 3 * 3, numClasses)); m.define(R"(
-def forward(self, image: Tensor, label: Tensor) -> Tensor:
-    x = torch.relu(self.bn1.forward(self.conv1.forward(image)))
-    x = torch.max_pool2d(x, [2, 2], [2, 2])
-    x = torch.relu(self.bn2.forward(self.conv2.forward(x)))
-    x = torch.max_pool2d(x, [2, 2], [2, 2])
-    x = torch.relu(self.bn3.forward(self.conv3.forward(x)))
-    x = torch.flatten(torch.max_pool2d(x, [2, 2], [2, 2]), 1)
-    x = torch.dropout(x, 0.25, self.training)
-    return torch.cross_entropy_loss(self.fc.forward(x), label, None, 1, -100, 0.0)
-)"); }
-  m.train();
+  m.register_module("conv3", b.conv(32, 32, 3, 1, false));
+  m.register_module("bn3", b.batchNorm(32));
+  m.register_module("fc", b.linear(32 * 3 * 3, numClasses));
+  m.define(kClsForward);
   return {m, {"image", "label"}};
 }
 

@@ -6,6 +6,13 @@
 // Everything here is deterministic in its seed and never touches LibTorch's global RNG, except
 // the classifier's dropout, which draws from the global generator on purpose: it is the state
 // a recorder has to capture for a replay to match.
+//
+// Bit-exact replay needs the same execution path as the recording: with the default (profiling)
+// graph executor, a module's calls after its first profiling call run an optimized graph whose
+// autodiff backward can differ in the last bit from the eager backward of the first call (seen
+// in the segmenter's gradients: trained module vs. its freshly loaded copy). Recorder and
+// replayer should both call torch::jit::setGraphExecutorOptimize(false)
+// (<torch/csrc/jit/runtime/graph_executor.h>), so that every call runs the same eager kernels.
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/jit/api/module.h>
@@ -38,7 +45,8 @@ struct FaultPlan {
   int64_t row = 0;   ///< batch row for NanSample, BadLabel and DiceEps0; must be < the batch size
 };
 
-/// A TorchScript training model: forward(inputs...) returns the 0-d float32 loss.
+/// A TorchScript training model: forward(inputs...) returns the 0-d float32 loss. Each make*Model
+/// call builds an independent module (its own compilation unit) that shares no state with others.
 struct SampleModel {
   torch::jit::Module module;        ///< in training mode; every parameter requires grad
   std::vector<std::string> inputs;  ///< names of forward's arguments, in order
@@ -61,8 +69,9 @@ SampleModel makeSegModel(uint64_t seed, double diceEps = 1e-6);
 /// throws std::invalid_argument when that needs a row outside [0, batchSize).
 std::vector<at::Tensor> makeSegBatch(uint64_t seed, int64_t step, int64_t batchSize, const FaultPlan& plan);
 
-/// Classifier of 1x28x28 shape images: three conv + batch norm layers, global average pooling,
-/// dropout (p = 0.25, drawn from the global RNG), a linear layer and cross-entropy loss.
+/// Classifier of 1x28x28 shape images: three 3x3 conv + batch norm + relu + 2x2 max-pool layers
+/// (28 -> 14 -> 7 -> 3, 16/32/32 channels), flatten (288), dropout (p = 0.25, drawn from the
+/// global RNG), a linear layer and cross-entropy loss.
 /// Inputs: image [N,1,28,28] float32, label [N] int64. Throws std::invalid_argument unless 2 <= numClasses <= 10.
 SampleModel makeClsModel(uint64_t seed, int64_t numClasses = 10);
 

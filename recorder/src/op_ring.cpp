@@ -16,7 +16,7 @@ namespace {
 
 constexpr int kMaxInputs = 4;
 constexpr int kMaxDims = 6;
-constexpr size_t kNameBytes = 64;
+constexpr size_t kNameBytes = 96;
 
 struct InputSlot {
   int8_t dtype;   ///< c10::ScalarType, or -1 scalar, -2 none, -3 other
@@ -103,7 +103,11 @@ void record(const at::RecordFunction& fn, bool backward) {
 }
 
 std::unique_ptr<at::ObserverContext> onOp(const at::RecordFunction& fn) {
-  record(fn, tBackwardDepth > 0);
+  // The autograd engine wraps each node in an "autograd::engine::evaluate_function: X" scope
+  // of its own; it belongs to the backward pass too.
+  const char* name = fn.name();
+  bool engine = name && std::strncmp(name, "autograd::engine::", 18) == 0;
+  record(fn, tBackwardDepth > 0 || engine);
   return nullptr;
 }
 

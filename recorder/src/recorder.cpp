@@ -11,6 +11,7 @@
 #include <fmt/format.h>
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/jit/api/module.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/optim.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -266,6 +267,9 @@ struct Recorder::Impl {
     fact("cuda.matmul.allow_tf32", yes(ctx.allowTF32CuBLAS()));
     fact("cudnn.allow_tf32", yes(ctx.allowTF32CuDNN()));
     fact("torch.deterministic_algorithms", yes(ctx.deterministicAlgorithms()));
+    // Replay must run the step program the same way: the optimised graph's backward can
+    // differ in the last bit from the unoptimised one.
+    fact("torch.jit.graph_executor_optimize", yes(torch::jit::getGraphExecutorOptimize()));
     fact("recorder.keyframe_every", std::to_string(policy.keyframeEvery));
     fact("recorder.op_trace_depth", std::to_string(policy.opTraceDepth));
     fact("recorder.nonfinite", policy.nonFinite == NonFinitePolicy::Raise ? "raise" : "record");

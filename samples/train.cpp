@@ -67,17 +67,21 @@ TrainResult train(const TrainOptions& o) {
       for (auto& g : optimizer->param_groups()) g.options().set_lr(lr);
       auto t0 = Clock::now();
       std::optional<recorder::StepGuard> guard;
+      double inRecorder = 0;
       if (rec) {
         recorder::Batch named;
         for (size_t i = 0; i < batch.size(); ++i) named.emplace_back(model.inputs[i], batch[i]);
         guard.emplace(rec->beginStep(step, named));
+        inRecorder += std::chrono::duration<double>(Clock::now() - t0).count();
       }
       optimizer->zero_grad();
       std::vector<c10::IValue> inputs(batch.begin(), batch.end());
       auto loss = model.module.forward(inputs).toTensor();
       loss.backward();
       if (guard) {
+        auto t1 = Clock::now();
         guard->end(loss);  // the recorder's non-finite policy stops a NaN step here
+        inRecorder += std::chrono::duration<double>(Clock::now() - t1).count();
       } else if (!std::isfinite(loss.item<double>())) {
         // Without a recorder the sample still refuses to train on: a real script's check.
         throw std::runtime_error("loss is " + std::to_string(loss.item<double>()) + " at step " +
@@ -86,6 +90,7 @@ TrainResult train(const TrainOptions& o) {
       optimizer->step();
       guard.reset();
       result.stepSeconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+      result.recorderSeconds.push_back(inRecorder);
       result.losses.push_back(loss.item<double>());
       if (o.printEvery > 0 && (step % o.printEvery == 0 || step + 1 == o.steps))
         std::printf("step %4lld  loss %.5f  lr %.3g\n", static_cast<long long>(step), result.losses.back(), lr);

@@ -37,6 +37,7 @@ struct TrainResult {
   std::string bundle;                   ///< the crash bundle the recorder sealed
   std::vector<double> losses;           ///< per completed step
   std::vector<double> stepSeconds;      ///< wall time of each step (batch generation excluded)
+  std::vector<double> recorderSeconds;  ///< of which inside beginStep and end(loss)
   recorder::RecorderStats recorderStats;
 };
 

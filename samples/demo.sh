@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The demo behind `./dev demo`: a real LibTorch training writes a bundle; we inspect it,
-# damage copies the way crashes and bad disks do, and recover what is intact.
-# (The recorder, replay and triage arrive with their issues; this shows the bundle they stand on.)
+# The demo behind `./dev demo`: real LibTorch trainings crash under crashcap's flight
+# recorder, and the bundles they leave tell what happened. (Replay and triage, which re-run
+# the failing step, arrive with their issue.)
 set -euo pipefail
 BIN=${1:?usage: samples/demo.sh BUILD/bin}
 CC="$BIN/crashcap"
@@ -9,36 +9,54 @@ WORK=$(mktemp -d "${TMPDIR:-/tmp}/crashcap-demo-XXXXXX")
 trap 'rm -rf "$WORK"' EXIT
 step() { printf '\n\033[1;36m### %s\033[0m\n' "$*"; }
 show() { printf '\033[2m$ %s\033[0m\n' "$*"; "$@"; }
+expect_fail() { printf '\033[2m$ %s\033[0m\n' "$*"; if "$@"; then echo "(expected a failure)"; exit 1; else echo "(exited $? as expected)"; fi; }
 
-step "1. A real LibTorch training run (conv net, 20 SGD steps) writes its state into a bundle"
-show "$BIN/crashcap-sample-snapshot" --out "$WORK/run.ccap" --steps 20
+step "1. A text-segmentation training (ResNet encoder, FPN, DB head; Dice+BCE+L1) runs under the recorder."
+echo "   At step 12, image 3 of the batch is corrupt (NaN pixels), like the bad sample in the seeds."
+expect_fail "$BIN/crashcap-sample-seg" --steps 40 --record "$WORK/runs" --fault nan-sample --fault-step 12 --fault-row 3 --keyframe-every 5
+bundle=$(ls "$WORK"/runs/crash-*.ccap)
 
-step "2. What is in it"
-show "$CC" info "$WORK/run.ccap"
-show "$CC" ls "$WORK/run.ccap"
+step "2. The story of the crash, one screen: where it died, the last ops, the failing batch"
+show "$CC" inspect "$bundle"
 
-step "3. Look at tensors without Python: the last batch, its statistics, a slice"
-show "$CC" show "$WORK/run.ccap" batch/images --stats --slice '0,0,:4,:6'
-show "$CC" show "$WORK/run.ccap" batch/labels
+step "3. The corrupt image, without Python: statistics and the NaN patch"
+show "$CC" show "$bundle" steps/12/batch/image --stats --slice '3,0,26:31,26:31'
 
-step "4. A crash while writing: the file is cut off mid-record"
-size=$(stat -c %s "$WORK/run.ccap")
-head -c $((size * 2 / 3)) "$WORK/run.ccap" > "$WORK/cut.ccap"
+step "4. For scripts: the same story as JSON"
+printf '\033[2m$ crashcap inspect %s --json | python3 ...\033[0m\n' "$bundle"
+"$CC" inspect "$bundle" --json | /usr/bin/python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+c = j["crash"]
+print("crash:", c["kind"], "at step", c["step"], "in", c["phase"], "| signal:", c["signal"])
+print("steps:", j["steps"]["first"], "..", j["steps"]["last"], "| keyframes:", j["keyframes"], "| dropped records:", j["dropped_records"])'
+
+step "5. A classifier fed an out-of-range label: the exception's own text is kept"
+expect_fail "$BIN/crashcap-sample-cls" --steps 20 --record "$WORK/cls" --fault bad-label --fault-step 7 --fault-row 5
+show "$CC" inspect "$(ls "$WORK"/cls/crash-*.ccap)"
+
+step "6. SIGKILL (the OOM killer, a scheduler): nothing in the process can react, yet what reached the disk is kept"
+"$BIN/crashcap-sample-seg" --steps 100000 --record "$WORK/killed" --keyframe-every 10 > /dev/null &
+pid=$!
+sleep 4
+printf '\033[2m$ kill -9 %s\033[0m\n' "$pid"
+kill -9 "$pid"; wait "$pid" 2>/dev/null || true
+show "$CC" seal "$WORK/killed"
+killed=$(ls "$WORK"/killed/crash-*.ccap)
+show "$CC" verify "$killed"
+"$CC" inspect "$killed" | sed -n '/^steps/,/^keyframes/p;/NO CRASH/,+2p'
+
+step "7. A bundle damaged in transit: verify names the bytes, recover keeps everything intact"
+size=$(stat -c %s "$bundle")
+head -c $((size * 2 / 3)) "$bundle" > "$WORK/cut.ccap"
 show "$CC" info "$WORK/cut.ccap"
-
-step "5. A bad disk: one bit flipped; verify finds it (exit 1) and says where"
-cp "$WORK/run.ccap" "$WORK/flip.ccap"
-printf '\x55' | dd of="$WORK/flip.ccap" bs=1 seek=$((size / 2)) conv=notrunc status=none
-show "$CC" verify "$WORK/flip.ccap" || echo "(verify exited $?)"
-
-step "6. Recover a sealed copy of everything intact; the evidence file is never touched"
 show "$CC" recover "$WORK/cut.ccap" "$WORK/recovered.ccap"
 show "$CC" verify "$WORK/recovered.ccap"
 
-step "7. Hand a tensor to numpy or torch"
-show "$CC" export "$WORK/run.ccap" weights/conv1.weight --npy "$WORK/conv1.npy"
-show "$CC" export "$WORK/run.ccap" batch/images --pt "$WORK/images.pt"
+step "8. Hand the evidence to numpy or torch"
+show "$CC" export "$bundle" steps/12/batch/image --npy "$WORK/image.npy"
+show "$CC" export "$bundle" keyframes/10/parameters/stem.conv.weight --pt "$WORK/stem.pt"
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
-  show /usr/bin/python3 -c "import numpy as np, torch; print('numpy', np.load('$WORK/conv1.npy').shape, '| torch', torch.load('$WORK/images.pt').shape)"
+  show /usr/bin/python3 -c "import numpy as np, torch; a = np.load('$WORK/image.npy'); print('numpy', a.shape, 'NaN in rows', sorted(set(np.argwhere(np.isnan(a))[:, 0]))); print('torch', torch.load('$WORK/stem.pt').shape)"
 fi
-printf '\n\033[1mDemo complete.\033[0m Next: the recorder (a crashing training recorded end to end), then replay and triage.\n'
+printf '\n\033[1mDemo complete.\033[0m Next (issue 4): replay the failing step from the bundle and triage the cause.\n'

@@ -242,3 +242,31 @@ TEST_CASE("info shows the recorded environment with secrets withheld", "[cli][en
   CHECK(j["env"]["variables"]["CUDA_LAUNCH_BLOCKING"] == "1");
   CHECK(j["env"]["facts"]["os.wsl2"] == "no");
 }
+
+TEST_CASE("seal and inspect refuse what is not a recording or a bundle, with exit 2 and a hint", "[cli][errors][seal]") {
+  TempDir dir;
+  auto empty = cli({"seal", dir.path()});
+  CHECK(empty.exitCode == 2);
+  CHECK(empty.err.find("holds no recording") != std::string::npos);
+  CHECK(empty.err.find("hint") != std::string::npos);
+  auto missing = cli({"seal", dir.file("nope"), "--json"});
+  CHECK(missing.exitCode == 2);
+  CHECK(parse(missing)["error"]["code"] == "not-found");
+  crashcap::test::writeText(dir.file("text.ccap"), "not a bundle at all");
+  auto notBundle = cli({"inspect", dir.file("text.ccap")});
+  CHECK(notBundle.exitCode == 2);
+  CHECK(notBundle.err.find("not a crashcap bundle") != std::string::npos);
+  // A plain bundle without recorder records: inspect says there is no crash and no steps.
+  {
+    auto w = crashcap::formats::BundleWriter::create(dir.file("plain.ccap"));
+    w->seal();
+  }
+  auto plain = cli({"inspect", dir.file("plain.ccap"), "--json"});
+  REQUIRE(plain.exitCode == 0);
+  auto j = parse(plain);
+  CHECK(j["crash"].is_null());
+  CHECK(j["steps"]["count"] == 0);
+  CHECK(j["keyframes"].empty());
+  CHECK(j["dropped_records"] == 0);
+  CHECK(j["env"].is_object());
+}

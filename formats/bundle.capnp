@@ -106,15 +106,17 @@ struct Entry {
 # A record that refers to tensors is written after all of them, so its presence means they
 # reached the file first (a commit marker).
 
-# Record type 5. The step program: what the replayer executes. The body is a TorchScript
-# archive (torch.jit.save format) of a module in training mode whose forward(inputs...)
-# returns the loss: a scalar tensor, or a tuple whose element 0 is the loss, or a dict
-# with key "loss".
+# Record type 5. The step program: what the replayer executes, a TorchScript archive
+# (torch.jit.save format) of a module in training mode whose forward(inputs...) returns the
+# loss: a scalar tensor, or a tuple whose element 0 is the loss, or a dict with key "loss".
+# The archive holds every weight, so it is stored as a uint8 tensor (chunked like any other,
+# no size limit), written before this record. No body.
 struct StepProgram {
   format @0 :Text;              # "torchscript"
   inputs @1 :List(Text);        # forward's batch arguments, in order; each a batch tensor name
   parameters @2 :List(Text);    # trainable parameters by name, in module order
   buffers @3 :List(Text);       # buffers by name, in module order
+  archive @4 :Text;             # name of the uint8 [n] tensor holding the archive ("program/torchscript")
 }
 
 # Record type 6. The optimizer and the recipe replay follows:

@@ -93,6 +93,7 @@ std::vector<uint8_t> encodeMeta(const StepProgramData& v) {
   setTexts(r.initInputs(v.inputs.size()), v.inputs);
   setTexts(r.initParameters(v.parameters.size()), v.parameters);
   setTexts(r.initBuffers(v.buffers.size()), v.buffers);
+  r.setArchive(v.archive);
   return toBytes(b);
 }
 
@@ -211,6 +212,7 @@ StepProgramData decodeStepProgram(const std::vector<uint8_t>& meta, const Reader
     v.inputs = texts(r.getInputs(), kNameBytes, "step program input");
     v.parameters = texts(r.getParameters(), kNameBytes, "step program parameter");
     v.buffers = texts(r.getBuffers(), kNameBytes, "step program buffer");
+    v.archive = text(r.getArchive(), kNameBytes, "step program archive");
     return v;
   });
 }
@@ -388,7 +390,6 @@ RecordingView readRecording(const BundleReader& reader) {
       switch (static_cast<RecordType>(r.type)) {
         case RecordType::StepProgram:
           view.program = decodeStepProgram(raw.meta, reader.limits());
-          view.programOffset = r.offset;
           break;
         case RecordType::OptimizerSpec: view.optimizer = decodeOptimizerSpec(raw.meta, reader.limits()); break;
         case RecordType::StepBegin: view.stepBegins.push_back(decodeStepBegin(raw.meta, reader.limits())); break;

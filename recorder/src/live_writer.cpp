@@ -125,16 +125,16 @@ LiveWriter::~LiveWriter() {
 void LiveWriter::startRecording() {
   int64_t t = nowNs();
   std::string dir = (fs::path(options_.dir) / recordingDirName(t, static_cast<uint32_t>(::getpid()))).string();
-  for (int i = 2; fs::exists(dir); ++i)
-    dir = (fs::path(options_.dir) / fmt::format("{}-{}", recordingDirName(t, ::getpid()), i)).string();
   std::error_code ec;
+  for (int i = 2; fs::exists(dir, ec); ++i)
+    dir = (fs::path(options_.dir) / fmt::format("{}-{}", recordingDirName(t, ::getpid()), i)).string();
   fs::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::Io, fmt::format("cannot create {}: {}", dir, ec.message()));
   formats::WriterOptions wo;
   wo.zstdLevel = options_.zstdLevel;
   wo.producer = "crashcap recorder";
   run_ = formats::BundleWriter::create((fs::path(dir) / kRunFileName).string(), wo);
-  for (auto& r : runRecords_) run_->writeRecord(r.type, r.meta, r.body.data(), r.body.size(), !r.body.empty());
+  for (auto& r : runRecords_) writeRun(r);
   run_->sync();
   recording_ = dir;
   segmentIndex_ = 0;
@@ -142,12 +142,21 @@ void LiveWriter::startRecording() {
   segmentBroken_ = false;
 }
 
+void LiveWriter::writeRun(const Job& job) {
+  if (job.kind == Job::Kind::RunTensor)
+    run_->writeTensor(job.tensor.name, job.tensor.dtype, job.tensor.shape, job.tensor.data, job.tensor.size);
+  else
+    run_->writeRecord(job.type, job.meta, job.body.data(), job.body.size(), !job.body.empty());
+}
+
 bool LiveWriter::push(std::vector<Job> jobs) {
   uint64_t bytes = 0;
   for (const auto& j : jobs) bytes += j.bytes();
   {
     std::lock_guard<std::mutex> lk(mu_);
-    if (!closed_ && queuedBytes_ + bytes <= options_.queueBytes) {
+    // A batch larger than the whole budget (a big model's keyframe) still goes through when
+    // nothing else is queued; otherwise it could never be recorded.
+    if (!closed_ && (queuedBytes_ == 0 || queuedBytes_ + bytes <= options_.queueBytes)) {
       queuedBytes_ += bytes;
       for (auto& j : jobs) queue_.push_back(std::move(j));
       bytes = 0;
@@ -166,6 +175,11 @@ bool LiveWriter::push(std::vector<Job> jobs) {
   }
   cv_.notify_one();
   return true;
+}
+
+bool LiveWriter::wouldAccept(uint64_t bytes) const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return !closed_ && (queuedBytes_ == 0 || queuedBytes_ + bytes <= options_.queueBytes);
 }
 
 void LiveWriter::countDrop(uint64_t records, uint64_t bytes) {
@@ -213,7 +227,14 @@ void LiveWriter::loop() {
                    [&] { return !queue_.empty() || stop_ || crashPending_.load(std::memory_order_acquire); });
       if (crashPending_.load(std::memory_order_acquire)) {
         lk.unlock();
-        handleCrash();
+        try {
+          handleCrash();
+        } catch (...) {
+          // Never let the writer thread take the training down; the crash waiter times out
+          // and the recording stays for `crashcap seal`.
+          std::lock_guard<std::mutex> done(mu_);
+          crashPending_.store(false, std::memory_order_release);
+        }
         continue;
       }
       if (queue_.empty()) {
@@ -227,7 +248,15 @@ void LiveWriter::loop() {
       queuedBytes_ -= job.bytes();
       busy_ = true;
     }
-    process(job);
+    try {
+      process(job);
+    } catch (const std::exception& e) {
+      degrade(e.what());
+      countDrop(1, job.bytes());
+    } catch (...) {
+      degrade("unknown error in the writer thread");
+      countDrop(1, job.bytes());
+    }
   }
 }
 
@@ -286,28 +315,28 @@ void LiveWriter::applyRetention() {
 }
 
 void LiveWriter::process(Job& job) {
-  if (needNewRecording_ && job.kind != Job::Kind::RunRecord) {
-    try {
-      startRecording();
-      needNewRecording_ = false;
-    } catch (const Error& e) {
-      degrade(e.what());
-    }
-  }
   try {
     switch (job.kind) {
       case Job::Kind::RunRecord:
-        runRecords_.push_back(job);
-        if (!needNewRecording_) {
-          run_->writeRecord(job.type, job.meta, job.body.data(), job.body.size(), !job.body.empty());
-          run_->sync();  // small, and without it a replay has nothing to execute
+      case Job::Kind::RunTensor:
+        if (!needNewRecording_ && run_) {
+          writeRun(job);
+          run_->sync();  // without it a replay has nothing to execute
         }
+        runRecords_.push_back(std::move(job));  // kept (written or not) for a later recording
         return;
       case Job::Kind::StartSegment:
+        // After a crash sealed the recording, a program that goes on records into a fresh
+        // one, started at its next keyframe (never per job: a failing directory must not
+        // multiply).
+        if (needNewRecording_) {
+          startRecording();
+          needNewRecording_ = false;
+        }
         startSegment();
         return;
       case Job::Kind::Tensor:
-        if (!segmentUsable()) break;
+        if (needNewRecording_ || !segmentUsable()) break;
         if (job.tensor.wait && !job.tensor.wait()) {
           countDrop(1, job.bytes());
           return;
@@ -315,7 +344,7 @@ void LiveWriter::process(Job& job) {
         segment_->writeTensor(job.tensor.name, job.tensor.dtype, job.tensor.shape, job.tensor.data, job.tensor.size);
         return;
       case Job::Kind::Record:
-        if (!segmentUsable()) break;
+        if (needNewRecording_ || !segmentUsable()) break;
         segment_->writeRecord(job.type, job.meta, job.body.data(), job.body.size(), !job.body.empty());
         if (job.commitsStep) writtenThrough_.store(job.step, std::memory_order_release);
         return;
@@ -382,6 +411,18 @@ void LiveWriter::handleCrash() {
     }
     ops = opsSnapshot_;
   }
+  // The op ring first: other threads keep adding ops while the queue drains.
+  std::optional<formats::OpTraceData> trace;
+  if (ops) trace = ops();
+  if (needNewRecording_) {
+    // This failure follows one already sealed with nothing recorded since (fail(e) and then
+    // the same exception reaching std::terminate): the bundle exists; do not seal again.
+    std::lock_guard<std::mutex> lk(mu_);
+    crashPending_.store(false, std::memory_order_release);
+    crashDone_.fetch_add(1, std::memory_order_acq_rel);
+    idle_.notify_all();
+    return;
+  }
   if (fromSignal) {
     crash.kind = "signal";
     crash.signal = gSignal.signal;
@@ -415,8 +456,6 @@ void LiveWriter::handleCrash() {
     }
     process(job);
   }
-  std::optional<formats::OpTraceData> trace;
-  if (ops) trace = ops();
   formats::RunStatusData status;
   {
     auto s = stats();
@@ -430,12 +469,14 @@ void LiveWriter::handleCrash() {
   }
   // The crash goes into the live segment first: if sealing cannot finish, `crashcap seal`
   // still finds it.
+  bool inSegment = false;
   if (segmentUsable()) {
     try {
       formats::writeMetaRecord(*segment_, crash);
       if (trace) formats::writeMetaRecord(*segment_, *trace);
       segment_->sync();
-    } catch (const Error& e) {
+      inSegment = true;
+    } catch (const std::exception& e) {
       degrade(e.what());
     }
   }
@@ -445,6 +486,13 @@ void LiveWriter::handleCrash() {
   try {
     SealOptions so;
     so.status = status;
+    if (!inSegment) {
+      // No usable segment (failure before the first step, disk full): the bundle still
+      // gets the crash and the ops, straight from memory.
+      so.crash = crash;
+      so.ops = trace;
+    }
+    so.decodeChunks = false;  // the scan checked every checksum; a crash has no time to spare
     auto report = sealRecording(recording_, so);
     bundle = report.out;
     if (!options_.quiet) std::fprintf(stderr, "crashcap: crash recorded: %s\n", bundle.c_str());

@@ -37,7 +37,7 @@ struct TensorJob {
 };
 
 struct Job {
-  enum class Kind { Tensor, Record, StartSegment, RunRecord };
+  enum class Kind { Tensor, Record, StartSegment, RunRecord, RunTensor };
   Kind kind = Kind::Record;
   TensorJob tensor;
   uint16_t type = 0;               ///< Record, RunRecord
@@ -86,6 +86,9 @@ class LiveWriter {
   int64_t writtenThrough() const { return writtenThrough_.load(std::memory_order_acquire); }
   /// Counts records the producer decided not to write.
   void countDrop(uint64_t records, uint64_t bytes);
+  /// Whether push() of `bytes` would be accepted now (the queue is empty, or they fit), so a
+  /// producer can skip making copies that would be dropped.
+  bool wouldAccept(uint64_t bytes) const;
 
   /// Where the training is (read by the crash path).
   std::atomic<int64_t> currentStep{-1};
@@ -115,6 +118,7 @@ class LiveWriter {
   void loop();
   void process(Job& job);
   void startRecording();
+  void writeRun(const Job& job);
   void startSegment();
   void applyRetention();
   void degrade(const std::string& why);
@@ -127,7 +131,7 @@ class LiveWriter {
   std::unique_ptr<formats::BundleWriter> segment_;
   bool segmentBroken_ = false;
   uint64_t segmentIndex_ = 0;
-  std::vector<Job> runRecords_;      ///< replayed into a new run.ccap when a recording restarts after a crash
+  std::vector<Job> runRecords_;      ///< written to run.ccap; replayed into a new one when a recording restarts after a crash
 
   mutable std::mutex mu_;
   std::condition_variable cv_;

@@ -62,7 +62,9 @@ void record(const at::RecordFunction& fn, bool backward) {
   if (!ring) return;
   uint64_t index = ring->next.fetch_add(1, std::memory_order_relaxed);
   Entry& e = ring->entries[index % ring->entries.size()];
+  // A seqlock: 0 while the entry is being written, index + 1 once complete.
   e.committed.store(0, std::memory_order_relaxed);
+  std::atomic_thread_fence(std::memory_order_release);
   const char* name = fn.name();
   size_t i = 0;
   if (name)
@@ -148,11 +150,15 @@ std::string dtypeText(int8_t d) {
 
 }  // namespace
 
-void startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase) {
+bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase) {
   std::lock_guard<std::mutex> lk(gMu);
-  if (gRunning || capacity == 0) return;
+  if (gRunning || capacity == 0) return false;
   gStep = step;
   gPhase = phase;
+  // A callback still finishing on another thread may hold the previous ring: retire it
+  // instead of freeing it (one small ring per restart of the observer).
+  static std::vector<std::unique_ptr<Ring>> retired;
+  if (gRingOwner) retired.push_back(std::move(gRingOwner));
   gRingOwner = std::make_unique<Ring>(capacity);
   gRing.store(gRingOwner.get(), std::memory_order_release);
   gOpHandle = at::addGlobalCallback(
@@ -161,6 +167,7 @@ void startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<in
                                               .needsInputs(false)
                                               .scopes({at::RecordScope::BACKWARD_FUNCTION}));
   gRunning = true;
+  return true;
 }
 
 void stopOpObserver() {
@@ -174,6 +181,25 @@ void stopOpObserver() {
   // The ring itself stays: a crash after close can still be described.
 }
 
+namespace {
+formats::OpData describe(const Entry& e, uint64_t i) {
+  formats::OpData op;
+  op.index = i;
+  op.name.assign(e.name, strnlen(e.name, kNameBytes));
+  op.phase = e.backward ? "backward" : "forward";
+  op.sequenceNr = e.sequenceNr;
+  op.step = e.step;
+  op.thread = e.thread;
+  for (int k = 0; k < e.inputCount && k < kMaxInputs; ++k) {
+    formats::OpInputData in;
+    in.dtype = dtypeText(e.inputs[k].dtype);
+    for (int d = 0; d < e.inputs[k].rank && d < kMaxDims; ++d) in.shape.push_back(e.inputs[k].dims[d]);
+    op.inputs.push_back(std::move(in));
+  }
+  return op;
+}
+}  // namespace
+
 std::optional<formats::OpTraceData> snapshotOps() {
   Ring* ring = gRing.load(std::memory_order_acquire);
   if (!ring) return std::nullopt;
@@ -186,22 +212,22 @@ std::optional<formats::OpTraceData> snapshotOps() {
   for (uint64_t i = first; i < total; ++i) {
     const Entry& e = ring->entries[i % cap];
     if (e.committed.load(std::memory_order_acquire) != i + 1) continue;  // being rewritten
-    formats::OpData op;
-    op.index = i;
-    op.name.assign(e.name, strnlen(e.name, kNameBytes));
-    op.phase = e.backward ? "backward" : "forward";
-    op.sequenceNr = e.sequenceNr;
-    op.step = e.step;
-    op.thread = e.thread;
-    for (int k = 0; k < e.inputCount && k < kMaxInputs; ++k) {
-      formats::OpInputData in;
-      in.dtype = dtypeText(e.inputs[k].dtype);
-      for (int d = 0; d < e.inputs[k].rank && d < kMaxDims; ++d) in.shape.push_back(e.inputs[k].dims[d]);
-      op.inputs.push_back(std::move(in));
-    }
+    Entry copy;
+    std::memcpy(copy.name, e.name, sizeof copy.name);
+    copy.backward = e.backward;
+    copy.inputCount = e.inputCount;
+    copy.sequenceNr = e.sequenceNr;
+    copy.step = e.step;
+    copy.thread = e.thread;
+    std::memcpy(copy.inputs, e.inputs, sizeof copy.inputs);
+    std::atomic_thread_fence(std::memory_order_acquire);
+    if (e.committed.load(std::memory_order_relaxed) != i + 1) continue;  // overwritten while copied
+    formats::OpData op = describe(copy, i);
     out.ops.push_back(std::move(op));
   }
   return out;
 }
+
+
 
 }  // namespace crashcap::recorder::detail

@@ -15,7 +15,8 @@ namespace crashcap::recorder::detail {
 
 /// Starts observing into a ring of `capacity` entries. `step` and `phase` are read and
 /// (phase: forward -> backward) written by the callback; they must outlive stop().
-void startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase);
+/// Returns false (and does nothing) when an observer is already running.
+bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase);
 /// Removes the callbacks; the ring stays readable until the next start.
 void stopOpObserver();
 /// The ring's contents, oldest first; nullopt when the observer never ran.

@@ -165,6 +165,7 @@ struct Recorder::Impl {
   /// The step whose crash is already recorded (non-finite raise): its unwinding and a
   /// fail() with the same error add nothing.
   int64_t crashRecordedStep = -1;
+  bool observerStarted = false;   ///< this recorder owns the process-wide op observer
   /// A step the guard saw fail by exception, not yet handed to fail().
   std::optional<formats::CrashData> pendingCrash;
   std::string lastCrashBundle;
@@ -210,9 +211,15 @@ struct Recorder::Impl {
       auto event = std::make_shared<c10::Event>(src.device().type());
       c10::impl::VirtualGuardImpl impl(src.device().type());
       event->record(impl.getStream(src.device()));
+      // Bounded: a device stuck behind a hung kernel or collective must not hang the writer
+      // (and with it the crash path and close()).
       job.wait = [event] {
+        auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
         try {
-          while (!event->query()) std::this_thread::sleep_for(std::chrono::microseconds(100));
+          while (!event->query()) {
+            if (std::chrono::steady_clock::now() > deadline) return false;
+            std::this_thread::sleep_for(std::chrono::microseconds(100));
+          }
           return true;
         } catch (const std::exception&) {
           return false;  // the device failed before the copy finished
@@ -281,6 +288,22 @@ struct Recorder::Impl {
     if (optimizer)
       for (const auto& g : optimizer->param_groups()) out.push_back(g.options().get_lr());
     return out;
+  }
+
+  /// Bytes a keyframe would copy, to skip copies the writer's queue cannot take.
+  uint64_t keyframeBytes() const {
+    uint64_t bytes = 0;
+    auto add = [&](const at::Tensor& t) {
+      if (t.defined()) bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+    };
+    for (const auto& [n, t] : parameters) add(t);
+    for (const auto& [n, t] : buffers) add(t);
+    if (optimizer) {
+      // Adam-like optimizers keep about two tensors per parameter.
+      uint64_t params = bytes;
+      bytes += 2 * params;
+    }
+    return bytes;
   }
 
   std::vector<Job> keyframeJobs(int64_t step) {
@@ -416,7 +439,8 @@ Recorder::Recorder(std::string dir, Policy policy) : impl_(std::make_unique<Impl
     detail::setActiveWriter(impl_->writer.get());
   impl_->writer->setOpsSnapshot([] { return detail::snapshotOps(); });
   if (policy.opTraceDepth > 0)
-    detail::startOpObserver(policy.opTraceDepth, &impl_->writer->currentStep, &impl_->writer->phase);
+    impl_->observerStarted =
+        detail::startOpObserver(policy.opTraceDepth, &impl_->writer->currentStep, &impl_->writer->phase);
   if (policy.crashGuard) detail::installCrashGuard(&describeTorchException);
 }
 
@@ -443,10 +467,17 @@ void Recorder::setProgram(const torch::jit::Module& module, std::vector<std::str
   for (const auto& [n, t] : m.buffers) program.buffers.push_back(n);
   std::ostringstream archive;
   module.save(archive);
-  auto bytes = archive.str();
-  Job j = Impl::recordJob(program, Job::Kind::RunRecord);
-  j.body.assign(bytes.begin(), bytes.end());
-  m.writer->push({std::move(j)});
+  auto bytes = std::make_shared<std::string>(archive.str());
+  // The archive holds every weight: it goes in as a chunked uint8 tensor, any size.
+  Job a;
+  a.kind = Job::Kind::RunTensor;
+  a.tensor.name = program.archive;
+  a.tensor.dtype = formats::DType::UInt8;
+  a.tensor.shape = {static_cast<int64_t>(bytes->size())};
+  a.tensor.data = bytes->data();
+  a.tensor.size = bytes->size();
+  a.tensor.owner = bytes;
+  m.writer->push({std::move(a), Impl::recordJob(program, Job::Kind::RunRecord)});
 }
 
 void Recorder::setModel(std::vector<std::pair<std::string, at::Tensor>> parameters,
@@ -502,7 +533,11 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
   m.writer->currentStep.store(step, std::memory_order_relaxed);
   m.writer->stepsBegun.fetch_add(1, std::memory_order_relaxed);
   if (m.keyframeDue || step - m.lastKeyframe >= m.policy.keyframeEvery) {
-    if (m.writer->push(m.keyframeJobs(step))) {
+    if (!m.writer->wouldAccept(m.keyframeBytes())) {
+      // The writer is behind: do not copy the model just to drop it; try at the next step.
+      m.writer->countDrop(1, m.keyframeBytes());
+      m.keyframeDue = true;
+    } else if (m.writer->push(m.keyframeJobs(step))) {
       m.lastKeyframe = step;
       m.keyframeDue = false;
       ++m.keyframes;
@@ -519,8 +554,9 @@ std::string Recorder::fail(const std::exception& error) {
   c.error = error.what();
   describeTorchException(error, c);
   auto& m = *impl_;
-  int64_t step = m.pendingCrash ? m.pendingCrash->step : m.lastStep;
-  if (step >= 0 && step == m.crashRecordedStep && !m.pendingCrash) return m.lastCrashBundle;
+  // The recorder's own NonFiniteError was recorded when it was thrown.
+  if (auto* nf = dynamic_cast<const NonFiniteError*>(&error); nf && nf->step() == m.crashRecordedStep && !m.pendingCrash)
+    return m.lastCrashBundle;
   formats::CrashData crash = m.pendingCrash ? *m.pendingCrash : m.crashHere("exception", m.lastStep);
   if (dynamic_cast<const NonFiniteError*>(&error)) crash.kind = "nonfinite";
   crash.error = c.error;
@@ -544,7 +580,7 @@ void Recorder::close() {
   if (m.closed) return;
   m.closed = true;
   if (m.pendingCrash) m.sealCrash(std::move(*m.pendingCrash));
-  if (m.policy.opTraceDepth > 0 && m.writer) detail::stopOpObserver();
+  if (m.observerStarted) detail::stopOpObserver();
   if (!m.writer) return;
   formats::RunStatusData status;
   status.state = "finished";

@@ -1,6 +1,7 @@
 #include "crashcap/recorder/recording_dir.hpp"
 
 #include <fmt/format.h>
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -185,12 +186,15 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
     report.tensors += c.tensorsCopied;
     for (const auto& l : c.lines) report.lost.push_back(fmt::format("{}: {}", file, l));
   };
-  add(formats::copyRecords(*run, *writer), kRunFileName);
+  add(formats::copyRecords(*run, *writer, {}, options.decodeChunks), kRunFileName);
   for (const auto& s : segments) {
-    auto c = formats::copyRecords(*s, *writer, [](const formats::RecordEntry& r) {
-      // One recording_info per bundle: run.ccap's.
-      return r.type != static_cast<uint16_t>(formats::RecordType::RecordingInfo);
-    });
+    auto c = formats::copyRecords(
+        *s, *writer,
+        [](const formats::RecordEntry& r) {
+          // One recording_info per bundle: run.ccap's.
+          return r.type != static_cast<uint16_t>(formats::RecordType::RecordingInfo);
+        },
+        options.decodeChunks);
     add(c, fs::path(s->path()).filename().string());
   }
   if (crash) formats::writeMetaRecord(*writer, *crash);
@@ -215,6 +219,12 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   if (std::rename(partial.c_str(), out.c_str()) != 0)
     throw Error(ErrorCode::Io, fmt::format("cannot rename {} to {}: {}", partial, out, std::strerror(errno)));
   cleanup.done = true;
+  // Make the new name durable before the recording it replaces is deleted.
+  auto parent = fs::path(out).parent_path();
+  if (int dfd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
   if (options.removeRecording) {
     std::error_code ec;
     fs::remove_all(recording, ec);

@@ -1,6 +1,7 @@
 // crashcap-test-victim: a small real LibTorch training loop (a TorchScript MLP, SGD) under
 // the Recorder that fails on demand, for the crash-safety tests:
 //   --fail none|abort|segv|terminate|exception|uncaught|nonfinite|busy   at --fail-step S
+//   --fail setup   throws before the first step (no segment exists yet)
 // "exception" is caught in main and passed to Recorder::fail; "uncaught" leaves main;
 // "busy" never fails and runs until killed (SIGKILL tests). --report prints
 // "written N" after each step: the newest step the recorder has handed to the OS.
@@ -74,6 +75,7 @@ int main(int argc, char** argv) {
   torch::optim::SGD optimizer(params, torch::optim::SGDOptions(0.05).momentum(0.9));
   recorder.setOptimizer(optimizer);
   try {
+    if (fail == "setup") throw std::runtime_error("victim: data loader failed before the first step");
     for (int64_t step = 0; fail == "busy" || step < steps; ++step) {
       auto x = torch::randn({8, 16});
       auto y = torch::randint(0, 4, {8}, torch::kInt64);

@@ -60,8 +60,11 @@ struct CopyReport {
 /// Appends every intact record of `reader` to `writer` byte for byte (no recompression; the
 /// writer renumbers sequences) and lists the copied tensors in the writer's index. Chunks of
 /// incomplete or undecodable tensors are dropped; `keep`, when given, may reject records
-/// other than tensor chunks (every complete tensor is copied). Used by recover and by sealing a recording.
+/// other than tensor chunks (every complete tensor is copied). Used by recover and by sealing a
+/// recording. With `decodeChunks` false, chunk bodies are not test-decompressed first (their
+/// checksums were checked by the scan that opened `reader`; only a writer bug could make one
+/// undecodable): much faster, for the crash path.
 CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
-                       const std::function<bool(const RecordEntry&)>& keep = {});
+                       const std::function<bool(const RecordEntry&)>& keep = {}, bool decodeChunks = true);
 
 }  // namespace crashcap::formats

@@ -20,12 +20,13 @@ class BundleWriter;
 /// A named number (optimizer options, scalar optimizer state).
 using NumberEntry = std::pair<std::string, double>;
 
-/// Type 5: the TorchScript step program (its archive is the record body).
+/// Type 5: the TorchScript step program; its archive is the uint8 tensor named `archive`.
 struct StepProgramData {
   std::string format = "torchscript";
   std::vector<std::string> inputs;      ///< forward's batch arguments, in order
   std::vector<std::string> parameters;  ///< trainable parameters, module order
   std::vector<std::string> buffers;     ///< buffers, module order
+  std::string archive = "program/torchscript";
 };
 
 struct ParamGroupData {
@@ -150,7 +151,7 @@ inline RecordType recordTypeOf(const CrashData&) { return RecordType::Crash; }
 inline RecordType recordTypeOf(const RunStatusData&) { return RecordType::RunStatus; }
 inline RecordType recordTypeOf(const EnvironmentData&) { return RecordType::Environment; }
 
-/// Writes one recorder record (no body; StepProgram takes its archive as `body`).
+/// Writes one recorder record (recorder records have no body).
 template <typename T>
 uint64_t writeMetaRecord(BundleWriter& writer, const T& value, const std::vector<uint8_t>& body = {});
 
@@ -171,7 +172,6 @@ std::string keyframeTensorName(int64_t step, const std::string& part, const std:
 /// records are skipped and described in `problems`.
 struct RecordingView {
   std::optional<StepProgramData> program;
-  std::optional<uint64_t> programOffset;    ///< where the step program record is (its body is the archive)
   std::optional<OptimizerSpecData> optimizer;
   std::vector<StepBeginData> stepBegins;
   std::vector<StepEndData> stepEnds;

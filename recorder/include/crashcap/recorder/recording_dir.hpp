@@ -44,6 +44,7 @@ struct SealOptions {
   std::optional<formats::CrashData> crash;  ///< written into the bundle (the crash guard's)
   std::optional<formats::OpTraceData> ops;
   std::optional<formats::RunStatusData> status;
+  bool decodeChunks = true;                 ///< test-decompress every chunk before copying (see copyRecords)
   formats::ReaderLimits limits;
   formats::Progress progress;
 };

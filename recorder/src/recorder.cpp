@@ -368,7 +368,7 @@ struct Recorder::Impl {
       }
     }
     if (at::Context::hasCUDA()) {
-      for (int64_t d = 0; d < static_cast<int64_t>(at::detail::getCUDAHooks().getNumGPUs()); ++d) {
+      for (int64_t d = 0; d < static_cast<int64_t>(at::getNumGPUs()); ++d) {
         auto gen = at::globalContext().defaultGenerator(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(d)));
         at::Tensor state;
         {

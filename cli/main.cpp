@@ -25,6 +25,7 @@
 #include "crashcap/inspect/summary.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 #ifdef CRASHCAP_HAVE_TORCH
+#include "crashcap/replayer/replay.hpp"
 #include "crashcap/formats/torch/pt_file.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #endif
@@ -323,6 +324,97 @@ int cmdSeal(const SealCliOptions& s) {
   return kExitOk;
 }
 
+struct ReplayCliOptions {
+  int64_t step = -1;
+  std::string device = "cpu";
+  bool json = false;
+};
+
+#ifdef CRASHCAP_HAVE_TORCH
+json valueStatsJson(const std::vector<crashcap::replayer::ValueStats>& values) {
+  json out = json::array();
+  for (const auto& v : values)
+    out.push_back({{"dtype", v.dtype},
+                   {"shape", v.shape},
+                   {"nan_count", v.nanCount},
+                   {"inf_count", v.infCount},
+                   {"min", v.min ? json(*v.min) : json(nullptr)},
+                   {"max", v.max ? json(*v.max) : json(nullptr)}});
+  return out;
+}
+
+int cmdReplay(const std::string& path, const ReplayCliOptions& o) {
+  if (o.device != "cpu")
+    throw Error(ErrorCode::Unsupported, fmt::format("replay on '{}' is not available yet", o.device),
+                "this crashcap replays on the CPU: --device cpu");
+  crashcap::replayer::ReplayOptions ro;
+  ro.step = o.step;
+  auto r = crashcap::replayer::replay(path, ro);
+  auto fp = [](double v) { return std::isfinite(v) ? json(v) : json(fmt::format("{}", v)); };
+  json steps = json::array();
+  for (const auto& s : r.steps)
+    steps.push_back({{"step", s.step},
+                     {"loss", fp(s.loss)},
+                     {"grad_norm", s.hasGradNorm ? fp(s.gradNorm) : json(nullptr)},
+                     {"recorded_loss", s.recorded ? fp(s.recordedLoss) : json(nullptr)},
+                     {"recorded_grad_norm", s.recorded ? fp(s.recordedGradNorm) : json(nullptr)},
+                     {"bitwise", s.bitwise},
+                     {"error", s.error.empty() ? json(nullptr) : json(s.error)}});
+  json op = nullptr;
+  if (r.firstNonFiniteOp)
+    op = {{"name", r.firstNonFiniteOp->name},
+          {"phase", r.firstNonFiniteOp->phase},
+          {"seq", r.firstNonFiniteOp->seq},
+          {"index", r.firstNonFiniteOp->index},
+          {"inputs", valueStatsJson(r.firstNonFiniteOp->inputs)},
+          {"outputs", valueStatsJson(r.firstNonFiniteOp->outputs)}};
+  if (o.json) {
+    printJson({{"verdict", r.verdict},
+               {"step", r.step},
+               {"keyframe", r.keyframe},
+               {"error", r.error.empty() ? json(nullptr) : json(r.error)},
+               {"recorded_error", r.recordedError.empty() ? json(nullptr) : json(r.recordedError)},
+               {"diverged_at", r.divergedAt ? json(*r.divergedAt) : json(nullptr)},
+               {"first_nonfinite_op", op},
+               {"steps", steps},
+               {"steps_replayed", r.steps.size()},
+               {"load_ms", r.loadMs},
+               {"replay_ms", r.replayMs},
+               {"device", "cpu"},
+               {"threads", r.threads}});
+    return kExitOk;
+  }
+  std::cout << fmt::format("replayed steps {}..{} of {} from keyframe {} on the CPU ({} threads) in {:.0f} ms\n",
+                           r.keyframe, r.step, path, r.keyframe, r.threads, r.loadMs + r.replayMs);
+  for (const auto& s : r.steps) {
+    std::cout << fmt::format("  step {:<5} loss {:<14} grad norm {:<14} {}", s.step, fmt::format("{:.7g}", s.loss),
+                             s.hasGradNorm ? fmt::format("{:.7g}", s.gradNorm) : "-",
+                             !s.recorded ? "(no recorded fingerprint)" : s.bitwise ? "= recording, bit for bit"
+                                                                                   : fmt::format("!= recording ({:.7g}, {:.7g})", s.recordedLoss, s.recordedGradNorm));
+    if (!s.error.empty()) std::cout << "  error: " << s.error.substr(s.error.find_last_of('\n', s.error.size() - 2) + 1);
+    std::cout << "\n";
+  }
+  std::cout << fmt::format("verdict  {}\n", r.verdict);
+  if (r.divergedAt) std::cout << fmt::format("diverged at step {}: replay departs from the recording (nondeterminism?)\n", *r.divergedAt);
+  if (!r.error.empty()) std::cout << fmt::format("error    {}\n", r.error);
+  if (r.firstNonFiniteOp) {
+    const auto& f = *r.firstNonFiniteOp;
+    std::cout << fmt::format("first op with a non-finite output: {} ({}, op #{} of the step, autograd seq {})\n", f.name,
+                             f.phase, f.index, f.seq);
+    auto line = [](const char* what, const crashcap::replayer::ValueStats& v) {
+      std::string shape;
+      for (auto d : v.shape) shape += (shape.empty() ? "" : ", ") + std::to_string(d);
+      return fmt::format("  {} {}[{}]  NaN {}  Inf {}  finite range {}..{}\n", what, v.dtype, shape, v.nanCount,
+                         v.infCount, v.min ? fmt::format("{:.6g}", *v.min) : "-", v.max ? fmt::format("{:.6g}", *v.max) : "-");
+    };
+    for (const auto& v : f.inputs) std::cout << line("input ", v);
+    for (const auto& v : f.outputs) std::cout << line("output", v);
+  }
+  return kExitOk;
+}
+
+#endif
+
 int exitCodeFor(ErrorCode code) {
   return code == ErrorCode::Internal ? kExitInternal : kExitBadInput;
 }
@@ -395,6 +487,19 @@ int main(int argc, char** argv) {
   insp->footer("Example: crashcap inspect runs/crash-20261121T233427Z-4242.ccap --json | jq .crash");
   addReadOptions(insp, ro);
 
+  ReplayCliOptions rp;
+  auto* replaySub = app.add_subcommand("replay", "Re-run the failing step from a bundle and say whether the crash reproduces");
+  replaySub->add_option("bundle", bundle, "Bundle with a step program (crash-*.ccap)")->required();
+  replaySub->add_option("--step", rp.step, "Step to reproduce (default: the crash's step)");
+  replaySub->add_option("--device", rp.device, "Where to replay (cpu)")->capture_default_str();
+  replaySub->add_flag("--json", rp.json, "Print one JSON object instead of text");
+  replaySub->footer(
+      "Restores the newest keyframe before the step, replays the steps after it with the recorded batches,\n"
+      "generator states and learning rates, compares each step's loss and gradient norm with the recording\n"
+      "bit for bit, and checks every op of the target step for NaN/Inf outputs.\n"
+      "Verdicts: reproduced-bitwise, reproduced (same error class, numbers differ), diverged (an earlier step\n"
+      "departs from the recording: nondeterminism), not-reproduced.");
+
   SealCliOptions sl;
   auto* seal = app.add_subcommand(
       "seal", "Turn a recording left by a killed process (SIGKILL, power loss) into a bundle");
@@ -412,7 +517,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitBadInput;
   }
 
-  bool json = ro.json || io.json || sl.json;
+  bool json = ro.json || io.json || sl.json || rp.json;
   try {
     if (*info) return cmdInfo(bundle, ro);
     if (*ls) return cmdLs(bundle, ro);
@@ -423,6 +528,14 @@ int main(int argc, char** argv) {
     if (*rec) return cmdRecover(bundle, out, ro);
     if (*insp) return cmdInspect(bundle, ro);
     if (*seal) return cmdSeal(sl);
+    if (*replaySub) {
+#ifdef CRASHCAP_HAVE_TORCH
+      return cmdReplay(bundle, rp);
+#else
+      throw Error(ErrorCode::Unsupported, "this crashcap was built without LibTorch: replay needs it",
+                  "rebuild with -DCRASHCAP_WITH_TORCH=ON");
+#endif
+    }
   } catch (const Error& e) {
     if (json)
       printJson({{"error",

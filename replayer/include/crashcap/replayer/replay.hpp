@@ -1,0 +1,69 @@
+#pragma once
+// crashcap::replayer — re-executes recorded training steps from a bundle: restores the newest
+// keyframe before the target step, replays the steps after it with the recorded batches,
+// generator states and learning rates, compares each step's fingerprints (loss, gradient
+// norm) with the recording bit for bit, and runs the target step instrumented (each op's
+// outputs checked for NaN/Inf) to name the first op whose output goes non-finite.
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace crashcap::replayer {
+
+struct ReplayOptions {
+  int64_t step = -1;             ///< target step; -1: the crash's step, else the last recorded
+  bool instrument = true;        ///< per-op output checks on the target step
+  int threads = 0;               ///< 0: the recorded torch.threads (bitwise needs the same)
+  /// Tests only: before this step runs, nudge one weight by one ulp, as a nondeterministic
+  /// kernel would; replay must then report `diverged` at this step. -1: off.
+  int64_t perturbStep = -1;
+};
+
+/// Summary statistics of one op input or output.
+struct ValueStats {
+  std::string dtype;
+  std::vector<int64_t> shape;
+  int64_t nanCount = 0, infCount = 0;
+  std::optional<double> min, max;  ///< over finite elements
+};
+
+/// The first op of the target step whose output holds a NaN or Inf.
+struct NonFiniteOp {
+  std::string name;
+  std::string phase;             ///< "forward" | "backward"
+  int64_t seq = -1;              ///< autograd sequence number
+  uint64_t index = 0;            ///< ops into the target step
+  std::vector<ValueStats> inputs, outputs;
+};
+
+struct StepReplay {
+  int64_t step = 0;
+  double loss = 0, gradNorm = 0;
+  bool hasGradNorm = false;
+  bool recorded = false;         ///< the recording has this step's fingerprint
+  double recordedLoss = 0, recordedGradNorm = 0;
+  bool bitwise = false;          ///< loss and gradient norm equal the recording bit for bit
+  std::string error;             ///< the step threw
+};
+
+struct ReplayResult {
+  /// "reproduced-bitwise" | "reproduced" | "diverged" | "not-reproduced"
+  std::string verdict;
+  int64_t step = -1;             ///< target
+  int64_t keyframe = -1;         ///< replay started from this keyframe
+  std::string recordedError;     ///< what the recording says happened at the target
+  std::string error;             ///< what replay saw at the target ("" when it ran clean)
+  std::optional<int64_t> divergedAt;
+  std::optional<NonFiniteOp> firstNonFiniteOp;
+  std::vector<StepReplay> steps;
+  double loadMs = 0, replayMs = 0;
+  int threads = 0;
+};
+
+/// Replays `bundle` on the CPU. Throws crashcap::Error (NotFound: no such step or keyframe;
+/// Unsupported: the bundle has no step program).
+ReplayResult replay(const std::string& bundle, const ReplayOptions& options = {});
+
+}  // namespace crashcap::replayer

@@ -1,0 +1,473 @@
+#include "crashcap/replayer/replay.hpp"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Parallel.h>
+#include <ATen/record_function.h>
+#include <fmt/format.h>
+#include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/csrc/jit/serialization/import.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/optim.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstring>
+#include <map>
+#include <sstream>
+
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/formats/torch/tensor_bridge.hpp"
+
+namespace crashcap::replayer {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double msSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
+
+bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
+
+std::string lastLine(const std::string& text) {
+  auto end = text.find_last_not_of("\n ");
+  if (end == std::string::npos) return "";
+  auto start = text.rfind('\n', end);
+  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+/// The optimizer's state map is keyed by TensorImpl pointer: as a string in LibTorch 1.x, as
+/// the pointer in later versions (the recorder reads it the same way).
+template <typename Map>
+void putState(Map& state, const at::Tensor& p, std::unique_ptr<torch::optim::OptimizerParamState> s) {
+  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
+    std::ostringstream key;
+    key << p.unsafeGetTensorImpl();
+    state[key.str()] = std::move(s);
+  } else {
+    state[p.unsafeGetTensorImpl()] = std::move(s);
+  }
+}
+
+std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const formats::OptimizerSpecData& spec,
+                                                       const std::map<std::string, at::Tensor>& params) {
+  using namespace torch::optim;
+  std::vector<OptimizerParamGroup> groups;
+  auto options = [&](const formats::ParamGroupData& g) -> std::unique_ptr<OptimizerOptions> {
+    double lr = g.option("lr", 1e-3);
+    if (spec.kind == "sgd")
+      return std::make_unique<SGDOptions>(SGDOptions(lr)
+                                              .momentum(g.option("momentum", 0))
+                                              .dampening(g.option("dampening", 0))
+                                              .weight_decay(g.option("weight_decay", 0))
+                                              .nesterov(g.option("nesterov", 0) != 0));
+    if (spec.kind == "adam")
+      return std::make_unique<AdamOptions>(AdamOptions(lr)
+                                               .betas({g.option("beta1", 0.9), g.option("beta2", 0.999)})
+                                               .eps(g.option("eps", 1e-8))
+                                               .weight_decay(g.option("weight_decay", 0))
+                                               .amsgrad(g.option("amsgrad", 0) != 0));
+    if (spec.kind == "adamw")
+      return std::make_unique<AdamWOptions>(AdamWOptions(lr)
+                                                .betas({g.option("beta1", 0.9), g.option("beta2", 0.999)})
+                                                .eps(g.option("eps", 1e-8))
+                                                .weight_decay(g.option("weight_decay", 1e-2))
+                                                .amsgrad(g.option("amsgrad", 0) != 0));
+    if (spec.kind == "rmsprop")
+      return std::make_unique<RMSpropOptions>(RMSpropOptions(lr)
+                                                  .alpha(g.option("alpha", 0.99))
+                                                  .eps(g.option("eps", 1e-8))
+                                                  .weight_decay(g.option("weight_decay", 0))
+                                                  .momentum(g.option("momentum", 0))
+                                                  .centered(g.option("centered", 0) != 0));
+    if (spec.kind == "adagrad")
+      return std::make_unique<AdagradOptions>(AdagradOptions(lr)
+                                                  .lr_decay(g.option("lr_decay", 0))
+                                                  .weight_decay(g.option("weight_decay", 0))
+                                                  .initial_accumulator_value(g.option("initial_accumulator_value", 0))
+                                                  .eps(g.option("eps", 1e-10)));
+    throw Error(ErrorCode::Unsupported, fmt::format("optimizer kind '{}' cannot be replayed", spec.kind),
+                "the recorder knows SGD, Adam, AdamW, RMSprop and Adagrad");
+  };
+  for (const auto& g : spec.groups) {
+    std::vector<at::Tensor> ps;
+    for (const auto& name : g.parameters) {
+      auto it = params.find(name);
+      if (it == params.end())
+        throw Error(ErrorCode::Corrupt, fmt::format("optimizer group names parameter '{}', which the step program lacks", name));
+      ps.push_back(it->second);
+    }
+    groups.emplace_back(std::move(ps), options(g));
+  }
+  if (groups.empty()) throw Error(ErrorCode::Corrupt, "optimizer spec has no parameter groups");
+  // Defaults are only used for groups without options; every group here has its own.
+  auto first = options(spec.groups.front());
+  if (spec.kind == "sgd") return std::make_unique<SGD>(std::move(groups), static_cast<SGDOptions&>(*first));
+  if (spec.kind == "adam") return std::make_unique<Adam>(std::move(groups), static_cast<AdamOptions&>(*first));
+  if (spec.kind == "adamw") return std::make_unique<AdamW>(std::move(groups), static_cast<AdamWOptions&>(*first));
+  if (spec.kind == "rmsprop") return std::make_unique<RMSprop>(std::move(groups), static_cast<RMSpropOptions&>(*first));
+  return std::make_unique<Adagrad>(std::move(groups), static_cast<AdagradOptions&>(*first));
+}
+
+// ---- The instrumented step: every op's outputs checked for NaN/Inf --------------------------
+
+struct Probe {
+  uint64_t ops = 0;
+  std::optional<NonFiniteOp> found;
+};
+Probe* gProbe = nullptr;
+thread_local bool tInside = false;
+thread_local int tBackwardDepth = 0;
+
+ValueStats statsOf(const at::Tensor& t) {
+  ValueStats s;
+  s.dtype = c10::toString(t.scalar_type());
+  s.shape.assign(t.sizes().begin(), t.sizes().end());
+  if (t.numel() == 0) return s;
+  at::Tensor v = t.detach();
+  if (v.is_floating_point() || v.is_complex()) {
+    if (v.is_complex()) v = at::abs(v);
+    s.nanCount = at::isnan(v).sum().item<int64_t>();
+    s.infCount = at::isinf(v).sum().item<int64_t>();
+    auto finite = v.masked_select(at::isfinite(v));
+    if (finite.numel()) {
+      s.min = finite.min().item<double>();
+      s.max = finite.max().item<double>();
+    }
+  } else if (v.scalar_type() != at::kBool) {
+    s.min = v.min().item<double>();
+    s.max = v.max().item<double>();
+  }
+  return s;
+}
+
+/// Ops whose outputs are uninitialised memory by definition (an allocation, or a restride of
+/// one): garbage NaNs there are not a finding.
+bool allocates(const char* name) {
+  if (!name) return false;
+  for (const char* prefix : {"aten::empty", "aten::new_empty", "aten::_empty", "aten::as_strided", "aten::resize",
+                             "aten::set_", "aten::empty_like", "aten::empty_strided"})
+    if (std::strncmp(name, prefix, std::strlen(prefix)) == 0) return true;
+  return false;
+}
+
+bool nonFinite(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !(t.is_floating_point() || t.is_complex())) return false;
+  return !at::isfinite(t.detach()).all().item<bool>();
+}
+
+template <typename Values, typename Fn>
+void eachTensor(const Values& values, Fn&& fn) {
+  for (const c10::IValue& v : values) {
+    if (v.isTensor()) {
+      fn(v.toTensor());
+    } else if (v.isTensorList()) {
+      for (const at::Tensor& t : v.toTensorList().vec()) fn(t);
+    }
+  }
+}
+
+/// The op's input tensors as they were when it started: for boxed calls (the TorchScript
+/// interpreter) the end callback's inputs() already show the outputs in their place.
+struct InputsAtStart : at::ObserverContext {
+  std::vector<at::Tensor> tensors;
+};
+
+std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
+  if (tInside || !gProbe || gProbe->found) return nullptr;
+  auto ctx = std::make_unique<InputsAtStart>();
+  try {
+    eachTensor(fn.inputs(), [&](const at::Tensor& t) {
+      if (t.defined() && ctx->tensors.size() < 8) ctx->tensors.push_back(t);
+    });
+  } catch (...) {
+  }
+  return ctx;
+}
+
+void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
+  if (tInside || !gProbe) return;
+  tInside = true;
+  {
+    at::DisableRecordFunctionGuard quiet;  // the probe's own ops are not the step's
+    try {
+      uint64_t index = gProbe->ops++;
+      if (!gProbe->found && !allocates(fn.name())) {
+        bool bad = false;
+        eachTensor(fn.outputs(), [&](const at::Tensor& t) { bad = bad || nonFinite(t); });
+        if (bad) {
+          NonFiniteOp op;
+          op.name = fn.name() ? fn.name() : "?";
+          bool engine = op.name.rfind("autograd::engine::", 0) == 0;
+          op.phase = tBackwardDepth > 0 || engine ? "backward" : "forward";
+          op.seq = fn.seqNr();
+          op.index = index;
+          if (auto* in = dynamic_cast<InputsAtStart*>(context))
+            for (const auto& t : in->tensors) op.inputs.push_back(statsOf(t));
+          eachTensor(fn.outputs(), [&](const at::Tensor& t) {
+            if (t.defined() && op.outputs.size() < 8) op.outputs.push_back(statsOf(t));
+          });
+          gProbe->found = std::move(op);
+        }
+      }
+    } catch (...) {
+      // An observer must never throw into the op it observes.
+    }
+  }
+  tInside = false;
+}
+
+std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction&) {
+  ++tBackwardDepth;
+  return nullptr;
+}
+void onBackwardEnd(const at::RecordFunction&, at::ObserverContext*) {
+  if (tBackwardDepth > 0) --tBackwardDepth;
+}
+
+/// Installs the probe for one scope (the target step).
+class ProbeScope {
+ public:
+  explicit ProbeScope(Probe& p) {
+    gProbe = &p;
+    ops_ = at::addGlobalCallback(at::RecordFunctionCallback(&onOpStart, &onOpEnd)
+                                     .needsInputs(true)
+                                     .needsOutputs(true)
+                                     .scopes({at::RecordScope::FUNCTION}));
+    backward_ = at::addGlobalCallback(
+        at::RecordFunctionCallback(&onBackwardStart, &onBackwardEnd).scopes({at::RecordScope::BACKWARD_FUNCTION}));
+  }
+  ~ProbeScope() {
+    at::removeCallback(ops_);
+    at::removeCallback(backward_);
+    gProbe = nullptr;
+  }
+
+ private:
+  at::CallbackHandle ops_ = 0, backward_ = 0;
+};
+
+at::Tensor lossOf(const c10::IValue& out) {
+  if (out.isTensor()) return out.toTensor();
+  if (out.isTuple()) return out.toTupleRef().elements().at(0).toTensor();
+  if (out.isGenericDict()) return out.toGenericDict().at("loss").toTensor();
+  throw Error(ErrorCode::Unsupported, "the step program returned neither a tensor, a tuple nor a dict with \"loss\"");
+}
+
+}  // namespace
+
+ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
+  ReplayResult result;
+  auto t0 = Clock::now();
+  auto reader = formats::BundleReader::open(bundle);
+  auto view = formats::readRecording(*reader);
+  if (!view.program)
+    throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program", bundle),
+                "it was recorded with Recorder::setModel; replay it from C++ with your own step function");
+  if (!view.optimizer) throw Error(ErrorCode::Unsupported, fmt::format("{} has no optimizer spec", bundle));
+  if (view.stepBegins.empty()) throw Error(ErrorCode::NotFound, fmt::format("{} holds no recorded steps", bundle));
+
+  int64_t target = options.step;
+  if (target < 0) target = view.crash && view.crash->step >= 0 ? view.crash->step : view.stepBegins.back().step;
+  std::map<int64_t, const formats::StepBeginData*> begins;
+  std::map<int64_t, const formats::StepEndData*> ends;
+  for (const auto& b : view.stepBegins) begins[b.step] = &b;
+  for (const auto& e : view.stepEnds) ends[e.step] = &e;
+  if (!begins.count(target))
+    throw Error(ErrorCode::NotFound,
+                fmt::format("step {} is not in {} (it holds steps {}..{})", target, bundle, view.stepBegins.front().step,
+                            view.stepBegins.back().step));
+  const formats::KeyframeData* keyframe = nullptr;
+  for (const auto& k : view.keyframes)
+    if (k.step <= target && (!keyframe || k.step > keyframe->step)) keyframe = &k;
+  if (!keyframe)
+    throw Error(ErrorCode::NotFound, fmt::format("no keyframe at or before step {} in {}", target, bundle),
+                "retention may have deleted it; record with a larger retainSegments");
+  result.step = target;
+  result.keyframe = keyframe->step;
+  if (view.crash && view.crash->step == target) result.recordedError = view.crash->error;
+
+  // Run the program the way it was recorded.
+  auto env = reader->environment();
+  int threads = options.threads;
+  if (threads <= 0 && env && !env->fact("torch.threads").empty()) threads = std::stoi(env->fact("torch.threads"));
+  if (threads > 0) at::set_num_threads(threads);
+  result.threads = at::get_num_threads();
+  torch::jit::setGraphExecutorOptimize(env && env->fact("torch.jit.graph_executor_optimize") == "true");
+
+  auto archive = reader->readTensor(reader->get(view.program->archive));
+  std::istringstream in(std::string(archive.begin(), archive.end()));
+  torch::jit::Module module = torch::jit::load(in);
+  module.train();
+  std::map<std::string, at::Tensor> params, buffers;
+  for (const auto& p : module.named_parameters(true)) params[p.name] = p.value;
+  for (const auto& b : module.named_buffers(true)) buffers[b.name] = b.value;
+  std::vector<at::Tensor> ordered;  // the recorder's order, which its gradient norm used
+  for (const auto& name : view.program->parameters) {
+    if (!params.count(name)) throw Error(ErrorCode::Corrupt, fmt::format("step program lacks parameter '{}'", name));
+    ordered.push_back(params[name]);
+  }
+
+  // Restore the keyframe: weights, buffers, optimizer state.
+  auto optimizer = makeOptimizer(*view.optimizer, params);
+  {
+    at::NoGradGuard noGrad;
+    auto restore = [&](const std::string& prefix, std::map<std::string, at::Tensor>& into) {
+      for (auto& [name, t] : into) {
+        auto full = formats::keyframeTensorName(keyframe->step, prefix, name);
+        if (!reader->find(full))
+          throw Error(ErrorCode::NotFound, fmt::format("keyframe {} lacks tensor {}", keyframe->step, full));
+        t.copy_(formats::torch::readTensor(*reader, full));
+      }
+    };
+    restore("parameters", params);
+    restore("buffers", buffers);
+    std::map<std::string, int64_t> counters;
+    for (const auto& [key, v] : keyframe->optimizerScalars)
+      if (key.size() > 5 && key.substr(key.size() - 5) == "/step") counters[key.substr(0, key.size() - 5)] = int64_t(v);
+    for (const auto& [name, p] : params) {
+      auto get = [&](const char* key) -> at::Tensor {
+        auto full = formats::keyframeTensorName(keyframe->step, "optimizer", name + "/" + key);
+        return reader->find(full) ? formats::torch::readTensor(*reader, full) : at::Tensor();
+      };
+      using namespace torch::optim;
+      const auto& kind = view.optimizer->kind;
+      std::unique_ptr<OptimizerParamState> s;
+      if (kind == "sgd") {
+        if (auto m = get("momentum_buffer"); m.defined()) {
+          auto st = std::make_unique<SGDParamState>();
+          st->momentum_buffer(m);
+          s = std::move(st);
+        }
+      } else if (kind == "adam" || kind == "adamw") {
+        if (auto a = get("exp_avg"); a.defined()) {
+          auto fill = [&](auto st) {
+            st->step(counters[name]);
+            st->exp_avg(a);
+            st->exp_avg_sq(get("exp_avg_sq"));
+            if (auto m = get("max_exp_avg_sq"); m.defined()) st->max_exp_avg_sq(m);
+            return st;
+          };
+          if (kind == "adam")
+            s = fill(std::make_unique<AdamParamState>());
+          else
+            s = fill(std::make_unique<AdamWParamState>());
+        }
+      } else if (kind == "rmsprop") {
+        if (auto sq = get("square_avg"); sq.defined()) {
+          auto st = std::make_unique<RMSpropParamState>();
+          st->step(counters[name]);
+          st->square_avg(sq);
+          if (auto m = get("momentum_buffer"); m.defined()) st->momentum_buffer(m);
+          if (auto g = get("grad_avg"); g.defined()) st->grad_avg(g);
+          s = std::move(st);
+        }
+      } else if (kind == "adagrad") {
+        if (auto sum = get("sum"); sum.defined()) {
+          auto st = std::make_unique<AdagradParamState>();
+          st->step(counters[name]);
+          st->sum(sum);
+          s = std::move(st);
+        }
+      }
+      if (s) putState(optimizer->state(), p, std::move(s));
+    }
+  }
+  result.loadMs = msSince(t0);
+
+  // Replay keyframe..target.
+  auto t1 = Clock::now();
+  for (auto it = begins.lower_bound(keyframe->step); it != begins.end() && it->first <= target; ++it) {
+    const int64_t s = it->first;
+    const auto& begin = *it->second;
+    StepReplay r;
+    r.step = s;
+    if (auto e = ends.find(s); e != ends.end()) {
+      r.recorded = true;
+      r.recordedLoss = e->second->loss;
+      r.recordedGradNorm = e->second->gradNorm;
+    }
+    for (const auto& name : begin.rng)
+      if (name == formats::rngTensorName(s, "cpu")) {
+        auto gen = at::detail::getDefaultCPUGenerator();
+        std::lock_guard<std::mutex> lock(gen.mutex());
+        gen.set_state(formats::torch::readTensor(*reader, name));
+      }
+    for (size_t g = 0; g < optimizer->param_groups().size() && g < begin.learningRates.size(); ++g)
+      optimizer->param_groups()[g].options().set_lr(begin.learningRates[g]);
+    std::vector<c10::IValue> inputs;
+    for (const auto& input : view.program->inputs)
+      inputs.emplace_back(formats::torch::readTensor(*reader, formats::batchTensorName(s, input)));
+    if (s == options.perturbStep && !ordered.empty()) {
+      at::NoGradGuard noGrad;
+      auto flat = ordered.front().view(-1);
+      float v = flat[0].item<float>();
+      flat[0].fill_(std::nextafter(v, v + 1.0f));
+    }
+    Probe probe;
+    try {
+      std::optional<ProbeScope> scope;
+      if (s == target && options.instrument) scope.emplace(probe);
+      optimizer->zero_grad();
+      at::Tensor loss = lossOf(module.forward(inputs));
+      loss.backward();
+      scope.reset();
+      {
+        at::NoGradGuard noGrad;
+        at::Tensor l = loss.detach();
+        r.loss = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
+        std::vector<at::Tensor> grads;
+        for (const auto& p : ordered)
+          if (p.grad().defined()) grads.push_back(p.grad().detach());
+        if (!grads.empty()) {
+          r.gradNorm = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
+          r.hasGradNorm = true;
+        }
+      }
+      r.bitwise = r.recorded && sameBits(r.loss, r.recordedLoss) && (!r.hasGradNorm || sameBits(r.gradNorm, r.recordedGradNorm));
+      if (s < target) {
+        if (view.optimizer->gradClipNorm > 0)
+          torch::nn::utils::clip_grad_norm_(ordered, view.optimizer->gradClipNorm, view.optimizer->gradClipNormType);
+        optimizer->step();
+      }
+    } catch (const std::exception& e) {
+      r.error = e.what();
+    }
+    if (s == target && probe.found) result.firstNonFiniteOp = probe.found;
+    result.steps.push_back(r);
+    if (s < target && !result.divergedAt && (!r.error.empty() || (r.recorded && !r.bitwise))) result.divergedAt = s;
+  }
+  result.replayMs = msSince(t1);
+
+  // The verdict, against what the recording says happened at the target.
+  const StepReplay& last = result.steps.back();
+  bool replayNonFinite = last.error.empty() && (!std::isfinite(last.loss) || (last.hasGradNorm && !std::isfinite(last.gradNorm)));
+  result.error = !last.error.empty() ? last.error
+                 : replayNonFinite   ? fmt::format("non-finite loss at step {}: {}", target, last.loss)
+                                     : "";
+  bool recordedFailure = view.crash && view.crash->step == target;
+  bool allBitwise = true;
+  for (const auto& r : result.steps) allBitwise = allBitwise && (r.bitwise || (!r.recorded && r.step == target));
+  if (result.divergedAt) {
+    result.verdict = "diverged";
+  } else if (recordedFailure) {
+    const auto& kind = view.crash->kind;
+    bool sameClass = (kind == "nonfinite" && replayNonFinite) ||
+                     ((kind == "exception" || kind == "terminate") && !last.error.empty());
+    if (!sameClass) {
+      result.verdict = "not-reproduced";
+    } else {
+      bool sameText = kind == "nonfinite" ? (last.recorded ? last.bitwise : true)
+                                          : lastLine(last.error) == lastLine(view.crash->error);
+      result.verdict = allBitwise && sameText ? "reproduced-bitwise" : "reproduced";
+    }
+  } else {
+    // No failure recorded here: replay reproduces the recording, or departs from it.
+    if (last.recorded && !last.bitwise) result.divergedAt = target;
+    result.verdict = result.divergedAt ? "diverged" : (last.error.empty() ? "reproduced-bitwise" : "diverged");
+    if (!last.error.empty() && !result.divergedAt) result.divergedAt = target;
+  }
+  return result;
+}
+
+}  // namespace crashcap::replayer

@@ -10,6 +10,7 @@
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 
@@ -25,6 +26,7 @@
 #include "crashcap/inspect/summary.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 #ifdef CRASHCAP_HAVE_TORCH
+#include "crashcap/replayer/bisect.hpp"
 #include "crashcap/replayer/replay.hpp"
 #include "crashcap/formats/torch/pt_file.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
@@ -328,7 +330,49 @@ struct ReplayCliOptions {
   int64_t step = -1;
   std::string device = "cpu";
   bool json = false;
+  std::string rows;         ///< "0,3,5": keep only these rows of the target step's batch
+  bool noInstrument = false;
 };
+
+struct BisectCliOptions {
+  std::string what;
+  int64_t step = -1;
+  double timeout = 300;
+  bool json = false;
+};
+
+std::vector<int64_t> parseRows(const std::string& text) {
+  std::vector<int64_t> rows;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t comma = text.find(',', at);
+    std::string part = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    try {
+      size_t used = 0;
+      rows.push_back(std::stoll(part, &used));
+      if (used != part.size()) throw std::invalid_argument(part);
+    } catch (const std::exception&) {
+      throw Error(ErrorCode::InvalidArgument, fmt::format("--rows: '{}' is not a row number", part),
+                  "give comma-separated batch rows, e.g. --rows 0,3,5");
+    }
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return rows;
+}
+
+std::string lastLineOf(const std::string& text) {
+  auto end = text.find_last_not_of("\n ");
+  if (end == std::string::npos) return text;
+  auto start = text.rfind('\n', end);
+  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+std::string joinRows(const std::vector<int64_t>& rows) {
+  std::string s;
+  for (auto r : rows) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
 
 #ifdef CRASHCAP_HAVE_TORCH
 json valueStatsJson(const std::vector<crashcap::replayer::ValueStats>& values) {
@@ -349,6 +393,8 @@ int cmdReplay(const std::string& path, const ReplayCliOptions& o) {
                 "this crashcap replays on the CPU: --device cpu");
   crashcap::replayer::ReplayOptions ro;
   ro.step = o.step;
+  ro.instrument = !o.noInstrument;
+  if (!o.rows.empty()) ro.rows = parseRows(o.rows);
   auto r = crashcap::replayer::replay(path, ro);
   auto fp = [](double v) { return std::isfinite(v) ? json(v) : json(fmt::format("{}", v)); };
   json steps = json::array();
@@ -378,6 +424,8 @@ int cmdReplay(const std::string& path, const ReplayCliOptions& o) {
                {"first_nonfinite_op", op},
                {"steps", steps},
                {"steps_replayed", r.steps.size()},
+               {"batch_size", r.batchSize},
+               {"rows", ro.rows.empty() ? json(nullptr) : json(ro.rows)},
                {"load_ms", r.loadMs},
                {"replay_ms", r.replayMs},
                {"device", "cpu"},
@@ -413,6 +461,76 @@ int cmdReplay(const std::string& path, const ReplayCliOptions& o) {
   return kExitOk;
 }
 
+#endif
+
+#ifdef CRASHCAP_HAVE_TORCH
+/// `crashcap bisect samples`: delta debugging over the failing step's batch rows, each
+/// experiment a `crashcap replay --rows` in a fresh child process with a timeout.
+int cmdBisect(const std::string& path, const BisectCliOptions& o) {
+  if (o.what != "samples")
+    throw Error(ErrorCode::Unsupported, fmt::format("bisect {} is not available yet", o.what),
+                "this crashcap bisects samples: crashcap bisect samples BUNDLE");
+  // The whole-batch replay tells the step and the batch size (and that it reproduces).
+  crashcap::replayer::ReplayOptions first;
+  first.step = o.step;
+  first.instrument = false;
+  auto base = crashcap::replayer::replay(path, first);
+  const std::string self = "/proc/self/exe";
+  char exe[4096];
+  ssize_t n = readlink(self.c_str(), exe, sizeof exe - 1);
+  std::string crashcapPath = n > 0 ? std::string(exe, static_cast<size_t>(n)) : "crashcap";
+  bool tty = isatty(2) && !o.json;
+  json experiments = json::array();
+  auto test = [&](const std::vector<int64_t>& rows) {
+    std::vector<std::string> argv = {crashcapPath, "replay",        path, "--step", std::to_string(base.step),
+                                     "--rows",     joinRows(rows), "--json", "--no-instrument"};
+    auto child = crashcap::replayer::runChild(argv, o.timeout);
+    crashcap::replayer::Trial t;
+    t.seconds = child.seconds;
+    if (child.timedOut) {
+      t.outcome = fmt::format("timeout after {:.0f} s", o.timeout);
+      t.fails = false;
+    } else if (child.exitCode < 0) {
+      t.outcome = fmt::format("child killed by signal {}", -child.exitCode);
+      t.fails = true;  // a crash is the failure showing up in another form
+    } else if (child.exitCode != 0) {
+      t.outcome = fmt::format("replay error: {}", child.err.substr(0, 300));
+    } else {
+      auto j = json::parse(child.out);
+      std::string verdict = j["verdict"];
+      t.fails = verdict.rfind("reproduced", 0) == 0;
+      t.outcome = t.fails ? fmt::format("fails ({})", j["error"].is_string() ? lastLineOf(j["error"]) : verdict)
+                          : "passes";
+    }
+    std::string command = fmt::format("crashcap replay {} --step {} --rows {}", path, base.step, joinRows(rows));
+    experiments.push_back({{"rows", rows}, {"fails", t.fails}, {"outcome", t.outcome}, {"seconds", t.seconds},
+                           {"command", command}});
+    if (tty) std::fprintf(stderr, "  replay %2zu: rows [%s] -> %s (%.1f s)\n", experiments.size(), joinRows(rows).c_str(),
+                          t.outcome.c_str(), t.seconds);
+    return t;
+  };
+  auto b = crashcap::replayer::bisectRows(base.batchSize, test);
+  int bound = 2 * static_cast<int>(std::ceil(std::log2(std::max<int64_t>(base.batchSize, 2)))) + 2;
+  if (o.json) {
+    printJson({{"kind", "samples"},
+               {"step", base.step},
+               {"batch_size", base.batchSize},
+               {"reproduced", b.reproduced},
+               {"rows", b.rows},
+               {"replays", b.replays},
+               {"replay_bound_single_row", bound},
+               {"experiments", experiments}});
+    return kExitOk;
+  }
+  if (!b.reproduced) {
+    std::cout << fmt::format("step {} does not fail when replayed with its whole batch: nothing to bisect\n", base.step);
+    return kExitOk;
+  }
+  std::cout << fmt::format("step {}: the failure needs batch row{} [{}] of {} ({} replays; a single culprit row takes at most {})\n",
+                           base.step, b.rows.size() == 1 ? "" : "s", joinRows(b.rows), base.batchSize, b.replays, bound);
+  std::cout << fmt::format("rerun: crashcap replay {} --step {} --rows {}\n", path, base.step, joinRows(b.rows));
+  return kExitOk;
+}
 #endif
 
 int exitCodeFor(ErrorCode code) {
@@ -493,6 +611,18 @@ int main(int argc, char** argv) {
   replaySub->add_option("--step", rp.step, "Step to reproduce (default: the crash's step)");
   replaySub->add_option("--device", rp.device, "Where to replay (cpu)")->capture_default_str();
   replaySub->add_flag("--json", rp.json, "Print one JSON object instead of text");
+  replaySub->add_option("--rows", rp.rows, "Keep only these rows of the step's batch, e.g. 0,3 (an experiment)");
+  replaySub->add_flag("--no-instrument", rp.noInstrument, "Skip the per-op NaN/Inf checks (faster)");
+
+  BisectCliOptions bs;
+  auto* bisectSub = app.add_subcommand("bisect", "Find what the failure needs: the batch rows (samples)");
+  bisectSub->add_option("what", bs.what, "samples")->required()->check(CLI::IsMember({"samples", "steps", "ops", "config"}));
+  bisectSub->add_option("bundle", bundle, "Bundle with a step program")->required();
+  bisectSub->add_option("--step", bs.step, "Step to bisect (default: the crash's step)");
+  bisectSub->add_option("--timeout", bs.timeout, "Seconds per experiment before it is killed")->capture_default_str();
+  bisectSub->add_flag("--json", bs.json, "Print one JSON object instead of text");
+  bisectSub->footer("samples: delta debugging over the failing step's batch rows; each experiment is a\n"
+                    "`crashcap replay --rows` in a fresh child process, so a crash or hang is a result, not the end.");
   replaySub->footer(
       "Restores the newest keyframe before the step, replays the steps after it with the recorded batches,\n"
       "generator states and learning rates, compares each step's loss and gradient norm with the recording\n"
@@ -517,7 +647,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitBadInput;
   }
 
-  bool json = ro.json || io.json || sl.json || rp.json;
+  bool json = ro.json || io.json || sl.json || rp.json || bs.json;
   try {
     if (*info) return cmdInfo(bundle, ro);
     if (*ls) return cmdLs(bundle, ro);
@@ -528,6 +658,14 @@ int main(int argc, char** argv) {
     if (*rec) return cmdRecover(bundle, out, ro);
     if (*insp) return cmdInspect(bundle, ro);
     if (*seal) return cmdSeal(sl);
+    if (*bisectSub) {
+#ifdef CRASHCAP_HAVE_TORCH
+      return cmdBisect(bundle, bs);
+#else
+      throw Error(ErrorCode::Unsupported, "this crashcap was built without LibTorch: bisect needs it",
+                  "rebuild with -DCRASHCAP_WITH_TORCH=ON");
+#endif
+    }
     if (*replaySub) {
 #ifdef CRASHCAP_HAVE_TORCH
       return cmdReplay(bundle, rp);

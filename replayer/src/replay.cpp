@@ -396,8 +396,20 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
     for (size_t g = 0; g < optimizer->param_groups().size() && g < begin.learningRates.size(); ++g)
       optimizer->param_groups()[g].options().set_lr(begin.learningRates[g]);
     std::vector<c10::IValue> inputs;
-    for (const auto& input : view.program->inputs)
-      inputs.emplace_back(formats::torch::readTensor(*reader, formats::batchTensorName(s, input)));
+    for (const auto& input : view.program->inputs) {
+      at::Tensor t = formats::torch::readTensor(*reader, formats::batchTensorName(s, input));
+      if (s == target) {
+        if (inputs.empty()) result.batchSize = t.dim() > 0 ? t.size(0) : 0;
+        if (!options.rows.empty() && t.dim() > 0 && t.size(0) == result.batchSize) {
+          for (int64_t row : options.rows)
+            if (row < 0 || row >= result.batchSize)
+              throw Error(ErrorCode::InvalidArgument,
+                          fmt::format("row {} is outside the batch of step {} (rows 0..{})", row, s, result.batchSize - 1));
+          t = t.index_select(0, at::tensor(options.rows, at::kLong));
+        }
+      }
+      inputs.emplace_back(t);
+    }
     if (s == options.perturbStep && !ordered.empty()) {
       at::NoGradGuard noGrad;
       auto flat = ordered.front().view(-1);

@@ -19,6 +19,9 @@ struct ReplayOptions {
   /// Tests only: before this step runs, nudge one weight by one ulp, as a nondeterministic
   /// kernel would; replay must then report `diverged` at this step. -1: off.
   int64_t perturbStep = -1;
+  /// Keep only these rows (dim 0) of the target step's batch: the experiment of a sample
+  /// bisection. Empty: the whole batch.
+  std::vector<int64_t> rows;
 };
 
 /// Summary statistics of one op input or output.
@@ -60,6 +63,7 @@ struct ReplayResult {
   std::vector<StepReplay> steps;
   double loadMs = 0, replayMs = 0;
   int threads = 0;
+  int64_t batchSize = 0;         ///< rows of the target step's batch (dim 0 of its first input)
 };
 
 /// Replays `bundle` on the CPU. Throws crashcap::Error (NotFound: no such step or keyframe;

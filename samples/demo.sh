@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The demo behind `./dev demo`: real LibTorch trainings crash under crashcap's flight
-# recorder, and the bundles they leave tell what happened. (Replay and triage, which re-run
-# the failing step, arrive with their issue.)
+# recorder, the bundles they leave tell what happened, and replay re-runs the failing step
+# bit for bit and bisects it to the corrupt sample. (Triage and the bug report arrive with
+# the rest of their issue.)
 set -euo pipefail
 BIN=${1:?usage: samples/demo.sh BUILD/bin}
 CC="$BIN/crashcap"
@@ -31,11 +32,17 @@ c = j["crash"]
 print("crash:", c["kind"], "at step", c["step"], "in", c["phase"], "| signal:", c["signal"])
 print("steps:", j["steps"]["first"], "..", j["steps"]["last"], "| keyframes:", j["keyframes"], "| dropped records:", j["dropped_records"])'
 
-step "5. A classifier fed an out-of-range label: the exception's own text is kept"
+step "5. Replay the failing step from the bundle: the newest keyframe, then the recorded steps, bit for bit"
+show "$CC" replay "$bundle"
+
+step "6. Which sample? Delta debugging over the batch rows, every experiment a replay in a child process"
+show "$CC" bisect samples "$bundle"
+
+step "7. A classifier fed an out-of-range label: the exception's own text is kept"
 expect_fail "$BIN/crashcap-sample-cls" --steps 20 --record "$WORK/cls" --fault bad-label --fault-step 7 --fault-row 5
 show "$CC" inspect "$(ls "$WORK"/cls/crash-*.ccap)"
 
-step "6. SIGKILL (the OOM killer, a scheduler): nothing in the process can react, yet what reached the disk is kept"
+step "8. SIGKILL (the OOM killer, a scheduler): nothing in the process can react, yet what reached the disk is kept"
 "$BIN/crashcap-sample-seg" --steps 100000 --record "$WORK/killed" --keyframe-every 10 > /dev/null &
 pid=$!
 sleep 4
@@ -46,17 +53,17 @@ killed=$(ls "$WORK"/killed/crash-*.ccap)
 show "$CC" verify "$killed"
 "$CC" inspect "$killed" | sed -n '/^steps/,/^keyframes/p;/NO CRASH/,+2p'
 
-step "7. A bundle damaged in transit: verify names the bytes, recover keeps everything intact"
+step "9. A bundle damaged in transit: verify names the bytes, recover keeps everything intact"
 size=$(stat -c %s "$bundle")
 head -c $((size * 2 / 3)) "$bundle" > "$WORK/cut.ccap"
 show "$CC" info "$WORK/cut.ccap"
 show "$CC" recover "$WORK/cut.ccap" "$WORK/recovered.ccap"
 show "$CC" verify "$WORK/recovered.ccap"
 
-step "8. Hand the evidence to numpy or torch"
+step "10. Hand the evidence to numpy or torch"
 show "$CC" export "$bundle" steps/12/batch/image --npy "$WORK/image.npy"
 show "$CC" export "$bundle" keyframes/10/parameters/stem.conv.weight --pt "$WORK/stem.pt"
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   show /usr/bin/python3 -c "import numpy as np, torch; a = np.load('$WORK/image.npy'); print('numpy', a.shape, 'NaN in rows', sorted(set(np.argwhere(np.isnan(a))[:, 0]))); print('torch', torch.load('$WORK/stem.pt').shape)"
 fi
-printf '\n\033[1mDemo complete.\033[0m Next (issue 4): replay the failing step from the bundle and triage the cause.\n'
+printf '\n\033[1mDemo complete.\033[0m Next: triage (a hypothesis table with verdicts) and a ready-to-paste bug report.\n'

@@ -47,14 +47,9 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                 {"created", formatTime(info->createdNs)}};
   else
     j["run"] = nullptr;
-  if (auto env = reader.environment()) {
-    json facts = json::object(), vars = json::object();
-    for (const auto& [k, val] : env->facts) facts[k] = val;
-    for (const auto& [k, val] : env->variables) vars[k] = val;
-    j["env"] = {{"facts", facts}, {"variables", vars}, {"command_line", env->commandLine}, {"redacted", env->redacted}};
-  } else {
-    j["env"] = json::object();
-  }
+  // Always an object (empty when the bundle has no fingerprint), so scripts can index it.
+  auto env = reader.environment();
+  j["env"] = env ? environmentJson(*env) : json::object();
   if (v.program)
     j["program"] = {{"format", v.program->format},
                     {"inputs", v.program->inputs},

@@ -10,6 +10,13 @@ namespace crashcap::inspect {
 using formats::BundleReader;
 using nlohmann::json;
 
+json environmentJson(const formats::EnvironmentData& env) {
+  json facts = json::object(), vars = json::object();
+  for (const auto& [k, v] : env.facts) facts[k] = v;
+  for (const auto& [k, v] : env.variables) vars[k] = v;
+  return {{"facts", facts}, {"variables", vars}, {"command_line", env.commandLine}, {"redacted", env.redacted}};
+}
+
 std::string formatBytes(uint64_t bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
   double v = double(bytes);
@@ -78,14 +85,10 @@ json bundleInfoJson(const BundleReader& reader) {
             {"records", {{"count", reader.records().size()}, {"by_type", byType}}},
             {"tensors", {{"count", reader.tensors().size()}, {"raw_bytes", raw}, {"stored_bytes", stored}}},
             {"notes", notes}};
-  if (auto env = reader.environment()) {
-    json facts = json::object(), vars = json::object();
-    for (const auto& [k, v] : env->facts) facts[k] = v;
-    for (const auto& [k, v] : env->variables) vars[k] = v;
-    j["env"] = {{"facts", facts}, {"variables", vars}, {"command_line", env->commandLine}, {"redacted", env->redacted}};
-  } else {
+  if (auto env = reader.environment())
+    j["env"] = environmentJson(*env);
+  else
     j["env"] = nullptr;
-  }
   if (auto info = reader.recordingInfo()) {
     j["producer"] = info->producer;
     j["tool_version"] = info->toolVersion;

@@ -27,6 +27,9 @@ std::string verifyText(const std::string& path, const formats::VerifyReport& rep
 nlohmann::json recoverJson(const std::string& in, const std::string& out, const formats::RecoverReport& report);
 std::string recoverText(const std::string& in, const std::string& out, const formats::RecoverReport& report);
 
+/// The environment fingerprint as {"facts", "variables", "command_line", "redacted"}.
+nlohmann::json environmentJson(const formats::EnvironmentData& env);
+
 /// "1.5 MiB", "312 B".
 std::string formatBytes(uint64_t bytes);
 /// "2026-11-21 21:40:01 UTC" from ns since the epoch.

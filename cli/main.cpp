@@ -464,12 +464,60 @@ int cmdReplay(const std::string& path, const ReplayCliOptions& o) {
 #endif
 
 #ifdef CRASHCAP_HAVE_TORCH
+/// `crashcap bisect steps`: replays the whole retained history (from the earliest keyframe)
+/// and names the first step that throws or whose loss, gradient norm or updated weights go
+/// non-finite.
+int cmdBisectSteps(const std::string& path, const BisectCliOptions& o) {
+  crashcap::replayer::ReplayOptions ro;
+  ro.step = o.step;
+  ro.instrument = false;
+  ro.fromEarliestKeyframe = true;
+  auto r = crashcap::replayer::replay(path, ro);
+  auto first = crashcap::replayer::firstFailure(r.steps);
+  auto fp = [](double v) { return std::isfinite(v) ? json(v) : json(fmt::format("{}", v)); };
+  if (o.json) {
+    json steps = json::array();
+    for (const auto& s : r.steps)
+      steps.push_back({{"step", s.step},
+                       {"loss", fp(s.loss)},
+                       {"grad_norm", s.hasGradNorm ? fp(s.gradNorm) : json(nullptr)},
+                       {"lr", s.learningRate},
+                       {"weight_norm", s.step < r.step ? fp(s.weightNorm) : json(nullptr)},
+                       {"weights_finite", s.weightsFinite},
+                       {"bitwise", s.bitwise},
+                       {"error", s.error.empty() ? json(nullptr) : json(lastLineOf(s.error))}});
+    printJson({{"kind", "steps"},
+               {"from_keyframe", r.keyframe},
+               {"target", r.step},
+               {"first_failing_step", first ? json(first->step) : json(nullptr)},
+               {"reason", first ? json(first->reason) : json(nullptr)},
+               {"diverged_at", r.divergedAt ? json(*r.divergedAt) : json(nullptr)},
+               {"steps", steps}});
+    return kExitOk;
+  }
+  std::cout << fmt::format("replayed steps {}..{} from keyframe {}\n", r.keyframe, r.step, r.keyframe);
+  std::cout << "  step   lr           loss           grad norm      weight norm after update\n";
+  for (const auto& s : r.steps)
+    std::cout << fmt::format("  {:<6} {:<12.4g} {:<14.7g} {:<14.7g} {}\n", s.step, s.learningRate, s.loss,
+                             s.hasGradNorm ? s.gradNorm : std::nan(""),
+                             s.step < r.step ? fmt::format("{:.7g}", s.weightNorm) : std::string("-"));
+  if (first)
+    std::cout << fmt::format("first failing step: {} ({})\n", first->step,
+                             first->reason == "weights" ? "its update made weights non-finite"
+                             : first->reason == "error" ? "it throws"
+                                                        : "its " + first->reason + " is non-finite");
+  else
+    std::cout << "no replayed step fails\n";
+  return kExitOk;
+}
+
 /// `crashcap bisect samples`: delta debugging over the failing step's batch rows, each
 /// experiment a `crashcap replay --rows` in a fresh child process with a timeout.
 int cmdBisect(const std::string& path, const BisectCliOptions& o) {
+  if (o.what == "steps") return cmdBisectSteps(path, o);
   if (o.what != "samples")
     throw Error(ErrorCode::Unsupported, fmt::format("bisect {} is not available yet", o.what),
-                "this crashcap bisects samples: crashcap bisect samples BUNDLE");
+                "this crashcap bisects steps and samples: crashcap bisect steps|samples BUNDLE");
   // The whole-batch replay tells the step and the batch size (and that it reproduces).
   crashcap::replayer::ReplayOptions first;
   first.step = o.step;
@@ -615,13 +663,15 @@ int main(int argc, char** argv) {
   replaySub->add_flag("--no-instrument", rp.noInstrument, "Skip the per-op NaN/Inf checks (faster)");
 
   BisectCliOptions bs;
-  auto* bisectSub = app.add_subcommand("bisect", "Find what the failure needs: the batch rows (samples)");
-  bisectSub->add_option("what", bs.what, "samples")->required()->check(CLI::IsMember({"samples", "steps", "ops", "config"}));
+  auto* bisectSub = app.add_subcommand("bisect", "Find what the failure needs: the first failing step (steps), the batch rows (samples)");
+  bisectSub->add_option("what", bs.what, "steps | samples")->required()->check(CLI::IsMember({"samples", "steps", "ops", "config"}));
   bisectSub->add_option("bundle", bundle, "Bundle with a step program")->required();
   bisectSub->add_option("--step", bs.step, "Step to bisect (default: the crash's step)");
   bisectSub->add_option("--timeout", bs.timeout, "Seconds per experiment before it is killed")->capture_default_str();
   bisectSub->add_flag("--json", bs.json, "Print one JSON object instead of text");
-  bisectSub->footer("samples: delta debugging over the failing step's batch rows; each experiment is a\n"
+  bisectSub->footer("steps: replays the retained history from the earliest keyframe; the first step that throws or whose\n"
+                    "loss, gradient norm or updated weights go non-finite.\n"
+                    "samples: delta debugging over the failing step's batch rows; each experiment is a\n"
                     "`crashcap replay --rows` in a fresh child process, so a crash or hang is a result, not the end.");
   replaySub->footer(
       "Restores the newest keyframe before the step, replays the steps after it with the recorded batches,\n"

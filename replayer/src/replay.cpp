@@ -10,6 +10,7 @@
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -256,6 +257,16 @@ at::Tensor lossOf(const c10::IValue& out) {
 
 }  // namespace
 
+std::optional<FirstFailure> firstFailure(const std::vector<StepReplay>& steps) {
+  for (const auto& s : steps) {
+    if (!s.error.empty()) return FirstFailure{s.step, "error"};
+    if (!std::isfinite(s.loss)) return FirstFailure{s.step, "loss"};
+    if (s.hasGradNorm && !std::isfinite(s.gradNorm)) return FirstFailure{s.step, "grad_norm"};
+    if (!s.weightsFinite) return FirstFailure{s.step, "weights"};
+  }
+  return std::nullopt;
+}
+
 ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
   ReplayResult result;
   auto t0 = Clock::now();
@@ -279,7 +290,8 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
                             view.stepBegins.back().step));
   const formats::KeyframeData* keyframe = nullptr;
   for (const auto& k : view.keyframes)
-    if (k.step <= target && (!keyframe || k.step > keyframe->step)) keyframe = &k;
+    if (k.step <= target && (!keyframe || (options.fromEarliestKeyframe ? k.step < keyframe->step : k.step > keyframe->step)))
+      keyframe = &k;
   if (!keyframe)
     throw Error(ErrorCode::NotFound, fmt::format("no keyframe at or before step {} in {}", target, bundle),
                 "retention may have deleted it; record with a larger retainSegments");
@@ -395,6 +407,7 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
       }
     for (size_t g = 0; g < optimizer->param_groups().size() && g < begin.learningRates.size(); ++g)
       optimizer->param_groups()[g].options().set_lr(begin.learningRates[g]);
+    if (!begin.learningRates.empty()) r.learningRate = begin.learningRates[0];
     std::vector<c10::IValue> inputs;
     for (const auto& input : view.program->inputs) {
       at::Tensor t = formats::torch::readTensor(*reader, formats::batchTensorName(s, input));
@@ -441,6 +454,15 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
         if (view.optimizer->gradClipNorm > 0)
           torch::nn::utils::clip_grad_norm_(ordered, view.optimizer->gradClipNorm, view.optimizer->gradClipNormType);
         optimizer->step();
+        at::NoGradGuard noGrad;
+        std::vector<at::Tensor> weights, wide;
+        for (const auto& p : ordered) {
+          weights.push_back(p.detach());
+          wide.push_back(p.detach().to(at::kDouble));  // float32 squares overflow long before the weights do
+        }
+        r.weightNorm = at::stack(at::_foreach_norm(wide, 2)).norm().item<double>();
+        r.weightsFinite = std::all_of(weights.begin(), weights.end(),
+                                      [](const at::Tensor& w) { return at::isfinite(w).all().item<bool>(); });
       }
     } catch (const std::exception& e) {
       r.error = e.what();

@@ -126,3 +126,32 @@ TEST_CASE("crashcap replay --json has the verdict, the step and the first non-fi
   CHECK(cuda.exitCode == 2);
   CHECK(cuda.err.find("--device cpu") != std::string::npos);
 }
+
+TEST_CASE("bisect steps finds the first failing step and shows the weights running away", "[replayer][bisect]") {
+  SECTION("a learning-rate blow-up: finite losses first, weights exploding, then non-finite") {
+    test::TempDir dir;
+    auto bundle = crashBundle(dir, "crashcap-sample-seg", "lr-blowup", 5);
+    auto r = test::run({test::binPath("crashcap"), "bisect", "steps", bundle, "--json"}, 300);
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    auto j = nlohmann::json::parse(r.out);
+    CHECK(j["from_keyframe"] == 0);  // the whole retained history
+    int64_t first = j["first_failing_step"];
+    CHECK((first > 5 && first <= 9));
+    CHECK(j["target"] == first);  // the recorder stopped the run at the first non-finite step
+    const auto& steps = j["steps"];
+    CHECK(steps[5]["lr"].get<double>() > 1e3 * steps[4]["lr"].get<double>());
+    // The update of the step before the failure left the weights orders of magnitude larger.
+    double before = steps[4]["weight_norm"], last = steps[first - 1]["weight_norm"];
+    CHECK(last > 1000 * before);
+  }
+  SECTION("a corrupt sample: the failing step is the one that consumed it") {
+    test::TempDir dir;
+    auto bundle = crashBundle(dir, "crashcap-sample-cls", "nan-sample", 6);
+    auto r = test::run({test::binPath("crashcap"), "bisect", "steps", bundle, "--json"}, 300);
+    REQUIRE(r.exitCode == 0);
+    auto j = nlohmann::json::parse(r.out);
+    CHECK(j["first_failing_step"] == 6);
+    CHECK(j["reason"] == "loss");
+  }
+}

@@ -22,6 +22,9 @@ struct ReplayOptions {
   /// Keep only these rows (dim 0) of the target step's batch: the experiment of a sample
   /// bisection. Empty: the whole batch.
   std::vector<int64_t> rows;
+  /// Start from the earliest keyframe in the bundle instead of the newest before the step
+  /// (step bisection: the whole retained history).
+  bool fromEarliestKeyframe = false;
 };
 
 /// Summary statistics of one op input or output.
@@ -49,7 +52,18 @@ struct StepReplay {
   double recordedLoss = 0, recordedGradNorm = 0;
   bool bitwise = false;          ///< loss and gradient norm equal the recording bit for bit
   std::string error;             ///< the step threw
+  double learningRate = 0;       ///< of the first parameter group
+  double weightNorm = 0;         ///< total 2-norm of the weights after this step's update
+  bool weightsFinite = true;     ///< every weight finite after the update (steps before the target)
 };
+
+/// The first replayed step that fails: it throws, or its loss, gradient norm or (after the
+/// update) weights are NaN/Inf. nullopt when none does.
+struct FirstFailure {
+  int64_t step = -1;
+  std::string reason;            ///< "error" | "loss" | "grad_norm" | "weights"
+};
+std::optional<FirstFailure> firstFailure(const std::vector<StepReplay>& steps);
 
 struct ReplayResult {
   /// "reproduced-bitwise" | "reproduced" | "diverged" | "not-reproduced"

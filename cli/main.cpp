@@ -581,6 +581,254 @@ int cmdBisect(const std::string& path, const BisectCliOptions& o) {
 }
 #endif
 
+#ifdef CRASHCAP_HAVE_TORCH
+struct TriageCliOptions {
+  double timeout = 600;
+  bool json = false;
+};
+
+/// `crashcap triage`: a fixed plan of experiments, each a crashcap command in a fresh child
+/// process with a timeout, and the hypothesis table their outcomes support.
+int cmdTriage(const std::string& path, const TriageCliOptions& o) {
+  char exe[4096];
+  ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+  std::string self = n > 0 ? std::string(exe, static_cast<size_t>(n)) : "crashcap";
+  bool tty = isatty(2) && !o.json;
+  json experiments = json::array();
+  auto experiment = [&](const std::string& name, std::vector<std::string> args) -> std::optional<json> {
+    std::string command = "crashcap";
+    for (const auto& a : args) command += " " + a;
+    if (tty) std::fprintf(stderr, "  %-18s %s ...", name.c_str(), command.c_str());
+    args.insert(args.begin(), self);
+    auto child = crashcap::replayer::runChild(args, o.timeout);
+    std::string outcome;
+    std::optional<json> result;
+    if (child.timedOut) {
+      outcome = fmt::format("timeout after {:.0f} s", o.timeout);
+    } else if (child.exitCode < 0) {
+      outcome = fmt::format("child killed by signal {}", -child.exitCode);
+    } else if (child.exitCode != 0) {
+      outcome = "failed: " + lastLineOf(child.err);
+    } else {
+      try {
+        result = json::parse(child.out);
+        outcome = "ok";
+      } catch (const std::exception& e) {
+        outcome = std::string("unreadable output: ") + e.what();
+      }
+    }
+    if (tty) std::fprintf(stderr, " %s (%.1f s)\n", outcome.c_str(), child.seconds);
+    experiments.push_back({{"name", name}, {"command", command}, {"outcome", outcome}, {"seconds", child.seconds}});
+    return result;
+  };
+
+  auto reader = formats::BundleReader::open(path);
+  auto story = inspect::storyJson(*reader);
+  auto replay = experiment("reproduce", {"replay", path, "--json"});
+  bool reproduced = replay && (*replay)["verdict"].get<std::string>().rfind("reproduced", 0) == 0;
+  auto steps = experiment("bisect-steps", {"bisect", "steps", path, "--json"});
+  std::optional<json> samples, complement;
+  std::vector<int64_t> rows;
+  int64_t step = replay ? (*replay)["step"].get<int64_t>() : -1;
+  int64_t batchSize = replay ? (*replay)["batch_size"].get<int64_t>() : 0;
+  if (reproduced) {
+    samples = experiment("bisect-samples", {"bisect", "samples", path, "--json"});
+    if (samples && (*samples)["reproduced"] == true) rows = (*samples)["rows"].get<std::vector<int64_t>>();
+    std::vector<int64_t> rest;
+    for (int64_t r = 0; r < batchSize; ++r)
+      if (std::find(rows.begin(), rows.end(), r) == rows.end()) rest.push_back(r);
+    if (!rows.empty() && !rest.empty())
+      complement = experiment("without-rows", {"replay", path, "--step", std::to_string(step), "--rows", joinRows(rest),
+                                               "--json", "--no-instrument"});
+  }
+
+  auto hypothesis = [](const std::string& id, const std::string& verdict, std::vector<std::string> evidence,
+                       const std::string& rerun) {
+    return json{{"id", id}, {"verdict", verdict}, {"evidence", evidence}, {"rerun", rerun}};
+  };
+  json hypotheses = json::array();
+  json firstOp = replay ? (*replay)["first_nonfinite_op"] : json(nullptr);
+
+  // invalid-data: the failure needs these rows and goes away without them; what is odd in them.
+  {
+    std::vector<std::string> ev;
+    std::string verdict = "inconclusive";
+    bool complementPasses = complement && (*complement)["verdict"].get<std::string>().rfind("reproduced", 0) != 0;
+    bool complementFails = complement && !complementPasses;
+    if (!reproduced) {
+      ev.push_back("the crash does not reproduce on replay, so its data cannot be tested");
+    } else if (!rows.empty() && complementPasses) {
+      verdict = "confirmed";
+      ev.push_back(fmt::format("step {} fails with batch row{} [{}] alone and passes without {} ({} replays)", step,
+                               rows.size() == 1 ? "" : "s", joinRows(rows), rows.size() == 1 ? "it" : "them",
+                               (*samples)["replays"].get<int>() + 1));
+      for (const auto& name : reader->tensors()) {
+        if (name.name.rfind(formats::batchTensorName(step, ""), 0) != 0) continue;
+        for (int64_t r : rows) {
+          auto t = loadTensor(*reader, name.name);
+          if (t.shape.empty() || t.shape[0] <= r) continue;
+          auto row = inspect::applySlice(t, inspect::parseSlice(std::to_string(r)));
+          auto st = inspect::computeStats(row);
+          if (st.nanCount || st.posInfCount || st.negInfCount)
+            ev.push_back(fmt::format("row {} of {} holds {} NaN and {} Inf values", r, name.name, st.nanCount,
+                                     st.posInfCount + st.negInfCount));
+          else if (st.count > 0 && st.zeroCount == st.count)
+            ev.push_back(fmt::format("row {} of {} is all zeros", r, name.name));
+          else if (!formats::isFloating(t.dtype) && !formats::isComplex(t.dtype) && row.numel() == 1 && st.max)
+            ev.push_back(fmt::format("row {} of {} is {}", r, name.name, static_cast<int64_t>(*st.max)));
+        }
+      }
+      // The number of classes, from the loss op's logits in the op trace.
+      for (const auto& op : story["last_ops"])
+        if (op["name"].get<std::string>().find("nll_loss") != std::string::npos && !op["inputs"].empty() &&
+            op["inputs"][0]["shape"].size() == 2) {
+          ev.push_back(fmt::format("the loss sees {} classes (logits {}), so valid labels are 0..{}",
+                                   op["inputs"][0]["shape"][1].get<int64_t>(), op["inputs"][0]["shape"].dump(),
+                                   op["inputs"][0]["shape"][1].get<int64_t>() - 1));
+          break;
+        }
+    } else if (complementFails) {
+      verdict = "refuted";
+      ev.push_back(fmt::format("step {} still fails without rows [{}]: no particular sample is needed", step,
+                               joinRows(rows)));
+    } else {
+      ev.push_back("sample bisection did not isolate rows");
+    }
+    hypotheses.push_back(hypothesis("invalid-data", verdict, ev, fmt::format("crashcap bisect samples {}", path)));
+  }
+  // loss-numerics: the first non-finite value is made by an op from finite inputs.
+  {
+    std::vector<std::string> ev;
+    std::string verdict = "inconclusive";
+    if (!firstOp.is_null()) {
+      int64_t bad = 0;
+      for (const auto& in : firstOp["inputs"]) bad += in["nan_count"].get<int64_t>() + in["inf_count"].get<int64_t>();
+      std::string where = fmt::format("{} ({}, step {})", firstOp["name"].get<std::string>(),
+                                      firstOp["phase"].get<std::string>(), step);
+      double largest = 0;
+      for (const auto& in : firstOp["inputs"]) {
+        if (!in["min"].is_null()) largest = std::max(largest, std::abs(in["min"].get<double>()));
+        if (!in["max"].is_null()) largest = std::max(largest, std::abs(in["max"].get<double>()));
+      }
+      if (bad == 0 && largest > 1e15) {
+        // Overflow of values that were already running away is divergence, not the loss's
+        // arithmetic.
+        verdict = "refuted";
+        ev.push_back(fmt::format("{} overflows on inputs as large as {:.3g}: the values were already diverging", where,
+                                 largest));
+      } else if (bad == 0) {
+        verdict = "confirmed";
+        ev.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));
+        for (const auto& in : firstOp["inputs"])
+          if (!in["min"].is_null() && in["min"].get<double>() == 0.0) {
+            ev.push_back(fmt::format("an input of {} reaches 0 (a division or log of zero?)", firstOp["name"].get<std::string>()));
+            break;
+          }
+      } else {
+        verdict = "refuted";
+        ev.push_back(fmt::format("the first non-finite output, of {}, comes from inputs that already hold {} NaN/Inf", where, bad));
+      }
+    } else if (replay) {
+      ev.push_back("no op output went non-finite in the replayed step");
+      if (reproduced) verdict = "refuted";
+    }
+    hypotheses.push_back(hypothesis("loss-numerics", verdict, ev, fmt::format("crashcap replay {}", path)));
+  }
+  // optimizer-divergence: the weights run away over the steps before the failure.
+  {
+    std::vector<std::string> ev;
+    std::string verdict = "inconclusive";
+    if (steps && !(*steps)["steps"].empty()) {
+      const auto& ss = (*steps)["steps"];
+      auto num = [](const json& v) { return v.is_number() ? v.get<double>() : INFINITY; };
+      double w0 = num(ss[0]["weight_norm"]), wMax = w0, lr0 = ss[0]["lr"], lrMax = lr0;
+      int64_t lrStep = -1;
+      for (const auto& s : ss) {
+        if (!s["weight_norm"].is_null()) wMax = std::max(wMax, num(s["weight_norm"]));
+        if (s["lr"].get<double>() > lrMax) {
+          lrMax = s["lr"];
+          if (lrStep < 0) lrStep = s["step"];
+        }
+      }
+      if (wMax > 100 * w0) {
+        verdict = "confirmed";
+        ev.push_back(fmt::format("the weight norm grows from {:.4g} to {:.4g} over steps {}..{} before step {} fails",
+                                 w0, wMax, ss[0]["step"].get<int64_t>(), (*steps)["target"].get<int64_t>() - 1,
+                                 (*steps)["target"].get<int64_t>()));
+        if (lrStep >= 0)
+          ev.push_back(fmt::format("the learning rate jumps from {:.4g} to {:.4g} from step {} on", lr0, lrMax, lrStep));
+        if (!(*steps)["first_failing_step"].is_null())
+          ev.push_back(fmt::format("first step whose loss, gradients or weights go non-finite: {} ({})",
+                                   (*steps)["first_failing_step"].get<int64_t>(), (*steps)["reason"].get<std::string>()));
+      } else if (wMax <= 2 * w0) {
+        verdict = "refuted";
+        ev.push_back(fmt::format("the weight norm stays within {:.4g}..{:.4g} up to the failing step", w0, wMax));
+      } else {
+        ev.push_back(fmt::format("the weight norm grows {:.1f}x: not conclusive", wMax / w0));
+      }
+    }
+    hypotheses.push_back(hypothesis("optimizer-divergence", verdict, ev, fmt::format("crashcap bisect steps {}", path)));
+  }
+  {
+    auto env = story["env"].value("facts", json::object());
+    std::string device = env.value("cuda.available", "false") == "true" ? "a CUDA device" : "the CPU";
+    hypotheses.push_back(hypothesis(
+        "device-specific", "inconclusive",
+        {fmt::format("recorded on {}; replayed on the CPU only: another device was not available to compare", device)},
+        fmt::format("crashcap replay {} --device cpu", path)));
+    hypotheses.push_back(hypothesis("config-dependent", "inconclusive",
+                                    {"config bisection (cudnn, TF32, determinism, threads) is not implemented yet"},
+                                    fmt::format("crashcap replay {}", path)));
+  }
+  {
+    std::vector<std::string> ev;
+    std::string verdict = "inconclusive";
+    if (replay) {
+      std::string v = (*replay)["verdict"];
+      if (v == "reproduced-bitwise") {
+        verdict = "refuted";
+        ev.push_back(fmt::format("replay matched the recording bit for bit over {} steps", (*replay)["steps_replayed"].get<int64_t>()));
+      } else if (v == "diverged") {
+        verdict = "confirmed";
+        ev.push_back(fmt::format("replay departs from the recording at step {}", (*replay)["diverged_at"].dump()));
+      } else {
+        ev.push_back("replay verdict " + v);
+      }
+    }
+    hypotheses.push_back(hypothesis("nondeterminism", verdict, ev, fmt::format("crashcap replay {}", path)));
+  }
+  // Rows are a culprit only when the data hypothesis holds (any single row fails a diverged run).
+  bool dataConfirmed = hypotheses[0]["verdict"] == "confirmed";
+  json culprit = {{"step", step >= 0 ? json(step) : json(nullptr)},
+                  {"rows", rows.empty() || !dataConfirmed ? json(nullptr) : json(rows)},
+                  {"op", firstOp.is_null() ? json(nullptr) : firstOp["name"]},
+                  {"phase", firstOp.is_null() ? json(nullptr) : firstOp["phase"]}};
+  if (o.json) {
+    printJson({{"bundle", path},
+               {"reproduced", reproduced},
+               {"verdict", replay ? (*replay)["verdict"] : json(nullptr)},
+               {"hypotheses", hypotheses},
+               {"culprit", culprit},
+               {"experiments", experiments}});
+    return kExitOk;
+  }
+  std::cout << fmt::format("triage of {}: crash {} at step {}; replay {}\n\n", path,
+                           story["crash"].is_null() ? "(none recorded)" : story["crash"]["kind"].get<std::string>(),
+                           step, replay ? (*replay)["verdict"].get<std::string>() : "failed");
+  std::cout << fmt::format("  {:<22} {:<13} {}\n", "hypothesis", "verdict", "evidence");
+  for (const auto& h : hypotheses) {
+    auto ev = h["evidence"];
+    std::cout << fmt::format("  {:<22} {:<13} {}\n", h["id"].get<std::string>(), h["verdict"].get<std::string>(),
+                             ev.empty() ? "" : ev[0].get<std::string>());
+    for (size_t i = 1; i < ev.size(); ++i) std::cout << fmt::format("  {:<22} {:<13} {}\n", "", "", ev[i].get<std::string>());
+    std::cout << fmt::format("  {:<22} {:<13} rerun: {}\n", "", "", h["rerun"].get<std::string>());
+  }
+  std::cout << fmt::format("\nculprit: step {}, rows {}, op {} ({})\n", culprit["step"].dump(), culprit["rows"].dump(),
+                           culprit["op"].dump(), culprit["phase"].dump());
+  return kExitOk;
+}
+#endif
+
 int exitCodeFor(ErrorCode code) {
   return code == ErrorCode::Internal ? kExitInternal : kExitBadInput;
 }
@@ -680,6 +928,19 @@ int main(int argc, char** argv) {
       "Verdicts: reproduced-bitwise, reproduced (same error class, numbers differ), diverged (an earlier step\n"
       "departs from the recording: nondeterminism), not-reproduced.");
 
+#ifdef CRASHCAP_HAVE_TORCH
+  TriageCliOptions tr;
+#endif
+  auto* triageSub = app.add_subcommand("triage", "Run a fixed plan of experiments and print the hypothesis table");
+  triageSub->add_option("bundle", bundle, "Bundle with a step program")->required();
+#ifdef CRASHCAP_HAVE_TORCH
+  triageSub->add_option("--timeout", tr.timeout, "Seconds per experiment before it is killed")->capture_default_str();
+  triageSub->add_flag("--json", tr.json, "Print one JSON object instead of text");
+#endif
+  triageSub->footer("Hypotheses: invalid-data, loss-numerics, optimizer-divergence, device-specific, config-dependent,\n"
+                    "nondeterminism; each confirmed, refuted or inconclusive with its evidence and the command that\n"
+                    "reruns it. Every experiment runs in a fresh child process with a timeout.");
+
   SealCliOptions sl;
   auto* seal = app.add_subcommand(
       "seal", "Turn a recording left by a killed process (SIGKILL, power loss) into a bundle");
@@ -698,6 +959,9 @@ int main(int argc, char** argv) {
   }
 
   bool json = ro.json || io.json || sl.json || rp.json || bs.json;
+#ifdef CRASHCAP_HAVE_TORCH
+  json = json || tr.json;
+#endif
   try {
     if (*info) return cmdInfo(bundle, ro);
     if (*ls) return cmdLs(bundle, ro);
@@ -708,6 +972,14 @@ int main(int argc, char** argv) {
     if (*rec) return cmdRecover(bundle, out, ro);
     if (*insp) return cmdInspect(bundle, ro);
     if (*seal) return cmdSeal(sl);
+    if (*triageSub) {
+#ifdef CRASHCAP_HAVE_TORCH
+      return cmdTriage(bundle, tr);
+#else
+      throw Error(ErrorCode::Unsupported, "this crashcap was built without LibTorch: triage needs it",
+                  "rebuild with -DCRASHCAP_WITH_TORCH=ON");
+#endif
+    }
     if (*bisectSub) {
 #ifdef CRASHCAP_HAVE_TORCH
       return cmdBisect(bundle, bs);

@@ -1,0 +1,95 @@
+// Triage on real crash bundles of every sample fault: the hypothesis table names the cause.
+#include <catch2/catch.hpp>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace crashcap;
+using nlohmann::json;
+
+namespace {
+
+json triage(const std::string& sample, const std::string& fault, int64_t faultStep, int64_t row) {
+  test::TempDir dir;
+  auto r = test::run({test::binPath(sample), "--steps", "14", "--record", dir.path(), "--fault", fault, "--fault-step",
+                      std::to_string(faultStep), "--fault-row", std::to_string(row), "--keyframe-every", "4"},
+                     300);
+  REQUIRE(r.exitCode == 1);
+  std::string bundle;
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    if (e.path().extension() == ".ccap") bundle = e.path().string();
+  auto t = test::run({test::binPath("crashcap"), "triage", bundle, "--json"}, 900);
+  INFO(t.err);
+  REQUIRE(t.exitCode == 0);
+  auto j = json::parse(t.out);
+  for (const auto& e : j["experiments"]) {
+    CHECK(e["outcome"] == "ok");
+    CHECK(e["command"].get<std::string>().rfind("crashcap ", 0) == 0);
+  }
+  return j;
+}
+
+const json& hypothesis(const json& j, const std::string& id) {
+  for (const auto& h : j["hypotheses"])
+    if (h["id"] == id) return h;
+  FAIL("no hypothesis " << id);
+  static json none;
+  return none;
+}
+
+bool evidenceHas(const json& h, const std::string& text) {
+  for (const auto& e : h["evidence"])
+    if (e.get<std::string>().find(text) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("triage: a NaN sample is invalid data, with its step, row and first non-finite op", "[replayer][triage]") {
+  auto j = triage("crashcap-sample-seg", "nan-sample", 6, 3);
+  INFO(j.dump(2));
+  CHECK(j["reproduced"] == true);
+  CHECK(hypothesis(j, "invalid-data")["verdict"] == "confirmed");
+  CHECK(evidenceHas(hypothesis(j, "invalid-data"), "row 3 of steps/6/batch/image holds 64 NaN"));
+  CHECK(hypothesis(j, "loss-numerics")["verdict"] == "refuted");
+  CHECK(hypothesis(j, "optimizer-divergence")["verdict"] == "refuted");
+  CHECK(hypothesis(j, "nondeterminism")["verdict"] == "refuted");
+  CHECK(j["culprit"]["step"] == 6);
+  CHECK(j["culprit"]["rows"] == json::array({3}));
+  CHECK(j["culprit"]["op"].get<std::string>().find("convolution") != std::string::npos);
+  CHECK(j["culprit"]["phase"] == "forward");
+}
+
+TEST_CASE("triage: an out-of-range label is invalid data, with the label and the number of classes", "[replayer][triage]") {
+  auto j = triage("crashcap-sample-cls", "bad-label", 6, 5);
+  INFO(j.dump(2));
+  const auto& h = hypothesis(j, "invalid-data");
+  CHECK(h["verdict"] == "confirmed");
+  CHECK(evidenceHas(h, "row 5 of steps/6/batch/label is 10"));
+  CHECK(evidenceHas(h, "10 classes"));
+  CHECK(j["culprit"]["rows"] == json::array({5}));
+}
+
+TEST_CASE("triage: a Dice epsilon of zero is loss numerics, at the dividing op", "[replayer][triage]") {
+  auto j = triage("crashcap-sample-seg", "dice-eps0", 6, 2);
+  INFO(j.dump(2));
+  CHECK(hypothesis(j, "loss-numerics")["verdict"] == "confirmed");
+  CHECK(j["culprit"]["op"] == "aten::div");
+  CHECK(j["culprit"]["step"] == 6);
+}
+
+TEST_CASE("triage: a learning-rate blow-up is optimizer divergence, and not the data", "[replayer][triage]") {
+  auto j = triage("crashcap-sample-seg", "lr-blowup", 5, 0);
+  INFO(j.dump(2));
+  const auto& h = hypothesis(j, "optimizer-divergence");
+  CHECK(h["verdict"] == "confirmed");
+  CHECK(evidenceHas(h, "first step whose loss, gradients or weights go non-finite"));
+  CHECK(evidenceHas(h, "learning rate jumps"));
+  CHECK(hypothesis(j, "invalid-data")["verdict"] == "refuted");
+  CHECK(hypothesis(j, "loss-numerics")["verdict"] == "refuted");
+  CHECK(j["culprit"]["rows"].is_null());
+}

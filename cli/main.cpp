@@ -12,6 +12,8 @@
 
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <iostream>
 
 #include "crashcap/formats/bundle_check.hpp"
@@ -589,7 +591,7 @@ struct TriageCliOptions {
 
 /// `crashcap triage`: a fixed plan of experiments, each a crashcap command in a fresh child
 /// process with a timeout, and the hypothesis table their outcomes support.
-int cmdTriage(const std::string& path, const TriageCliOptions& o) {
+json runTriage(const std::string& path, const TriageCliOptions& o) {
   char exe[4096];
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   std::string self = n > 0 ? std::string(exe, static_cast<size_t>(n)) : "crashcap";
@@ -803,18 +805,31 @@ int cmdTriage(const std::string& path, const TriageCliOptions& o) {
                   {"rows", rows.empty() || !dataConfirmed ? json(nullptr) : json(rows)},
                   {"op", firstOp.is_null() ? json(nullptr) : firstOp["name"]},
                   {"phase", firstOp.is_null() ? json(nullptr) : firstOp["phase"]}};
+  return {{"bundle", path},
+          {"reproduced", reproduced},
+          {"verdict", replay ? (*replay)["verdict"] : json(nullptr)},
+          {"step", step >= 0 ? json(step) : json(nullptr)},
+          {"replay", replay ? *replay : json(nullptr)},
+          {"hypotheses", hypotheses},
+          {"culprit", culprit},
+          {"experiments", experiments}};
+}
+
+int cmdTriage(const std::string& path, const TriageCliOptions& o) {
+  json t = runTriage(path, o);
   if (o.json) {
-    printJson({{"bundle", path},
-               {"reproduced", reproduced},
-               {"verdict", replay ? (*replay)["verdict"] : json(nullptr)},
-               {"hypotheses", hypotheses},
-               {"culprit", culprit},
-               {"experiments", experiments}});
+    json out = t;
+    out.erase("replay");
+    printJson(out);
     return kExitOk;
   }
+  auto reader = formats::BundleReader::open(path);
+  auto story = inspect::storyJson(*reader, {0, 0, false});
+  const json& hypotheses = t["hypotheses"];
+  const json& culprit = t["culprit"];
   std::cout << fmt::format("triage of {}: crash {} at step {}; replay {}\n\n", path,
                            story["crash"].is_null() ? "(none recorded)" : story["crash"]["kind"].get<std::string>(),
-                           step, replay ? (*replay)["verdict"].get<std::string>() : "failed");
+                           t["step"].dump(), t["verdict"].is_null() ? "failed" : t["verdict"].get<std::string>());
   std::cout << fmt::format("  {:<22} {:<13} {}\n", "hypothesis", "verdict", "evidence");
   for (const auto& h : hypotheses) {
     auto ev = h["evidence"];
@@ -825,6 +840,132 @@ int cmdTriage(const std::string& path, const TriageCliOptions& o) {
   }
   std::cout << fmt::format("\nculprit: step {}, rows {}, op {} ({})\n", culprit["step"].dump(), culprit["rows"].dump(),
                            culprit["op"].dump(), culprit["phase"].dump());
+  return kExitOk;
+}
+#endif
+
+#ifdef CRASHCAP_HAVE_TORCH
+struct ReportCliOptions {
+  std::string out;
+  bool noTriage = false;
+  double timeout = 600;
+};
+
+/// `crashcap report`: a Markdown bug report in the shape engineers already write (summary,
+/// environment, steps to reproduce with crashcap commands, expected, actual, logs and stack,
+/// the triage table), ready to paste.
+int cmdReport(const std::string& path, const ReportCliOptions& o) {
+  auto reader = formats::BundleReader::open(path);
+  auto story = inspect::storyJson(*reader);
+  json triage;
+  if (!o.noTriage) {
+    TriageCliOptions to;
+    to.timeout = o.timeout;
+    triage = runTriage(path, to);
+  }
+  const json& crash = story["crash"];
+  const json facts = story["env"].value("facts", json::object());
+  auto fact = [&](const char* k) { return facts.contains(k) ? facts[k].get<std::string>() : std::string("unknown"); };
+  std::string error = crash.is_null() ? std::string("(no crash record)") : lastLineOf(crash["error"].get<std::string>());
+  std::string stepText = crash.is_null() || crash["step"].is_null() ? "?" : crash["step"].dump();
+  std::string title = error.substr(0, 80);
+  std::replace(title.begin(), title.end(), '"', '\'');  // keep the front matter valid YAML
+  std::string md;
+  md += fmt::format("---\ntitle: \"Training crash at step {}: {}\"\ndate: \"{}\"\ntype: \"bug_report\"\n"
+                    "generated_by: \"crashcap {}\"\nbundle: \"{}\"\n---\n\n",
+                    stepText, title, crash.is_null() ? "" : crash["time"].get<std::string>(),
+                    formats::toolVersion(), path);
+  md += "## Summary\n";
+  if (crash.is_null()) {
+    md += fmt::format("The recording ends without a crash record (state: {}).\n", story["status"].dump());
+  } else {
+    md += fmt::format("Training fails at step {} in the {} phase with `{}`.", stepText, crash["phase"].get<std::string>(), error);
+    if (!triage.is_null()) {
+      std::string confirmed;
+      for (const auto& h : triage["hypotheses"])
+        if (h["verdict"] == "confirmed") confirmed += (confirmed.empty() ? "" : ", ") + h["id"].get<std::string>();
+      md += fmt::format(" Replay: **{}**. Triage confirms: **{}**.", triage["verdict"].is_null() ? "failed" : triage["verdict"].get<std::string>(),
+                        confirmed.empty() ? "nothing yet" : confirmed);
+    }
+    md += "\n";
+  }
+  md += "\n## Environment\n";
+  md += fmt::format("- OS: {} ({}), WSL2: {}\n", fact("os.name"), fact("os.kernel"), fact("os.wsl2"));
+  md += fmt::format("- CPU: {}\n", fact("cpu.model"));
+  md += fmt::format("- LibTorch: {} ({} threads); CUDA available: {}\n", fact("torch.version"), fact("torch.threads"),
+                    fact("cuda.available"));
+  md += fmt::format("- cuDNN: enabled {}, benchmark {}, deterministic {}; TF32 matmul {}; deterministic algorithms {}\n",
+                    fact("cudnn.enabled"), fact("cudnn.benchmark"), fact("cudnn.deterministic"),
+                    fact("cuda.matmul.allow_tf32"), fact("torch.deterministic_algorithms"));
+  std::string command;
+  for (const auto& a : story["env"].value("command_line", json::array())) command += (command.empty() ? "" : " ") + a.get<std::string>();
+  md += fmt::format("- Command: `{}`\n", command.empty() ? "unknown" : command);
+  if (!story["optimizer"].is_null()) md += fmt::format("- Optimizer: {}\n", story["optimizer"]["kind"].get<std::string>());
+  md += "\n## Steps to Reproduce\n";
+  md += fmt::format("1. Get the crash bundle `{}` (attached).\n", path);
+  md += fmt::format("2. `crashcap inspect {}` (what was recorded, the crash, the last ops)\n", path);
+  md += fmt::format("3. `crashcap replay {}` (re-runs step {} from keyframe {}, bit for bit on the CPU)\n", path,
+                    stepText, triage.is_null() || triage["replay"].is_null() ? "?" : triage["replay"]["keyframe"].dump());
+  md += fmt::format("4. `crashcap triage {}` (the experiments below)\n", path);
+  md += "\n## Expected Behavior\nThe step completes with a finite loss and training continues.\n";
+  md += "\n## Actual Behavior\n";
+  if (!crash.is_null()) {
+    md += fmt::format("- Step {} fails ({}, phase {}): `{}`\n", stepText, crash["kind"].get<std::string>(),
+                      crash["phase"].get<std::string>(), error);
+    if (!crash["signal"].is_null()) md += fmt::format("- The process died by {}.\n", crash["signal_name"].get<std::string>());
+  }
+  if (!triage.is_null() && !triage["replay"].is_null()) {
+    const auto& r = triage["replay"];
+    md += fmt::format("- Replay verdict: {} over {} steps.\n", r["verdict"].get<std::string>(), r["steps_replayed"].dump());
+    if (!r["first_nonfinite_op"].is_null())
+      md += fmt::format("- First op whose output goes non-finite: `{}` ({}).\n", r["first_nonfinite_op"]["name"].get<std::string>(),
+                        r["first_nonfinite_op"]["phase"].get<std::string>());
+  }
+  for (const auto& t : story["crash_tensors"])
+    if (t.contains("stats") && !t["stats"].is_null() && t["stats"]["nan_count"].get<uint64_t>() > 0)
+      md += fmt::format("- `{}` holds {} NaN (first at {}).\n", t["name"].get<std::string>(), t["stats"]["nan_count"].dump(),
+                        t["stats"]["first_nan"].dump());
+  md += "\n## Logs / Stack Trace\n```\n";
+  if (!crash.is_null()) {
+    md += crash["error"].get<std::string>() + "\n";
+    size_t shown = 0;
+    for (const auto& f : crash["stack"]) {
+      if (shown++ >= 15) break;
+      md += "  " + f.get<std::string>() + "\n";
+    }
+  }
+  if (!story["last_ops"].empty()) {
+    md += "last ops before the crash:\n";
+    for (const auto& op : story["last_ops"])
+      md += fmt::format("  #{} {} {} (step {})\n", op["index"].dump(), op["phase"].get<std::string>(),
+                        op["name"].get<std::string>(), op["step"].dump());
+  }
+  md += "```\n";
+  if (!triage.is_null()) {
+    md += "\n## Root Cause Analysis (crashcap triage)\n| hypothesis | verdict | evidence | rerun |\n|---|---|---|---|\n";
+    for (const auto& h : triage["hypotheses"]) {
+      std::string ev;
+      for (const auto& e : h["evidence"]) ev += (ev.empty() ? "" : "; ") + e.get<std::string>();
+      for (auto& c : ev)
+        if (c == '|') c = '/';
+      md += fmt::format("| {} | **{}** | {} | `{}` |\n", h["id"].get<std::string>(), h["verdict"].get<std::string>(), ev,
+                        h["rerun"].get<std::string>());
+    }
+    const auto& c = triage["culprit"];
+    md += fmt::format("\nCulprit: step {}, batch rows {}, op {} ({}).\n", c["step"].dump(), c["rows"].dump(), c["op"].dump(),
+                      c["phase"].dump());
+  }
+  if (o.out.empty()) {
+    std::cout << md;
+  } else {
+    std::ofstream f(o.out, std::ios::binary | std::ios::trunc);
+    f << md;
+    f.close();
+    if (!f)
+      throw Error(ErrorCode::Io, fmt::format("cannot write {}: {}", o.out, std::strerror(errno)),
+                  "check the directory exists and is writable");
+    std::cerr << "wrote " << o.out << "\n";
+  }
   return kExitOk;
 }
 #endif
@@ -941,6 +1082,17 @@ int main(int argc, char** argv) {
                     "nondeterminism; each confirmed, refuted or inconclusive with its evidence and the command that\n"
                     "reruns it. Every experiment runs in a fresh child process with a timeout.");
 
+#ifdef CRASHCAP_HAVE_TORCH
+  ReportCliOptions rep;
+#endif
+  auto* reportSub = app.add_subcommand("report", "A Markdown bug report from a crash bundle, with the triage table, ready to paste");
+  reportSub->add_option("bundle", bundle, "Crash bundle")->required();
+#ifdef CRASHCAP_HAVE_TORCH
+  reportSub->add_option("-o,--out", rep.out, "Write the report to this file (default: stdout)");
+  reportSub->add_flag("--no-triage", rep.noTriage, "Skip the experiments (faster; no hypothesis table)");
+  reportSub->add_option("--timeout", rep.timeout, "Seconds per triage experiment")->capture_default_str();
+#endif
+
   SealCliOptions sl;
   auto* seal = app.add_subcommand(
       "seal", "Turn a recording left by a killed process (SIGKILL, power loss) into a bundle");
@@ -972,6 +1124,14 @@ int main(int argc, char** argv) {
     if (*rec) return cmdRecover(bundle, out, ro);
     if (*insp) return cmdInspect(bundle, ro);
     if (*seal) return cmdSeal(sl);
+    if (*reportSub) {
+#ifdef CRASHCAP_HAVE_TORCH
+      return cmdReport(bundle, rep);
+#else
+      throw Error(ErrorCode::Unsupported, "this crashcap was built without LibTorch: report needs it (for triage)",
+                  "rebuild with -DCRASHCAP_WITH_TORCH=ON");
+#endif
+    }
     if (*triageSub) {
 #ifdef CRASHCAP_HAVE_TORCH
       return cmdTriage(bundle, tr);

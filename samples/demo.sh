@@ -42,6 +42,9 @@ step "7. A classifier fed an out-of-range label: the exception's own text is kep
 expect_fail "$BIN/crashcap-sample-cls" --steps 20 --record "$WORK/cls" --fault bad-label --fault-step 7 --fault-row 5
 show "$CC" inspect "$(ls "$WORK"/cls/crash-*.ccap)"
 show "$CC" triage "$(ls "$WORK"/cls/crash-*.ccap)"
+show "$CC" report "$(ls "$WORK"/cls/crash-*.ccap)" -o "$WORK/bug-report.md"
+printf '\033[2m(the first lines of the report, ready to paste into a bug tracker)\033[0m\n'
+sed -n '/^## Summary/,/^## Steps/p' "$WORK/bug-report.md"
 
 step "8. SIGKILL (the OOM killer, a scheduler): nothing in the process can react, yet what reached the disk is kept"
 "$BIN/crashcap-sample-seg" --steps 100000 --record "$WORK/killed" --keyframe-every 10 > /dev/null &
@@ -67,4 +70,4 @@ show "$CC" export "$bundle" keyframes/10/parameters/stem.conv.weight --pt "$WORK
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   show /usr/bin/python3 -c "import numpy as np, torch; a = np.load('$WORK/image.npy'); print('numpy', a.shape, 'NaN in rows', sorted(set(np.argwhere(np.isnan(a))[:, 0]))); print('torch', torch.load('$WORK/stem.pt').shape)"
 fi
-printf '\n\033[1mDemo complete.\033[0m Next: config and device experiments, and a ready-to-paste bug report.\n'
+printf '\n\033[1mDemo complete.\033[0m Next: config and device experiments.\n'

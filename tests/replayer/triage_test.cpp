@@ -93,3 +93,27 @@ TEST_CASE("triage: a learning-rate blow-up is optimizer divergence, and not the 
   CHECK(hypothesis(j, "loss-numerics")["verdict"] == "refuted");
   CHECK(j["culprit"]["rows"].is_null());
 }
+
+TEST_CASE("crashcap report writes a Markdown bug report with the triage table", "[replayer][report]") {
+  test::TempDir dir;
+  auto r = test::run({test::binPath("crashcap-sample-cls"), "--steps", "10", "--record", dir.path(), "--fault",
+                      "bad-label", "--fault-step", "5", "--fault-row", "1", "--keyframe-every", "4"},
+                     300);
+  REQUIRE(r.exitCode == 1);
+  std::string bundle;
+  for (const auto& e : fs::directory_iterator(dir.path()))
+    if (e.path().extension() == ".ccap") bundle = e.path().string();
+  auto out = dir.file("report.md");
+  auto rep = test::run({test::binPath("crashcap"), "report", bundle, "-o", out}, 900);
+  INFO(rep.err);
+  REQUIRE(rep.exitCode == 0);
+  auto md = test::readText(out);
+  for (const char* heading : {"## Summary", "## Environment", "## Steps to Reproduce", "## Expected Behavior",
+                              "## Actual Behavior", "## Logs / Stack Trace", "## Root Cause Analysis"})
+    CHECK(md.find(heading) != std::string::npos);
+  CHECK(md.find("Target 10 is out of bounds.") != std::string::npos);
+  CHECK(md.find("`crashcap replay " + bundle + "`") != std::string::npos);
+  CHECK(md.find("| invalid-data | **confirmed** |") != std::string::npos);
+  CHECK(md.find("row 1 of steps/5/batch/label is 10") != std::string::npos);
+  CHECK(md.rfind("---\ntitle: \"Training crash at step 5", 0) == 0);
+}

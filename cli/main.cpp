@@ -666,8 +666,8 @@ json runTriage(const std::string& path, const TriageCliOptions& o) {
                                (*samples)["replays"].get<int>() + 1));
       for (const auto& name : reader->tensors()) {
         if (name.name.rfind(formats::batchTensorName(step, ""), 0) != 0) continue;
+        auto t = loadTensor(*reader, name.name);  // once per tensor, not per culprit row
         for (int64_t r : rows) {
-          auto t = loadTensor(*reader, name.name);
           if (t.shape.empty() || t.shape[0] <= r) continue;
           auto row = inspect::applySlice(t, inspect::parseSlice(std::to_string(r)));
           auto st = inspect::computeStats(row);

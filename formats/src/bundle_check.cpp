@@ -1,7 +1,9 @@
 #include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/records.hpp"
 
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include <fmt/format.h>
 
@@ -277,6 +279,24 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, c
   return report;
 }
 
+PartialOutput::PartialOutput(std::string out) : out_(std::move(out)), partial_(out_ + ".partial") {}
+
+PartialOutput::~PartialOutput() {
+  if (!committed_) std::remove(partial_.c_str());
+}
+
+void PartialOutput::commit() {
+  if (std::rename(partial_.c_str(), out_.c_str()) != 0)
+    throw Error(ErrorCode::Io, fmt::format("cannot rename {} to {}: {}", partial_, out_, std::strerror(errno)));
+  committed_ = true;
+  auto slash = out_.rfind('/');
+  std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : out_.substr(0, slash));
+  if (int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY); fd >= 0) {
+    ::fsync(fd);
+    ::close(fd);
+  }
+}
+
 CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
                        const std::function<bool(const RecordEntry&)>& keep, bool decodeChunks) {
   CopyReport report;
@@ -356,19 +376,10 @@ RecoverReport recoverBundle(const std::string& in, const std::string& out, const
     header = FileHeader{};
     header.recordingId = newRecordingId();
   }
-  // Write next to the output and rename at the end, so a failure leaves no half-written
-  // OUT that would block the retry.
-  const std::string partial = out + ".partial";
+  PartialOutput output(out);
   WriterOptions options;
   options.overwrite = true;
-  auto writer = BundleWriter::createCopy(partial, header, options);
-  struct RemoveOnFailure {
-    const std::string& path;
-    bool done = false;
-    ~RemoveOnFailure() {
-      if (!done) std::remove(path.c_str());
-    }
-  } cleanup{partial};
+  auto writer = BundleWriter::createCopy(output.path(), header, options);
 
   auto copied = copyRecords(*reader, *writer);
   report.recordsCopied = copied.recordsCopied;
@@ -389,9 +400,7 @@ RecoverReport recoverBundle(const std::string& in, const std::string& out, const
   writer->writeNote("crashcap.recovery", text);
   writer->seal();
   report.bytesWritten = writer->stats().fileBytes;
-  if (std::rename(partial.c_str(), out.c_str()) != 0)
-    throw Error(ErrorCode::Io, fmt::format("cannot rename {} to {}: {}", partial, out, std::strerror(errno)));
-  cleanup.done = true;
+  output.commit();
   return report;
 }
 

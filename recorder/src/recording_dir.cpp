@@ -168,18 +168,11 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   }
   report.out = out;
 
-  const std::string partial = out + ".partial";
+  formats::PartialOutput output(out);
   formats::WriterOptions wo;
   wo.overwrite = true;
   wo.producer = "crashcap seal";
-  auto writer = formats::BundleWriter::createCopy(partial, run->fileHeader(), wo);
-  struct RemoveOnFailure {
-    const std::string& path;
-    bool done = false;
-    ~RemoveOnFailure() {
-      if (!done) std::remove(path.c_str());
-    }
-  } cleanup{partial};
+  auto writer = formats::BundleWriter::createCopy(output.path(), run->fileHeader(), wo);
 
   auto add = [&](const formats::CopyReport& c, const std::string& file) {
     report.records += c.recordsCopied;
@@ -216,15 +209,7 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   writer->writeNote("crashcap.seal", text);
   writer->seal();
   report.bytes = writer->stats().fileBytes;
-  if (std::rename(partial.c_str(), out.c_str()) != 0)
-    throw Error(ErrorCode::Io, fmt::format("cannot rename {} to {}: {}", partial, out, std::strerror(errno)));
-  cleanup.done = true;
-  // Make the new name durable before the recording it replaces is deleted.
-  auto parent = fs::path(out).parent_path();
-  if (int dfd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
+  output.commit();  // durable before the recording it replaces is deleted
   if (options.removeRecording) {
     std::error_code ec;
     fs::remove_all(recording, ec);

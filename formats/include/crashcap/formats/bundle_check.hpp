@@ -50,6 +50,26 @@ struct RecoverReport {
 RecoverReport recoverBundle(const std::string& in, const std::string& out, const ReaderLimits& limits = {},
                             const Progress& progress = {});
 
+/// A bundle written as OUT.partial and renamed to OUT only when complete, so a failure never
+/// leaves a half-written OUT that would block the retry. The partial file is removed on
+/// destruction unless commit() ran. Used by recover and by sealing a recording.
+class PartialOutput {
+ public:
+  explicit PartialOutput(std::string out);
+  ~PartialOutput();
+  PartialOutput(const PartialOutput&) = delete;
+  PartialOutput& operator=(const PartialOutput&) = delete;
+  /// OUT.partial: where to write.
+  const std::string& path() const { return partial_; }
+  /// Renames OUT.partial to OUT and fsyncs the directory so the new name is durable.
+  /// Throws Error{Io}.
+  void commit();
+
+ private:
+  std::string out_, partial_;
+  bool committed_ = false;
+};
+
 struct CopyReport {
   uint64_t recordsCopied = 0;
   uint64_t tensorsCopied = 0;

@@ -117,6 +117,7 @@ struct StepProgram {
   parameters @2 :List(Text);    # trainable parameters by name, in module order
   buffers @3 :List(Text);       # buffers by name, in module order
   archive @4 :Text;             # name of the uint8 [n] tensor holding the archive ("program/torchscript")
+  device @5 :Text;              # where the parameters lived: "cpu", "cuda:0", ... ("" in older bundles: unknown)
 }
 
 # Record type 6. The optimizer and the recipe replay follows:

@@ -10,6 +10,9 @@
 #include <optional>
 #include <stdexcept>
 
+#include "crashcap/formats/torch/settings.hpp"
+#include "crashcap/testing/fault_injection.hpp"
+
 namespace crashcap::samples {
 namespace {
 
@@ -32,6 +35,9 @@ double baseLr(const TrainOptions& o) {
 TrainResult train(const TrainOptions& o) {
   TrainResult result;
   if (o.threads > 0) torch::set_num_threads(o.threads);
+  for (const auto& [name, value] : o.settings) formats::torch::applySetting(name, value);
+  // Tests only: CRASHCAP_FAULT_INJECT makes a chosen op misbehave under a chosen condition.
+  testing::installFaultInjection();
   // The profiling executor re-optimises the graph after the first calls, and the optimised
   // backward can differ from the first call's in the last bit; replay must compute exactly
   // what the recording did, so the samples run the unoptimised graph (the replayer does too).
@@ -64,6 +70,7 @@ TrainResult train(const TrainOptions& o) {
       auto batch = o.task == Task::Seg ? makeSegBatch(o.seed, step, batchSize, o.fault)
                                        : makeClsBatch(o.seed, step, batchSize, classes, o.fault);
       double lr = learningRate(lr0, step, o.fault);
+      testing::setFaultStep(step);
       for (auto& g : optimizer->param_groups()) g.options().set_lr(lr);
       auto t0 = Clock::now();
       std::optional<recorder::StepGuard> guard;
@@ -114,12 +121,14 @@ int sampleMain(Task task, int argc, char** argv) {
   auto usage = [&](std::FILE* to) {
     std::fprintf(to,
                  "usage: %s [--steps N] [--record DIR] [--fault KIND] [--fault-step S] [--fault-row R]\n"
-                 "       [--seed N] [--keyframe-every K] [--batch B] [--optimizer sgd|adam] [--threads T]\n\n"
+                 "       [--seed N] [--keyframe-every K] [--batch B] [--optimizer sgd|adam] [--threads T]\n"
+                 "       [--set SETTING=VALUE]...\n\n"
                  "A small real LibTorch training (%s) that fails for the reasons crashcap exists for.\n"
                  "  --record DIR        record under crashcap's flight recorder (crash bundle lands in DIR)\n"
                  "  --fault KIND        none | nan-sample | %s | lr-blowup\n"
                  "  --fault-step S      step whose batch (or learning rate) goes bad (default 5)\n"
                  "  --fault-row R       batch row that carries the fault (default 0)\n"
+                 "  --set S=V           a LibTorch setting for the run, e.g. cudnn.benchmark=true\n"
                  "Exit status: 0 trained; 1 the training failed (the fault worked); 2 bad usage.\n",
                  name,
                  task == Task::Seg ? "a DB-style text segmenter, Dice + BCE + L1 loss"
@@ -158,6 +167,11 @@ int sampleMain(Task task, int argc, char** argv) {
         o.optimizer = value();
       } else if (a == "--threads") {
         o.threads = std::stoi(value());
+      } else if (a == "--set") {
+        auto v = value();
+        auto eq = v.find('=');
+        if (eq == std::string::npos) throw std::invalid_argument("--set needs SETTING=VALUE, got " + v);
+        o.settings.emplace_back(v.substr(0, eq), v.substr(eq + 1));
       } else {
         throw std::invalid_argument("unknown option " + a);
       }

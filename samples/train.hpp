@@ -25,6 +25,9 @@ struct TrainOptions {
   int64_t batch = 0;               ///< 0: the task's default (8 seg, 32 cls)
   std::string optimizer = "sgd";   ///< "sgd" | "adam"
   int threads = 0;                 ///< 0: LibTorch's default
+  /// Settings applied before training (formats/torch/settings.hpp names), e.g.
+  /// {"cudnn.benchmark", "true"}: the recording carries them, replay applies them again.
+  std::vector<std::pair<std::string, std::string>> settings;
   bool anomalyMode = false;        ///< torch autograd anomaly detection (the reference overhead)
   recorder::Policy policy;         ///< used when recordDir is set
   int printEvery = 10;             ///< progress lines; 0 = silent

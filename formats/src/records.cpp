@@ -94,6 +94,7 @@ std::vector<uint8_t> encodeMeta(const StepProgramData& v) {
   setTexts(r.initParameters(v.parameters.size()), v.parameters);
   setTexts(r.initBuffers(v.buffers.size()), v.buffers);
   r.setArchive(v.archive);
+  r.setDevice(v.device);
   return toBytes(b);
 }
 
@@ -213,6 +214,7 @@ StepProgramData decodeStepProgram(const std::vector<uint8_t>& meta, const Reader
     v.parameters = texts(r.getParameters(), kNameBytes, "step program parameter");
     v.buffers = texts(r.getBuffers(), kNameBytes, "step program buffer");
     v.archive = text(r.getArchive(), kNameBytes, "step program archive");
+    v.device = text(r.getDevice(), 64, "step program device");
     return v;
   });
 }

@@ -28,6 +28,7 @@
 #include "crash_guard.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
+#include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/recorder/environment.hpp"
 #include "live_writer.hpp"
@@ -255,11 +256,9 @@ struct Recorder::Impl {
     EnvironmentOptions eo;
     eo.allVariables = policy.allEnvironmentVariables;
     auto env = captureEnvironment(eo);
-    auto& ctx = at::globalContext();
     auto fact = [&](const char* k, std::string v) { env.facts.emplace_back(k, std::move(v)); };
     auto yes = [](bool b) { return std::string(b ? "true" : "false"); };
     fact("torch.version", TORCH_VERSION);
-    fact("torch.threads", std::to_string(at::get_num_threads()));
     fact("torch.interop_threads", std::to_string(at::get_num_interop_threads()));
     fact("torch.openmp", yes(at::Context::hasOpenMP()));
     fact("torch.mkl", yes(at::Context::hasMKL()));
@@ -268,12 +267,8 @@ struct Recorder::Impl {
     fact("cuda.available", yes(cuda));
     if (!cuda)
       fact("cuda.unavailable_reason", "this LibTorch build has no CUDA support or no CUDA device is visible");
-    fact("cudnn.enabled", yes(ctx.userEnabledCuDNN()));
-    fact("cudnn.benchmark", yes(ctx.benchmarkCuDNN()));
-    fact("cudnn.deterministic", yes(ctx.deterministicCuDNN()));
-    fact("cuda.matmul.allow_tf32", yes(ctx.allowTF32CuBLAS()));
-    fact("cudnn.allow_tf32", yes(ctx.allowTF32CuDNN()));
-    fact("torch.deterministic_algorithms", yes(ctx.deterministicAlgorithms()));
+    // What replay applies again and config bisection flips (as at the first step).
+    for (const auto& name : formats::torch::settingNames()) fact(name.c_str(), formats::torch::currentSetting(name));
     // Replay must run the step program the same way: the optimised graph's backward can
     // differ in the last bit from the unoptimised one.
     fact("torch.jit.graph_executor_optimize", yes(torch::jit::getGraphExecutorOptimize()));
@@ -465,6 +460,7 @@ void Recorder::setProgram(const torch::jit::Module& module, std::vector<std::str
   program.inputs = std::move(inputs);
   for (const auto& [n, t] : m.parameters) program.parameters.push_back(n);
   for (const auto& [n, t] : m.buffers) program.buffers.push_back(n);
+  program.device = m.parameters.empty() ? "cpu" : m.parameters.front().second.device().str();
   std::ostringstream archive;
   module.save(archive);
   auto bytes = std::make_shared<std::string>(archive.str());

@@ -3,8 +3,10 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -20,7 +22,9 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
+#include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
+#include "crashcap/testing/fault_injection.hpp"
 
 namespace crashcap::replayer {
 namespace {
@@ -112,13 +116,30 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const formats::OptimizerS
 
 // ---- The instrumented step: every op's outputs checked for NaN/Inf --------------------------
 
+/// The probe of the target step. It checks every op's outputs for NaN/Inf and, for ops
+/// bisection, keeps (capture) or compares (reference) the outputs of the step's outermost ops:
+/// those the program or an autograd node calls directly, whose sequence is the same whatever
+/// the dtype (the kernels they dispatch to below are not).
+struct OuterOutput {
+  std::string name;
+  at::Tensor value;  ///< float64 copy of the first floating output; undefined when none
+};
 struct Probe {
   uint64_t ops = 0;
   std::optional<NonFiniteOp> found;
+  uint64_t outer = 0;
+  std::vector<OuterOutput>* capture = nullptr;
+  const std::vector<OuterOutput>* reference = nullptr;
+  double tolerance = 0;
+  uint64_t compared = 0;
+  std::optional<DepartingOp> departing;
+  std::string stopped;
 };
 Probe* gProbe = nullptr;
 thread_local bool tInside = false;
 thread_local int tBackwardDepth = 0;
+thread_local int tDepth = 0;  ///< op nesting, counted from the step or from the autograd node
+thread_local std::vector<int> tSavedDepth;
 
 ValueStats statsOf(const at::Tensor& t) {
   ValueStats s;
@@ -168,48 +189,110 @@ void eachTensor(const Values& values, Fn&& fn) {
   }
 }
 
-/// The op's input tensors as they were when it started: for boxed calls (the TorchScript
-/// interpreter) the end callback's inputs() already show the outputs in their place.
-struct InputsAtStart : at::ObserverContext {
+/// Per op call: the input tensors as they were when it started (for boxed calls, the
+/// TorchScript interpreter's, the end callback's inputs() already show the outputs in their
+/// place), and whether it is an outermost op.
+struct OpCall : at::ObserverContext {
   std::vector<at::Tensor> tensors;
+  bool outer = false;
 };
 
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
-  if (tInside || !gProbe || gProbe->found) return nullptr;
-  auto ctx = std::make_unique<InputsAtStart>();
-  try {
-    eachTensor(fn.inputs(), [&](const at::Tensor& t) {
-      if (t.defined() && ctx->tensors.size() < 8) ctx->tensors.push_back(t);
-    });
-  } catch (...) {
+  if (tInside || !gProbe) return nullptr;
+  auto ctx = std::make_unique<OpCall>();
+  ctx->outer = tDepth++ == 0;
+  if (!gProbe->found) {
+    try {
+      eachTensor(fn.inputs(), [&](const at::Tensor& t) {
+        if (t.defined() && ctx->tensors.size() < 8) ctx->tensors.push_back(t);
+      });
+    } catch (...) {
+    }
   }
   return ctx;
 }
 
+/// Compares an outermost op's output with the float64 reference's output at the same place.
+void compareOuter(Probe& p, const char* name, const at::Tensor& out, const std::string& phase) {
+  uint64_t index = p.outer;
+  if (index >= p.reference->size()) {
+    p.stopped = fmt::format("the reference ran {} outermost ops, this replay more", p.reference->size());
+    return;
+  }
+  const OuterOutput& ref = (*p.reference)[index];
+  if (ref.name != name) {
+    p.stopped = fmt::format("op sequences differ at outermost op {}: {} here, {} in the reference", index, name, ref.name);
+    return;
+  }
+  if (!out.defined() || !ref.value.defined() || allocates(name)) return;
+  if (out.sizes() != ref.value.sizes()) {
+    p.stopped = fmt::format("{} (outermost op {}) has shape {} here and {} in the reference", name, index,
+                            c10::str(out.sizes()), c10::str(ref.value.sizes()));
+    return;
+  }
+  ++p.compared;
+  at::Tensor got = out.detach().to(at::kCPU, at::kDouble);
+  const at::Tensor& want = ref.value;
+  at::Tensor gotFinite = at::isfinite(got), wantFinite = at::isfinite(want);
+  at::Tensor oneOnly = (gotFinite != wantFinite) | (at::isnan(got) != at::isnan(want));
+  at::Tensor both = gotFinite & wantFinite;
+  at::Tensor diff = (got - want).abs().masked_fill(~both, 0);
+  double scale = want.numel() ? want.abs().masked_fill(~wantFinite, 0).max().item<double>() : 0;
+  if (scale == 0) scale = 1;
+  double error = diff.numel() ? diff.max().item<double>() / scale : 0;
+  int64_t beyond = (diff > p.tolerance * scale).sum().item<int64_t>() + oneOnly.sum().item<int64_t>();
+  if (beyond == 0) return;
+  DepartingOp d;
+  d.name = name;
+  d.phase = phase;
+  d.index = index;
+  d.error = oneOnly.any().item<bool>() ? INFINITY : error;
+  d.elements = beyond;
+  d.replayed = statsOf(out);
+  d.reference = statsOf(want);
+  p.departing = std::move(d);
+}
+
 void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
   if (tInside || !gProbe) return;
+  auto* call = dynamic_cast<OpCall*>(context);
+  if (call && tDepth > 0) --tDepth;
   tInside = true;
   {
     at::DisableRecordFunctionGuard quiet;  // the probe's own ops are not the step's
     try {
       uint64_t index = gProbe->ops++;
+      const char* name = fn.name() ? fn.name() : "?";
+      bool engine = std::strncmp(name, "autograd::engine::", 18) == 0;
+      std::string phase = tBackwardDepth > 0 || engine ? "backward" : "forward";
       if (!gProbe->found && !allocates(fn.name())) {
         bool bad = false;
         eachTensor(fn.outputs(), [&](const at::Tensor& t) { bad = bad || nonFinite(t); });
         if (bad) {
           NonFiniteOp op;
-          op.name = fn.name() ? fn.name() : "?";
-          bool engine = op.name.rfind("autograd::engine::", 0) == 0;
-          op.phase = tBackwardDepth > 0 || engine ? "backward" : "forward";
+          op.name = name;
+          op.phase = phase;
           op.seq = fn.seqNr();
           op.index = index;
-          if (auto* in = dynamic_cast<InputsAtStart*>(context))
-            for (const auto& t : in->tensors) op.inputs.push_back(statsOf(t));
+          if (call)
+            for (const auto& t : call->tensors) op.inputs.push_back(statsOf(t));
           eachTensor(fn.outputs(), [&](const at::Tensor& t) {
             if (t.defined() && op.outputs.size() < 8) op.outputs.push_back(statsOf(t));
           });
           gProbe->found = std::move(op);
         }
+      }
+      if (call && call->outer && (gProbe->capture || gProbe->reference)) {
+        at::Tensor first;
+        eachTensor(fn.outputs(), [&](const at::Tensor& t) {
+          if (!first.defined() && t.defined() && t.is_floating_point()) first = t;
+        });
+        if (gProbe->capture) {
+          gProbe->capture->push_back({name, first.defined() ? first.detach().to(at::kCPU, at::kDouble).clone() : at::Tensor()});
+        } else if (gProbe->stopped.empty() && !gProbe->departing) {
+          compareOuter(*gProbe, name, first, phase);
+        }
+        ++gProbe->outer;
       }
     } catch (...) {
       // An observer must never throw into the op it observes.
@@ -220,10 +303,16 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
 
 std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction&) {
   ++tBackwardDepth;
+  tSavedDepth.push_back(tDepth);
+  tDepth = 0;  // the ops an autograd node calls are outermost
   return nullptr;
 }
 void onBackwardEnd(const at::RecordFunction&, at::ObserverContext*) {
   if (tBackwardDepth > 0) --tBackwardDepth;
+  if (!tSavedDepth.empty()) {
+    tDepth = tSavedDepth.back();
+    tSavedDepth.pop_back();
+  }
 }
 
 /// Installs the probe for one scope (the target step).
@@ -242,6 +331,9 @@ class ProbeScope {
     at::removeCallback(ops_);
     at::removeCallback(backward_);
     gProbe = nullptr;
+    tDepth = 0;
+    tBackwardDepth = 0;
+    tSavedDepth.clear();
   }
 
  private:
@@ -267,9 +359,52 @@ std::optional<FirstFailure> firstFailure(const std::vector<StepReplay>& steps) {
   return std::nullopt;
 }
 
-ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
+std::vector<std::string> availableDevices() {
+  std::vector<std::string> devices = {"cpu"};
+  if (at::hasCUDA())
+    for (int k = 0; k < at::detail::getCUDAHooks().getNumGPUs(); ++k) devices.push_back(fmt::format("cuda:{}", k));
+  testing::installFaultInjection();
+  for (const auto& d : testing::fakeDevices())
+    if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
+  return devices;
+}
+
+namespace {
+
+/// The device a replay runs on: its name, and where its tensors live (a fake device of the
+/// fault-injection hook lives on the CPU).
+struct Placement {
+  std::string name;
+  c10::Device device = c10::Device(c10::kCPU);
+};
+
+Placement place(const std::string& requested, const std::string& recorded) {
+  auto devices = availableDevices();
+  auto have = [&](const std::string& d) { return std::find(devices.begin(), devices.end(), d) != devices.end(); };
+  std::string name = requested;
+  if (name.empty()) name = !recorded.empty() && have(recorded) ? recorded : "cpu";
+  if (name == "cuda") name = "cuda:0";
+  if (!have(name)) {
+    std::string why = name.rfind("cuda", 0) == 0
+                          ? (at::hasCUDA() ? fmt::format("this machine has {} CUDA device(s)", at::detail::getCUDAHooks().getNumGPUs())
+                                           : "this LibTorch has no CUDA support or no CUDA device is visible")
+                          : "it is not a device crashcap knows";
+    throw Error(ErrorCode::Unsupported, fmt::format("cannot replay on {}: {}", name, why),
+                fmt::format("devices here: {}", fmt::join(devices, ", ")));
+  }
+  Placement p;
+  p.name = name;
+  if (!testing::isFakeDevice(name)) p.device = c10::Device(name);
+  return p;
+}
+
+/// `wideAtTarget`: the steps before the target run as recorded, then the state is widened to
+/// float64 for the target step alone (the reference of ops bisection: same starting point,
+/// only the target step's arithmetic differs).
+ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options, Probe& probe, bool wideAtTarget = false) {
   ReplayResult result;
   auto t0 = Clock::now();
+  testing::installFaultInjection();
   auto reader = formats::BundleReader::open(bundle);
   auto view = formats::readRecording(*reader);
   if (!view.program)
@@ -277,6 +412,9 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
                 "it was recorded with Recorder::setModel; replay it from C++ with your own step function");
   if (!view.optimizer) throw Error(ErrorCode::Unsupported, fmt::format("{} has no optimizer spec", bundle));
   if (view.stepBegins.empty()) throw Error(ErrorCode::NotFound, fmt::format("{} holds no recorded steps", bundle));
+  if (!options.dtype.empty() && options.dtype != "float64")
+    throw Error(ErrorCode::InvalidArgument, fmt::format("dtype '{}' is not one replay knows", options.dtype),
+                "replay as recorded (no --dtype) or in --dtype float64");
 
   int64_t target = options.step;
   if (target < 0) target = view.crash && view.crash->step >= 0 ? view.crash->step : view.stepBegins.back().step;
@@ -299,13 +437,27 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
   result.keyframe = keyframe->step;
   if (view.crash && view.crash->step == target) result.recordedError = view.crash->error;
 
-  // Run the program the way it was recorded.
+  // Where and how: the recorded device, dtype and settings unless the options say otherwise.
+  result.recordedDevice = view.program->device;
+  Placement placement = place(options.device, result.recordedDevice);
+  result.device = placement.name;
+  bool wide = options.dtype == "float64";
+  result.dtype = wide ? "float64" : wideAtTarget ? "float64 (target step)" : "as-recorded";
   auto env = reader->environment();
-  int threads = options.threads;
-  if (threads <= 0 && env && !env->fact("torch.threads").empty()) threads = std::stoi(env->fact("torch.threads"));
-  if (threads > 0) at::set_num_threads(threads);
+  for (const auto& name : formats::torch::settingNames())
+    if (env && !env->fact(name).empty()) result.recordedSettings[name] = env->fact(name);
+  result.settings = result.recordedSettings;
+  for (const auto& [name, value] : options.settings) result.settings[name] = value;
+  for (const auto& [name, value] : result.settings) formats::torch::applySetting(name, value);
   result.threads = at::get_num_threads();
   torch::jit::setGraphExecutorOptimize(env && env->fact("torch.jit.graph_executor_optimize") == "true");
+  result.sameSetup = !wide && !wideAtTarget && result.settings == result.recordedSettings &&
+                     result.device == (result.recordedDevice.empty() ? "cpu" : result.recordedDevice);
+  testing::setFaultDevice(result.device);
+  auto onDevice = [&](at::Tensor t) {
+    if (wide && t.is_floating_point()) return t.to(placement.device, at::kDouble);
+    return t.to(placement.device);
+  };
 
   auto archive = reader->readTensor(reader->get(view.program->archive));
   std::istringstream in(std::string(archive.begin(), archive.end()));
@@ -314,6 +466,11 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
   std::map<std::string, at::Tensor> params, buffers;
   for (const auto& p : module.named_parameters(true)) params[p.name] = p.value;
   for (const auto& b : module.named_buffers(true)) buffers[b.name] = b.value;
+  {
+    at::NoGradGuard noGrad;  // move the module's state where it runs; the handles stay
+    for (auto* state : {&params, &buffers})
+      for (auto& [name, t] : *state) t.set_data(onDevice(t));
+  }
   std::vector<at::Tensor> ordered;  // the recorder's order, which its gradient norm used
   for (const auto& name : view.program->parameters) {
     if (!params.count(name)) throw Error(ErrorCode::Corrupt, fmt::format("step program lacks parameter '{}'", name));
@@ -340,7 +497,7 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
     for (const auto& [name, p] : params) {
       auto get = [&](const char* key) -> at::Tensor {
         auto full = formats::keyframeTensorName(keyframe->step, "optimizer", name + "/" + key);
-        return reader->find(full) ? formats::torch::readTensor(*reader, full) : at::Tensor();
+        return reader->find(full) ? formats::torch::readTensor(*reader, full).to(p.device(), p.scalar_type()) : at::Tensor();
       };
       using namespace torch::optim;
       const auto& kind = view.optimizer->kind;
@@ -399,12 +556,16 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
       r.recordedLoss = e->second->loss;
       r.recordedGradNorm = e->second->gradNorm;
     }
-    for (const auto& name : begin.rng)
-      if (name == formats::rngTensorName(s, "cpu")) {
-        auto gen = at::detail::getDefaultCPUGenerator();
-        std::lock_guard<std::mutex> lock(gen.mutex());
-        gen.set_state(formats::torch::readTensor(*reader, name));
-      }
+    testing::setFaultStep(s);
+    for (const auto& name : begin.rng) {
+      std::optional<at::Generator> gen;
+      if (name == formats::rngTensorName(s, "cpu")) gen = at::detail::getDefaultCPUGenerator();
+      if (placement.device.is_cuda() && name == formats::rngTensorName(s, fmt::format("cuda{}", placement.device.index())))
+        gen = at::globalContext().defaultGenerator(placement.device);
+      if (!gen) continue;
+      std::lock_guard<std::mutex> lock(gen->mutex());
+      gen->set_state(formats::torch::readTensor(*reader, name));
+    }
     for (size_t g = 0; g < optimizer->param_groups().size() && g < begin.learningRates.size(); ++g)
       optimizer->param_groups()[g].options().set_lr(begin.learningRates[g]);
     if (!begin.learningRates.empty()) r.learningRate = begin.learningRates[0];
@@ -421,19 +582,24 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
           t = t.index_select(0, at::tensor(options.rows, at::kLong));
         }
       }
-      inputs.emplace_back(t);
+      inputs.emplace_back(onDevice(t));
     }
-    if (s == options.perturbStep && !ordered.empty()) {
+    if (s == target && wideAtTarget && !wide) {
+      wide = true;
       at::NoGradGuard noGrad;
-      auto flat = ordered.front().view(-1);
-      float v = flat[0].item<float>();
-      flat[0].fill_(std::nextafter(v, v + 1.0f));
+      for (auto* state : {&params, &buffers})
+        for (auto& [name, t] : *state) {
+          t.mutable_grad() = at::Tensor();
+          t.set_data(onDevice(t));
+        }
+      for (auto& input : inputs) input = onDevice(input.toTensor());
     }
-    Probe probe;
     try {
+      optimizer->zero_grad();  // the recipe's, not the step program's ops: outside the probe
+      if (s == target && (probe.capture || probe.reference))
+        for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();  // both sides assign, not accumulate
       std::optional<ProbeScope> scope;
-      if (s == target && options.instrument) scope.emplace(probe);
-      optimizer->zero_grad();
+      if (s == target && (options.instrument || probe.capture || probe.reference)) scope.emplace(probe);
       at::Tensor loss = lossOf(module.forward(inputs));
       loss.backward();
       scope.reset();
@@ -469,7 +635,9 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
     }
     if (s == target && probe.found) result.firstNonFiniteOp = probe.found;
     result.steps.push_back(r);
-    if (s < target && !result.divergedAt && (!r.error.empty() || (r.recorded && !r.bitwise))) result.divergedAt = s;
+    // Only the same setup can be held to the recording's bits; any setup to its errors.
+    bool departs = !r.error.empty() || (result.sameSetup && r.recorded && !r.bitwise);
+    if (s < target && !result.divergedAt && departs) result.divergedAt = s;
   }
   result.replayMs = msSince(t1);
 
@@ -493,15 +661,47 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
     } else {
       bool sameText = kind == "nonfinite" ? (last.recorded ? last.bitwise : true)
                                           : lastLine(last.error) == lastLine(view.crash->error);
-      result.verdict = allBitwise && sameText ? "reproduced-bitwise" : "reproduced";
+      result.verdict = allBitwise && sameText && result.sameSetup ? "reproduced-bitwise" : "reproduced";
     }
   } else {
     // No failure recorded here: replay reproduces the recording, or departs from it.
-    if (last.recorded && !last.bitwise) result.divergedAt = target;
-    result.verdict = result.divergedAt ? "diverged" : (last.error.empty() ? "reproduced-bitwise" : "diverged");
+    if (last.recorded && !last.bitwise && result.sameSetup) result.divergedAt = target;
+    result.verdict = result.divergedAt ? "diverged"
+                     : !last.error.empty() ? "diverged"
+                     : result.sameSetup && allBitwise ? "reproduced-bitwise"
+                                                      : "reproduced";
     if (!last.error.empty() && !result.divergedAt) result.divergedAt = target;
   }
   return result;
+}
+
+}  // namespace
+
+ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
+  Probe probe;
+  return replayWith(bundle, options, probe);
+}
+
+ReferenceComparison compareWithReference(const std::string& bundle, ReplayOptions options, double tolerance) {
+  ReferenceComparison c;
+  c.tolerance = tolerance;
+  std::vector<OuterOutput> outputs;
+  {
+    ReplayOptions ro = options;
+    ro.device = "cpu";
+    ro.dtype.clear();
+    Probe probe;
+    probe.capture = &outputs;
+    c.reference = replayWith(bundle, ro, probe, /*wideAtTarget=*/true);
+  }
+  Probe probe;
+  probe.reference = &outputs;
+  probe.tolerance = tolerance;
+  c.replay = replayWith(bundle, options, probe);
+  c.opsCompared = probe.compared;
+  c.firstDeparting = probe.departing;
+  c.stoppedBecause = probe.stopped;
+  return c;
 }
 
 }  // namespace crashcap::replayer

@@ -17,7 +17,7 @@ using namespace crashcap::formats;
 TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "[formats][records]") {
   test::TempDir dir;
   auto path = dir.file("r.ccap");
-  StepProgramData program{"torchscript", {"image", "label"}, {"w", "b"}, {"bn.running_mean"}, "program/ts"};
+  StepProgramData program{"torchscript", {"image", "label"}, {"w", "b"}, {"bn.running_mean"}, "program/ts", "cpu"};
   OptimizerSpecData spec{"adam", {{{"w", "b"}, {{"lr", 1e-3}, {"beta1", 0.9}}}}, 1.5, 2};
   StepBeginData begin{7, {"steps/7/batch/image"}, {"steps/7/rng/cpu"}, {0.25}, 123, 5};
   StepEndData end{7, std::nan(""), 3.5, true, true, 999};

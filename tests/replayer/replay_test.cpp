@@ -76,17 +76,56 @@ TEST_CASE("replay reproduces an exception with the same text, including the drop
   CHECK(r.error.find("Target 10 is out of bounds.") != std::string::npos);
 }
 
-TEST_CASE("a replay that departs from the recording is diverged at that step", "[replayer]") {
+TEST_CASE("an injected nondeterministic kernel makes replay diverged at its step", "[replayer][fault]") {
   test::TempDir dir;
   auto bundle = crashBundle(dir, "crashcap-sample-seg", "nan-sample", 7);
-  replayer::ReplayOptions o;
-  o.perturbStep = 5;  // one weight, one ulp, as a nondeterministic kernel would
-  auto r = replayer::replay(bundle, o);
-  CHECK(r.verdict == "diverged");
-  REQUIRE(r.divergedAt);
-  CHECK(*r.divergedAt == 5);
-  CHECK(r.steps.at(0).bitwise);   // step 4 still matches
-  CHECK(!r.steps.at(1).bitwise);  // step 5 does not
+  // Replay only: the first convolution of step 5 moves every output by one ulp, as a kernel
+  // with a different reduction order would.
+  auto r = test::run({"/usr/bin/env", "CRASHCAP_FAULT_INJECT=op=aten::conv2d;step=5;mode=perturb",
+                      test::binPath("crashcap"), "replay", bundle, "--json"},
+                     300);
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  auto j = nlohmann::json::parse(r.out);
+  CHECK(j["verdict"] == "diverged");
+  CHECK(j["diverged_at"] == 5);
+  CHECK(j["same_setup"] == true);
+  CHECK(j["steps"][0]["bitwise"] == true);   // step 4 still matches
+  CHECK(j["steps"][1]["bitwise"] == false);  // step 5 does not
+  // Without the fault the same bundle replays bit for bit.
+  auto clean = test::run({test::binPath("crashcap"), "replay", bundle, "--json"}, 300);
+  REQUIRE(clean.exitCode == 0);
+  CHECK(nlohmann::json::parse(clean.out)["verdict"] == "reproduced-bitwise");
+}
+
+TEST_CASE("replay in float64 or under another setting compares the failure, not the bits", "[replayer]") {
+  test::TempDir dir;
+  auto bundle = crashBundle(dir, "crashcap-sample-seg", "dice-eps0");
+  auto wide = test::run({test::binPath("crashcap"), "replay", bundle, "--dtype", "float64", "--json"}, 300);
+  INFO(wide.err);
+  REQUIRE(wide.exitCode == 0);
+  auto j = nlohmann::json::parse(wide.out);
+  CHECK(j["dtype"] == "float64");
+  CHECK(j["same_setup"] == false);
+  CHECK(j["verdict"] == "reproduced");  // 0/0 is NaN in any precision
+  CHECK(j["diverged_at"].is_null());    // float64 numbers differ from the recording without being divergence
+  CHECK(j["first_nonfinite_op"]["name"] == "aten::div");
+  CHECK(j["first_nonfinite_op"]["outputs"][0]["dtype"] == "Double");
+
+  auto threads = test::run({test::binPath("crashcap"), "replay", bundle, "--set", "torch.threads=2", "--json"}, 300);
+  REQUIRE(threads.exitCode == 0);
+  auto t = nlohmann::json::parse(threads.out);
+  CHECK(t["settings"]["torch.threads"] == "2");
+  CHECK(t["recorded_settings"]["torch.threads"] == j["recorded_settings"]["torch.threads"]);
+  CHECK(t["threads"] == 2);
+  CHECK(t["verdict"].get<std::string>().rfind("reproduced", 0) == 0);
+
+  auto unknown = test::run({test::binPath("crashcap"), "replay", bundle, "--set", "cudnn.fastest=true"});
+  CHECK(unknown.exitCode == 2);
+  CHECK(unknown.err.find("unknown setting 'cudnn.fastest'") != std::string::npos);
+  auto badValue = test::run({test::binPath("crashcap"), "replay", bundle, "--set", "cudnn.benchmark=maybe"});
+  CHECK(badValue.exitCode == 2);
+  CHECK(badValue.err.find("not true or false") != std::string::npos);
 }
 
 TEST_CASE("replay of a healthy step matches the recording; a missing step is a clear error", "[replayer]") {
@@ -122,9 +161,17 @@ TEST_CASE("crashcap replay --json has the verdict, the step and the first non-fi
   CHECK(j["first_nonfinite_op"]["phase"] == "forward");
   CHECK(j["first_nonfinite_op"]["outputs"][0]["nan_count"] == 1);
   CHECK(j["steps_replayed"] == 3);
-  auto cuda = test::run({test::binPath("crashcap"), "replay", bundle, "--device", "cuda:0"});
-  CHECK(cuda.exitCode == 2);
-  CHECK(cuda.err.find("--device cpu") != std::string::npos);
+  CHECK(j["device"] == "cpu");
+  CHECK(j["recorded_device"] == "cpu");
+  CHECK(j["same_setup"] == true);
+  // Without a GPU: a clear error naming what is here.
+  auto devices = replayer::availableDevices();
+  if (std::find(devices.begin(), devices.end(), "cuda:0") == devices.end()) {
+    auto cuda = test::run({test::binPath("crashcap"), "replay", bundle, "--device", "cuda:0"});
+    CHECK(cuda.exitCode == 2);
+    CHECK(cuda.err.find("cannot replay on cuda:0") != std::string::npos);
+    CHECK(cuda.err.find("devices here: cpu") != std::string::npos);
+  }
 }
 
 TEST_CASE("bisect steps finds the first failing step and shows the weights running away", "[replayer][bisect]") {

@@ -27,6 +27,7 @@ struct StepProgramData {
   std::vector<std::string> parameters;  ///< trainable parameters, module order
   std::vector<std::string> buffers;     ///< buffers, module order
   std::string archive = "program/torchscript";
+  std::string device;                   ///< the parameters' device: "cpu", "cuda:0"; "" unknown
 };
 
 struct ParamGroupData {

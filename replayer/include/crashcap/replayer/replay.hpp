@@ -6,6 +6,7 @@
 // outputs checked for NaN/Inf) to name the first op whose output goes non-finite.
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -15,10 +16,14 @@ namespace crashcap::replayer {
 struct ReplayOptions {
   int64_t step = -1;             ///< target step; -1: the crash's step, else the last recorded
   bool instrument = true;        ///< per-op output checks on the target step
-  int threads = 0;               ///< 0: the recorded torch.threads (bitwise needs the same)
-  /// Tests only: before this step runs, nudge one weight by one ulp, as a nondeterministic
-  /// kernel would; replay must then report `diverged` at this step. -1: off.
-  int64_t perturbStep = -1;
+  /// "cpu", "cuda", "cuda:K"; "": the recorded device when this machine has it, else the CPU.
+  std::string device;
+  /// "": as recorded; "float64": parameters, optimizer state and floating batch tensors in
+  /// double precision (the reference that ops bisection compares against).
+  std::string dtype;
+  /// Settings (formats/torch/settings.hpp names) that replace the recorded values, e.g.
+  /// {"cudnn.benchmark", "false"}: the experiments of config bisection.
+  std::map<std::string, std::string> settings;
   /// Keep only these rows (dim 0) of the target step's batch: the experiment of a sample
   /// bisection. Empty: the whole batch.
   std::vector<int64_t> rows;
@@ -65,6 +70,18 @@ struct FirstFailure {
 };
 std::optional<FirstFailure> firstFailure(const std::vector<StepReplay>& steps);
 
+/// The first op of the target step whose output departs from the float64 reference beyond
+/// the tolerance (ops bisection). Ops are matched by position among the step's outermost ops
+/// (those the program or an autograd node calls directly), which are the same in both dtypes.
+struct DepartingOp {
+  std::string name;
+  std::string phase;             ///< "forward" | "backward"
+  uint64_t index = 0;            ///< among the step's outermost ops
+  double error = 0;              ///< max |replay - reference| / max |reference|
+  int64_t elements = 0;          ///< elements beyond the tolerance (or non-finite in one only)
+  ValueStats replayed, reference;
+};
+
 struct ReplayResult {
   /// "reproduced-bitwise" | "reproduced" | "diverged" | "not-reproduced"
   std::string verdict;
@@ -77,11 +94,36 @@ struct ReplayResult {
   std::vector<StepReplay> steps;
   double loadMs = 0, replayMs = 0;
   int threads = 0;
+  std::string device;            ///< where it ran ("cpu", "cuda:0")
+  std::string recordedDevice;    ///< where the recording ran ("" unknown)
+  std::string dtype;             ///< "as-recorded" | "float64" | "float64 (target step)"
+  std::map<std::string, std::string> settings;          ///< the settings replay ran under
+  std::map<std::string, std::string> recordedSettings;  ///< the recording's
+  /// Device, dtype and settings equal the recording's, so fingerprints are compared bit for
+  /// bit and a departure is `diverged`. Otherwise only the failure itself is compared.
+  bool sameSetup = true;
   int64_t batchSize = 0;         ///< rows of the target step's batch (dim 0 of its first input)
 };
 
-/// Replays `bundle` on the CPU. Throws crashcap::Error (NotFound: no such step or keyframe;
-/// Unsupported: the bundle has no step program).
+/// Replays `bundle`. Throws crashcap::Error (NotFound: no such step or keyframe; Unsupported:
+/// the bundle has no step program, or the device is not available here).
 ReplayResult replay(const std::string& bundle, const ReplayOptions& options = {});
+
+/// Ops bisection against a float64 reference: replays up to the target step on the CPU as
+/// recorded and runs the target step in float64 from that state; then replays as `options`
+/// say, comparing each outermost op's output of the target step; `firstDeparting` is the first op
+/// whose normalised error exceeds `tolerance` or whose output is non-finite in one replay only.
+struct ReferenceComparison {
+  ReplayResult replay, reference;
+  uint64_t opsCompared = 0;
+  std::optional<DepartingOp> firstDeparting;
+  std::string stoppedBecause;    ///< "" or why the comparison stopped early (op sequences differ)
+  double tolerance = 0;
+};
+ReferenceComparison compareWithReference(const std::string& bundle, ReplayOptions options, double tolerance = 1e-3);
+
+/// Devices replay can run on here: "cpu", each "cuda:K", and the fault-injection hook's fake
+/// devices (tests only).
+std::vector<std::string> availableDevices();
 
 }  // namespace crashcap::replayer

@@ -1,0 +1,29 @@
+#pragma once
+// The process-wide LibTorch settings that change what a training step computes, by the names
+// the recorder gives them in the environment record ("cudnn.benchmark", "torch.threads", ...).
+// The recorder reads them into the recording; replay applies the recorded values (or an
+// experiment's flip of one); the fault-injection hook tests conditions on them.
+
+#include <string>
+#include <vector>
+
+namespace crashcap::formats::torch {
+
+/// Every setting, in the order config bisection flips them:
+///   cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32,
+///   cuda.matmul.allow_tf32, torch.deterministic_algorithms, torch.autocast, torch.threads.
+/// Boolean settings read "true"/"false"; torch.threads is a count. torch.autocast is autocast on
+/// the CPU and on CUDA (either enabled reads "true"); it is read on the recording thread.
+const std::vector<std::string>& settingNames();
+
+/// The current value of `name`. Throws crashcap::Error (InvalidArgument) for an unknown name.
+std::string currentSetting(const std::string& name);
+
+/// Applies `value` to `name` in this process (torch.autocast: on the CPU and CUDA, this
+/// thread). Throws crashcap::Error (InvalidArgument) for an unknown name or a bad value.
+void applySetting(const std::string& name, const std::string& value);
+
+/// `value` flipped: true<->false; for torch.threads, 1 <-> the recorded count (2 when it was 1).
+std::string flippedSetting(const std::string& name, const std::string& value);
+
+}  // namespace crashcap::formats::torch

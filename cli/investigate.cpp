@@ -147,6 +147,24 @@ std::string settingsText(const std::map<std::string, std::string>& now, const st
   return changed.empty() ? "settings as recorded" : "settings changed: " + changed;
 }
 
+/// The dataset indices of `rows` of step `step`'s batch, when the batch carried an index
+/// tensor (formats::kDatasetIndexName); null otherwise.
+json datasetIndices(const std::string& path, int64_t step, const std::vector<int64_t>& rows) {
+  auto reader = formats::BundleReader::open(path);
+  auto name = formats::batchTensorName(step, formats::kDatasetIndexName);
+  if (!reader->find(name)) return nullptr;
+  auto t = loadTensor(*reader, name);
+  if (t.shape.size() != 1 || formats::isFloating(t.dtype) || formats::isComplex(t.dtype)) return nullptr;
+  json out = json::array();
+  for (int64_t r : rows) {
+    if (r < 0 || r >= t.shape[0]) return nullptr;
+    auto v = inspect::computeStats(inspect::applySlice(t, inspect::parseSlice(std::to_string(r))));
+    if (!v.max) return nullptr;
+    out.push_back(static_cast<int64_t>(*v.max));
+  }
+  return out;
+}
+
 }  // namespace
 
 int cmdReplay(const std::string& path, const ReplayCliOptions& o) {
@@ -306,12 +324,14 @@ int bisectSamples(const std::string& path, const BisectCliOptions& o) {
   };
   auto b = crashcap::replayer::bisectRows(base.batchSize, test);
   int bound = 2 * static_cast<int>(std::ceil(std::log2(std::max<int64_t>(base.batchSize, 2)))) + 2;
+  json indices = b.reproduced ? datasetIndices(path, base.step, b.rows) : json(nullptr);
   if (o.json) {
     printJson({{"kind", "samples"},
                {"step", base.step},
                {"batch_size", base.batchSize},
                {"reproduced", b.reproduced},
                {"rows", b.rows},
+               {"dataset_indices", indices},
                {"replays", b.replays},
                {"replay_bound_single_row", bound},
                {"experiments", log}});
@@ -321,8 +341,10 @@ int bisectSamples(const std::string& path, const BisectCliOptions& o) {
     std::cout << fmt::format("step {} does not fail when replayed with its whole batch: nothing to bisect\n", base.step);
     return kExitOk;
   }
-  std::cout << fmt::format("step {}: the failure needs batch row{} [{}] of {} ({} replays; a single culprit row takes at most {})\n",
-                           base.step, b.rows.size() == 1 ? "" : "s", joinRows(b.rows), base.batchSize, b.replays, bound);
+  std::cout << fmt::format("step {}: the failure needs batch row{} [{}] of {}{} ({} replays; a single culprit row takes at most {})\n",
+                           base.step, b.rows.size() == 1 ? "" : "s", joinRows(b.rows), base.batchSize,
+                           indices.is_null() ? "" : fmt::format(", dataset index {}", joinRows(indices.get<std::vector<int64_t>>())),
+                           b.replays, bound);
   std::cout << fmt::format("rerun: crashcap replay {} --step {} --rows {}\n", path, base.step, joinRows(b.rows));
   return kExitOk;
 }
@@ -537,8 +559,12 @@ json runTriage(const std::string& path, const TriageCliOptions& o) {
       ev.push_back(fmt::format("step {} fails with batch row{} [{}] alone and passes without {} ({} replays)", step,
                                rows.size() == 1 ? "" : "s", joinRows(rows), rows.size() == 1 ? "it" : "them",
                                (*samples)["replays"].get<int>() + 1));
+      if (!(*samples)["dataset_indices"].is_null())
+        ev.push_back(fmt::format("dataset index {} (the batch's {} tensor)", joinRows((*samples)["dataset_indices"].get<std::vector<int64_t>>()),
+                                 formats::kDatasetIndexName));
       for (const auto& name : reader->tensors()) {
         if (name.name.rfind(formats::batchTensorName(step, ""), 0) != 0) continue;
+        if (name.name == formats::batchTensorName(step, formats::kDatasetIndexName)) continue;
         auto t = loadTensor(*reader, name.name);  // once per tensor, not per culprit row
         for (int64_t r : rows) {
           if (t.shape.empty() || t.shape[0] <= r) continue;
@@ -751,6 +777,7 @@ json runTriage(const std::string& path, const TriageCliOptions& o) {
   bool dataConfirmed = hypotheses[0]["verdict"] == "confirmed";
   json culprit = {{"step", step >= 0 ? json(step) : json(nullptr)},
                   {"rows", rows.empty() || !dataConfirmed ? json(nullptr) : json(rows)},
+                  {"dataset_indices", samples && dataConfirmed ? (*samples)["dataset_indices"] : json(nullptr)},
                   {"op", firstOp.is_null() ? json(nullptr) : firstOp["name"]},
                   {"phase", firstOp.is_null() ? json(nullptr) : firstOp["phase"]},
                   {"changes", config ? (*config)["changes_outcome"] : json(nullptr)}};
@@ -789,8 +816,12 @@ int cmdTriage(const std::string& path, const TriageCliOptions& o) {
     for (size_t i = 1; i < ev.size(); ++i) std::cout << fmt::format("  {:<22} {:<13} {}\n", "", "", ev[i].get<std::string>());
     std::cout << fmt::format("  {:<22} {:<13} rerun: {}\n", "", "", h["rerun"].get<std::string>());
   }
-  std::cout << fmt::format("\nculprit: step {}, rows {}, op {} ({})\n", culprit["step"].dump(), culprit["rows"].dump(),
-                           culprit["op"].dump(), culprit["phase"].dump());
+  std::cout << fmt::format("\nculprit: step {}, rows {}{}, op {} ({}){}\n", culprit["step"].dump(), culprit["rows"].dump(),
+                           culprit["dataset_indices"].is_null() ? "" : " (dataset indices " + culprit["dataset_indices"].dump() + ")",
+                           culprit["op"].dump(), culprit["phase"].dump(),
+                           culprit["changes"].is_array() && !culprit["changes"].empty()
+                               ? "; the outcome changes with " + culprit["changes"].dump()
+                               : "");
   return kExitOk;
 }
 
@@ -892,8 +923,10 @@ int cmdReport(const std::string& path, const ReportCliOptions& o) {
                         h["rerun"].get<std::string>());
     }
     const auto& c = triage["culprit"];
-    md += fmt::format("\nCulprit: step {}, batch rows {}, op {} ({}).\n", c["step"].dump(), c["rows"].dump(), c["op"].dump(),
-                      c["phase"].dump());
+    md += fmt::format("\nCulprit: step {}, batch rows {}{}, op {} ({}){}.\n", c["step"].dump(), c["rows"].dump(),
+                      c["dataset_indices"].is_null() ? "" : " (dataset indices " + c["dataset_indices"].dump() + ")",
+                      c["op"].dump(), c["phase"].dump(),
+                      c["changes"].is_array() && !c["changes"].empty() ? "; the outcome changes with " + c["changes"].dump() : "");
   }
   if (o.out.empty()) {
     std::cout << md;

@@ -10,6 +10,7 @@
 #include <optional>
 #include <stdexcept>
 
+#include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/testing/fault_injection.hpp"
 
@@ -78,6 +79,8 @@ TrainResult train(const TrainOptions& o) {
       if (rec) {
         recorder::Batch named;
         for (size_t i = 0; i < batch.size(); ++i) named.emplace_back(model.inputs[i], batch[i]);
+        // The procedural dataset's sample ids, as a data loader would hand them out.
+        named.emplace_back(formats::kDatasetIndexName, torch::arange(step * batchSize, (step + 1) * batchSize));
         guard.emplace(rec->beginStep(step, named));
         inRecorder += std::chrono::duration<double>(Clock::now() - t0).count();
       }

@@ -52,6 +52,7 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   j["env"] = env ? environmentJson(*env) : json::object();
   if (v.program)
     j["program"] = {{"format", v.program->format},
+                    {"device", v.program->device},
                     {"inputs", v.program->inputs},
                     {"parameters", v.program->parameters.size()},
                     {"buffers", v.program->buffers.size()}};
@@ -181,8 +182,13 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
   if (!j["program"].is_null()) {
     std::string inputs;
     for (const auto& i : j["program"]["inputs"]) inputs += (inputs.empty() ? "" : ", ") + str(i);
-    s += fmt::format("program    torchscript forward({}) -> loss; {} parameters, {} buffers\n", inputs,
-                     str(j["program"]["parameters"]), str(j["program"]["buffers"]));
+    if (j["program"]["format"] == "torchscript")
+      s += fmt::format("program    torchscript forward({}) -> loss; {} parameters, {} buffers\n", inputs,
+                       str(j["program"]["parameters"]), str(j["program"]["buffers"]));
+    else
+      s += fmt::format("program    {} (no step program: replay from C++ with your step function); {} parameters, "
+                       "{} buffers\n",
+                       str(j["program"]["format"]), str(j["program"]["parameters"]), str(j["program"]["buffers"]));
   }
   if (!j["optimizer"].is_null()) {
     std::string opts;

@@ -478,8 +478,19 @@ void Recorder::setProgram(const torch::jit::Module& module, std::vector<std::str
 
 void Recorder::setModel(std::vector<std::pair<std::string, at::Tensor>> parameters,
                         std::vector<std::pair<std::string, at::Tensor>> buffers) {
-  impl_->parameters = std::move(parameters);
-  impl_->buffers = std::move(buffers);
+  auto& m = *impl_;
+  m.parameters = std::move(parameters);
+  m.buffers = std::move(buffers);
+  if (!m.writer) return;
+  // No program to store: the record names the state (and its order, which the gradient norm
+  // used) so that a C++ replay with the user's step function can restore it.
+  formats::StepProgramData program;
+  program.format = "module";
+  program.archive.clear();
+  for (const auto& [n, t] : m.parameters) program.parameters.push_back(n);
+  for (const auto& [n, t] : m.buffers) program.buffers.push_back(n);
+  program.device = m.parameters.empty() ? "cpu" : m.parameters.front().second.device().str();
+  m.writer->push({Impl::recordJob(program, Job::Kind::RunRecord)});
 }
 
 void Recorder::setOptimizer(torch::optim::Optimizer& optimizer, Recipe recipe) {

@@ -1,4 +1,5 @@
 #include "crashcap/replayer/replay.hpp"
+#include "crashcap/replayer/replay_module.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -173,6 +174,20 @@ bool allocates(const char* name) {
   return false;
 }
 
+/// Ops that move or re-view values without computing: a NaN they pass on was made elsewhere,
+/// so the first *computing* op is named instead (the one the user can act on).
+bool movesOnly(const char* name) {
+  static const std::vector<std::string> names = {
+      "aten::resolve_conj", "aten::resolve_neg", "aten::view",     "aten::reshape",   "aten::_reshape_alias",
+      "aten::t",            "aten::transpose",   "aten::permute",  "aten::contiguous", "aten::clone",
+      "aten::to",           "aten::_to_copy",    "aten::copy_",    "aten::detach",     "aten::alias",
+      "aten::expand",       "aten::expand_as",   "aten::slice",    "aten::select",     "aten::narrow",
+      "aten::squeeze",      "aten::unsqueeze",   "aten::flatten",  "aten::lift_fresh", "aten::numpy_T",
+      "aten::index_select", "aten::stack",       "aten::cat",      "aten::split",      "aten::chunk",
+      "aten::unbind",       "aten::as_strided"};
+  return name && std::find(names.begin(), names.end(), name) != names.end();
+}
+
 bool nonFinite(const at::Tensor& t) {
   if (!t.defined() || t.numel() == 0 || !(t.is_floating_point() || t.is_complex())) return false;
   return !at::isfinite(t.detach()).all().item<bool>();
@@ -265,7 +280,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
       const char* name = fn.name() ? fn.name() : "?";
       bool engine = std::strncmp(name, "autograd::engine::", 18) == 0;
       std::string phase = tBackwardDepth > 0 || engine ? "backward" : "forward";
-      if (!gProbe->found && !allocates(fn.name())) {
+      if (!gProbe->found && !allocates(fn.name()) && !movesOnly(fn.name())) {
         bool bad = false;
         eachTensor(fn.outputs(), [&](const at::Tensor& t) { bad = bad || nonFinite(t); });
         if (bad) {
@@ -398,18 +413,53 @@ Placement place(const std::string& requested, const std::string& recorded) {
   return p;
 }
 
+using Batch = std::vector<std::pair<std::string, at::Tensor>>;
+
+/// What replay runs: the model's named state, the batch tensors a step feeds it, and its loss
+/// for one batch (forward and loss; backward and the optimizer are the engine's).
+struct Program {
+  std::map<std::string, at::Tensor> params, buffers;
+  std::function<std::vector<std::string>(const formats::StepBeginData&)> inputs;
+  std::function<at::Tensor(const Batch&)> loss;
+};
+using ProgramFactory = std::function<Program(const formats::BundleReader&, const formats::RecordingView&)>;
+
+/// The TorchScript step program stored in the bundle.
+Program loadTorchScript(const formats::BundleReader& reader, const formats::RecordingView& view) {
+  if (view.program->format != "torchscript")
+    throw Error(ErrorCode::Unsupported, fmt::format("the recording has no TorchScript step program (format '{}')", view.program->format),
+                "it was recorded with Recorder::setModel: replay it from C++ with replayer::replay(bundle, model, "
+                "stepFunction) (crashcap/replayer/replay_module.hpp)");
+  auto archive = reader.readTensor(reader.get(view.program->archive));
+  std::istringstream in(std::string(archive.begin(), archive.end()));
+  torch::jit::Module module = torch::jit::load(in);
+  module.train();
+  Program p;
+  for (const auto& t : module.named_parameters(true)) p.params[t.name] = t.value;
+  for (const auto& t : module.named_buffers(true)) p.buffers[t.name] = t.value;
+  std::vector<std::string> names = view.program->inputs;
+  p.inputs = [names](const formats::StepBeginData&) { return names; };
+  p.loss = [module](const Batch& batch) mutable {
+    std::vector<c10::IValue> args;
+    for (const auto& [name, t] : batch) args.emplace_back(t);
+    return lossOf(module.forward(args));
+  };
+  return p;
+}
+
 /// `wideAtTarget`: the steps before the target run as recorded, then the state is widened to
 /// float64 for the target step alone (the reference of ops bisection: same starting point,
 /// only the target step's arithmetic differs).
-ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options, Probe& probe, bool wideAtTarget = false) {
+ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options, Probe& probe, const ProgramFactory& makeProgram,
+                        bool wideAtTarget = false) {
   ReplayResult result;
   auto t0 = Clock::now();
   testing::installFaultInjection();
   auto reader = formats::BundleReader::open(bundle);
   auto view = formats::readRecording(*reader);
   if (!view.program)
-    throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program", bundle),
-                "it was recorded with Recorder::setModel; replay it from C++ with your own step function");
+    throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
+                "record with Recorder::setProgram (TorchScript) or Recorder::setModel (then replay from C++)");
   if (!view.optimizer) throw Error(ErrorCode::Unsupported, fmt::format("{} has no optimizer spec", bundle));
   if (view.stepBegins.empty()) throw Error(ErrorCode::NotFound, fmt::format("{} holds no recorded steps", bundle));
   if (!options.dtype.empty() && options.dtype != "float64")
@@ -459,13 +509,9 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
     return t.to(placement.device);
   };
 
-  auto archive = reader->readTensor(reader->get(view.program->archive));
-  std::istringstream in(std::string(archive.begin(), archive.end()));
-  torch::jit::Module module = torch::jit::load(in);
-  module.train();
-  std::map<std::string, at::Tensor> params, buffers;
-  for (const auto& p : module.named_parameters(true)) params[p.name] = p.value;
-  for (const auto& b : module.named_buffers(true)) buffers[b.name] = b.value;
+  Program program = makeProgram(*reader, view);
+  auto& params = program.params;
+  auto& buffers = program.buffers;
   {
     at::NoGradGuard noGrad;  // move the module's state where it runs; the handles stay
     for (auto* state : {&params, &buffers})
@@ -473,7 +519,8 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
   }
   std::vector<at::Tensor> ordered;  // the recorder's order, which its gradient norm used
   for (const auto& name : view.program->parameters) {
-    if (!params.count(name)) throw Error(ErrorCode::Corrupt, fmt::format("step program lacks parameter '{}'", name));
+    if (!params.count(name))
+      throw Error(ErrorCode::Corrupt, fmt::format("the recording names parameter '{}', which the model lacks", name));
     ordered.push_back(params[name]);
   }
 
@@ -569,8 +616,8 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
     for (size_t g = 0; g < optimizer->param_groups().size() && g < begin.learningRates.size(); ++g)
       optimizer->param_groups()[g].options().set_lr(begin.learningRates[g]);
     if (!begin.learningRates.empty()) r.learningRate = begin.learningRates[0];
-    std::vector<c10::IValue> inputs;
-    for (const auto& input : view.program->inputs) {
+    Batch inputs;
+    for (const auto& input : program.inputs(begin)) {
       at::Tensor t = formats::torch::readTensor(*reader, formats::batchTensorName(s, input));
       if (s == target) {
         if (inputs.empty()) result.batchSize = t.dim() > 0 ? t.size(0) : 0;
@@ -582,7 +629,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
           t = t.index_select(0, at::tensor(options.rows, at::kLong));
         }
       }
-      inputs.emplace_back(onDevice(t));
+      inputs.emplace_back(input, onDevice(t));
     }
     if (s == target && wideAtTarget && !wide) {
       wide = true;
@@ -592,7 +639,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
           t.mutable_grad() = at::Tensor();
           t.set_data(onDevice(t));
         }
-      for (auto& input : inputs) input = onDevice(input.toTensor());
+      for (auto& [name, t] : inputs) t = onDevice(t);
     }
     try {
       optimizer->zero_grad();  // the recipe's, not the step program's ops: outside the probe
@@ -600,7 +647,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
         for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();  // both sides assign, not accumulate
       std::optional<ProbeScope> scope;
       if (s == target && (options.instrument || probe.capture || probe.reference)) scope.emplace(probe);
-      at::Tensor loss = lossOf(module.forward(inputs));
+      at::Tensor loss = program.loss(inputs);
       loss.backward();
       scope.reset();
       {
@@ -679,7 +726,34 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
 
 ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
   Probe probe;
-  return replayWith(bundle, options, probe);
+  return replayWith(bundle, options, probe, loadTorchScript);
+}
+
+ReplayResult replay(const std::string& bundle, torch::nn::Module& model, const StepFunction& step,
+                    const ReplayOptions& options) {
+  auto makeProgram = [&](const formats::BundleReader&, const formats::RecordingView& view) {
+    Program p;
+    for (const auto& t : model.named_parameters(true)) p.params[t.key()] = t.value();
+    for (const auto& t : model.named_buffers(true)) p.buffers[t.key()] = t.value();
+    if (view.program->format != "module")
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("{} was recorded with a step program ({}): replay it with replay(bundle)", bundle,
+                              view.program->format));
+    model.train();
+    p.inputs = [](const formats::StepBeginData& begin) {
+      std::vector<std::string> names;
+      const std::string prefix = formats::batchTensorName(begin.step, "");
+      for (const auto& full : begin.batch) names.push_back(full.substr(prefix.size()));
+      return names;
+    };
+    p.loss = [&](const Batch& batch) {
+      std::map<std::string, at::Tensor> named(batch.begin(), batch.end());
+      return step(named);
+    };
+    return p;
+  };
+  Probe probe;
+  return replayWith(bundle, options, probe, makeProgram);
 }
 
 ReferenceComparison compareWithReference(const std::string& bundle, ReplayOptions options, double tolerance) {
@@ -692,12 +766,12 @@ ReferenceComparison compareWithReference(const std::string& bundle, ReplayOption
     ro.dtype.clear();
     Probe probe;
     probe.capture = &outputs;
-    c.reference = replayWith(bundle, ro, probe, /*wideAtTarget=*/true);
+    c.reference = replayWith(bundle, ro, probe, loadTorchScript, /*wideAtTarget=*/true);
   }
   Probe probe;
   probe.reference = &outputs;
   probe.tolerance = tolerance;
-  c.replay = replayWith(bundle, options, probe);
+  c.replay = replayWith(bundle, options, probe, loadTorchScript);
   c.opsCompared = probe.compared;
   c.firstDeparting = probe.departing;
   c.stoppedBecause = probe.stopped;

@@ -60,6 +60,7 @@ TEST_CASE("triage: a NaN sample is invalid data, with its step, row and first no
   CHECK(hypothesis(j, "nondeterminism")["verdict"] == "refuted");
   CHECK(j["culprit"]["step"] == 6);
   CHECK(j["culprit"]["rows"] == json::array({3}));
+  CHECK(j["culprit"]["dataset_indices"] == json::array({6 * 8 + 3}));  // the sample's index tensor, batch 8
   CHECK(j["culprit"]["op"].get<std::string>().find("convolution") != std::string::npos);
   CHECK(j["culprit"]["phase"] == "forward");
 }
@@ -72,6 +73,7 @@ TEST_CASE("triage: an out-of-range label is invalid data, with the label and the
   CHECK(evidenceHas(h, "row 5 of steps/6/batch/label is 10"));
   CHECK(evidenceHas(h, "10 classes"));
   CHECK(j["culprit"]["rows"] == json::array({5}));
+  CHECK(evidenceHas(h, "dataset index 197"));  // step 6, batch 32, row 5
 }
 
 TEST_CASE("triage: a Dice epsilon of zero is loss numerics, at the dividing op", "[replayer][triage]") {

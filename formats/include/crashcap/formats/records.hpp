@@ -165,6 +165,10 @@ bool isRecorderRecord(uint16_t type);
 
 // Tensor paths (see bundle.capnp).
 std::string batchTensorName(int64_t step, const std::string& name);
+/// A batch tensor of this name (integer, [B]) maps the batch's rows to dataset indices: sample
+/// bisection reports culprits by both. A TorchScript replay does not feed it to the program
+/// unless the program names it as an input.
+inline constexpr const char* kDatasetIndexName = "index";
 std::string rngTensorName(int64_t step, const std::string& device);
 /// `part` is "parameters", "buffers" or "optimizer".
 std::string keyframeTensorName(int64_t step, const std::string& part, const std::string& name);

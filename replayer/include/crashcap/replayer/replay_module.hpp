@@ -1,0 +1,34 @@
+#pragma once
+// Replay for trainings recorded with Recorder::setModel (a torch::nn::Module, no TorchScript
+// step program): the caller rebuilds the model and gives its step function; the engine is the
+// same as crashcap::replayer::replay — the keyframe restored into the model's named parameters
+// and buffers, the optimizer built from the recording, each recorded batch, generator state
+// and learning rate replayed, fingerprints compared bit for bit, the target step probed op by op.
+//
+//   auto r = crashcap::replayer::replay("crash.ccap", *net, [&](const auto& batch) {
+//     return torch::nll_loss(net->forward(batch.at("image")), batch.at("label"));
+//   });
+//   if (r.verdict == "reproduced-bitwise") ...
+
+#include <torch/nn/module.h>
+
+#include <functional>
+#include <map>
+#include <string>
+
+#include "crashcap/replayer/replay.hpp"
+
+namespace crashcap::replayer {
+
+/// Forward and loss of one step for a batch named as it was given to beginStep. Backward, the
+/// gradient clipping and the optimizer step are the engine's (the recorded recipe).
+using StepFunction = std::function<at::Tensor(const std::map<std::string, at::Tensor>& batch)>;
+
+/// Replays a recording made with Recorder::setModel. `model` must have the parameters and
+/// buffers the recording names (its initial values do not matter: the keyframe replaces them).
+/// Throws crashcap::Error as replay(bundle) does, and InvalidArgument for a recording made
+/// with a TorchScript step program.
+ReplayResult replay(const std::string& bundle, torch::nn::Module& model, const StepFunction& step,
+                    const ReplayOptions& options = {});
+
+}  // namespace crashcap::replayer

@@ -635,10 +635,11 @@ json runTriage(const std::string& path, const TriageCliOptions& o) {
     }
     if (ops) {
       const json& ref = (*ops)["reference"];
-      if ((*ops)["fails_in_float64"] == true)
-        ev.push_back(fmt::format("the float64 CPU replay fails the same way{}: the arithmetic itself, not float32 rounding or range",
-                                 ref["first_nonfinite_op"].is_null() ? std::string()
-                                     : " at " + ref["first_nonfinite_op"]["name"].get<std::string>()));
+      if ((*ops)["fails_in_float64"] == true && !ref["first_nonfinite_op"].is_null())
+        ev.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too: the arithmetic itself, not float32 "
+                                 "rounding or range", ref["first_nonfinite_op"]["name"].get<std::string>()));
+      else if ((*ops)["fails_in_float64"] == true)
+        ev.push_back("the float64 CPU replay fails with the same error: not a matter of precision");
       else if (reproduced)
         ev.push_back("the float64 CPU replay of the step runs clean: float32 rounding or range is involved");
       const json& d = (*ops)["first_departing_op"];
@@ -816,9 +817,11 @@ int cmdTriage(const std::string& path, const TriageCliOptions& o) {
     for (size_t i = 1; i < ev.size(); ++i) std::cout << fmt::format("  {:<22} {:<13} {}\n", "", "", ev[i].get<std::string>());
     std::cout << fmt::format("  {:<22} {:<13} rerun: {}\n", "", "", h["rerun"].get<std::string>());
   }
-  std::cout << fmt::format("\nculprit: step {}, rows {}{}, op {} ({}){}\n", culprit["step"].dump(), culprit["rows"].dump(),
+  std::cout << fmt::format("\nculprit: step {}, rows {}{}, {}{}\n", culprit["step"].dump(), culprit["rows"].dump(),
                            culprit["dataset_indices"].is_null() ? "" : " (dataset indices " + culprit["dataset_indices"].dump() + ")",
-                           culprit["op"].dump(), culprit["phase"].dump(),
+                           culprit["op"].is_null() ? std::string("no op output went non-finite")
+                                                   : fmt::format("op {} ({})", culprit["op"].get<std::string>(),
+                                                                 culprit["phase"].get<std::string>()),
                            culprit["changes"].is_array() && !culprit["changes"].empty()
                                ? "; the outcome changes with " + culprit["changes"].dump()
                                : "");

@@ -92,15 +92,18 @@ std::string optimizerKind(torch::optim::Optimizer& o) {
 std::vector<formats::NumberEntry> groupOptions(const torch::optim::OptimizerOptions& options) {
   using namespace torch::optim;
   std::vector<formats::NumberEntry> out;
+  // Adam and AdamW have the same options (and the same state below) under different types.
+  auto adamLike = [](const auto& o) -> std::vector<formats::NumberEntry> {
+    return {{"lr", o.lr()}, {"beta1", std::get<0>(o.betas())}, {"beta2", std::get<1>(o.betas())},
+            {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
+  };
   if (auto* o = dynamic_cast<const SGDOptions*>(&options)) {
     out = {{"lr", o->lr()}, {"momentum", o->momentum()}, {"dampening", o->dampening()},
            {"weight_decay", o->weight_decay()}, {"nesterov", o->nesterov() ? 1.0 : 0.0}};
   } else if (auto* o = dynamic_cast<const AdamWOptions*>(&options)) {
-    out = {{"lr", o->lr()}, {"beta1", std::get<0>(o->betas())}, {"beta2", std::get<1>(o->betas())},
-           {"eps", o->eps()}, {"weight_decay", o->weight_decay()}, {"amsgrad", o->amsgrad() ? 1.0 : 0.0}};
+    out = adamLike(*o);
   } else if (auto* o = dynamic_cast<const AdamOptions*>(&options)) {
-    out = {{"lr", o->lr()}, {"beta1", std::get<0>(o->betas())}, {"beta2", std::get<1>(o->betas())},
-           {"eps", o->eps()}, {"weight_decay", o->weight_decay()}, {"amsgrad", o->amsgrad() ? 1.0 : 0.0}};
+    out = adamLike(*o);
   } else if (auto* o = dynamic_cast<const RMSpropOptions*>(&options)) {
     out = {{"lr", o->lr()}, {"alpha", o->alpha()}, {"eps", o->eps()}, {"weight_decay", o->weight_decay()},
            {"momentum", o->momentum()}, {"centered", o->centered() ? 1.0 : 0.0}};
@@ -120,18 +123,18 @@ void optimizerState(const torch::optim::OptimizerParamState& s, std::vector<std:
   auto add = [&](const char* key, const at::Tensor& t) {
     if (t.defined()) tensors.emplace_back(key, t);
   };
+  auto adamLike = [&](const auto& p) {
+    step = p.step();
+    add("exp_avg", p.exp_avg());
+    add("exp_avg_sq", p.exp_avg_sq());
+    add("max_exp_avg_sq", p.max_exp_avg_sq());
+  };
   if (auto* p = dynamic_cast<const SGDParamState*>(&s)) {
     add("momentum_buffer", p->momentum_buffer());
   } else if (auto* p = dynamic_cast<const AdamWParamState*>(&s)) {
-    step = p->step();
-    add("exp_avg", p->exp_avg());
-    add("exp_avg_sq", p->exp_avg_sq());
-    add("max_exp_avg_sq", p->max_exp_avg_sq());
+    adamLike(*p);
   } else if (auto* p = dynamic_cast<const AdamParamState*>(&s)) {
-    step = p->step();
-    add("exp_avg", p->exp_avg());
-    add("exp_avg_sq", p->exp_avg_sq());
-    add("max_exp_avg_sq", p->max_exp_avg_sq());
+    adamLike(*p);
   } else if (auto* p = dynamic_cast<const RMSpropParamState*>(&s)) {
     step = p->step();
     add("square_avg", p->square_avg());

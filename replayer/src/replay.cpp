@@ -67,18 +67,16 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const formats::OptimizerS
                                               .dampening(g.option("dampening", 0))
                                               .weight_decay(g.option("weight_decay", 0))
                                               .nesterov(g.option("nesterov", 0) != 0));
-    if (spec.kind == "adam")
-      return std::make_unique<AdamOptions>(AdamOptions(lr)
-                                               .betas({g.option("beta1", 0.9), g.option("beta2", 0.999)})
-                                               .eps(g.option("eps", 1e-8))
-                                               .weight_decay(g.option("weight_decay", 0))
-                                               .amsgrad(g.option("amsgrad", 0) != 0));
-    if (spec.kind == "adamw")
-      return std::make_unique<AdamWOptions>(AdamWOptions(lr)
-                                                .betas({g.option("beta1", 0.9), g.option("beta2", 0.999)})
-                                                .eps(g.option("eps", 1e-8))
-                                                .weight_decay(g.option("weight_decay", 1e-2))
-                                                .amsgrad(g.option("amsgrad", 0) != 0));
+    // Adam and AdamW share their options under different types (and weight-decay defaults).
+    auto adamLike = [&](auto o, double weightDecay) {
+      o.betas({g.option("beta1", 0.9), g.option("beta2", 0.999)})
+          .eps(g.option("eps", 1e-8))
+          .weight_decay(g.option("weight_decay", weightDecay))
+          .amsgrad(g.option("amsgrad", 0) != 0);
+      return std::make_unique<decltype(o)>(o);
+    };
+    if (spec.kind == "adam") return adamLike(AdamOptions(lr), 0);
+    if (spec.kind == "adamw") return adamLike(AdamWOptions(lr), 1e-2);
     if (spec.kind == "rmsprop")
       return std::make_unique<RMSpropOptions>(RMSpropOptions(lr)
                                                   .alpha(g.option("alpha", 0.99))

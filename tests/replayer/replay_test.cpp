@@ -18,9 +18,9 @@ namespace {
 
 /// Runs a sample with a fault under the recorder and returns its crash bundle.
 std::string crashBundle(const test::TempDir& dir, const std::string& sample, const std::string& fault,
-                        int faultStep = 6) {
+                        int faultStep = 6, const std::string& optimizer = "sgd") {
   auto r = test::run({test::binPath(sample), "--steps", "16", "--record", dir.path(), "--fault", fault, "--fault-step",
-                      std::to_string(faultStep), "--fault-row", "2", "--keyframe-every", "4"},
+                      std::to_string(faultStep), "--fault-row", "2", "--keyframe-every", "4", "--optimizer", optimizer},
                      300);
   INFO(r.out << r.err);
   REQUIRE(r.exitCode == 1);
@@ -74,6 +74,15 @@ TEST_CASE("replay reproduces an exception with the same text, including the drop
   auto r = replayer::replay(bundle);
   CHECK(r.verdict == "reproduced-bitwise");  // steps 4, 5 bit for bit (dropout draws from the restored RNG)
   CHECK(r.error.find("Target 10 is out of bounds.") != std::string::npos);
+}
+
+TEST_CASE("replay restores Adam's moments and step counters bit for bit", "[replayer]") {
+  test::TempDir dir;
+  auto bundle = crashBundle(dir, "crashcap-sample-cls", "nan-sample", 7, "adam");
+  auto r = replayer::replay(bundle);
+  CHECK(r.keyframe == 4);
+  CHECK(r.steps.size() == 4);
+  CHECK(r.verdict == "reproduced-bitwise");  // steps 4..6 after Adam updates from restored state
 }
 
 TEST_CASE("an injected nondeterministic kernel makes replay diverged at its step", "[replayer][fault]") {

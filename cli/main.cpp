@@ -26,6 +26,8 @@
 #include "crashcap/inspect/story.hpp"
 #include "crashcap/inspect/summary.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
+#include "crashcap/recorder/supervisor.hpp"
+#include "crashcap/formats/records.hpp"
 #include "common.hpp"
 #include "investigate.hpp"
 #ifdef CRASHCAP_HAVE_TORCH
@@ -309,6 +311,47 @@ int cmdSeal(const SealCliOptions& s) {
   return kExitOk;
 }
 
+struct RunCliOptions {
+  recorder::SuperviseOptions supervise;
+};
+
+/// `crashcap run -- CMD...`: supervise, then one screen per crash saying what happened and
+/// what to run next. Exits with the command's status.
+int cmdRun(RunCliOptions& r, const std::vector<std::string>& command) {
+  auto& o = r.supervise;
+  o.command = command;
+  o.say = [](const std::string& line) { std::cerr << line << "\n"; };
+  auto report = recorder::supervise(o);
+  std::string cmd;
+  for (const auto& a : command) cmd += (cmd.empty() ? "" : " ") + a;
+  for (const auto& a : report.attempts) {
+    if (a.bundle.empty()) {
+      std::cerr << fmt::format("crashcap run: `{}` exited 0 after {:.1f} s (run {})\n", cmd, a.seconds, a.attempt);
+      continue;
+    }
+    std::cerr << fmt::format("\ncrashcap run: `{}` crashed after {:.1f} s (run {}): {}\n", cmd, a.seconds, a.attempt,
+                             a.classification.id);
+    std::cerr << fmt::format("  evidence  {}\n", a.classification.evidence);
+    std::cerr << fmt::format("  ended     {}\n", a.signal ? fmt::format("killed by {}", recorder::signalName(a.signal)
+                                                                                    ? recorder::signalName(a.signal)
+                                                                                    : std::to_string(a.signal))
+                                                            : fmt::format("exit status {}", a.exitCode));
+    std::cerr << fmt::format("  trace     {}\n", report.trace);
+    std::cerr << fmt::format("  bundle    {}\n", a.bundle);
+    for (const auto& b : a.otherBundles) std::cerr << fmt::format("  also      {}\n", b);
+    bool hasSteps = false;
+    try {
+      auto reader = formats::BundleReader::open(a.bundle);
+      hasSteps = formats::readRecording(*reader).program.has_value();
+    } catch (const Error&) {
+    }
+    std::cerr << fmt::format("  next      crashcap inspect {}\n", a.bundle);
+    if (hasSteps) std::cerr << fmt::format("            crashcap triage {}\n", a.bundle);
+  }
+  if (!report.stoppedBecause.empty()) std::cerr << fmt::format("crashcap run: no more restarts: {}\n", report.stoppedBecause);
+  return report.exitStatus();
+}
+
 int exitCodeFor(ErrorCode code) {
   return code == ErrorCode::Internal ? kExitInternal : kExitBadInput;
 }
@@ -442,6 +485,35 @@ int main(int argc, char** argv) {
   reportSub->add_option("--timeout", rep.timeout, "Seconds per triage experiment")->capture_default_str();
 #endif
 
+  RunCliOptions rn;
+  std::vector<std::string> runCommand;
+  auto* run = app.add_subcommand("run", "Run a training command under supervision: one crash bundle per crash, classified");
+  run->add_option("--dir", rn.supervise.dir, "Where bundles go (also $CRASHCAP_DIR for an in-process recorder)")
+      ->capture_default_str();
+  run->add_option("--restart", rn.supervise.restarts, "Restart after a crash up to N times (N+1 runs at most)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--max-consecutive", rn.supervise.maxConsecutive,
+                  "Stop restarting after K crashes in a row with the same classification (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--backoff", rn.supervise.backoffSeconds, "Seconds before the first restart; doubles up to 60")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  run->add_option("--grace", rn.supervise.stopGraceSeconds,
+                  "After Ctrl-C: seconds until SIGKILL (SIGINT at once, SIGTERM at half)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  run->add_flag("--blocking", rn.supervise.launchBlocking, "CUDA_LAUNCH_BLOCKING=1: CUDA errors surface at the failing launch");
+  run->add_flag("--dsa", rn.supervise.deviceSideAssertions,
+                "TORCH_USE_CUDA_DSA=1: device-side assertion details (needs a PyTorch built with it)");
+  run->prefix_command();  // without --, the first word that is not an option starts the command
+  run->footer("Everything after the options (or after --) is the command. Its output passes through; crashcap's\n"
+              "lines go to stderr. Exit status: the command's (128+N when signal N ended it).\n"
+              "Classifications: cuda-illegal-instruction, cuda-illegal-address, cuda-device-assert,\n"
+              "cudnn-execution-failed, cudnn-error, cuda-oom, cuda-launch-failure, cuda-error, nccl-error,\n"
+              "nonfinite-loss, python-exception, signal, exit-nonzero (docs/RUN.md).\n"
+              "Example: crashcap run --dir runs --restart 3 --max-consecutive 2 -- python train.py --lr 3e-4");
+
   SealCliOptions sl;
   auto* seal = app.add_subcommand(
       "seal", "Turn a recording left by a killed process (SIGKILL, power loss) into a bundle");
@@ -453,7 +525,18 @@ int main(int argc, char** argv) {
                "Example: crashcap seal runs/ && crashcap inspect runs/crash-*.ccap");
 
   try {
-    app.parse(argc, argv);
+    // `crashcap run [options] -- CMD...`: everything after the first -- is the command, not ours.
+    int parsed = argc;
+    std::vector<std::string> afterDashes;
+    if (argc > 1 && std::string(argv[1]) == "run")
+      for (int i = 2; i < argc; ++i)
+        if (std::string(argv[i]) == "--") {
+          parsed = i;
+          afterDashes.assign(argv + i + 1, argv + argc);
+          break;
+        }
+    app.parse(parsed, argv);
+    runCommand = afterDashes;
   } catch (const CLI::ParseError& e) {
     int rc = app.exit(e);
     return rc == 0 ? kExitOk : kExitBadInput;
@@ -470,6 +553,10 @@ int main(int argc, char** argv) {
     if (*rec) return cmdRecover(bundle, out, ro);
     if (*insp) return cmdInspect(bundle, ro);
     if (*seal) return cmdSeal(sl);
+    if (*run) {
+      auto command = runCommand.empty() ? run->remaining() : runCommand;
+      return cmdRun(rn, command);
+    }
     if (*reportSub) {
 #ifdef CRASHCAP_HAVE_TORCH
       return cmdReport(bundle, rep);

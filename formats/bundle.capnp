@@ -223,6 +223,27 @@ struct RunStatus {
   segmentsDeleted @6 :UInt64;   # by the retention budget
 }
 
+# Record type 13. What `crashcap run` saw of one run of the supervised command: how it ended,
+# why (classification), and the tails of its output. Written into that run's crash bundle.
+# No body.
+struct Supervision {
+  command @0 :List(Text);       # argv, secrets redacted
+  attempt @1 :UInt32;           # 1 for the first run; restarts count up
+  pid @2 :UInt32;               # the child's
+  exitCode @3 :Int32;           # exit status; -1 when a signal ended it
+  signal @4 :Int32;             # 0 when none
+  signalName @5 :Text;          # "SIGSEGV"; "" when none
+  classification @6 :Text;      # "cuda-illegal-instruction" ... "exit-nonzero" (docs/RUN.md)
+  evidence @7 :Text;            # the output line (or fact) the classification rests on
+  stdoutTail @8 :Text;          # the last bytes of the child's stdout (bounded)
+  stderrTail @9 :Text;
+  startNs @10 :Int64;
+  endNs @11 :Int64;
+  trace @12 :Text;              # "unavailable: <reason>" when no kernel trace was taken
+  interrupted @13 :Bool;        # `crashcap run` itself was stopped (Ctrl-C, SIGTERM)
+  environment @14 :List(Text);  # "NAME=VALUE" that `crashcap run` set for the child
+}
+
 # Record type 15. Written once, when the bundle is sealed. The meta is IndexInfo; the body
 # is an Index message (zstd-compressed unless that does not make it smaller).
 struct IndexInfo {

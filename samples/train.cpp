@@ -11,6 +11,7 @@
 #include <stdexcept>
 
 #include "crashcap/formats/records.hpp"
+#include "crashcap/recorder/supervisor.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/testing/fault_injection.hpp"
 
@@ -127,7 +128,8 @@ int sampleMain(Task task, int argc, char** argv) {
                  "       [--seed N] [--keyframe-every K] [--batch B] [--optimizer sgd|adam] [--threads T]\n"
                  "       [--set SETTING=VALUE]...\n\n"
                  "A small real LibTorch training (%s) that fails for the reasons crashcap exists for.\n"
-                 "  --record DIR        record under crashcap's flight recorder (crash bundle lands in DIR)\n"
+                 "  --record DIR        record under crashcap's flight recorder (crash bundle lands in DIR;\n"
+                 "                      default: $CRASHCAP_DIR, which `crashcap run` sets)\n"
                  "  --fault KIND        none | nan-sample | %s | lr-blowup\n"
                  "  --fault-step S      step whose batch (or learning rate) goes bad (default 5)\n"
                  "  --fault-row R       batch row that carries the fault (default 0)\n"
@@ -189,6 +191,9 @@ int sampleMain(Task task, int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+  // Under `crashcap run` without --record: record where the supervisor says.
+  if (o.recordDir.empty())
+    if (const char* dir = std::getenv(recorder::kRecordDirVariable)) o.recordDir = dir;
   std::printf("%s: %lld steps, fault %s at step %lld row %lld, %s\n", name, static_cast<long long>(o.steps),
               faultName(o.fault.fault), static_cast<long long>(o.fault.step), static_cast<long long>(o.fault.row),
               o.recordDir.empty() ? "not recorded" : ("recording into " + o.recordDir).c_str());

@@ -25,6 +25,7 @@ std::string recordTypeName(uint16_t type) {
     case RecordType::OpTrace: return "op_trace";
     case RecordType::Crash: return "crash";
     case RecordType::RunStatus: return "run_status";
+    case RecordType::Supervision: return "supervision";
     case RecordType::Index: return "index";
   }
   return fmt::format("unknown({})", type);

@@ -323,6 +323,49 @@ CrashData decodeCrash(const std::vector<uint8_t>& meta, const ReaderLimits& limi
   });
 }
 
+std::vector<uint8_t> encodeMeta(const SupervisionData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::Supervision>();
+  setTexts(r.initCommand(v.command.size()), v.command);
+  r.setAttempt(v.attempt);
+  r.setPid(v.pid);
+  r.setExitCode(v.exitCode);
+  r.setSignal(v.signal);
+  r.setSignalName(v.signalName);
+  r.setClassification(v.classification);
+  r.setEvidence(v.evidence);
+  r.setStdoutTail(v.stdoutTail);
+  r.setStderrTail(v.stderrTail);
+  r.setStartNs(v.startNs);
+  r.setEndNs(v.endNs);
+  r.setTrace(v.trace);
+  r.setInterrupted(v.interrupted);
+  setTexts(r.initEnvironment(v.environment.size()), v.environment);
+  return toBytes(b);
+}
+
+SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::Supervision>(meta, limits, "supervision", [](auto r) {
+    SupervisionData v;
+    v.command = texts(r.getCommand(), 1 << 16, "supervised command argument");
+    v.attempt = r.getAttempt();
+    v.pid = r.getPid();
+    v.exitCode = r.getExitCode();
+    v.signal = r.getSignal();
+    v.signalName = text(r.getSignalName(), 64, "signal name");
+    v.classification = text(r.getClassification(), 64, "classification");
+    v.evidence = text(r.getEvidence(), 1 << 16, "classification evidence");
+    v.stdoutTail = text(r.getStdoutTail(), 1 << 22, "stdout tail");
+    v.stderrTail = text(r.getStderrTail(), 1 << 22, "stderr tail");
+    v.startNs = r.getStartNs();
+    v.endNs = r.getEndNs();
+    v.trace = text(r.getTrace(), 4096, "trace status");
+    v.interrupted = r.getInterrupted();
+    v.environment = texts(r.getEnvironment(), 1 << 16, "supervised environment entry");
+    return v;
+  });
+}
+
 RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
   return decode<schema::RunStatus>(meta, limits, "run_status", [](auto r) {
     RunStatusData v;
@@ -350,9 +393,10 @@ template uint64_t writeMetaRecord(BundleWriter&, const KeyframeData&, const std:
 template uint64_t writeMetaRecord(BundleWriter&, const OpTraceData&, const std::vector<uint8_t>&);
 template uint64_t writeMetaRecord(BundleWriter&, const CrashData&, const std::vector<uint8_t>&);
 template uint64_t writeMetaRecord(BundleWriter&, const RunStatusData&, const std::vector<uint8_t>&);
+template uint64_t writeMetaRecord(BundleWriter&, const SupervisionData&, const std::vector<uint8_t>&);
 
 bool isRecorderRecord(uint16_t type) {
-  return type >= static_cast<uint16_t>(RecordType::StepProgram) && type <= static_cast<uint16_t>(RecordType::RunStatus);
+  return type >= static_cast<uint16_t>(RecordType::StepProgram) && type <= static_cast<uint16_t>(RecordType::Supervision);
 }
 
 void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const ReaderLimits& limits) {
@@ -367,6 +411,7 @@ void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const
     case RecordType::OpTrace: decodeOpTrace(m, limits); break;
     case RecordType::Crash: decodeCrash(m, limits); break;
     case RecordType::RunStatus: decodeRunStatus(m, limits); break;
+    case RecordType::Supervision: decodeSupervision(m, limits); break;
     default: break;
   }
 }
@@ -402,6 +447,7 @@ RecordingView readRecording(const BundleReader& reader) {
           if (!view.crash) view.crash = decodeCrash(raw.meta, reader.limits());
           break;
         case RecordType::RunStatus: view.status = decodeRunStatus(raw.meta, reader.limits()); break;
+        case RecordType::Supervision: view.supervision = decodeSupervision(raw.meta, reader.limits()); break;
         default: break;
       }
     } catch (const Error& e) {

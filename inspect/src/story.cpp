@@ -92,8 +92,44 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                   {"time", formatTime(c.timeNs)},
                   {"pid", c.pid},
                   {"thread", c.thread}};
+  } else if (v.supervision) {
+    // No recorder in the process (or it never got to record): what `crashcap run` saw.
+    const auto& sv = *v.supervision;
+    j["crash"] = {{"kind", sv.signal ? "signal" : "exit"},
+                  {"step", nullptr},
+                  {"phase", nullptr},
+                  {"error", sv.evidence},
+                  {"error_type", ""},
+                  {"signal", sv.signal ? json(sv.signal) : json(nullptr)},
+                  {"signal_name", sv.signal ? json(sv.signalName) : json(nullptr)},
+                  {"stack", json::array()},
+                  {"time", formatTime(sv.endNs)},
+                  {"pid", sv.pid},
+                  {"thread", nullptr}};
   } else {
     j["crash"] = nullptr;
+  }
+  if (v.supervision) {
+    const auto& sv = *v.supervision;
+    j["crash"]["classification"] = sv.classification;
+    j["crash"]["evidence"] = sv.evidence;
+    j["supervision"] = {{"command", sv.command},
+                        {"attempt", sv.attempt},
+                        {"pid", sv.pid},
+                        {"exit_code", sv.signal ? json(nullptr) : json(sv.exitCode)},
+                        {"signal", sv.signal ? json(sv.signal) : json(nullptr)},
+                        {"signal_name", sv.signal ? json(sv.signalName) : json(nullptr)},
+                        {"classification", sv.classification},
+                        {"evidence", sv.evidence},
+                        {"stdout_tail", sv.stdoutTail},
+                        {"stderr_tail", sv.stderrTail},
+                        {"seconds", double(sv.endNs - sv.startNs) / 1e9},
+                        {"trace", sv.trace},
+                        {"interrupted", sv.interrupted},
+                        {"environment", sv.environment}};
+  } else {
+    if (!j["crash"].is_null()) j["crash"]["classification"] = nullptr;
+    j["supervision"] = nullptr;
   }
   json ops = json::array();
   if (v.opTrace) {
@@ -220,6 +256,8 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
       err = "..." + err.substr(cut);
     }
     s += fmt::format("error      {}\n", err);
+    if (!c["classification"].is_null())
+      s += fmt::format("class      {}  (crashcap run: {})\n", str(c["classification"]), str(c["evidence"]));
     if (!str(c["error_type"]).empty()) s += fmt::format("type       {}\n", str(c["error_type"]));
     size_t shown = 0;
     for (const auto& f : c["stack"]) {
@@ -235,6 +273,20 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
          "           are the last that reached the disk.\n";
   } else {
     s += "\nno crash recorded\n";
+  }
+  if (!j["supervision"].is_null()) {
+    const auto& sv = j["supervision"];
+    std::string cmd;
+    for (const auto& a : sv["command"]) cmd += (cmd.empty() ? "" : " ") + str(a);
+    s += fmt::format("\nrun        `{}` (attempt {}, pid {}), {} after {:.1f} s{}\n", cmd, str(sv["attempt"]), str(sv["pid"]),
+                     sv["signal"].is_null() ? "exit status " + str(sv["exit_code"]) : "killed by " + str(sv["signal_name"]),
+                     sv["seconds"].get<double>(), sv["interrupted"] == true ? " (stopped by crashcap run)" : "");
+    s += fmt::format("trace      {}\n", str(sv["trace"]));
+    std::string tail = str(sv["stderr_tail"]);
+    size_t cut = tail.size();
+    for (int n = 0; n < 6 && cut > 0 && cut != std::string::npos; ++n) cut = tail.rfind('\n', cut - 1);
+    if (!tail.empty())
+      s += "stderr     ...\n" + (cut == std::string::npos || cut == 0 ? tail : tail.substr(cut + 1)) + (tail.back() == '\n' ? "" : "\n");
   }
   if (!j["last_ops"].empty()) {
     s += fmt::format("\nlast ops ({} of {} observed)\n", j["last_ops"].size(), str(j["op_trace"]["total_ops"]));

@@ -1,4 +1,5 @@
 #include "live_writer.hpp"
+#include "crashcap/recorder/classify.hpp"
 
 #include <cxxabi.h>
 #include <execinfo.h>
@@ -44,19 +45,6 @@ int64_t nowNs() {
 }
 
 uint64_t threadId() { return static_cast<uint64_t>(::syscall(SYS_gettid)); }
-
-const char* signalName(int sig) {
-  switch (sig) {
-    case SIGSEGV: return "SIGSEGV";
-    case SIGABRT: return "SIGABRT";
-    case SIGBUS: return "SIGBUS";
-    case SIGFPE: return "SIGFPE";
-    case SIGILL: return "SIGILL";
-    case SIGTERM: return "SIGTERM";
-    case SIGINT: return "SIGINT";
-    default: return "signal";
-  }
-}
 
 }  // namespace
 
@@ -426,7 +414,8 @@ void LiveWriter::handleCrash() {
   if (fromSignal) {
     crash.kind = "signal";
     crash.signal = gSignal.signal;
-    crash.signalName = signalName(gSignal.signal);
+    const char* name = signalName(gSignal.signal);
+    crash.signalName = name ? name : "signal";
     crash.step = currentStep.load();
     crash.phase = phaseName(static_cast<Phase>(phase.load()));
     const char* desc = strsignal(gSignal.signal);

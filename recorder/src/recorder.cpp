@@ -29,6 +29,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/settings.hpp"
+#include "crashcap/recorder/supervisor.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/recorder/environment.hpp"
 #include "live_writer.hpp"
@@ -409,6 +410,8 @@ struct Recorder::Impl {
 };
 
 Recorder::Recorder(std::string dir, Policy policy) : impl_(std::make_unique<Impl>()) {
+  if (dir.empty())
+    if (const char* fromRun = std::getenv(kRecordDirVariable)) dir = fromRun;  // set by `crashcap run`
   impl_->dir = std::move(dir);
   impl_->policy = policy;
   if (impl_->policy.keyframeEvery < 1)

@@ -29,6 +29,16 @@ std::string compactUtcTime(int64_t timeNs) {
   return buf;
 }
 
+std::string bundlePath(const std::string& dir, const std::string& kind, int64_t timeNs, uint32_t pid) {
+  auto base = (fs::path(dir) / fmt::format("{}-{}-{}", kind, compactUtcTime(timeNs), pid)).string();
+  std::error_code ec;
+  if (!fs::exists(base + ".ccap", ec)) return base + ".ccap";
+  for (int i = 2;; ++i) {
+    auto p = fmt::format("{}-{}.ccap", base, i);
+    if (!fs::exists(p, ec)) return p;
+  }
+}
+
 std::string recordingDirName(int64_t timeNs, uint32_t pid) {
   return fmt::format("{}{}-{}", kRecordingPrefix, compactUtcTime(timeNs), pid);
 }
@@ -69,15 +79,6 @@ namespace {
 int64_t nowNs() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
       .count();
-}
-
-std::string freePath(const std::string& base) {
-  std::error_code ec;
-  if (!fs::exists(base + ".ccap", ec)) return base + ".ccap";
-  for (int i = 2;; ++i) {
-    auto p = fmt::format("{}-{}.ccap", base, i);
-    if (!fs::exists(p, ec)) return p;
-  }
 }
 
 /// What one file of the recording says about how the run ended.
@@ -161,7 +162,7 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   if (out.empty()) {
     const char* kind = report.state == "finished" ? "recording" : "crash";
     int64_t t = crash ? crash->timeNs : nowNs();
-    out = freePath((fs::path(recording).parent_path() / fmt::format("{}-{}-{}", kind, compactUtcTime(t), pid)).string());
+    out = bundlePath(fs::path(recording).parent_path().string(), kind, t, pid);
   } else if (fs::exists(out)) {
     throw Error(ErrorCode::InvalidArgument, fmt::format("{} already exists", out),
                 "seal never overwrites; choose another output path");
@@ -192,6 +193,7 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   }
   if (crash) formats::writeMetaRecord(*writer, *crash);
   if (options.ops) formats::writeMetaRecord(*writer, *options.ops);
+  if (options.supervision) formats::writeMetaRecord(*writer, *options.supervision);
   if (status) {
     formats::writeMetaRecord(*writer, *status);
   } else if (!fileStatus) {

@@ -51,6 +51,7 @@ enum class RecordType : uint16_t {
   OpTrace = 10,       ///< the last ATen ops before a crash
   Crash = 11,         ///< how the recorded process failed
   RunStatus = 12,     ///< the recorder's own health: steps, drops, warnings
+  Supervision = 13,   ///< `crashcap run`: how one run of the command ended, and why
   Index = 15,         ///< written once at seal; locates every record and tensor
 };
 

@@ -120,6 +120,23 @@ struct RunStatusData {
   uint64_t segmentsDeleted = 0;
 };
 
+/// Type 13: what `crashcap run` saw of one run of the supervised command.
+struct SupervisionData {
+  std::vector<std::string> command;     ///< argv, secrets redacted
+  uint32_t attempt = 1;
+  uint32_t pid = 0;
+  int32_t exitCode = -1;                ///< -1 when a signal ended it
+  int32_t signal = 0;
+  std::string signalName;
+  std::string classification;
+  std::string evidence;
+  std::string stdoutTail, stderrTail;
+  int64_t startNs = 0, endNs = 0;
+  std::string trace;                    ///< "unavailable: <reason>"
+  bool interrupted = false;
+  std::vector<std::string> environment; ///< NAME=VALUE set for the child
+};
+
 // Encoders: the meta bytes for BundleWriter::writeRecord. Decoders throw Error{Corrupt}
 // naming the invariant that failed (texts bounded, steps >= 0, names valid tensor names).
 std::vector<uint8_t> encodeMeta(const StepProgramData& v);
@@ -130,6 +147,7 @@ std::vector<uint8_t> encodeMeta(const KeyframeData& v);
 std::vector<uint8_t> encodeMeta(const OpTraceData& v);
 std::vector<uint8_t> encodeMeta(const CrashData& v);
 std::vector<uint8_t> encodeMeta(const RunStatusData& v);
+std::vector<uint8_t> encodeMeta(const SupervisionData& v);
 std::vector<uint8_t> encodeMeta(const EnvironmentData& v);
 
 StepProgramData decodeStepProgram(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
@@ -140,6 +158,7 @@ KeyframeData decodeKeyframe(const std::vector<uint8_t>& meta, const ReaderLimits
 OpTraceData decodeOpTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 CrashData decodeCrash(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 
 /// The record type each struct is written as.
 inline RecordType recordTypeOf(const StepProgramData&) { return RecordType::StepProgram; }
@@ -150,6 +169,7 @@ inline RecordType recordTypeOf(const KeyframeData&) { return RecordType::Keyfram
 inline RecordType recordTypeOf(const OpTraceData&) { return RecordType::OpTrace; }
 inline RecordType recordTypeOf(const CrashData&) { return RecordType::Crash; }
 inline RecordType recordTypeOf(const RunStatusData&) { return RecordType::RunStatus; }
+inline RecordType recordTypeOf(const SupervisionData&) { return RecordType::Supervision; }
 inline RecordType recordTypeOf(const EnvironmentData&) { return RecordType::Environment; }
 
 /// Writes one recorder record (recorder records have no body).
@@ -184,6 +204,7 @@ struct RecordingView {
   std::optional<OpTraceData> opTrace;       ///< the last one
   std::optional<CrashData> crash;           ///< the first one
   std::optional<RunStatusData> status;      ///< the last one
+  std::optional<SupervisionData> supervision;  ///< the last one (`crashcap run`)
   std::vector<std::string> problems;
 };
 

@@ -123,7 +123,8 @@ class StepGuard {
 
 class Recorder {
  public:
-  /// Starts a recording in `dir` (created if needed): <dir>/recording-<time>-<pid>/. When the
+  /// Starts a recording in `dir` (created if needed): <dir>/recording-<time>-<pid>/; an empty
+  /// `dir` means $CRASHCAP_DIR, which `crashcap run` sets for the command it supervises. When the
   /// directory cannot be used the training still runs: stats().recording is false and one
   /// warning says why.
   explicit Recorder(std::string dir, Policy policy = {});

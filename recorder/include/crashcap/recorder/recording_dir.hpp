@@ -28,6 +28,9 @@ std::string recordingDirName(int64_t timeNs, uint32_t pid);
 std::string segmentFileName(uint64_t index);
 /// "20261121T233427Z" (UTC).
 std::string compactUtcTime(int64_t timeNs);
+/// "<dir>/<kind>-<time>-<pid>.ccap" ("crash", "recording"), with "-2", "-3"... added when
+/// the name is taken.
+std::string bundlePath(const std::string& dir, const std::string& kind, int64_t timeNs, uint32_t pid);
 
 /// True when `path` is a recording directory (holds run.ccap).
 bool isRecording(const std::string& path);
@@ -44,6 +47,7 @@ struct SealOptions {
   std::optional<formats::CrashData> crash;  ///< written into the bundle (the crash guard's)
   std::optional<formats::OpTraceData> ops;
   std::optional<formats::RunStatusData> status;
+  std::optional<formats::SupervisionData> supervision;  ///< `crashcap run`'s record of the process
   bool decodeChunks = true;                 ///< test-decompress every chunk before copying (see copyRecords)
   formats::ReaderLimits limits;
   formats::Progress progress;

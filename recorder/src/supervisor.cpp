@@ -1,0 +1,409 @@
+#include "crashcap/recorder/supervisor.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/recorder/environment.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
+
+extern char** environ;
+
+namespace crashcap::recorder {
+namespace fs = std::filesystem;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+int64_t nowNs() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Ctrl-C, SIGTERM and SIGHUP to `crashcap run` arrive here and are handled in the loop.
+int gStopPipe[2] = {-1, -1};
+void onStopSignal(int sig) {
+  char c = static_cast<char>(sig);
+  int saved = errno;
+  (void)!::write(gStopPipe[1], &c, 1);
+  errno = saved;
+}
+
+/// Installs the stop handlers for the scope of supervise() and restores the previous ones.
+class StopSignals {
+ public:
+  StopSignals() {
+    if (gStopPipe[0] < 0 && ::pipe2(gStopPipe, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw Error(ErrorCode::Io, fmt::format("pipe: {}", std::strerror(errno)));
+    struct sigaction sa {};
+    sa.sa_handler = onStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &previous_[i]);
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < 3; ++i) sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  /// A stop signal that arrived since the last call, or 0.
+  static int take() {
+    char c = 0;
+    return ::read(gStopPipe[0], &c, 1) == 1 ? c : 0;
+  }
+  static int fd() { return gStopPipe[0]; }
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction previous_[3];
+};
+
+/// The last `limit` bytes of a stream.
+class Tail {
+ public:
+  explicit Tail(size_t limit) : limit_(limit) {}
+  void add(const char* p, size_t n) {
+    data_.append(p, n);
+    if (data_.size() > 2 * limit_) data_.erase(0, data_.size() - limit_);
+  }
+  std::string str() const { return data_.size() > limit_ ? data_.substr(data_.size() - limit_) : data_; }
+
+ private:
+  size_t limit_;
+  std::string data_;
+};
+
+void writeAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // our own output is gone (closed pipe): keep supervising, keep the tails
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+struct Child {
+  pid_t pid = -1;
+  int out = -1, err = -1;
+};
+
+Child spawn(const std::vector<std::string>& command, const std::vector<std::string>& extraEnv) {
+  std::vector<std::string> envStrings;
+  for (char** e = environ; *e; ++e) {
+    std::string entry = *e;
+    std::string name = entry.substr(0, entry.find('='));
+    bool replaced = std::any_of(extraEnv.begin(), extraEnv.end(),
+                                [&](const std::string& x) { return x.substr(0, x.find('=')) == name; });
+    if (!replaced) envStrings.push_back(entry);
+  }
+  envStrings.insert(envStrings.end(), extraEnv.begin(), extraEnv.end());
+  std::vector<char*> envp, argv;
+  for (auto& e : envStrings) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  std::vector<std::string> args = command;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+
+  int out[2], err[2], status[2];
+  if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(status, O_CLOEXEC) != 0)
+    throw Error(ErrorCode::Io, fmt::format("pipe: {}", std::strerror(errno)));
+  pid_t pid = ::fork();
+  if (pid < 0) throw Error(ErrorCode::Io, fmt::format("fork: {}", std::strerror(errno)));
+  if (pid == 0) {
+    ::setpgid(0, 0);  // its own group: a stop reaches the whole training (workers included)
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::dup2(out[1], 1);
+    ::dup2(err[1], 2);
+    ::execvpe(argv[0], argv.data(), envp.data());
+    int e = errno;
+    (void)!::write(status[1], &e, sizeof e);
+    ::_exit(127);
+  }
+  ::setpgid(pid, pid);  // both sides, so the group exists before any signal is sent
+  ::close(out[1]);
+  ::close(err[1]);
+  ::close(status[1]);
+  int e = 0;
+  ssize_t n;
+  do n = ::read(status[0], &e, sizeof e);
+  while (n < 0 && errno == EINTR);
+  ::close(status[0]);
+  if (n == sizeof e) {
+    int ignored;
+    ::waitpid(pid, &ignored, 0);
+    ::close(out[0]);
+    ::close(err[0]);
+    throw Error(ErrorCode::NotFound, fmt::format("cannot run '{}': {}", command[0], std::strerror(e)),
+                "give the command after --, e.g. crashcap run -- python train.py");
+  }
+  return {pid, out[0], err[0]};
+}
+
+struct Ended {
+  int exitCode = -1, signal = 0;
+  bool interrupted = false;
+  std::string out, err;
+};
+
+/// Passes the child's output through, keeps the tails, handles stop signals, waits.
+Ended watch(const Child& child, const SuperviseOptions& o, bool& stopRequested) {
+  Tail outTail(o.tailBytes), errTail(o.tailBytes);
+  pollfd fds[3] = {{child.out, POLLIN, 0}, {child.err, POLLIN, 0}, {StopSignals::fd(), POLLIN, 0}};
+  bool outOpen = true, errOpen = true, exited = false, termSent = false;
+  int status = 0;
+  Clock::time_point exitedAt, stopAt;
+  Ended ended;
+  char buf[65536];
+  for (;;) {
+    if (!exited) {
+      pid_t w = ::waitpid(child.pid, &status, WNOHANG);
+      if (w == child.pid) {
+        exited = true;
+        exitedAt = Clock::now();
+      }
+    }
+    // Grandchildren may hold the pipes open after the child is gone: give them a moment.
+    if (exited && ((!outOpen && !errOpen) || secondsSince(exitedAt) > 2)) break;
+    fds[0].fd = outOpen ? child.out : -1;
+    fds[1].fd = errOpen ? child.err : -1;
+    int r = ::poll(fds, 3, 100);
+    if (r < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2; ++i) {
+      if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+      ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+      if (n > 0) {
+        writeAll(i == 0 ? 1 : 2, buf, static_cast<size_t>(n));
+        (i == 0 ? outTail : errTail).add(buf, static_cast<size_t>(n));
+      } else if (n == 0 || (errno != EINTR && errno != EAGAIN)) {
+        (i == 0 ? outOpen : errOpen) = false;
+      }
+    }
+    while (int sig = StopSignals::take()) {
+      if (exited) continue;
+      if (!stopRequested) {
+        stopRequested = true;
+        ended.interrupted = true;
+        stopAt = Clock::now();
+        if (o.say) o.say(fmt::format("crashcap run: {} received: stopping the command (SIGINT now, SIGTERM after {:.0f} s, SIGKILL after {:.0f} s)",
+                                     signalName(sig) ? signalName(sig) : "signal", o.stopGraceSeconds / 2, o.stopGraceSeconds));
+        ::kill(-child.pid, SIGINT);
+      } else {
+        if (o.say) o.say("crashcap run: second stop signal: SIGKILL");
+        ::kill(-child.pid, SIGKILL);
+      }
+    }
+    if (stopRequested && !exited) {
+      double waited = secondsSince(stopAt);
+      if (!termSent && waited > o.stopGraceSeconds / 2) {
+        termSent = true;
+        ::kill(-child.pid, SIGTERM);
+      }
+      if (waited > o.stopGraceSeconds) ::kill(-child.pid, SIGKILL);
+    }
+  }
+  if (!exited) ::waitpid(child.pid, &status, 0);
+  ::close(child.out);
+  ::close(child.err);
+  if (WIFEXITED(status)) ended.exitCode = WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) ended.signal = WTERMSIG(status);
+  ended.out = outTail.str();
+  ended.err = errTail.str();
+  return ended;
+}
+
+/// What is in the directory now: bundles and recordings present before a run are not its.
+std::set<std::string> listing(const std::string& dir) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) names.insert(e.path().filename().string());
+  return names;
+}
+
+/// Rewrites `bundle` with `supervision` appended (OUT.partial, then a rename over it).
+void appendSupervision(const std::string& bundle, const formats::SupervisionData& supervision) {
+  formats::PartialOutput output(bundle);
+  {
+    auto reader = formats::BundleReader::open(bundle);
+    formats::WriterOptions wo;
+    wo.overwrite = true;
+    wo.producer = "crashcap run";
+    auto writer = formats::BundleWriter::createCopy(output.path(), reader->fileHeader(), wo);
+    formats::copyRecords(*reader, *writer, {}, /*decodeChunks=*/false);
+    formats::writeMetaRecord(*writer, supervision);
+    writer->seal();
+  }
+  output.commit();
+}
+
+/// A bundle of the supervisor's own: the environment it ran the command in, and what it saw.
+std::string writeOwnBundle(const std::string& dir, const formats::SupervisionData& supervision) {
+  std::string path = bundlePath(dir, "crash", supervision.endNs, supervision.pid);
+  formats::PartialOutput output(path);
+  {
+    formats::WriterOptions wo;
+    wo.overwrite = true;
+    wo.producer = "crashcap run";
+    auto writer = formats::BundleWriter::create(output.path(), wo);
+    writer->writeEnvironment(captureEnvironment());
+    formats::writeMetaRecord(*writer, supervision);
+    writer->seal();
+  }
+  output.commit();
+  return path;
+}
+
+}  // namespace
+
+std::string traceStatus() {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
+  if (!driver) {
+    const char* why = ::dlerror();
+    return fmt::format("unavailable: no NVIDIA driver here ({})", why ? why : "libcuda.so.1 not found");
+  }
+  ::dlclose(driver);
+  return "unavailable: this crashcap has no CUPTI tracer yet (libcrashcap_inject.so is not built); "
+         "kernel launches are not recorded";
+}
+
+int SuperviseReport::exitStatus() const {
+  if (attempts.empty()) return 1;
+  const auto& a = attempts.back();
+  return a.signal ? 128 + a.signal : a.exitCode;
+}
+
+SuperviseReport supervise(const SuperviseOptions& o) {
+  if (o.command.empty())
+    throw Error(ErrorCode::InvalidArgument, "no command to run", "give it after --: crashcap run -- python train.py");
+  std::error_code ec;
+  fs::create_directories(o.dir, ec);
+  if (ec || !fs::is_directory(o.dir))
+    throw Error(ErrorCode::Io, fmt::format("cannot make the directory {}: {}", o.dir, ec.message()));
+  std::string dir = fs::absolute(o.dir).string();
+
+  SuperviseReport report;
+  report.trace = traceStatus();
+  std::vector<std::string> extraEnv = {fmt::format("{}={}", kRecordDirVariable, dir)};
+  if (o.launchBlocking) extraEnv.push_back("CUDA_LAUNCH_BLOCKING=1");
+  if (o.deviceSideAssertions) extraEnv.push_back("TORCH_USE_CUDA_DSA=1");
+
+  StopSignals stopSignals;
+  bool stopRequested = false;
+  int consecutive = 0;
+  double backoff = o.backoffSeconds;
+  for (int attempt = 1;; ++attempt) {
+    auto before = listing(dir);
+    auto started = Clock::now();
+    int64_t startNs = nowNs();
+    Child child = spawn(o.command, extraEnv);
+    Ended ended = watch(child, o, stopRequested);
+
+    AttemptReport a;
+    a.attempt = attempt;
+    a.pid = static_cast<uint32_t>(child.pid);
+    a.exitCode = ended.signal ? -1 : ended.exitCode;
+    a.signal = ended.signal;
+    a.seconds = secondsSince(started);
+    a.classification = classifyExit(a.exitCode, a.signal, ended.out, ended.err);
+    if (ended.interrupted) report.interrupted = true;
+    bool crashed = !a.classification.id.empty() || ended.interrupted;
+    if (ended.interrupted && a.classification.id.empty()) a.classification = {"signal", "stopped by crashcap run"};
+
+    if (crashed) {
+      formats::SupervisionData s;
+      s.command = redactArguments(o.command);
+      s.attempt = static_cast<uint32_t>(attempt);
+      s.pid = a.pid;
+      s.exitCode = a.exitCode;
+      s.signal = a.signal;
+      if (a.signal) s.signalName = signalName(a.signal) ? signalName(a.signal) : fmt::format("signal {}", a.signal);
+      s.classification = a.classification.id;
+      s.evidence = a.classification.evidence;
+      s.stdoutTail = ended.out;
+      s.stderrTail = ended.err;
+      s.startNs = startNs;
+      s.endNs = nowNs();
+      s.trace = report.trace;
+      s.interrupted = ended.interrupted;
+      s.environment = extraEnv;
+      // What the run left: crash bundles its recorder sealed, recordings it never closed.
+      std::vector<std::string> bundles;
+      for (const auto& name : listing(dir)) {
+        if (before.count(name)) continue;
+        auto path = (fs::path(dir) / name).string();
+        if (name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap") bundles.push_back(path);
+        if (name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path)) {
+          SealOptions so;
+          so.supervision = s;
+          try {
+            auto sealed = sealRecording(path, so);
+            a.bundle = sealed.out;  // the supervision record is already in it
+          } catch (const Error& e) {
+            if (o.say) o.say(fmt::format("crashcap run: could not seal {}: {}", path, e.what()));
+          }
+        }
+      }
+      std::sort(bundles.begin(), bundles.end());
+      if (a.bundle.empty() && !bundles.empty()) {
+        a.bundle = bundles.back();  // the newest: names sort by time
+        bundles.pop_back();
+        try {
+          appendSupervision(a.bundle, s);
+        } catch (const Error& e) {
+          if (o.say) o.say(fmt::format("crashcap run: could not add the run's record to {}: {}", a.bundle, e.what()));
+        }
+      }
+      a.otherBundles = bundles;
+      if (a.bundle.empty()) a.bundle = writeOwnBundle(dir, s);
+    }
+    report.attempts.push_back(a);
+
+    if (!crashed) return report;
+    if (stopRequested) {
+      report.stoppedBecause = "stopped by a signal to crashcap run";
+      return report;
+    }
+    bool sameAsBefore = report.attempts.size() >= 2 &&
+                        report.attempts[report.attempts.size() - 2].classification.id == a.classification.id;
+    consecutive = sameAsBefore ? consecutive + 1 : 1;
+    if (attempt > o.restarts) {
+      report.stoppedBecause = o.restarts > 0 ? fmt::format("{} restarts used", o.restarts) : "";
+      return report;
+    }
+    if (o.maxConsecutive > 0 && consecutive >= o.maxConsecutive) {
+      report.stoppedBecause = fmt::format("{} crashes in a row classified {}", consecutive, a.classification.id);
+      return report;
+    }
+    if (o.say) o.say(fmt::format("crashcap run: restart {} of {} in {:.0f} s", attempt, o.restarts, backoff));
+    // Back off, but a stop signal during the wait ends the supervision at once.
+    pollfd p = {StopSignals::fd(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(backoff * 1000)) > 0 && StopSignals::take()) {
+      report.interrupted = true;
+      report.stoppedBecause = "stopped by a signal to crashcap run";
+      return report;
+    }
+    backoff = std::min(backoff * 2, 60.0);
+  }
+}
+
+}  // namespace crashcap::recorder

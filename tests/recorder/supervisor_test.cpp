@@ -1,0 +1,258 @@
+// `crashcap run`: real child processes — exit codes, fatal signals, the error text of real
+// CUDA, cuDNN, NCCL and PyTorch failures, restarts, Ctrl-C and a child that ignores SIGTERM —
+// each ending with one sealed, classified bundle per crash.
+#include <catch2/catch.hpp>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "crashcap/recorder/classify.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace crashcap;
+using nlohmann::json;
+
+namespace {
+
+std::vector<std::string> bundlesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().extension() == ".ccap") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+json inspectJson(const std::string& bundle) {
+  auto r = test::run({test::binPath("crashcap"), "inspect", bundle, "--json"});
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  return json::parse(r.out);
+}
+
+bool verifies(const std::string& bundle) {
+  return test::run({test::binPath("crashcap"), "verify", bundle}).exitCode == 0;
+}
+
+/// `crashcap run --dir DIR ARGS... -- sh -c SCRIPT`.
+test::RunResult runShell(const std::string& dir, const std::string& script, std::vector<std::string> args = {}) {
+  std::vector<std::string> argv = {test::binPath("crashcap"), "run", "--dir", dir};
+  argv.insert(argv.end(), args.begin(), args.end());
+  for (const char* a : {"--", "/bin/sh", "-c"}) argv.push_back(a);
+  argv.push_back(script);
+  return test::run(argv, 300);
+}
+
+}  // namespace
+
+TEST_CASE("classification: the earliest GPU error decides, from the messages real failures print", "[run]") {
+  using recorder::classifyExit;
+  struct Case {
+    const char* stderrText;
+    const char* id;
+    const char* evidence;
+  };
+  const std::vector<Case> cases = {
+      // seed 001
+      {"Traceback (most recent call last):\n  File \"train.py\", line 9\n"
+       "torch.AcceleratorError: CUDA error: an illegal instruction was encountered\n",
+       "cuda-illegal-instruction", "torch.AcceleratorError: CUDA error: an illegal instruction was encountered"},
+      // seed 002
+      {"RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED\n", "cudnn-execution-failed", "CUDNN_STATUS_EXECUTION_FAILED"},
+      // seed 004: the assert first, the illegal instruction at teardown is its consequence
+      {"/pytorch/aten/src/ATen/native/cuda/Loss.cu:242: nll_loss_forward_reduce_cuda_kernel_2d: block: [0,0,0], "
+       "thread: [5,0,0] Assertion `t >= 0 && t < n_classes` failed.\n"
+       "RuntimeError: CUDA error: device-side assert triggered\n"
+       "AcceleratorError: CUDA error: an illegal instruction was encountered\n",
+       "cuda-device-assert", "Assertion `t >= 0 && t < n_classes` failed."},
+      {"RuntimeError: CUDA error: an illegal memory access was encountered\n", "cuda-illegal-address", "illegal memory access"},
+      {"torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (GPU 0; 79.15 GiB total capacity)\n",
+       "cuda-oom", "Tried to allocate 2.00 GiB"},
+      {"RuntimeError: CUDA error: unspecified launch failure\n", "cuda-launch-failure", "unspecified launch failure"},
+      {"torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, "
+       "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.14.3\n",
+       "nccl-error", "NCCL error in:"},
+      {"crashcap-sample-seg: training failed at step 6: non-finite loss at step 6: nan\n", "nonfinite-loss",
+       "non-finite loss at step 6"},
+      {"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    raise ValueError(\"bad config\")\n"
+       "ValueError: bad config\n",
+       "python-exception", "ValueError: bad config"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.stderrText);
+    auto k = classifyExit(1, 0, "", c.stderrText);
+    CHECK(k.id == c.id);
+    CHECK(k.evidence.find(c.evidence) != std::string::npos);
+  }
+  CHECK(classifyExit(-1, SIGSEGV, "", "").id == "signal");
+  CHECK(classifyExit(-1, SIGSEGV, "", "").evidence == "killed by SIGSEGV");
+  CHECK(classifyExit(3, 0, "", "").id == "exit-nonzero");
+  CHECK(classifyExit(3, 0, "", "").evidence == "exit status 3");
+  CHECK(classifyExit(0, 0, "all good\n", "").id.empty());
+  // Found on stdout too (some trainers log errors there).
+  CHECK(classifyExit(1, 0, "ERROR: CUDA error: an illegal memory access was encountered\n", "").id == "cuda-illegal-address");
+}
+
+TEST_CASE("crashcap run over an uninstrumented command: a classified bundle that says why there is no trace",
+          "[run]") {
+  test::TempDir dir;
+  auto r = runShell(dir.path(), "echo step 1; echo 'RuntimeError: CUDA error: an illegal instruction was encountered' >&2; exit 1");
+  INFO(r.err);
+  CHECK(r.exitCode == 1);                              // the command's status
+  CHECK(r.out.find("step 1") != std::string::npos);    // its output passes through
+  CHECK(r.err.find("cuda-illegal-instruction") != std::string::npos);
+  auto bundles = bundlesIn(dir.path());
+  REQUIRE(bundles.size() == 1);
+  CHECK(verifies(bundles[0]));
+  auto j = inspectJson(bundles[0]);
+  CHECK(j["crash"]["classification"] == "cuda-illegal-instruction");
+  CHECK(j["crash"]["kind"] == "exit");
+  CHECK(j["supervision"]["exit_code"] == 1);
+  CHECK(j["supervision"]["trace"].get<std::string>().rfind("unavailable: ", 0) == 0);
+  CHECK(j["supervision"]["stderr_tail"].get<std::string>().find("illegal instruction") != std::string::npos);
+  CHECK(j["supervision"]["stdout_tail"] == "step 1\n");
+  CHECK(j["supervision"]["command"][0] == "/bin/sh");
+  CHECK(j["supervision"]["environment"][0].get<std::string>().rfind("CRASHCAP_DIR=", 0) == 0);
+  CHECK(!j["env"].is_null());  // the environment the command ran in
+}
+
+TEST_CASE("crashcap run: each fatal signal is the exit status 128+N and a bundle", "[run]") {
+  for (int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGKILL}) {
+    test::TempDir dir;
+    const char* name = recorder::signalName(sig);
+    INFO(name);
+    auto r = runShell(dir.path(), std::string("kill -") + (name + 3) + " $$");
+    CHECK(r.exitCode == 128 + sig);
+    auto bundles = bundlesIn(dir.path());
+    REQUIRE(bundles.size() == 1);
+    auto j = inspectJson(bundles[0]);
+    CHECK(j["crash"]["classification"] == "signal");
+    CHECK(j["crash"]["signal_name"] == name);
+    CHECK(j["supervision"]["exit_code"].is_null());
+  }
+}
+
+TEST_CASE("crashcap run over a recorded sample: one bundle, the recorder's steps plus the run's record", "[run]") {
+  test::TempDir dir;
+  if (!fs::exists(test::binPath("crashcap-sample-seg"))) { WARN("built without LibTorch: no sample to run"); return; }
+  auto r = test::run({test::binPath("crashcap"), "run", "--dir", dir.path(), "--", test::binPath("crashcap-sample-seg"),
+                      "--steps", "12", "--fault", "nan-sample", "--fault-step", "6", "--keyframe-every", "4"},
+                     300);
+  INFO(r.err);
+  CHECK(r.exitCode == 1);
+  CHECK(r.err.find("crashcap triage") != std::string::npos);  // the next command, since it has steps
+  auto bundles = bundlesIn(dir.path());
+  REQUIRE(bundles.size() == 1);  // the recorder's crash bundle, with the supervision added: not two
+  CHECK(verifies(bundles[0]));
+  auto j = inspectJson(bundles[0]);
+  CHECK(j["crash"]["kind"] == "nonfinite");
+  CHECK(j["crash"]["step"] == 6);
+  CHECK(j["crash"]["classification"] == "nonfinite-loss");
+  CHECK(j["steps"]["last"] == 6);
+  auto replay = test::run({test::binPath("crashcap"), "replay", bundles[0], "--json"}, 300);
+  REQUIRE(replay.exitCode == 0);
+  CHECK(json::parse(replay.out)["verdict"] == "reproduced-bitwise");
+}
+
+TEST_CASE("crashcap run seals the recording of a child killed with SIGKILL", "[run]") {
+  test::TempDir dir;
+  std::string sample = test::binPath("crashcap-sample-cls");
+  if (!fs::exists(sample)) { WARN("built without LibTorch: no sample to run"); return; }
+  auto r = runShell(dir.path(),
+                    "'" + sample + "' --steps 1000000 --keyframe-every 5 > /dev/null & pid=$!; sleep 3; kill -9 $pid; exit 9");
+  INFO(r.err);
+  CHECK(r.exitCode == 9);
+  auto bundles = bundlesIn(dir.path());
+  REQUIRE(bundles.size() == 1);
+  CHECK(verifies(bundles[0]));
+  auto j = inspectJson(bundles[0]);
+  CHECK(j["status"] == "interrupted");
+  CHECK(j["steps"]["count"].get<int>() > 0);
+  CHECK(j["crash"]["classification"] == "exit-nonzero");
+  for (const auto& e : fs::directory_iterator(dir.path())) CHECK(e.path().extension() == ".ccap");  // no recording left
+}
+
+TEST_CASE("crashcap run --restart: one bundle per crash, and --max-consecutive stops early", "[run]") {
+  {
+    test::TempDir dir;
+    auto r = runShell(dir.path(), "echo run >> '" + dir.file("count") + "'; exit 3", {"--restart", "2", "--backoff", "0"});
+    CHECK(r.exitCode == 3);
+    CHECK(test::readText(dir.file("count")) == "run\nrun\nrun\n");  // N restarts: N+1 runs
+    CHECK(bundlesIn(dir.path()).size() == 3);
+    CHECK(r.err.find("2 restarts used") != std::string::npos);
+  }
+  {
+    test::TempDir dir;
+    auto r = runShell(dir.path(), "exit 3", {"--restart", "5", "--max-consecutive", "2", "--backoff", "0"});
+    CHECK(r.exitCode == 3);
+    CHECK(bundlesIn(dir.path()).size() == 2);
+    CHECK(r.err.find("2 crashes in a row classified exit-nonzero") != std::string::npos);
+  }
+  {
+    test::TempDir dir;  // a run that succeeds ends the supervision
+    auto r = runShell(dir.path(), "exit 0", {"--restart", "3"});
+    CHECK(r.exitCode == 0);
+    CHECK(bundlesIn(dir.path()).empty());
+  }
+}
+
+TEST_CASE("Ctrl-C stops the command and still seals; a child that ignores SIGTERM is killed after the grace",
+          "[run]") {
+  struct Case {
+    std::string script;
+    int expectedStatus;
+  };
+  test::TempDir dir;
+  std::string started = dir.file("started");
+  const std::vector<Case> cases = {
+      {"touch '" + started + "'; sleep 30", 128 + SIGINT},
+      {"trap '' INT TERM; touch '" + started + "'; while :; do sleep 0.1; done", 128 + SIGKILL},
+  };
+  for (const auto& c : cases) {
+    INFO(c.script);
+    test::TempDir out;
+    fs::remove(started);
+    pid_t pid = fork();
+    if (pid == 0) {
+      int devnull = open("/dev/null", O_WRONLY);
+      dup2(devnull, 1);
+      dup2(devnull, 2);
+      execl(test::binPath("crashcap").c_str(), "crashcap", "run", "--dir", out.path().c_str(), "--grace", "1", "--",
+            "/bin/sh", "-c", c.script.c_str(), static_cast<char*>(nullptr));
+      _exit(127);
+    }
+    auto t0 = std::chrono::steady_clock::now();
+    while (!fs::exists(started) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(20))
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    REQUIRE(fs::exists(started));
+    kill(pid, SIGINT);
+    int status = 0;
+    waitpid(pid, &status, 0);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(seconds < 15);
+    REQUIRE(WIFEXITED(status));
+    CHECK(WEXITSTATUS(status) == c.expectedStatus);
+    auto bundles = bundlesIn(out.path());
+    REQUIRE(bundles.size() == 1);
+    auto j = inspectJson(bundles[0]);
+    CHECK(j["supervision"]["interrupted"] == true);
+    CHECK(j["crash"]["classification"] == "signal");
+  }
+}
+
+TEST_CASE("crashcap run: a command that cannot start is a usage error", "[run]") {
+  test::TempDir dir;
+  auto r = test::run({test::binPath("crashcap"), "run", "--dir", dir.path(), "--", "/nonexistent/train"});
+  CHECK(r.exitCode == 2);
+  CHECK(r.err.find("cannot run '/nonexistent/train'") != std::string::npos);
+  auto none = test::run({test::binPath("crashcap"), "run", "--dir", dir.path()});
+  CHECK(none.exitCode == 2);
+}

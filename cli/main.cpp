@@ -358,7 +358,30 @@ int exitCodeFor(ErrorCode code) {
 
 }  // namespace
 
+#if !defined(CRASHCAP_HAVE_TORCH) && defined(CRASHCAP_TORCH_HELPER)
+/// This `crashcap` starts without LibTorch (loading it takes about a second, which `crashcap run`
+/// and the read commands should not pay); the commands that re-execute steps, and .pt export,
+/// run in the sibling CRASHCAP_TORCH_HELPER, which has everything.
+void forwardToTorchHelper(int argc, char** argv) {
+  if (argc < 2) return;
+  std::string cmd = argv[1];
+  bool needs = cmd == "replay" || cmd == "bisect" || cmd == "triage" || cmd == "report";
+  if (cmd == "export")
+    for (int i = 2; i < argc; ++i) needs = needs || std::string(argv[i]).rfind("--pt", 0) == 0;
+  if (!needs) return;
+  char self[4096];
+  ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) return;
+  std::string helper = std::string(self, static_cast<size_t>(n));
+  helper = helper.substr(0, helper.rfind('/') + 1) + CRASHCAP_TORCH_HELPER;
+  ::execv(helper.c_str(), argv);  // returns only when the helper is missing: the errors below say so
+}
+#endif
+
 int main(int argc, char** argv) {
+#if !defined(CRASHCAP_HAVE_TORCH) && defined(CRASHCAP_TORCH_HELPER)
+  forwardToTorchHelper(argc, argv);
+#endif
   CLI::App app{
       "crashcap: a flight recorder for deep-learning training crashes.\n"
       "A bundle (*.ccap) holds the tensors and context of a training run; these commands read,\n"

@@ -187,7 +187,8 @@ Ended watch(const Child& child, const SuperviseOptions& o, bool& stopRequested) 
     if (exited && ((!outOpen && !errOpen) || secondsSince(exitedAt) > 2)) break;
     fds[0].fd = outOpen ? child.out : -1;
     fds[1].fd = errOpen ? child.err : -1;
-    int r = ::poll(fds, 3, 100);
+    // With both pipes closed the child is exiting: look again soon rather than in 100 ms.
+    int r = ::poll(fds, 3, outOpen || errOpen ? 100 : 5);
     if (r < 0 && errno != EINTR) break;
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;

@@ -1,0 +1,126 @@
+// crashcap-bench-run: what `crashcap run` costs a training command. Runs the same recorded
+// sample training bare (`crashcap-sample-cls --record DIR`) and wrapped (`crashcap run --dir DIR
+// -- crashcap-sample-cls`, which records into the same kind of directory through CRASHCAP_DIR),
+// interleaved round by round so machine noise hits both alike. Each ratio is wrapped ÷ bare
+// wall time of one whole process (start, training, exit); the report is the median ratio with
+// its min and max. Also: what deciding that no kernel trace can be taken costs (traceStatus).
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "crashcap/recorder/supervisor.hpp"
+
+extern char** environ;
+namespace fs = std::filesystem;
+
+namespace {
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  size_t n = v.size();
+  return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/// Wall seconds of one process, its output thrown away. Exits the bench when it fails.
+double timed(const std::vector<std::string>& argv) {
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_addopen(&actions, 1, "/dev/null", O_WRONLY, 0);
+  posix_spawn_file_actions_addopen(&actions, 2, "/dev/null", O_WRONLY, 0);
+  std::vector<char*> args;
+  for (const auto& a : argv) args.push_back(const_cast<char*>(a.c_str()));
+  args.push_back(nullptr);
+  auto t0 = std::chrono::steady_clock::now();
+  pid_t pid;
+  if (posix_spawn(&pid, args[0], &actions, nullptr, args.data(), environ) != 0) {
+    std::fprintf(stderr, "crashcap-bench-run: cannot run %s\n", args[0]);
+    std::exit(1);
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  posix_spawn_file_actions_destroy(&actions);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    std::fprintf(stderr, "crashcap-bench-run: %s failed (status %d)\n", args[0], status);
+    std::exit(1);
+  }
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  bool json = false;
+  int rounds = 10;
+  int steps = 60;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--json") json = true;
+    else if (a == "--rounds" && i + 1 < argc) rounds = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--steps" && i + 1 < argc) steps = std::max(10, std::atoi(argv[++i]));
+    else {
+      std::fprintf(stderr, "usage: crashcap-bench-run [--json] [--rounds N] [--steps N]\n");
+      return 2;
+    }
+  }
+  fs::path bin = fs::canonical("/proc/self/exe").parent_path();
+  std::string sample = (bin / "crashcap-sample-cls").string(), crashcap = (bin / "crashcap").string();
+  fs::path scratch = fs::temp_directory_path() / fmt::format("crashcap-bench-run-{}", ::getpid());
+  std::vector<double> bare, wrapped, ratios;
+  for (int r = 0; r < rounds; ++r) {
+    // Alternate which goes first, so neither always runs on a warmer machine.
+    auto runBare = [&] {
+      fs::remove_all(scratch);
+      return timed({sample, "--steps", std::to_string(steps), "--record", (scratch / "bare").string()});
+    };
+    auto runWrapped = [&] {
+      fs::remove_all(scratch);
+      return timed({crashcap, "run", "--dir", (scratch / "wrapped").string(), "--", sample, "--steps", std::to_string(steps)});
+    };
+    double b, w;
+    if (r % 2 == 0) {
+      b = runBare();
+      w = runWrapped();
+    } else {
+      w = runWrapped();
+      b = runBare();
+    }
+    bare.push_back(b);
+    wrapped.push_back(w);
+    ratios.push_back(w / b);
+    if (!json) std::fprintf(stderr, "round %2d: bare %.3f s, wrapped %.3f s, ratio %.3f\n", r + 1, b, w, w / b);
+  }
+  fs::remove_all(scratch);
+  // The tracer's cost when it cannot run: deciding why (a dlopen of the driver that fails).
+  const int probes = 200;
+  auto t0 = std::chrono::steady_clock::now();
+  std::string status;
+  for (int i = 0; i < probes; ++i) status = crashcap::recorder::traceStatus();
+  double traceUs = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / probes;
+  nlohmann::json j = {{"task", "cls"},
+                      {"steps", steps},
+                      {"rounds", rounds},
+                      {"bare_s", median(bare)},
+                      {"wrapped_s", median(wrapped)},
+                      {"overhead_ratio", median(ratios)},
+                      {"overhead_ratio_min", *std::min_element(ratios.begin(), ratios.end())},
+                      {"overhead_ratio_max", *std::max_element(ratios.begin(), ratios.end())},
+                      {"target", 1.02},
+                      {"trace_status", status},
+                      {"trace_status_us", traceUs}};
+  std::cout << (json ? j.dump(2) : fmt::format("overhead_ratio {:.3f} (min {:.3f}, max {:.3f}) over {} rounds; trace: {} ({:.0f} us)",
+                                               median(ratios), j["overhead_ratio_min"].get<double>(),
+                                               j["overhead_ratio_max"].get<double>(), rounds, status, traceUs))
+            << "\n";
+  return 0;
+}

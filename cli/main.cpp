@@ -26,6 +26,7 @@
 #include "crashcap/inspect/story.hpp"
 #include "crashcap/inspect/summary.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
+#include "crashcap/recorder/doctor.hpp"
 #include "crashcap/recorder/supervisor.hpp"
 #include "crashcap/formats/records.hpp"
 #include "common.hpp"
@@ -352,6 +353,27 @@ int cmdRun(RunCliOptions& r, const std::vector<std::string>& command) {
   return report.exitStatus();
 }
 
+/// `crashcap doctor`: the checklist, one line per check; exit 1 when a check fails.
+int cmdDoctor(bool asJson) {
+  auto checks = recorder::runDoctor();
+  int failed = 0;
+  json all = json::array();
+  for (const auto& c : checks) {
+    failed += c.verdict == "fail";
+    all.push_back({{"id", c.id}, {"verdict", c.verdict}, {"detail", c.detail}, {"advice", c.advice}});
+  }
+  if (asJson) {
+    printJson({{"checks", all}, {"failed", failed}, {"trace", recorder::traceStatus()}});
+  } else {
+    for (const auto& c : checks) {
+      std::cout << fmt::format("{:<16} {:<5} {}\n", c.id, c.verdict, c.detail);
+      if (!c.advice.empty()) std::cout << fmt::format("{:<16} {:<5} -> {}\n", "", "", c.advice);
+    }
+    std::cout << fmt::format("{:<16} {:<5} {}\n", "kernel-trace", "info", recorder::traceStatus());
+  }
+  return failed ? kExitCheckFailed : kExitOk;
+}
+
 int exitCodeFor(ErrorCode code) {
   return code == ErrorCode::Internal ? kExitInternal : kExitBadInput;
 }
@@ -537,6 +559,12 @@ int main(int argc, char** argv) {
               "nonfinite-loss, python-exception, signal, exit-nonzero (docs/RUN.md).\n"
               "Example: crashcap run --dir runs --restart 3 --max-consecutive 2 -- python train.py --lr 3e-4");
 
+  bool doctorJson = false;
+  auto* doctor = app.add_subcommand("doctor", "Check this machine's GPU stack the way the seeds' engineers did by hand");
+  doctor->add_flag("--json", doctorJson, "Print one JSON object instead of text");
+  doctor->footer("Driver, CUDA runtime, cuDNN, CUPTI, GPU visibility, WSL2, the fork-after-CUDA hazard, CUDA-related\n"
+                 "environment variables; each ok, warn, fail or info with advice. Exit 1 when a check fails.");
+
   SealCliOptions sl;
   auto* seal = app.add_subcommand(
       "seal", "Turn a recording left by a killed process (SIGKILL, power loss) into a bundle");
@@ -565,7 +593,7 @@ int main(int argc, char** argv) {
     return rc == 0 ? kExitOk : kExitBadInput;
   }
 
-  bool json = ro.json || io.json || sl.json || rp.json || bs.json || tr.json;
+  bool json = ro.json || io.json || sl.json || rp.json || bs.json || tr.json || doctorJson;
   try {
     if (*info) return cmdInfo(bundle, ro);
     if (*ls) return cmdLs(bundle, ro);
@@ -576,6 +604,7 @@ int main(int argc, char** argv) {
     if (*rec) return cmdRecover(bundle, out, ro);
     if (*insp) return cmdInspect(bundle, ro);
     if (*seal) return cmdSeal(sl);
+    if (*doctor) return cmdDoctor(doctorJson);
     if (*run) {
       auto command = runCommand.empty() ? run->remaining() : runCommand;
       return cmdRun(rn, command);

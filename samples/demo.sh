@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The demo behind `./dev demo`: real LibTorch trainings crash under crashcap's flight
 # recorder, the bundles they leave tell what happened, and replay re-runs the failing step
-# bit for bit and bisects it to the corrupt sample. (Triage and the bug report arrive with
-# the rest of their issue.)
+# bit for bit, bisects it to the corrupt sample, triages it and writes the bug report; a
+# supervised run classifies a crash from outside.
 set -euo pipefail
 BIN=${1:?usage: samples/demo.sh BUILD/bin}
 CC="$BIN/crashcap"
@@ -70,4 +70,15 @@ show "$CC" export "$bundle" keyframes/10/parameters/stem.conv.weight --pt "$WORK
 if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
   show /usr/bin/python3 -c "import numpy as np, torch; a = np.load('$WORK/image.npy'); print('numpy', a.shape, 'NaN in rows', sorted(set(np.argwhere(np.isnan(a))[:, 0]))); print('torch', torch.load('$WORK/stem.pt').shape)"
 fi
-printf '\n\033[1mDemo complete.\033[0m Next: config and device experiments.\n'
+step "11. Supervised from outside: crashcap run classifies the death and seals one bundle per crash, with restarts"
+echo "   (any command works; here a shell that prints a CUDA error the way PyTorch does, then the sample)"
+expect_fail "$CC" run --dir "$WORK/supervised" --restart 1 --backoff 0 -- /bin/sh -c \
+  "echo 'RuntimeError: CUDA error: device-side assert triggered' >&2; exit 1"
+expect_fail "$CC" run --dir "$WORK/supervised-sample" -- "$BIN/crashcap-sample-cls" --steps 12 --fault nan-sample --fault-step 6
+sup=$(ls "$WORK"/supervised-sample/crash-*.ccap)
+printf '\033[2m$ crashcap inspect %s --json | python3 ...\033[0m\n' "$sup"
+"$CC" inspect "$sup" --json | /usr/bin/python3 -c '
+import json, sys
+j = json.load(sys.stdin)
+print("classification:", j["crash"]["classification"], "| step", j["crash"]["step"], "| trace:", j["supervision"]["trace"])'
+printf '\n\033[1mDemo complete.\033[0m\n'

@@ -28,17 +28,9 @@ using crashcap::test::TempDir;
 
 namespace {
 
-std::vector<std::string> bundlesIn(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".ccap") out.push_back(e.path().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
-
 /// The one crash bundle a run left, verified.
 std::string onlyBundle(const std::string& dir) {
-  auto bundles = bundlesIn(dir);
+  auto bundles = test::bundlesIn(dir);
   REQUIRE(bundles.size() == 1);
   auto v = formats::verifyBundle(bundles[0]);
   INFO((v.problems.empty() ? std::string() : v.problems[0].what));
@@ -127,7 +119,7 @@ TEST_CASE("a clean run leaves a recording that seal turns into a finished bundle
   auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--steps", "9", "--keyframe-every",
                       "3", "--retain", "2"});
   REQUIRE(r.exitCode == 0);
-  CHECK(bundlesIn(dir.path()).empty());
+  CHECK(test::bundlesIn(dir.path()).empty());
   auto recordings = recorder::findRecordings(dir.path());
   REQUIRE(recordings.size() == 1);
   // Retention: one segment per keyframe (0, 3, 6), at most two kept.

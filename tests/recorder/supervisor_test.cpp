@@ -9,6 +9,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <map>
 #include <filesystem>
 #include <thread>
 
@@ -22,14 +23,6 @@ using namespace crashcap;
 using nlohmann::json;
 
 namespace {
-
-std::vector<std::string> bundlesIn(const std::string& dir) {
-  std::vector<std::string> out;
-  for (const auto& e : fs::directory_iterator(dir))
-    if (e.path().extension() == ".ccap") out.push_back(e.path().string());
-  std::sort(out.begin(), out.end());
-  return out;
-}
 
 json inspectJson(const std::string& bundle) {
   auto r = test::run({test::binPath("crashcap"), "inspect", bundle, "--json"});
@@ -109,7 +102,7 @@ TEST_CASE("crashcap run over an uninstrumented command: a classified bundle that
   CHECK(r.exitCode == 1);                              // the command's status
   CHECK(r.out.find("step 1") != std::string::npos);    // its output passes through
   CHECK(r.err.find("cuda-illegal-instruction") != std::string::npos);
-  auto bundles = bundlesIn(dir.path());
+  auto bundles = test::bundlesIn(dir.path());
   REQUIRE(bundles.size() == 1);
   CHECK(verifies(bundles[0]));
   auto j = inspectJson(bundles[0]);
@@ -131,7 +124,7 @@ TEST_CASE("crashcap run: each fatal signal is the exit status 128+N and a bundle
     INFO(name);
     auto r = runShell(dir.path(), std::string("kill -") + (name + 3) + " $$");
     CHECK(r.exitCode == 128 + sig);
-    auto bundles = bundlesIn(dir.path());
+    auto bundles = test::bundlesIn(dir.path());
     REQUIRE(bundles.size() == 1);
     auto j = inspectJson(bundles[0]);
     CHECK(j["crash"]["classification"] == "signal");
@@ -149,7 +142,7 @@ TEST_CASE("crashcap run over a recorded sample: one bundle, the recorder's steps
   INFO(r.err);
   CHECK(r.exitCode == 1);
   CHECK(r.err.find("crashcap triage") != std::string::npos);  // the next command, since it has steps
-  auto bundles = bundlesIn(dir.path());
+  auto bundles = test::bundlesIn(dir.path());
   REQUIRE(bundles.size() == 1);  // the recorder's crash bundle, with the supervision added: not two
   CHECK(verifies(bundles[0]));
   auto j = inspectJson(bundles[0]);
@@ -170,7 +163,7 @@ TEST_CASE("crashcap run seals the recording of a child killed with SIGKILL", "[r
                     "'" + sample + "' --steps 1000000 --keyframe-every 5 > /dev/null & pid=$!; sleep 3; kill -9 $pid; exit 9");
   INFO(r.err);
   CHECK(r.exitCode == 9);
-  auto bundles = bundlesIn(dir.path());
+  auto bundles = test::bundlesIn(dir.path());
   REQUIRE(bundles.size() == 1);
   CHECK(verifies(bundles[0]));
   auto j = inspectJson(bundles[0]);
@@ -186,21 +179,21 @@ TEST_CASE("crashcap run --restart: one bundle per crash, and --max-consecutive s
     auto r = runShell(dir.path(), "echo run >> '" + dir.file("count") + "'; exit 3", {"--restart", "2", "--backoff", "0"});
     CHECK(r.exitCode == 3);
     CHECK(test::readText(dir.file("count")) == "run\nrun\nrun\n");  // N restarts: N+1 runs
-    CHECK(bundlesIn(dir.path()).size() == 3);
+    CHECK(test::bundlesIn(dir.path()).size() == 3);
     CHECK(r.err.find("2 restarts used") != std::string::npos);
   }
   {
     test::TempDir dir;
     auto r = runShell(dir.path(), "exit 3", {"--restart", "5", "--max-consecutive", "2", "--backoff", "0"});
     CHECK(r.exitCode == 3);
-    CHECK(bundlesIn(dir.path()).size() == 2);
+    CHECK(test::bundlesIn(dir.path()).size() == 2);
     CHECK(r.err.find("2 crashes in a row classified exit-nonzero") != std::string::npos);
   }
   {
     test::TempDir dir;  // a run that succeeds ends the supervision
     auto r = runShell(dir.path(), "exit 0", {"--restart", "3"});
     CHECK(r.exitCode == 0);
-    CHECK(bundlesIn(dir.path()).empty());
+    CHECK(test::bundlesIn(dir.path()).empty());
   }
 }
 
@@ -240,7 +233,7 @@ TEST_CASE("Ctrl-C stops the command and still seals; a child that ignores SIGTER
     CHECK(seconds < 15);
     REQUIRE(WIFEXITED(status));
     CHECK(WEXITSTATUS(status) == c.expectedStatus);
-    auto bundles = bundlesIn(out.path());
+    auto bundles = test::bundlesIn(out.path());
     REQUIRE(bundles.size() == 1);
     auto j = inspectJson(bundles[0]);
     CHECK(j["supervision"]["interrupted"] == true);
@@ -255,4 +248,26 @@ TEST_CASE("crashcap run: a command that cannot start is a usage error", "[run]")
   CHECK(r.err.find("cannot run '/nonexistent/train'") != std::string::npos);
   auto none = test::run({test::binPath("crashcap"), "run", "--dir", dir.path()});
   CHECK(none.exitCode == 2);
+}
+
+TEST_CASE("crashcap doctor explains the missing GPU stack the way crashcap run does", "[run][doctor]") {
+  auto r = test::run({test::binPath("crashcap"), "doctor", "--json"});
+  INFO(r.out << r.err);
+  auto j = json::parse(r.out);
+  std::map<std::string, json> byId;
+  for (const auto& c : j["checks"]) byId[c["id"]] = c;
+  for (const char* id : {"driver", "cuda-runtime", "cudnn", "cupti", "gpu-visible", "wsl2", "mp-start-method", "cuda-env"}) {
+    INFO(id);
+    REQUIRE(byId.count(id));
+    std::string v = byId[id]["verdict"];
+    CHECK((v == "ok" || v == "warn" || v == "fail" || v == "info"));
+  }
+  CHECK(byId["mp-start-method"]["advice"].get<std::string>().find("spawn") != std::string::npos);
+  CHECK(r.exitCode == (j["failed"].get<int>() > 0 ? 1 : 0));
+  CHECK(j["trace"].get<std::string>().rfind("unavailable: ", 0) == 0);
+  if (!fs::exists("/dev/nvidia0") && byId["driver"]["verdict"] == "fail") {
+    // This machine (and CI): the same reason `crashcap run` writes into its bundles.
+    CHECK(byId["driver"]["detail"].get<std::string>().find("libcuda.so") != std::string::npos);
+    CHECK(j["trace"].get<std::string>().find("no NVIDIA driver") != std::string::npos);
+  }
 }

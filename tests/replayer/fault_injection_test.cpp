@@ -11,10 +11,13 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/testing/fault_injection.hpp"
 #include "test_support.hpp"
+#include "triage_support.hpp"
 
 namespace fs = std::filesystem;
 using namespace crashcap;
 using nlohmann::json;
+using test::evidenceHas;
+using test::hypothesis;
 
 namespace {
 
@@ -37,20 +40,6 @@ std::string faultyRun(const test::TempDir& dir, const std::string& spec, std::ve
     if (e.path().extension() == ".ccap") return e.path().string();
   FAIL("no crash bundle");
   return "";
-}
-
-const json& hypothesis(const json& j, const std::string& id) {
-  for (const auto& h : j["hypotheses"])
-    if (h["id"] == id) return h;
-  FAIL("no hypothesis " << id);
-  static json none;
-  return none;
-}
-
-bool evidenceHas(const json& h, const std::string& text) {
-  for (const auto& e : h["evidence"])
-    if (e.get<std::string>().find(text) != std::string::npos) return true;
-  return false;
 }
 
 }  // namespace

@@ -6,10 +6,13 @@
 #include <nlohmann/json.hpp>
 
 #include "test_support.hpp"
+#include "triage_support.hpp"
 
 namespace fs = std::filesystem;
 using namespace crashcap;
 using nlohmann::json;
+using test::evidenceHas;
+using test::hypothesis;
 
 namespace {
 
@@ -31,20 +34,6 @@ json triage(const std::string& sample, const std::string& fault, int64_t faultSt
     CHECK(e["command"].get<std::string>().rfind("crashcap ", 0) == 0);
   }
   return j;
-}
-
-const json& hypothesis(const json& j, const std::string& id) {
-  for (const auto& h : j["hypotheses"])
-    if (h["id"] == id) return h;
-  FAIL("no hypothesis " << id);
-  static json none;
-  return none;
-}
-
-bool evidenceHas(const json& h, const std::string& text) {
-  for (const auto& e : h["evidence"])
-    if (e.get<std::string>().find(text) != std::string::npos) return true;
-  return false;
 }
 
 }  // namespace

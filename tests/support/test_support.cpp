@@ -7,6 +7,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdlib>
 #include <cstring>
@@ -107,6 +108,14 @@ RunResult run(const std::vector<std::string>& argv, int timeoutSeconds) {
   r.exitCode = WIFEXITED(status) ? WEXITSTATUS(status) : -WTERMSIG(status);
   if (killed) r.err += "\n[test harness: killed after timeout]";
   return r;
+}
+
+std::vector<std::string> bundlesIn(const std::string& dir) {
+  std::vector<std::string> out;
+  for (const auto& e : std::filesystem::directory_iterator(dir))
+    if (e.path().extension() == ".ccap") out.push_back(e.path().string());
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 std::string binPath(const std::string& name) {

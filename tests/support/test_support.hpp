@@ -36,6 +36,9 @@ struct RunResult {
 /// stdout and stderr, killing it after timeoutSeconds.
 RunResult run(const std::vector<std::string>& argv, int timeoutSeconds = 120);
 
+/// The *.ccap files directly in `dir`, sorted (bundle names sort by time).
+std::vector<std::string> bundlesIn(const std::string& dir);
+
 /// Path to a built executable: $CRASHCAP_BIN/name, else build/bin/name.
 std::string binPath(const std::string& name);
 /// The source tree root ($CRASHCAP_SOURCE_DIR, else the one this build was configured from).

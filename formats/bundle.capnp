@@ -188,6 +188,8 @@ struct Op {
   step @4 :Int64;               # step in progress; -1 outside steps
   thread @5 :UInt64;            # OS thread id
   inputs @6 :List(OpInput);     # first inputs (at most 4)
+  startNs @7 :Int64;            # CLOCK_MONOTONIC ns when the op began; 0 unknown (older bundles)
+  endNs @8 :Int64;              # CLOCK_MONOTONIC ns when it returned; 0 unknown or still running
 }
 
 struct OpInput {
@@ -239,9 +241,100 @@ struct Supervision {
   stderrTail @9 :Text;
   startNs @10 :Int64;
   endNs @11 :Int64;
-  trace @12 :Text;              # "unavailable: <reason>" when no kernel trace was taken
+  trace @12 :Text;              # the kernel trace in one line: "recorded: ..." or "unavailable: <reason>"
   interrupted @13 :Bool;        # `crashcap run` itself was stopped (Ctrl-C, SIGTERM)
   environment @14 :List(Text);  # "NAME=VALUE" that `crashcap run` set for the child
+  cudnnLogTail @15 :Text;       # the last bytes of cuDNN's API log (`crashcap run --cudnn-log`); "" off
+}
+
+# Record type 14. The kernel trace of one process: what its GPU ran last, the launches its
+# host threads made, and the first CUDA API call that failed. Written by the in-process
+# recorder and by libcrashcap_inject.so (a `trace-<pid>.cctrace` bundle in the recording
+# directory), copied by `crashcap run` into the crash bundle: one record per traced process.
+# When no trace could be taken the record still says why (`status`). No body.
+# Invariants: every name index is < names.size(); names are at most 4 KiB (longer symbols are
+# cut and counted in truncatedNames); activities and launches are oldest first.
+# Times are the tracer's clock (CUPTI's timestamps, ns); adding clockOffsetNs gives
+# CLOCK_MONOTONIC ns, the clock of Op.startNs.
+struct KernelTrace {
+  status @0 :Text;                  # "recorded" | "unavailable: <reason>"
+  pid @1 :UInt32;
+  names @2 :List(Text);             # string table: kernel symbols (as the driver gives them,
+                                    # usually mangled), API functions, copy directions
+  activities @3 :List(TraceActivity);   # the last ones CUPTI delivered (a bounded ring)
+  launches @4 :List(KernelLaunch);      # the host-side launch ring (the callback API)
+  firstError @5 :ApiError;          # meaningful when hasFirstError
+  hasFirstError @6 :Bool;
+  totalActivities @7 :UInt64;       # activities delivered since tracing began
+  droppedActivities @8 :UInt64;     # activities lost: CUPTI's buffers were full, or this
+                                    # record had no room for the oldest
+  totalLaunches @9 :UInt64;         # launches seen since tracing began
+  clockOffsetNs @10 :Int64;         # CLOCK_MONOTONIC ns minus tracer ns
+  cuptiVersion @11 :UInt32;         # cuptiGetVersion; 0 unknown
+  truncatedNames @12 :UInt64;       # names cut to 4 KiB
+  stickyError @13 :Bool;            # firstError is one that poisons the CUDA context
+}
+
+enum ActivityKind {
+  kernel @0;
+  memcpy @1;
+  memset @2;
+  runtime @3;                       # a CUDA runtime API call (cudaMalloc, cudaLaunchKernel...)
+  driver @4;                        # a CUDA driver API call (cuLaunchKernel...)
+  overhead @5;                      # time CUPTI itself took (buffer flushes, instrumentation)
+}
+
+struct TraceActivity {
+  kind @0 :ActivityKind;
+  name @1 :UInt32;                  # names index: kernel symbol, API function, copy direction
+                                    # ("HtoD"), memset memory kind, overhead kind
+  startNs @2 :UInt64;
+  endNs @3 :UInt64;
+  deviceId @4 :UInt32;
+  contextId @5 :UInt32;
+  streamId @6 :UInt32;
+  correlationId @7 :UInt32;         # links an API call to the kernel/copy it launched
+  opIndex @8 :Int64;                # Op.index of the ATen op that launched it (external
+                                    # correlation); -1 none
+  gridX @9 :Int32;
+  gridY @10 :Int32;
+  gridZ @11 :Int32;
+  blockX @12 :Int32;
+  blockY @13 :Int32;
+  blockZ @14 :Int32;
+  bytes @15 :UInt64;                # memcpy / memset
+  returnCode @16 :Int32;            # runtime / driver: cudaError_t / CUresult
+  threadId @17 :UInt32;             # runtime / driver: the calling OS thread
+}
+
+struct KernelLaunch {
+  index @0 :UInt64;                 # launches seen before this one
+  symbol @1 :UInt32;                # names index
+  api @2 :UInt32;                   # names index: "cudaLaunchKernel", "cuLaunchKernel", ...
+  gridX @3 :Int32;
+  gridY @4 :Int32;
+  gridZ @5 :Int32;
+  blockX @6 :Int32;
+  blockY @7 :Int32;
+  blockZ @8 :Int32;
+  stream @9 :UInt64;                # the stream handle, as an address
+  correlationId @10 :UInt32;
+  timeNs @11 :UInt64;               # tracer clock at the call
+  threadId @12 :UInt32;
+  returnCode @13 :Int32;            # what the launch call returned; -1 it had not returned
+  opIndex @14 :Int64;               # -1 none
+}
+
+struct ApiError {
+  domain @0 :Text;                  # "runtime" | "driver"
+  api @1 :Text;                     # "cudaLaunchKernel"
+  code @2 :Int32;
+  name @3 :Text;                    # "cudaErrorIllegalInstruction"; "" unknown
+  correlationId @4 :UInt32;
+  timeNs @5 :UInt64;                # tracer clock
+  threadId @6 :UInt32;
+  symbol @7 :Text;                  # the kernel, when the call was a launch
+  opIndex @8 :Int64;                # -1 none
 }
 
 # Record type 15. Written once, when the bundle is sealed. The meta is IndexInfo; the body

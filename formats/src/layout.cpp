@@ -26,6 +26,7 @@ std::string recordTypeName(uint16_t type) {
     case RecordType::Crash: return "crash";
     case RecordType::RunStatus: return "run_status";
     case RecordType::Supervision: return "supervision";
+    case RecordType::KernelTrace: return "kernel_trace";
     case RecordType::Index: return "index";
   }
   return fmt::format("unknown({})", type);

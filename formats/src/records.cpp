@@ -1,6 +1,8 @@
 #include "crashcap/formats/records.hpp"
 
+#include <algorithm>
 #include <cmath>
+#include <unordered_map>
 
 #include "capnp_util.hpp"
 #include "meta.hpp"
@@ -161,6 +163,8 @@ std::vector<uint8_t> encodeMeta(const OpTraceData& v) {
     w.setSequenceNr(o.sequenceNr);
     w.setStep(o.step);
     w.setThread(o.thread);
+    w.setStartNs(o.startNs);
+    w.setEndNs(o.endNs);
     auto inputs = w.initInputs(o.inputs.size());
     for (unsigned k = 0; k < o.inputs.size(); ++k) {
       inputs[k].setDtype(o.inputs[k].dtype);
@@ -293,6 +297,8 @@ OpTraceData decodeOpTrace(const std::vector<uint8_t>& meta, const ReaderLimits& 
       d.sequenceNr = o.getSequenceNr();
       d.step = o.getStep();
       d.thread = o.getThread();
+      d.startNs = o.getStartNs();
+      d.endNs = o.getEndNs();
       if (o.getInputs().size() > 64)
         throw Error(ErrorCode::Corrupt, fmt::format("op '{}' lists {} inputs; at most 64", d.name, o.getInputs().size()));
       for (auto in : o.getInputs()) d.inputs.push_back({text(in.getDtype(), 32, "op input dtype"),
@@ -341,6 +347,7 @@ std::vector<uint8_t> encodeMeta(const SupervisionData& v) {
   r.setTrace(v.trace);
   r.setInterrupted(v.interrupted);
   setTexts(r.initEnvironment(v.environment.size()), v.environment);
+  r.setCudnnLogTail(v.cudnnLogTail);
   return toBytes(b);
 }
 
@@ -362,6 +369,214 @@ SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const Reader
     v.trace = text(r.getTrace(), 4096, "trace status");
     v.interrupted = r.getInterrupted();
     v.environment = texts(r.getEnvironment(), 1 << 16, "supervised environment entry");
+    v.cudnnLogTail = text(r.getCudnnLogTail(), 1 << 22, "cuDNN log tail");
+    return v;
+  });
+}
+
+const char* activityKindName(TraceActivityData::Kind kind) {
+  switch (kind) {
+    case TraceActivityData::Kind::Kernel: return "kernel";
+    case TraceActivityData::Kind::Memcpy: return "memcpy";
+    case TraceActivityData::Kind::Memset: return "memset";
+    case TraceActivityData::Kind::Runtime: return "runtime";
+    case TraceActivityData::Kind::Driver: return "driver";
+    case TraceActivityData::Kind::Overhead: return "overhead";
+  }
+  return "unknown";
+}
+
+namespace {
+
+/// The string table of one kernel trace record.
+class NameTable {
+ public:
+  uint32_t intern(const std::string& name) {
+    if (name.size() > kMaxTraceNameBytes) ++cut_;
+    std::string cut = name.size() > kMaxTraceNameBytes ? name.substr(0, kMaxTraceNameBytes) : name;
+    auto [it, added] = index_.emplace(cut, static_cast<uint32_t>(names_.size()));
+    if (added) names_.push_back(std::move(cut));
+    return it->second;
+  }
+  const std::vector<std::string>& names() const { return names_; }
+  uint64_t cut() const { return cut_; }  ///< names longer than the limit that were cut here
+
+ private:
+  uint64_t cut_ = 0;
+  std::unordered_map<std::string, uint32_t> index_;
+  std::vector<std::string> names_;
+};
+
+std::vector<uint8_t> encodeKernelTrace(const KernelTraceData& v, size_t firstActivity, size_t firstLaunch) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::KernelTrace>();
+  NameTable table;
+  r.setStatus(v.status);
+  r.setPid(v.pid);
+  auto acts = r.initActivities(static_cast<unsigned>(v.activities.size() - firstActivity));
+  for (size_t i = firstActivity; i < v.activities.size(); ++i) {
+    const auto& a = v.activities[i];
+    auto w = acts[static_cast<unsigned>(i - firstActivity)];
+    w.setKind(static_cast<schema::ActivityKind>(a.kind));
+    w.setName(table.intern(a.name));
+    w.setStartNs(a.startNs);
+    w.setEndNs(a.endNs);
+    w.setDeviceId(a.deviceId);
+    w.setContextId(a.contextId);
+    w.setStreamId(a.streamId);
+    w.setCorrelationId(a.correlationId);
+    w.setOpIndex(a.opIndex);
+    w.setGridX(a.grid[0]);
+    w.setGridY(a.grid[1]);
+    w.setGridZ(a.grid[2]);
+    w.setBlockX(a.block[0]);
+    w.setBlockY(a.block[1]);
+    w.setBlockZ(a.block[2]);
+    w.setBytes(a.bytes);
+    w.setReturnCode(a.returnCode);
+    w.setThreadId(a.threadId);
+  }
+  auto launches = r.initLaunches(static_cast<unsigned>(v.launches.size() - firstLaunch));
+  for (size_t i = firstLaunch; i < v.launches.size(); ++i) {
+    const auto& l = v.launches[i];
+    auto w = launches[static_cast<unsigned>(i - firstLaunch)];
+    w.setIndex(l.index);
+    w.setSymbol(table.intern(l.symbol));
+    w.setApi(table.intern(l.api));
+    w.setGridX(l.grid[0]);
+    w.setGridY(l.grid[1]);
+    w.setGridZ(l.grid[2]);
+    w.setBlockX(l.block[0]);
+    w.setBlockY(l.block[1]);
+    w.setBlockZ(l.block[2]);
+    w.setStream(l.stream);
+    w.setCorrelationId(l.correlationId);
+    w.setTimeNs(l.timeNs);
+    w.setThreadId(l.threadId);
+    w.setReturnCode(l.returnCode);
+    w.setOpIndex(l.opIndex);
+  }
+  setTexts(r.initNames(static_cast<unsigned>(table.names().size())), table.names());
+  if (v.firstError) {
+    const auto& e = *v.firstError;
+    auto w = r.initFirstError();
+    w.setDomain(e.domain);
+    w.setApi(e.api);
+    w.setCode(e.code);
+    w.setName(e.name);
+    w.setCorrelationId(e.correlationId);
+    w.setTimeNs(e.timeNs);
+    w.setThreadId(e.threadId);
+    w.setSymbol(e.symbol.size() > kMaxTraceNameBytes ? e.symbol.substr(0, kMaxTraceNameBytes) : e.symbol);
+    w.setOpIndex(e.opIndex);
+  }
+  r.setHasFirstError(v.firstError.has_value());
+  r.setStickyError(v.stickyError);
+  r.setTotalActivities(v.totalActivities);
+  r.setDroppedActivities(v.droppedActivities + firstActivity);
+  r.setTotalLaunches(v.totalLaunches);
+  r.setClockOffsetNs(v.clockOffsetNs);
+  r.setCuptiVersion(v.cuptiVersion);
+  r.setTruncatedNames(v.truncatedNames + table.cut());
+  return toBytes(b);
+}
+
+}  // namespace
+
+std::vector<uint8_t> encodeMeta(const KernelTraceData& v) {
+  // One meta holds at most 1 MiB: a trace over it keeps its newest entries.
+  size_t firstActivity = 0, firstLaunch = 0;
+  for (;;) {
+    auto bytes = encodeKernelTrace(v, firstActivity, firstLaunch);
+    if (bytes.size() <= kMaxMetaBytes - 4096) return bytes;
+    size_t activities = v.activities.size() - firstActivity, launches = v.launches.size() - firstLaunch;
+    if (activities == 0 && launches == 0)
+      throw Error(ErrorCode::InvalidArgument, "a kernel trace with no entries is larger than one record allows");
+    if (activities >= launches)
+      firstActivity += std::max<size_t>(1, activities / 4);
+    else
+      firstLaunch += std::max<size_t>(1, launches / 4);
+  }
+}
+
+KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::KernelTrace>(meta, limits, "kernel_trace", [](auto r) {
+    KernelTraceData v;
+    v.status = text(r.getStatus(), 4096, "kernel trace status");
+    v.pid = r.getPid();
+    auto names = texts(r.getNames(), kMaxTraceNameBytes, "kernel trace name");
+    auto name = [&](uint32_t i, const char* what) -> const std::string& {
+      if (i >= names.size())
+        throw Error(ErrorCode::Corrupt, fmt::format("{} points at name {} of {}", what, i, names.size()));
+      return names[i];
+    };
+    checkCount(r.getActivities(), "kernel trace activities");
+    for (auto a : r.getActivities()) {
+      TraceActivityData d;
+      auto kind = static_cast<unsigned>(a.getKind());
+      if (kind > static_cast<unsigned>(TraceActivityData::Kind::Overhead))
+        throw Error(ErrorCode::Corrupt, fmt::format("kernel trace activity of unknown kind {}", kind));
+      d.kind = static_cast<TraceActivityData::Kind>(kind);
+      d.name = name(a.getName(), "a kernel trace activity");
+      d.startNs = a.getStartNs();
+      d.endNs = a.getEndNs();
+      d.deviceId = a.getDeviceId();
+      d.contextId = a.getContextId();
+      d.streamId = a.getStreamId();
+      d.correlationId = a.getCorrelationId();
+      d.opIndex = a.getOpIndex();
+      d.grid[0] = a.getGridX();
+      d.grid[1] = a.getGridY();
+      d.grid[2] = a.getGridZ();
+      d.block[0] = a.getBlockX();
+      d.block[1] = a.getBlockY();
+      d.block[2] = a.getBlockZ();
+      d.bytes = a.getBytes();
+      d.returnCode = a.getReturnCode();
+      d.threadId = a.getThreadId();
+      v.activities.push_back(std::move(d));
+    }
+    checkCount(r.getLaunches(), "kernel trace launches");
+    for (auto l : r.getLaunches()) {
+      KernelLaunchData d;
+      d.index = l.getIndex();
+      d.symbol = name(l.getSymbol(), "a kernel launch");
+      d.api = name(l.getApi(), "a kernel launch");
+      d.grid[0] = l.getGridX();
+      d.grid[1] = l.getGridY();
+      d.grid[2] = l.getGridZ();
+      d.block[0] = l.getBlockX();
+      d.block[1] = l.getBlockY();
+      d.block[2] = l.getBlockZ();
+      d.stream = l.getStream();
+      d.correlationId = l.getCorrelationId();
+      d.timeNs = l.getTimeNs();
+      d.threadId = l.getThreadId();
+      d.returnCode = l.getReturnCode();
+      d.opIndex = l.getOpIndex();
+      v.launches.push_back(std::move(d));
+    }
+    if (r.getHasFirstError()) {
+      auto e = r.getFirstError();
+      ApiErrorData d;
+      d.domain = text(e.getDomain(), 32, "API error domain");
+      d.api = text(e.getApi(), 256, "API error function");
+      d.code = e.getCode();
+      d.name = text(e.getName(), 256, "API error name");
+      d.correlationId = e.getCorrelationId();
+      d.timeNs = e.getTimeNs();
+      d.threadId = e.getThreadId();
+      d.symbol = text(e.getSymbol(), kMaxTraceNameBytes, "API error kernel");
+      d.opIndex = e.getOpIndex();
+      v.firstError = std::move(d);
+    }
+    v.stickyError = r.getStickyError();
+    v.totalActivities = r.getTotalActivities();
+    v.droppedActivities = r.getDroppedActivities();
+    v.totalLaunches = r.getTotalLaunches();
+    v.clockOffsetNs = r.getClockOffsetNs();
+    v.cuptiVersion = r.getCuptiVersion();
+    v.truncatedNames = r.getTruncatedNames();
     return v;
   });
 }
@@ -394,9 +609,10 @@ template uint64_t writeMetaRecord(BundleWriter&, const OpTraceData&, const std::
 template uint64_t writeMetaRecord(BundleWriter&, const CrashData&, const std::vector<uint8_t>&);
 template uint64_t writeMetaRecord(BundleWriter&, const RunStatusData&, const std::vector<uint8_t>&);
 template uint64_t writeMetaRecord(BundleWriter&, const SupervisionData&, const std::vector<uint8_t>&);
+template uint64_t writeMetaRecord(BundleWriter&, const KernelTraceData&, const std::vector<uint8_t>&);
 
 bool isRecorderRecord(uint16_t type) {
-  return type >= static_cast<uint16_t>(RecordType::StepProgram) && type <= static_cast<uint16_t>(RecordType::Supervision);
+  return type >= static_cast<uint16_t>(RecordType::StepProgram) && type <= static_cast<uint16_t>(RecordType::KernelTrace);
 }
 
 void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const ReaderLimits& limits) {
@@ -412,6 +628,7 @@ void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const
     case RecordType::Crash: decodeCrash(m, limits); break;
     case RecordType::RunStatus: decodeRunStatus(m, limits); break;
     case RecordType::Supervision: decodeSupervision(m, limits); break;
+    case RecordType::KernelTrace: decodeKernelTrace(m, limits); break;
     default: break;
   }
 }
@@ -448,6 +665,7 @@ RecordingView readRecording(const BundleReader& reader) {
           break;
         case RecordType::RunStatus: view.status = decodeRunStatus(raw.meta, reader.limits()); break;
         case RecordType::Supervision: view.supervision = decodeSupervision(raw.meta, reader.limits()); break;
+        case RecordType::KernelTrace: view.kernelTraces.push_back(decodeKernelTrace(raw.meta, reader.limits())); break;
         default: break;
       }
     } catch (const Error& e) {

@@ -52,6 +52,7 @@ enum class RecordType : uint16_t {
   Crash = 11,         ///< how the recorded process failed
   RunStatus = 12,     ///< the recorder's own health: steps, drops, warnings
   Supervision = 13,   ///< `crashcap run`: how one run of the command ended, and why
+  KernelTrace = 14,   ///< one process's kernel trace: activities, launches, first API error
   Index = 15,         ///< written once at seal; locates every record and tensor
 };
 

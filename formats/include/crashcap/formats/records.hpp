@@ -85,6 +85,7 @@ struct OpData {
   int64_t step = -1;
   uint64_t thread = 0;
   std::vector<OpInputData> inputs;
+  int64_t startNs = 0, endNs = 0;       ///< CLOCK_MONOTONIC; 0 unknown
 };
 
 /// Type 10: the last ops before a crash, oldest first.
@@ -132,10 +133,71 @@ struct SupervisionData {
   std::string evidence;
   std::string stdoutTail, stderrTail;
   int64_t startNs = 0, endNs = 0;
-  std::string trace;                    ///< "unavailable: <reason>"
+  std::string trace;                    ///< "recorded: ..." | "unavailable: <reason>"
   bool interrupted = false;
   std::vector<std::string> environment; ///< NAME=VALUE set for the child
+  std::string cudnnLogTail;             ///< `--cudnn-log`: the last bytes of cuDNN's API log
 };
+
+/// One CUPTI activity, converted (recorder/cupti/). Names are resolved from the record's
+/// string table.
+struct TraceActivityData {
+  enum class Kind : uint8_t { Kernel, Memcpy, Memset, Runtime, Driver, Overhead };
+  Kind kind = Kind::Kernel;
+  std::string name;                     ///< kernel symbol, API function, copy direction, ...
+  uint64_t startNs = 0, endNs = 0;      ///< tracer clock
+  uint32_t deviceId = 0, contextId = 0, streamId = 0, correlationId = 0;
+  int64_t opIndex = -1;                 ///< the ATen op that launched it (external correlation)
+  int32_t grid[3] = {0, 0, 0}, block[3] = {0, 0, 0};
+  uint64_t bytes = 0;
+  int32_t returnCode = 0;
+  uint32_t threadId = 0;
+};
+/// "kernel", "memcpy", ...
+const char* activityKindName(TraceActivityData::Kind kind);
+
+/// One kernel launch as the host thread made it (the callback API): the evidence that
+/// survives an asynchronous error.
+struct KernelLaunchData {
+  uint64_t index = 0;
+  std::string symbol, api;
+  int32_t grid[3] = {0, 0, 0}, block[3] = {0, 0, 0};
+  uint64_t stream = 0;
+  uint32_t correlationId = 0;
+  uint64_t timeNs = 0;                  ///< tracer clock
+  uint32_t threadId = 0;
+  int32_t returnCode = -1;              ///< -1: the call had not returned
+  int64_t opIndex = -1;
+};
+
+/// The first CUDA API call that returned an error.
+struct ApiErrorData {
+  std::string domain, api;              ///< "runtime" | "driver"; "cudaLaunchKernel"
+  int32_t code = 0;
+  std::string name;                     ///< "cudaErrorIllegalInstruction"; "" unknown
+  uint32_t correlationId = 0;
+  uint64_t timeNs = 0;
+  uint32_t threadId = 0;
+  std::string symbol;                   ///< the kernel, for a launch
+  int64_t opIndex = -1;
+};
+
+/// Type 14: one process's kernel trace (bundle.capnp states the invariants).
+struct KernelTraceData {
+  std::string status;                   ///< "recorded" | "unavailable: <reason>"
+  uint32_t pid = 0;
+  std::vector<TraceActivityData> activities;  ///< oldest first
+  std::vector<KernelLaunchData> launches;     ///< oldest first
+  std::optional<ApiErrorData> firstError;
+  bool stickyError = false;
+  uint64_t totalActivities = 0, droppedActivities = 0, totalLaunches = 0;
+  int64_t clockOffsetNs = 0;            ///< CLOCK_MONOTONIC = tracer + offset
+  uint32_t cuptiVersion = 0;
+  uint64_t truncatedNames = 0;
+  bool available() const { return status == "recorded"; }
+};
+/// The longest name a kernel trace keeps; longer ones are cut (and counted).
+inline constexpr size_t kMaxTraceNameBytes = 4096;
 
 // Encoders: the meta bytes for BundleWriter::writeRecord. Decoders throw Error{Corrupt}
 // naming the invariant that failed (texts bounded, steps >= 0, names valid tensor names).
@@ -149,6 +211,9 @@ std::vector<uint8_t> encodeMeta(const CrashData& v);
 std::vector<uint8_t> encodeMeta(const RunStatusData& v);
 std::vector<uint8_t> encodeMeta(const SupervisionData& v);
 std::vector<uint8_t> encodeMeta(const EnvironmentData& v);
+/// Interns names into the string table; a trace too large for one meta (1 MiB) loses its
+/// oldest activities, then its oldest launches, and counts them as dropped.
+std::vector<uint8_t> encodeMeta(const KernelTraceData& v);
 
 StepProgramData decodeStepProgram(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 OptimizerSpecData decodeOptimizerSpec(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
@@ -159,6 +224,7 @@ OpTraceData decodeOpTrace(const std::vector<uint8_t>& meta, const ReaderLimits& 
 CrashData decodeCrash(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 
 /// The record type each struct is written as.
 inline RecordType recordTypeOf(const StepProgramData&) { return RecordType::StepProgram; }
@@ -171,6 +237,7 @@ inline RecordType recordTypeOf(const CrashData&) { return RecordType::Crash; }
 inline RecordType recordTypeOf(const RunStatusData&) { return RecordType::RunStatus; }
 inline RecordType recordTypeOf(const SupervisionData&) { return RecordType::Supervision; }
 inline RecordType recordTypeOf(const EnvironmentData&) { return RecordType::Environment; }
+inline RecordType recordTypeOf(const KernelTraceData&) { return RecordType::KernelTrace; }
 
 /// Writes one recorder record (recorder records have no body).
 template <typename T>
@@ -180,7 +247,7 @@ uint64_t writeMetaRecord(BundleWriter& writer, const T& value, const std::vector
 /// invariant; does nothing for other types. For verify and scans.
 void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const ReaderLimits& limits);
 
-/// True for the record types this header describes (5..12).
+/// True for the record types this header describes (5..14).
 bool isRecorderRecord(uint16_t type);
 
 // Tensor paths (see bundle.capnp).
@@ -205,6 +272,7 @@ struct RecordingView {
   std::optional<CrashData> crash;           ///< the first one
   std::optional<RunStatusData> status;      ///< the last one
   std::optional<SupervisionData> supervision;  ///< the last one (`crashcap run`)
+  std::vector<KernelTraceData> kernelTraces;   ///< one per traced process, in file order
   std::vector<std::string> problems;
 };
 

@@ -25,6 +25,7 @@
 #include "crashcap/inspect/stats.hpp"
 #include "crashcap/inspect/story.hpp"
 #include "crashcap/inspect/summary.hpp"
+#include "crashcap/inspect/trace.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/recorder/doctor.hpp"
 #include "crashcap/recorder/supervisor.hpp"
@@ -136,10 +137,69 @@ int cmdShow(const std::string& path, const ShowOptions& s, const ReadOptions& o)
 }
 
 struct ExportOptions {
-  std::string name, npy, pt, slice;
+  std::string name, npy, pt, slice, chrome;
 };
 
+/// Writes `text` to `path` through `path.partial` and a rename, so a reader never sees half a file.
+void writeFileAtomically(const std::string& path, const std::string& text) {
+  std::string tmp = path + ".partial";
+  {
+    std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+    if (!f) throw Error(ErrorCode::Io, fmt::format("cannot create {}: {}", tmp, std::strerror(errno)));
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    f.close();
+    if (!f) {
+      std::remove(tmp.c_str());
+      throw Error(ErrorCode::Io, fmt::format("cannot write {} bytes to {}: {}", text.size(), tmp, std::strerror(errno)));
+    }
+  }
+  if (std::rename(tmp.c_str(), path.c_str()) != 0) {
+    int err = errno;
+    std::remove(tmp.c_str());
+    throw Error(ErrorCode::Io, fmt::format("cannot rename {} to {}: {}", tmp, path, std::strerror(err)));
+  }
+}
+
+/// `export B --chrome OUT.json`: the kernel trace and the op trace as one Trace Event Format file.
+int cmdExportChrome(const std::string& path, const ExportOptions& e, const ReadOptions& o) {
+  auto reader = formats::BundleReader::open(path, o.limits());
+  auto view = formats::readRecording(*reader);
+  inspect::ChromeTraceOptions co;
+  if (auto info = reader->recordingInfo()) co.opTracePid = info->pid;
+  auto trace = inspect::chromeTrace(view, co);
+  writeFileAtomically(e.chrome, trace.dump(-1, ' ', false, json::error_handler_t::replace));
+  const auto& other = trace["otherData"];
+  const size_t events = trace["traceEvents"].size();
+  const auto kernels = other["kernels"].get<uint64_t>(), flows = other["flows"].get<uint64_t>();
+  if (o.json) {
+    printJson({{"output", e.chrome},
+               {"events", events},
+               {"kernels", kernels},
+               {"flows", flows},
+               {"ops", other["ops"]},
+               {"kernel_trace", other["kernel_trace"]}});
+    return kExitOk;
+  }
+  std::cout << fmt::format("wrote {} ({} events: {} kernels, {} flows); load it in https://ui.perfetto.dev or "
+                           "chrome://tracing\n",
+                           e.chrome, events, kernels, flows);
+  bool allRecorded = !view.kernelTraces.empty();
+  for (const auto& t : view.kernelTraces) allRecorded = allRecorded && t.available();
+  if (!allRecorded) std::cerr << "note: kernel trace " << other["kernel_trace"].get<std::string>() << "\n";
+  return kExitOk;
+}
+
 int cmdExport(const std::string& path, const ExportOptions& e, const ReadOptions& o) {
+  if (!e.chrome.empty()) {
+    if (!e.name.empty() || !e.npy.empty() || !e.pt.empty() || !e.slice.empty())
+      throw Error(ErrorCode::InvalidArgument,
+                  "--chrome exports the whole trace, not a tensor: it takes no tensor name, --npy, --pt or --slice",
+                  "run two commands: crashcap export B --chrome trace.json; crashcap export B NAME --npy FILE");
+    return cmdExportChrome(path, e, o);
+  }
+  if (e.name.empty())
+    throw Error(ErrorCode::InvalidArgument, "export needs a tensor name (or --chrome OUT.json for the trace)",
+                "`crashcap ls B` lists the tensors; e.g. crashcap export B batch/images --npy images.npy");
   if (e.npy.empty() == e.pt.empty())
     throw Error(ErrorCode::InvalidArgument, "give exactly one of --npy FILE or --pt FILE");
   auto reader = formats::BundleReader::open(path, o.limits());
@@ -255,13 +315,45 @@ int cmdRecover(const std::string& in, const std::string& out, const ReadOptions&
   return kExitOk;
 }
 
-int cmdInspect(const std::string& path, const ReadOptions& o) {
+struct InspectCliOptions {
+  bool trace = false;
+  size_t launches = inspect::TraceReportOptions{}.lastLaunches;
+};
+
+int cmdInspect(const std::string& path, const InspectCliOptions& in, const ReadOptions& o) {
   auto reader = formats::BundleReader::open(path, o.limits(), progressPrinter("scanning"));
   endProgress();
-  if (o.json)
+  if (in.trace) {
+    auto view = formats::readRecording(*reader);
+    inspect::TraceReportOptions to;
+    to.lastLaunches = in.launches;
+    if (o.json) {
+      auto j = inspect::traceJson(view, to);
+      j["bundle"] = path;
+      printJson(j);
+      return kExitOk;
+    }
+    std::cout << inspect::traceText(view, to);
+    if (!view.kernelTraces.empty() || view.opTrace)
+      std::cout << fmt::format("\nnext          crashcap export {} --chrome trace.json   (a time line for "
+                               "https://ui.perfetto.dev)\n",
+                               path);
+    return kExitOk;
+  }
+  if (o.json) {
     printJson(inspect::storyJson(*reader));
-  else
-    std::cout << inspect::storyText(*reader);
+    return kExitOk;
+  }
+  std::cout << inspect::storyText(*reader);
+  // The story has no room for the GPU side; say that there is one and where to read it.
+  for (const auto& t : formats::readRecording(*reader).kernelTraces) {
+    std::string error;
+    if (t.firstError)
+      error = fmt::format("; first CUDA error {} in {}",
+                          t.firstError->name.empty() ? std::to_string(t.firstError->code) : t.firstError->name,
+                          t.firstError->api);
+    std::cout << fmt::format("trace      pid {}: {}{}  (crashcap inspect {} --trace)\n", t.pid, t.status, error, path);
+  }
   return kExitOk;
 }
 
@@ -337,7 +429,7 @@ int cmdRun(RunCliOptions& r, const std::vector<std::string>& command) {
                                                                                     ? recorder::signalName(a.signal)
                                                                                     : std::to_string(a.signal))
                                                             : fmt::format("exit status {}", a.exitCode));
-    std::cerr << fmt::format("  trace     {}\n", report.trace);
+    std::cerr << fmt::format("  trace     {}\n", a.trace);
     std::cerr << fmt::format("  bundle    {}\n", a.bundle);
     for (const auto& b : a.otherBundles) std::cerr << fmt::format("  also      {}\n", b);
     bool hasSteps = false;
@@ -347,6 +439,7 @@ int cmdRun(RunCliOptions& r, const std::vector<std::string>& command) {
     } catch (const Error&) {
     }
     std::cerr << fmt::format("  next      crashcap inspect {}\n", a.bundle);
+    if (a.trace.rfind("recorded", 0) == 0) std::cerr << fmt::format("            crashcap inspect {} --trace\n", a.bundle);
     if (hasSteps) std::cerr << fmt::format("            crashcap triage {}\n", a.bundle);
   }
   if (!report.stoppedBecause.empty()) std::cerr << fmt::format("crashcap run: no more restarts: {}\n", report.stoppedBecause);
@@ -435,13 +528,21 @@ int main(int argc, char** argv) {
   addReadOptions(show, ro);
 
   ExportOptions eo;
-  auto* exp = app.add_subcommand("export", "Write one tensor as .npy (numpy) or .pt (torch.load)");
+  auto* exp = app.add_subcommand(
+      "export", "Write one tensor as .npy (numpy) or .pt (torch.load), or the trace as Chrome JSON (Perfetto)");
   exp->add_option("bundle", bundle, "Bundle file")->required();
-  exp->add_option("name", eo.name, "Tensor name")->required();
+  exp->add_option("name", eo.name, "Tensor name, as `crashcap ls` prints it (not with --chrome)");
   exp->add_option("--npy", eo.npy, "Output .npy file (bfloat16 is widened to float32)");
   exp->add_option("--pt", eo.pt, "Output .pt file, loadable with torch.load");
   exp->add_option("--slice", eo.slice, "Export only this numpy-style selection");
-  exp->footer("Example: crashcap export crash.ccap batch/images --npy images.npy");
+  exp->add_option("--chrome", eo.chrome,
+                  "Output .json: the kernel trace and the ATen ops on one time line (Trace Event Format)");
+  exp->footer("A tensor: exactly one of --npy or --pt.\n"
+              "  crashcap export crash.ccap batch/images --npy images.npy\n"
+              "The trace: --chrome, no tensor name. Host threads show the ops and the CUDA API calls, each GPU is\n"
+              "a process with a row per stream, arrows link each launch to its kernel, and a global marker shows\n"
+              "the first CUDA error. Open it in https://ui.perfetto.dev (or chrome://tracing). docs/INSPECT.md.\n"
+              "  crashcap export crash.ccap --chrome trace.json");
   addReadOptions(exp, ro);
 
   ImportOptions io;
@@ -464,9 +565,19 @@ int main(int argc, char** argv) {
   rec->add_option("out", out, "Where to write the repaired copy (must not exist)")->required();
   addReadOptions(rec, ro);
 
+  InspectCliOptions ino;
   auto* insp = app.add_subcommand("inspect", "The story of a recorded run: steps, keyframes, the crash, last ops, the failing batch");
   insp->add_option("bundle", bundle, "Bundle file (crash-*.ccap)")->required();
-  insp->footer("Example: crashcap inspect runs/crash-20261121T233427Z-4242.ccap --json | jq .crash");
+  auto* traceFlag = insp->add_flag(
+      "--trace", ino.trace,
+      "The kernel trace instead: per traced process the first CUDA error (kernel, op), the last launches, "
+      "kernels per op");
+  insp->add_option("--launches", ino.launches, "With --trace: how many of the last launches to list")
+      ->capture_default_str()
+      ->needs(traceFlag);
+  insp->footer("Example: crashcap inspect runs/crash-20261121T233427Z-4242.ccap --json | jq .crash\n"
+               "         crashcap inspect runs/crash-20261121T233427Z-4242.ccap --trace --launches 50\n"
+               "The trace's time line: crashcap export B --chrome trace.json (docs/INSPECT.md).");
   addReadOptions(insp, ro);
 
   ReplayCliOptions rp;
@@ -551,12 +662,19 @@ int main(int argc, char** argv) {
   run->add_flag("--blocking", rn.supervise.launchBlocking, "CUDA_LAUNCH_BLOCKING=1: CUDA errors surface at the failing launch");
   run->add_flag("--dsa", rn.supervise.deviceSideAssertions,
                 "TORCH_USE_CUDA_DSA=1: device-side assertion details (needs a PyTorch built with it)");
+  run->add_flag("--cudnn-log", rn.supervise.cudnnLog,
+                "cuDNN's own API log (CUDNN_LOGLEVEL_DBG=3) into a pipe; the last 256 KiB go into the bundle, so a "
+                "CUDNN_STATUS_EXECUTION_FAILED carries the failing call's descriptors and engine. Slows cuDNN calls");
+  bool noTrace = false;
+  run->add_flag("--no-trace", noTrace, "Do not inject the kernel tracer (libcrashcap_inject.so via CUDA_INJECTION64_PATH)");
   run->prefix_command();  // without --, the first word that is not an option starts the command
   run->footer("Everything after the options (or after --) is the command. Its output passes through; crashcap's\n"
               "lines go to stderr. Exit status: the command's (128+N when signal N ended it).\n"
               "Classifications: cuda-illegal-instruction, cuda-illegal-address, cuda-device-assert,\n"
               "cudnn-execution-failed, cudnn-error, cuda-oom, cuda-launch-failure, cuda-error, nccl-error,\n"
               "nonfinite-loss, python-exception, signal, exit-nonzero (docs/RUN.md).\n"
+              "Kernel trace: on a machine with a GPU, CUDA loads libcrashcap_inject.so into the command's processes;\n"
+              "their kernel launches and first CUDA error go into the bundle (crashcap inspect B --trace).\n"
               "Example: crashcap run --dir runs --restart 3 --max-consecutive 2 -- python train.py --lr 3e-4");
 
   bool doctorJson = false;
@@ -602,11 +720,12 @@ int main(int argc, char** argv) {
     if (*imp) return cmdImport(io);
     if (*ver) return cmdVerify(bundle, ro);
     if (*rec) return cmdRecover(bundle, out, ro);
-    if (*insp) return cmdInspect(bundle, ro);
+    if (*insp) return cmdInspect(bundle, ino, ro);
     if (*seal) return cmdSeal(sl);
     if (*doctor) return cmdDoctor(doctorJson);
     if (*run) {
       auto command = runCommand.empty() ? run->remaining() : runCommand;
+      rn.supervise.kernelTrace = !noTrace;
       return cmdRun(rn, command);
     }
     if (*reportSub) {

@@ -181,6 +181,11 @@ void LiveWriter::setOpsSnapshot(std::function<std::optional<formats::OpTraceData
   opsSnapshot_ = std::move(fn);
 }
 
+void LiveWriter::setKernelTraceSnapshot(std::function<std::optional<formats::KernelTraceData>()> fn) {
+  std::lock_guard<std::mutex> lk(mu_);
+  kernelTraceSnapshot_ = std::move(fn);
+}
+
 LiveWriterStats LiveWriter::stats() const {
   std::lock_guard<std::mutex> lk(statsMu_);
   return stats_;
@@ -389,6 +394,7 @@ void LiveWriter::handleCrash() {
   formats::CrashData crash;
   bool fromSignal = false;
   std::function<std::optional<formats::OpTraceData>()> ops;
+  std::function<std::optional<formats::KernelTraceData>()> kernels;
   {
     std::lock_guard<std::mutex> lk(mu_);
     if (pendingCrash_) {
@@ -398,10 +404,13 @@ void LiveWriter::handleCrash() {
       fromSignal = true;
     }
     ops = opsSnapshot_;
+    kernels = kernelTraceSnapshot_;
   }
   // The op ring first: other threads keep adding ops while the queue drains.
   std::optional<formats::OpTraceData> trace;
   if (ops) trace = ops();
+  std::optional<formats::KernelTraceData> kernelTrace;
+  if (kernels) kernelTrace = kernels();
   if (needNewRecording_) {
     // This failure follows one already sealed with nothing recorded since (fail(e) and then
     // the same exception reaching std::terminate): the bundle exists; do not seal again.
@@ -463,6 +472,7 @@ void LiveWriter::handleCrash() {
     try {
       formats::writeMetaRecord(*segment_, crash);
       if (trace) formats::writeMetaRecord(*segment_, *trace);
+      if (kernelTrace) formats::writeMetaRecord(*segment_, *kernelTrace);
       segment_->sync();
       inSegment = true;
     } catch (const std::exception& e) {
@@ -480,6 +490,7 @@ void LiveWriter::handleCrash() {
       // gets the crash and the ops, straight from memory.
       so.crash = crash;
       so.ops = trace;
+      if (kernelTrace) so.kernelTraces.push_back(*kernelTrace);
     }
     so.decodeChunks = false;  // the scan checked every checksum; a crash has no time to spare
     auto report = sealRecording(recording_, so);

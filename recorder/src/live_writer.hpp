@@ -97,6 +97,8 @@ class LiveWriter {
 
   /// Produces the op ring at crash time (called on the writer thread).
   void setOpsSnapshot(std::function<std::optional<formats::OpTraceData>()> fn);
+  /// Produces the kernel trace at crash time (called on the writer thread, after the ops).
+  void setKernelTraceSnapshot(std::function<std::optional<formats::KernelTraceData>()> fn);
 
   /// Normal context (exception, std::terminate, non-finite): drain, write `crash`, seal the
   /// bundle. Waits at most crashDrainSeconds (+ sealing). Returns the bundle path, or ""
@@ -151,6 +153,7 @@ class LiveWriter {
   std::string lastBundle_;                           // under mu_
   bool needNewRecording_ = false;
   std::function<std::optional<formats::OpTraceData>()> opsSnapshot_;
+  std::function<std::optional<formats::KernelTraceData>()> kernelTraceSnapshot_;
 
   mutable std::mutex statsMu_;
   LiveWriterStats stats_;

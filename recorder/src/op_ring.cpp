@@ -3,12 +3,14 @@
 #include <ATen/record_function.h>
 #include <c10/core/ScalarType.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <mutex>
 #include <vector>
 
+#include "crashcap/cupti/tracer.hpp"
 #include "live_writer.hpp"
 
 namespace crashcap::recorder::detail {
@@ -26,6 +28,8 @@ struct InputSlot {
 
 struct Entry {
   std::atomic<uint64_t> committed{0};  ///< op index + 1 once the entry is complete
+  std::atomic<int64_t> endNs{0};       ///< set when the op returns (0 while it runs)
+  int64_t startNs;
   char name[kNameBytes];
   uint8_t backward;
   uint8_t inputCount;
@@ -51,6 +55,16 @@ bool gRunning = false;
 
 thread_local int tBackwardDepth = 0;
 thread_local uint64_t tThread = 0;
+// The ops this thread is inside of, innermost last: their end callbacks find their entries.
+constexpr int kMaxOpDepth = 64;
+thread_local uint64_t tOpStack[kMaxOpDepth];
+thread_local int tOpDepth = 0;
+
+int64_t monotonicNs() {
+  timespec ts;
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
+}
 
 uint64_t thisThread() {
   if (!tThread) tThread = static_cast<uint64_t>(::syscall(SYS_gettid));
@@ -61,10 +75,15 @@ void record(const at::RecordFunction& fn, bool backward) {
   Ring* ring = gRing.load(std::memory_order_acquire);
   if (!ring) return;
   uint64_t index = ring->next.fetch_add(1, std::memory_order_relaxed);
+  if (tOpDepth < kMaxOpDepth) tOpStack[tOpDepth] = index;
+  ++tOpDepth;
+  cupti::pushOp(index);  // kernels launched from here on link to this op (a no-op without a tracer)
   Entry& e = ring->entries[index % ring->entries.size()];
   // A seqlock: 0 while the entry is being written, index + 1 once complete.
   e.committed.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
+  e.startNs = monotonicNs();
+  e.endNs.store(0, std::memory_order_relaxed);
   const char* name = fn.name();
   size_t i = 0;
   if (name)
@@ -104,6 +123,20 @@ void record(const at::RecordFunction& fn, bool backward) {
   e.committed.store(index + 1, std::memory_order_release);
 }
 
+/// An op returned: its end time, and the kernel link back to the enclosing op.
+void finish() {
+  if (tOpDepth == 0) return;  // it began before the observer did
+  --tOpDepth;
+  cupti::popOp();
+  Ring* ring = gRing.load(std::memory_order_acquire);
+  if (!ring || tOpDepth >= kMaxOpDepth) return;
+  uint64_t index = tOpStack[tOpDepth];
+  Entry& e = ring->entries[index % ring->entries.size()];
+  if (e.committed.load(std::memory_order_acquire) == index + 1) e.endNs.store(monotonicNs(), std::memory_order_relaxed);
+}
+
+void onOpEnd(const at::RecordFunction&, at::ObserverContext*) { finish(); }
+
 std::unique_ptr<at::ObserverContext> onOp(const at::RecordFunction& fn) {
   // The autograd engine wraps each node in an "autograd::engine::evaluate_function: X" scope
   // of its own; it belongs to the backward pass too.
@@ -126,6 +159,7 @@ std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction& f
 
 void onBackwardEnd(const at::RecordFunction&, at::ObserverContext*) {
   if (tBackwardDepth > 0) --tBackwardDepth;
+  finish();
 }
 
 std::string dtypeText(int8_t d) {
@@ -162,7 +196,7 @@ bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<in
   gRingOwner = std::make_unique<Ring>(capacity);
   gRing.store(gRingOwner.get(), std::memory_order_release);
   gOpHandle = at::addGlobalCallback(
-      at::RecordFunctionCallback(&onOp).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+      at::RecordFunctionCallback(&onOp, &onOpEnd).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
   gBackwardHandle = at::addGlobalCallback(at::RecordFunctionCallback(&onBackwardStart, &onBackwardEnd)
                                               .needsInputs(false)
                                               .scopes({at::RecordScope::BACKWARD_FUNCTION}));
@@ -190,6 +224,8 @@ formats::OpData describe(const Entry& e, uint64_t i) {
   op.sequenceNr = e.sequenceNr;
   op.step = e.step;
   op.thread = e.thread;
+  op.startNs = e.startNs;
+  op.endNs = e.endNs.load(std::memory_order_relaxed);
   for (int k = 0; k < e.inputCount && k < kMaxInputs; ++k) {
     formats::OpInputData in;
     in.dtype = dtypeText(e.inputs[k].dtype);
@@ -219,6 +255,8 @@ std::optional<formats::OpTraceData> snapshotOps() {
     copy.sequenceNr = e.sequenceNr;
     copy.step = e.step;
     copy.thread = e.thread;
+    copy.startNs = e.startNs;
+    copy.endNs.store(e.endNs.load(std::memory_order_relaxed), std::memory_order_relaxed);
     std::memcpy(copy.inputs, e.inputs, sizeof copy.inputs);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (e.committed.load(std::memory_order_relaxed) != i + 1) continue;  // overwritten while copied

@@ -33,6 +33,8 @@
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/recorder/environment.hpp"
 #include "live_writer.hpp"
+#include "crashcap/cupti/trace_file.hpp"
+#include "crashcap/cupti/tracer.hpp"
 #include "op_ring.hpp"
 
 namespace crashcap::recorder {
@@ -439,6 +441,30 @@ Recorder::Recorder(std::string dir, Policy policy) : impl_(std::make_unique<Impl
   else
     detail::setActiveWriter(impl_->writer.get());
   impl_->writer->setOpsSnapshot([] { return detail::snapshotOps(); });
+  if (policy.kernelTrace) {
+    const char* injected = std::getenv("CUDA_INJECTION64_PATH");
+    const char* runDir = std::getenv(kRecordDirVariable);
+    if (injected && runDir && std::string(injected).find("crashcap_inject") != std::string::npos) {
+      // Under `crashcap run`: when CUDA starts, it loads libcrashcap_inject.so, which holds
+      // CUPTI's one subscriber slot and writes a trace file that crashcap run puts into the
+      // bundle. Only when that file is missing does the bundle need the reason from here.
+      std::string traceFile = cupti::traceFilePath(runDir, static_cast<uint32_t>(::getpid()));
+      impl_->writer->setKernelTraceSnapshot([traceFile]() -> std::optional<formats::KernelTraceData> {
+        if (::access(traceFile.c_str(), F_OK) == 0) return std::nullopt;
+        formats::KernelTraceData d;
+        std::string reason = cupti::gpuUnavailableReason();
+        d.status = "unavailable: " + (reason.empty() ? "libcrashcap_inject.so (CUDA_INJECTION64_PATH) wrote no trace" : reason);
+        d.pid = static_cast<uint32_t>(::getpid());
+        return d;
+      });
+    } else {
+      auto tracer = cupti::startTracer();
+      impl_->writer->setKernelTraceSnapshot([tracer]() -> std::optional<formats::KernelTraceData> {
+        tracer->flushWithin(300, /*forced=*/true);  // bounded: the context may be poisoned
+        return tracer->snapshot();
+      });
+    }
+  }
   if (policy.opTraceDepth > 0)
     impl_->observerStarted =
         detail::startOpObserver(policy.opTraceDepth, &impl_->writer->currentStep, &impl_->writer->phase);

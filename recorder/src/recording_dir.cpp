@@ -193,6 +193,7 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   }
   if (crash) formats::writeMetaRecord(*writer, *crash);
   if (options.ops) formats::writeMetaRecord(*writer, *options.ops);
+  for (const auto& t : options.kernelTraces) formats::writeMetaRecord(*writer, t);
   if (options.supervision) formats::writeMetaRecord(*writer, *options.supervision);
   if (status) {
     formats::writeMetaRecord(*writer, *status);

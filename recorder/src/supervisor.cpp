@@ -14,6 +14,7 @@
 #include <csignal>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "crashcap/formats/bundle_check.hpp"
@@ -22,6 +23,9 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/recorder/environment.hpp"
+#include "crashcap/cupti/cuda_errors.hpp"
+#include "crashcap/cupti/trace_file.hpp"
+#include "crashcap/cupti/tracer.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 
 extern char** environ;
@@ -167,9 +171,9 @@ struct Ended {
 };
 
 /// Passes the child's output through, keeps the tails, handles stop signals, waits.
-Ended watch(const Child& child, const SuperviseOptions& o, bool& stopRequested) {
+Ended watch(const Child& child, const SuperviseOptions& o, bool& stopRequested, int cudnnFd, Tail* cudnnTail) {
   Tail outTail(o.tailBytes), errTail(o.tailBytes);
-  pollfd fds[3] = {{child.out, POLLIN, 0}, {child.err, POLLIN, 0}, {StopSignals::fd(), POLLIN, 0}};
+  pollfd fds[4] = {{child.out, POLLIN, 0}, {child.err, POLLIN, 0}, {StopSignals::fd(), POLLIN, 0}, {cudnnFd, POLLIN, 0}};
   bool outOpen = true, errOpen = true, exited = false, termSent = false;
   int status = 0;
   Clock::time_point exitedAt, stopAt;
@@ -188,8 +192,12 @@ Ended watch(const Child& child, const SuperviseOptions& o, bool& stopRequested) 
     fds[0].fd = outOpen ? child.out : -1;
     fds[1].fd = errOpen ? child.err : -1;
     // With both pipes closed the child is exiting: look again soon rather than in 100 ms.
-    int r = ::poll(fds, 3, outOpen || errOpen ? 100 : 5);
+    int r = ::poll(fds, 4, outOpen || errOpen ? 100 : 5);
     if (r < 0 && errno != EINTR) break;
+    if (cudnnFd >= 0 && (fds[3].revents & POLLIN)) {
+      ssize_t n = ::read(cudnnFd, buf, sizeof buf);
+      if (n > 0) cudnnTail->add(buf, static_cast<size_t>(n));
+    }
     for (int i = 0; i < 2; ++i) {
       if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
       ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
@@ -224,6 +232,10 @@ Ended watch(const Child& child, const SuperviseOptions& o, bool& stopRequested) 
     }
   }
   if (!exited) ::waitpid(child.pid, &status, 0);
+  if (cudnnFd >= 0) {  // what the log still holds
+    ssize_t n;
+    while ((n = ::read(cudnnFd, buf, sizeof buf)) > 0) cudnnTail->add(buf, static_cast<size_t>(n));
+  }
   ::close(child.out);
   ::close(child.err);
   if (WIFEXITED(status)) ended.exitCode = WEXITSTATUS(status);
@@ -242,7 +254,8 @@ std::set<std::string> listing(const std::string& dir) {
 }
 
 /// Rewrites `bundle` with `supervision` appended (OUT.partial, then a rename over it).
-void appendSupervision(const std::string& bundle, const formats::SupervisionData& supervision) {
+void appendSupervision(const std::string& bundle, const formats::SupervisionData& supervision,
+                       const std::vector<formats::KernelTraceData>& traces) {
   formats::PartialOutput output(bundle);
   {
     auto reader = formats::BundleReader::open(bundle);
@@ -251,6 +264,7 @@ void appendSupervision(const std::string& bundle, const formats::SupervisionData
     wo.producer = "crashcap run";
     auto writer = formats::BundleWriter::createCopy(output.path(), reader->fileHeader(), wo);
     formats::copyRecords(*reader, *writer, {}, /*decodeChunks=*/false);
+    for (const auto& t : traces) formats::writeMetaRecord(*writer, t);
     formats::writeMetaRecord(*writer, supervision);
     writer->seal();
   }
@@ -258,7 +272,8 @@ void appendSupervision(const std::string& bundle, const formats::SupervisionData
 }
 
 /// A bundle of the supervisor's own: the environment it ran the command in, and what it saw.
-std::string writeOwnBundle(const std::string& dir, const formats::SupervisionData& supervision) {
+std::string writeOwnBundle(const std::string& dir, const formats::SupervisionData& supervision,
+                           const std::vector<formats::KernelTraceData>& traces) {
   std::string path = bundlePath(dir, "crash", supervision.endNs, supervision.pid);
   formats::PartialOutput output(path);
   {
@@ -267,6 +282,7 @@ std::string writeOwnBundle(const std::string& dir, const formats::SupervisionDat
     wo.producer = "crashcap run";
     auto writer = formats::BundleWriter::create(output.path(), wo);
     writer->writeEnvironment(captureEnvironment());
+    for (const auto& t : traces) formats::writeMetaRecord(*writer, t);
     formats::writeMetaRecord(*writer, supervision);
     writer->seal();
   }
@@ -276,16 +292,91 @@ std::string writeOwnBundle(const std::string& dir, const formats::SupervisionDat
 
 }  // namespace
 
-std::string traceStatus() {
-  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_LOCAL);
-  if (!driver) {
-    const char* why = ::dlerror();
-    return fmt::format("unavailable: no NVIDIA driver here ({})", why ? why : "libcuda.so.1 not found");
-  }
-  ::dlclose(driver);
-  return "unavailable: this crashcap has no CUPTI tracer yet (libcrashcap_inject.so is not built); "
-         "kernel launches are not recorded";
+std::string injectionLibrary() {
+  if (const char* v = std::getenv("CRASHCAP_INJECT_LIBRARY")) return fs::exists(v) ? v : "";
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  for (const auto& candidate : {self.parent_path() / "libcrashcap_inject.so",
+                                self.parent_path().parent_path() / "lib" / "libcrashcap_inject.so"})
+    if (fs::exists(candidate, ec)) return candidate.string();
+  return "";
 }
+
+std::string traceStatus() {
+  std::string reason = cupti::gpuUnavailableReason();
+  if (!reason.empty()) return "unavailable: " + reason;
+  if (!cupti::builtWithCupti()) return "unavailable: this crashcap was built without CUPTI";
+  std::string lib = injectionLibrary();
+  if (lib.empty()) return "unavailable: libcrashcap_inject.so is not next to crashcap (set CRASHCAP_INJECT_LIBRARY)";
+  return "available: kernels are traced through " + lib;
+}
+
+namespace {
+
+/// The trace files the run's processes left (new or rewritten since `since`), decoded.
+std::vector<formats::KernelTraceData> collectTraces(const std::string& dir, const std::set<std::string>& before,
+                                                    std::vector<std::string>& files,
+                                                    const std::function<void(const std::string&)>& say) {
+  std::vector<formats::KernelTraceData> traces;
+  for (const auto& name : listing(dir)) {
+    if (before.count(name) || name.rfind(cupti::kTraceFilePrefix, 0) != 0 ||
+        fs::path(name).extension() != cupti::kTraceFileExtension)
+      continue;
+    auto path = (fs::path(dir) / name).string();
+    files.push_back(path);
+    try {
+      for (auto& t : cupti::readKernelTraces(path)) traces.push_back(std::move(t));
+    } catch (const Error& e) {
+      if (say) say(fmt::format("crashcap run: unreadable kernel trace {}: {}", path, e.what()));
+    }
+  }
+  return traces;
+}
+
+/// A trace's first sticky CUDA error names the failure better than a generic exit does.
+void refineClassification(Classification& c, const std::vector<formats::KernelTraceData>& traces) {
+  static const std::set<std::string> generic = {"python-exception", "exit-nonzero", "signal"};
+  if (!generic.count(c.id)) return;
+  for (const auto& t : traces) {
+    if (!t.firstError) continue;
+    const auto& e = *t.firstError;
+    std::string id = cupti::classificationForCode(e.code, e.domain == "driver");
+    if (id.empty()) continue;
+    c.id = id;
+    c.evidence = fmt::format("kernel trace of pid {}: first CUDA error {} ({}) in {}{}", t.pid,
+                             e.name.empty() ? "code" : e.name, e.code, e.api,
+                             e.symbol.empty() ? "" : fmt::format(" launching {}", e.symbol));
+    return;
+  }
+}
+
+/// A FIFO for cuDNN's API log: cuDNN writes into it, the supervisor keeps the tail in memory,
+/// so a long run's log never fills the disk.
+struct CudnnLog {
+  std::string path;
+  int fd = -1, keepOpen = -1;
+  CudnnLog(const std::string& dir, int attempt) {
+    path = (fs::path(dir) / fmt::format(".cudnn-log-{}-{}.fifo", ::getpid(), attempt)).string();
+    ::unlink(path.c_str());
+    if (::mkfifo(path.c_str(), 0600) != 0)
+      throw Error(ErrorCode::Io, fmt::format("cannot make the cuDNN log pipe {}: {}", path, std::strerror(errno)));
+    fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    keepOpen = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // no EOF between writers
+  }
+  ~CudnnLog() {
+    if (fd >= 0) ::close(fd);
+    if (keepOpen >= 0) ::close(keepOpen);
+    ::unlink(path.c_str());
+  }
+  std::vector<std::string> environment() const {
+    // cuDNN 9 reads LOGLEVEL; cuDNN 8 reads the three LOG*_DBG switches. Both read LOGDEST.
+    return {"CUDNN_LOGLEVEL_DBG=3", "CUDNN_LOGINFO_DBG=1", "CUDNN_LOGWARN_DBG=1", "CUDNN_LOGERR_DBG=1",
+            "CUDNN_LOGDEST_DBG=" + path};
+  }
+};
+
+}  // namespace
 
 int SuperviseReport::exitStatus() const {
   if (attempts.empty()) return 1;
@@ -307,6 +398,10 @@ SuperviseReport supervise(const SuperviseOptions& o) {
   std::vector<std::string> extraEnv = {fmt::format("{}={}", kRecordDirVariable, dir)};
   if (o.launchBlocking) extraEnv.push_back("CUDA_LAUNCH_BLOCKING=1");
   if (o.deviceSideAssertions) extraEnv.push_back("TORCH_USE_CUDA_DSA=1");
+  if (o.kernelTrace && !std::getenv("CUDA_INJECTION64_PATH")) {
+    std::string lib = injectionLibrary();
+    if (!lib.empty()) extraEnv.push_back("CUDA_INJECTION64_PATH=" + lib);
+  }
 
   StopSignals stopSignals;
   bool stopRequested = false;
@@ -316,8 +411,18 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     auto before = listing(dir);
     auto started = Clock::now();
     int64_t startNs = nowNs();
-    Child child = spawn(o.command, extraEnv);
-    Ended ended = watch(child, o, stopRequested);
+    std::optional<CudnnLog> cudnnLog;
+    std::vector<std::string> env = extraEnv;
+    if (o.cudnnLog) {
+      cudnnLog.emplace(dir, attempt);
+      for (auto& e : cudnnLog->environment()) env.push_back(e);
+    }
+    Tail cudnnTail(o.cudnnLogTailBytes);
+    Child child = spawn(o.command, env);
+    Ended ended = watch(child, o, stopRequested, cudnnLog ? cudnnLog->fd : -1, &cudnnTail);
+    cudnnLog.reset();
+    std::vector<std::string> traceFiles;
+    auto traces = collectTraces(dir, before, traceFiles, o.say);
 
     AttemptReport a;
     a.attempt = attempt;
@@ -326,6 +431,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     a.signal = ended.signal;
     a.seconds = secondsSince(started);
     a.classification = classifyExit(a.exitCode, a.signal, ended.out, ended.err);
+    if (!a.classification.id.empty()) refineClassification(a.classification, traces);
     if (ended.interrupted) report.interrupted = true;
     bool crashed = !a.classification.id.empty() || ended.interrupted;
     if (ended.interrupted && a.classification.id.empty()) a.classification = {"signal", "stopped by crashcap run"};
@@ -344,9 +450,11 @@ SuperviseReport supervise(const SuperviseOptions& o) {
       s.stderrTail = ended.err;
       s.startNs = startNs;
       s.endNs = nowNs();
-      s.trace = report.trace;
+      s.trace = cupti::describeTraces(traces, report.trace);
       s.interrupted = ended.interrupted;
-      s.environment = extraEnv;
+      s.environment = env;
+      s.cudnnLogTail = cudnnTail.str();
+      a.trace = s.trace;
       // What the run left: crash bundles its recorder sealed, recordings it never closed.
       std::vector<std::string> bundles;
       for (const auto& name : listing(dir)) {
@@ -356,6 +464,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
         if (name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path)) {
           SealOptions so;
           so.supervision = s;
+          so.kernelTraces = traces;
           try {
             auto sealed = sealRecording(path, so);
             a.bundle = sealed.out;  // the supervision record is already in it
@@ -369,14 +478,16 @@ SuperviseReport supervise(const SuperviseOptions& o) {
         a.bundle = bundles.back();  // the newest: names sort by time
         bundles.pop_back();
         try {
-          appendSupervision(a.bundle, s);
+          appendSupervision(a.bundle, s, traces);
         } catch (const Error& e) {
           if (o.say) o.say(fmt::format("crashcap run: could not add the run's record to {}: {}", a.bundle, e.what()));
         }
       }
       a.otherBundles = bundles;
-      if (a.bundle.empty()) a.bundle = writeOwnBundle(dir, s);
+      if (a.bundle.empty()) a.bundle = writeOwnBundle(dir, s, traces);
     }
+    // The traces are in the bundle now (or the run was clean): the files go.
+    for (const auto& f : traceFiles) fs::remove(f, ec);
     report.attempts.push_back(a);
 
     if (!crashed) return report;

@@ -15,6 +15,10 @@
 
 #include <nlohmann/json.hpp>
 
+#include "crashcap/cupti/trace_file.hpp"
+#include "crashcap/cupti/tracer.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/records.hpp"
 #include "crashcap/recorder/classify.hpp"
 #include "test_support.hpp"
 
@@ -270,4 +274,86 @@ TEST_CASE("crashcap doctor explains the missing GPU stack the way crashcap run d
     CHECK(byId["driver"]["detail"].get<std::string>().find("libcuda.so") != std::string::npos);
     CHECK(j["trace"].get<std::string>().find("no NVIDIA driver") != std::string::npos);
   }
+}
+
+TEST_CASE("crashcap run copies the traced processes' kernel traces into the bundle and classifies by the first CUDA error",
+          "[run][trace]") {
+  // The command stands in for a Python training whose libcrashcap_inject.so wrote its trace
+  // file (that library needs a GPU to trace; the file protocol is what is tested here) and
+  // which died with an error text that names no CUDA failure.
+  test::TempDir dir, prepared;
+  formats::KernelTraceData t;
+  t.status = "recorded";
+  t.pid = 4242;
+  formats::KernelLaunchData l;
+  l.index = 17;
+  l.symbol = "_Z6kernelPf";
+  l.api = "cudaLaunchKernel";
+  l.grid[0] = 64, l.block[0] = 256;
+  l.returnCode = 0;
+  l.opIndex = 12;
+  t.launches.push_back(l);
+  t.totalLaunches = 18;
+  formats::ApiErrorData e;
+  e.domain = "runtime";
+  e.api = "cudaLaunchKernel";
+  e.code = 715;
+  e.name = "cudaErrorIllegalInstruction";
+  e.symbol = "_Z6kernelPf";
+  t.firstError = e;
+  t.stickyError = true;
+  std::string traceFile = prepared.file("trace.cctrace");
+  cupti::writeTraceFile(traceFile, t, "test");
+
+  auto r = runShell(dir.path(), "echo \"inject=$CUDA_INJECTION64_PATH\"; cp '" + traceFile +
+                                    "' \"$CRASHCAP_DIR/trace-$$.cctrace\"; "
+                                    "echo 'Traceback (most recent call last):' >&2; echo 'RuntimeError: step failed' >&2; exit 1");
+  INFO(r.out << r.err);
+  CHECK(r.exitCode == 1);
+  if (cupti::builtWithCupti()) CHECK(r.out.find("inject=" + test::binPath("libcrashcap_inject.so")) != std::string::npos);
+  auto bundles = test::bundlesIn(dir.path());
+  REQUIRE(bundles.size() == 1);
+  CHECK(verifies(bundles[0]));
+  for (const auto& entry : fs::directory_iterator(dir.path()))  // in the bundle now, not beside it
+    CHECK(entry.path().extension() != ".cctrace");
+  auto reader = formats::BundleReader::open(bundles[0]);
+  auto view = formats::readRecording(*reader);
+  REQUIRE(view.kernelTraces.size() == 1);
+  CHECK(view.kernelTraces[0].pid == 4242);
+  REQUIRE(view.kernelTraces[0].launches.size() == 1);
+  CHECK(view.kernelTraces[0].launches[0].symbol == "_Z6kernelPf");
+  REQUIRE(view.supervision);
+  CHECK(view.supervision->classification == "cuda-illegal-instruction");  // not python-exception
+  CHECK(view.supervision->evidence.find("cudaErrorIllegalInstruction (715) in cudaLaunchKernel launching _Z6kernelPf") !=
+        std::string::npos);
+  CHECK(view.supervision->trace == "recorded: 1 process, 18 kernel launches, first error cudaErrorIllegalInstruction in cudaLaunchKernel");
+  CHECK(r.err.find("crashcap inspect " + bundles[0] + " --trace") != std::string::npos);
+}
+
+TEST_CASE("crashcap run --cudnn-log keeps the tail of cuDNN's API log in the bundle", "[run][trace]") {
+  // The command writes where cuDNN would (CUDNN_LOGDEST_DBG) far more than the tail keeps.
+  test::TempDir dir;
+  auto r = runShell(dir.path(),
+                    "test \"$CUDNN_LOGLEVEL_DBG\" = 3 || exit 9; "
+                    "i=0; while [ $i -lt 6000 ]; do echo \"I! CuDNN (v90100) function cudnnBackendExecute() called: call $i "
+                    "engine 7 knobs (padding to make the line long enough to matter)\"; i=$((i+1)); done > \"$CUDNN_LOGDEST_DBG\"; "
+                    "echo 'E! CuDNN (v90100) function cudnnBackendExecute() returned CUDNN_STATUS_EXECUTION_FAILED' > \"$CUDNN_LOGDEST_DBG\"; "
+                    "echo 'RuntimeError: cuDNN error: CUDNN_STATUS_EXECUTION_FAILED' >&2; exit 1",
+                    {"--cudnn-log"});
+  INFO(r.out << r.err);
+  CHECK(r.exitCode == 1);
+  auto bundles = test::bundlesIn(dir.path());
+  REQUIRE(bundles.size() == 1);
+  auto reader = formats::BundleReader::open(bundles[0]);
+  auto view = formats::readRecording(*reader);
+  REQUIRE(view.supervision);
+  CHECK(view.supervision->classification == "cudnn-execution-failed");
+  const auto& tail = view.supervision->cudnnLogTail;
+  CHECK(tail.size() <= 256 * 1024);
+  CHECK(tail.size() > 100 * 1024);  // 6,000 lines of ~130 bytes: the tail is full
+  CHECK(tail.find("call 5999 engine 7") != std::string::npos);
+  CHECK(tail.find("call 10 engine") == std::string::npos);  // the head is gone
+  CHECK(tail.find("returned CUDNN_STATUS_EXECUTION_FAILED") != std::string::npos);
+  for (const auto& entry : fs::directory_iterator(dir.path()))  // the pipe is gone
+    CHECK(entry.path().filename().string().find("cudnn-log") == std::string::npos);
 }

@@ -51,6 +51,10 @@ struct Policy {
   size_t retainSegments = 4;            ///< keep at most this many segments (one per keyframe); 0 = all
   uint64_t retainBytes = 8ull << 30;    ///< and at most this many bytes of them; 0 = no limit
   size_t opTraceDepth = 256;            ///< ops kept in the ring; 0 turns the op observer off
+  /// Trace CUDA kernels with CUPTI (crashcap::cupti) and put the trace into crash bundles;
+  /// without a GPU the bundle says why there is none. Off when libcrashcap_inject.so already
+  /// traces the process (`crashcap run`): its trace file goes into the bundle instead.
+  bool kernelTrace = true;
   NonFinitePolicy nonFinite = NonFinitePolicy::Raise;
   bool checkGradients = true;           ///< a non-finite gradient norm is non-finite too
   int zstdLevel = 1;                    ///< 0 stores raw

@@ -48,6 +48,7 @@ struct SealOptions {
   std::optional<formats::OpTraceData> ops;
   std::optional<formats::RunStatusData> status;
   std::optional<formats::SupervisionData> supervision;  ///< `crashcap run`'s record of the process
+  std::vector<formats::KernelTraceData> kernelTraces;   ///< the process's kernel traces
   bool decodeChunks = true;                 ///< test-decompress every chunk before copying (see copyRecords)
   formats::ReaderLimits limits;
   formats::Progress progress;

@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "crashcap/formats/records.hpp"
 #include "crashcap/recorder/classify.hpp"
 
 namespace crashcap::recorder {
@@ -29,6 +30,9 @@ struct SuperviseOptions {
   double backoffSeconds = 1;            ///< before the first restart; doubles, at most 60 s
   bool launchBlocking = false;          ///< CUDA_LAUNCH_BLOCKING=1
   bool deviceSideAssertions = false;    ///< TORCH_USE_CUDA_DSA=1
+  bool kernelTrace = true;              ///< CUDA_INJECTION64_PATH=libcrashcap_inject.so (unless the user set one)
+  bool cudnnLog = false;                ///< cuDNN's API log into a pipe; its tail goes into the bundle
+  size_t cudnnLogTailBytes = 256 * 1024;
   double stopGraceSeconds = 10;         ///< after Ctrl-C: SIGINT, then SIGTERM at half, SIGKILL at the end
   size_t tailBytes = 64 * 1024;         ///< of stdout and of stderr, per run
   /// Lines for the user (on stderr in the CLI): what is happening between runs.
@@ -42,6 +46,7 @@ struct AttemptReport {
   int signal = 0;
   Classification classification;        ///< id "" for a clean exit
   std::string bundle;                   ///< the sealed crash bundle ("" for a clean exit)
+  std::string trace;                    ///< the kernel trace in one line (SupervisionData::trace)
   double seconds = 0;
   std::vector<std::string> otherBundles;  ///< more crash bundles the run left (several recorders)
 };
@@ -50,7 +55,7 @@ struct SuperviseReport {
   std::vector<AttemptReport> attempts;
   bool interrupted = false;             ///< crashcap run was stopped (Ctrl-C, SIGTERM)
   std::string stoppedBecause;           ///< why no further restart ("" when the last run exited 0)
-  std::string trace;                    ///< "unavailable: <reason>"
+  std::string trace;                    ///< before the run: traceStatus()
   /// The status to exit with: the last run's exit status, or 128 + its signal.
   int exitStatus() const;
 };
@@ -59,7 +64,12 @@ struct SuperviseReport {
 /// executed; Io: the directory cannot be made).
 SuperviseReport supervise(const SuperviseOptions& options);
 
-/// Why no kernel trace is taken in this process's children (no driver, no tracer).
+/// Whether `crashcap run` can trace kernels in its children here: "available: ..." or
+/// "unavailable: <reason>" (no driver, no device, no CUPTI in this build, no injection library).
 std::string traceStatus();
+
+/// libcrashcap_inject.so next to this executable (or in ../lib); "" when there is none.
+/// CRASHCAP_INJECT_LIBRARY overrides.
+std::string injectionLibrary();
 
 }  // namespace crashcap::recorder

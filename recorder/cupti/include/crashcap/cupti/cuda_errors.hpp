@@ -1,0 +1,22 @@
+#pragma once
+// Names and classes of CUDA error codes, for traces recorded where no CUDA library is loaded
+// to ask. Runtime (cudaError_t) and driver (CUresult) codes agree on the sticky ones.
+
+#include <cstdint>
+#include <string>
+
+namespace crashcap::cupti {
+
+/// "cudaErrorIllegalInstruction" for runtime codes, "CUDA_ERROR_ILLEGAL_INSTRUCTION" for
+/// driver codes; "" when not in crashcap's table.
+std::string cudaErrorName(bool driver, int32_t code);
+
+/// A sticky error leaves the CUDA context unusable: every later call fails, so the process
+/// must be restarted (illegal address/instruction, device assert, launch failure, ...).
+bool isStickyError(int32_t code);
+
+/// The `crashcap run` classification id a sticky or allocation error implies
+/// ("cuda-illegal-instruction"), or "" when the code says nothing more than the text does.
+std::string classificationForCode(int32_t code, bool driver);
+
+}  // namespace crashcap::cupti

@@ -1,0 +1,69 @@
+#include "crashcap/cupti/cuda_errors.hpp"
+
+namespace crashcap::cupti {
+namespace {
+
+struct Code {
+  int32_t code;
+  const char* runtime;
+  const char* driver;
+  const char* classification;
+};
+
+// The codes a training crash shows, from cuda_runtime_api's cudaError_t and cuda.h's CUresult.
+constexpr Code kCodes[] = {
+    {1, "cudaErrorInvalidValue", "CUDA_ERROR_INVALID_VALUE", ""},
+    {2, "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY", "cuda-oom"},
+    {3, "cudaErrorInitializationError", "CUDA_ERROR_NOT_INITIALIZED", ""},
+    {4, "cudaErrorCudartUnloading", "CUDA_ERROR_DEINITIALIZED", ""},
+    {34, "cudaErrorStubLibrary", "CUDA_ERROR_STUB_LIBRARY", ""},
+    {35, "cudaErrorInsufficientDriver", "", ""},
+    {98, "cudaErrorInvalidDeviceFunction", "", ""},
+    {100, "cudaErrorNoDevice", "CUDA_ERROR_NO_DEVICE", ""},
+    {101, "cudaErrorInvalidDevice", "CUDA_ERROR_INVALID_DEVICE", ""},
+    {200, "cudaErrorInvalidKernelImage", "CUDA_ERROR_INVALID_IMAGE", ""},
+    {201, "cudaErrorDeviceUninitialized", "CUDA_ERROR_INVALID_CONTEXT", ""},
+    {209, "cudaErrorNoKernelImageForDevice", "CUDA_ERROR_NO_BINARY_FOR_GPU", ""},
+    {400, "cudaErrorInvalidResourceHandle", "CUDA_ERROR_INVALID_HANDLE", ""},
+    {500, "cudaErrorSymbolNotFound", "CUDA_ERROR_NOT_FOUND", ""},
+    {600, "cudaErrorNotReady", "CUDA_ERROR_NOT_READY", ""},
+    {700, "cudaErrorIllegalAddress", "CUDA_ERROR_ILLEGAL_ADDRESS", "cuda-illegal-address"},
+    {701, "cudaErrorLaunchOutOfResources", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES", "cuda-launch-failure"},
+    {702, "cudaErrorLaunchTimeout", "CUDA_ERROR_LAUNCH_TIMEOUT", "cuda-launch-failure"},
+    {710, "cudaErrorAssert", "CUDA_ERROR_ASSERT", "cuda-device-assert"},
+    {714, "cudaErrorHardwareStackError", "CUDA_ERROR_HARDWARE_STACK_ERROR", "cuda-launch-failure"},
+    {715, "cudaErrorIllegalInstruction", "CUDA_ERROR_ILLEGAL_INSTRUCTION", "cuda-illegal-instruction"},
+    {716, "cudaErrorMisalignedAddress", "CUDA_ERROR_MISALIGNED_ADDRESS", "cuda-illegal-address"},
+    {717, "cudaErrorInvalidAddressSpace", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "cuda-illegal-address"},
+    {718, "cudaErrorInvalidPc", "CUDA_ERROR_INVALID_PC", "cuda-illegal-instruction"},
+    {719, "cudaErrorLaunchFailure", "CUDA_ERROR_LAUNCH_FAILED", "cuda-launch-failure"},
+    {999, "cudaErrorUnknown", "CUDA_ERROR_UNKNOWN", ""},
+};
+
+const Code* find(int32_t code) {
+  for (const auto& c : kCodes)
+    if (c.code == code) return &c;
+  return nullptr;
+}
+
+}  // namespace
+
+std::string cudaErrorName(bool driver, int32_t code) {
+  const Code* c = find(code);
+  if (!c) return "";
+  return driver ? c->driver : c->runtime;
+}
+
+bool isStickyError(int32_t code) {
+  switch (code) {
+    case 700: case 702: case 710: case 714: case 715: case 716: case 717: case 718: case 719: return true;
+    default: return false;
+  }
+}
+
+std::string classificationForCode(int32_t code, bool) {
+  const Code* c = find(code);
+  return c ? c->classification : "";
+}
+
+}  // namespace crashcap::cupti

@@ -4,11 +4,12 @@
 set(CRASHCAP_WITH_TORCH AUTO CACHE STRING
   "Build the LibTorch parts (tensor bridge, .pt export, later the recorder): AUTO|ON|OFF")
 set(CRASHCAP_WITH_CUPTI AUTO CACHE STRING
-  "Build the CUPTI kernel tracer (arrives with the kernel-trace issue): AUTO|ON|OFF")
+  "Build the CUPTI kernel tracer and libcrashcap_inject.so: AUTO|ON|OFF")
 set(CRASHCAP_SANITIZE "" CACHE STRING
   "Sanitizers to build with, e.g. address,undefined (empty: none)")
 option(CRASHCAP_BUILD_TESTS "Build the Catch2 tests and the fuzz driver" ON)
 option(CRASHCAP_BUILD_BENCH "Build the benchmarks in bench/" ON)
+option(CRASHCAP_GPU_CHECK "Build the CUDA programs ./dev gpu-check runs (needs nvcc; a GPU to run them)" OFF)
 option(CRASHCAP_LIBFUZZER "Build the fuzz targets with libFuzzer (needs clang)" OFF)
 
 foreach(opt CRASHCAP_WITH_TORCH CRASHCAP_WITH_CUPTI)

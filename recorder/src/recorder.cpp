@@ -28,6 +28,7 @@
 #include "crash_guard.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
+#include "crashcap/formats/torch/errors.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/recorder/supervisor.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
@@ -51,7 +52,7 @@ int64_t nowNs() {
 /// c10::Error's what() is the message followed by a C++ backtrace: keep them apart.
 void describeTorchException(const std::exception& e, formats::CrashData& crash) {
   if (auto* ce = dynamic_cast<const c10::Error*>(&e)) {
-    std::string message = ce->what_without_backtrace();
+    std::string message = formats::torch::errorMessage(e);
     std::string full = ce->what();
     crash.error = message;
     if (full.size() > message.size() && full.compare(0, message.size(), message) != 0) {

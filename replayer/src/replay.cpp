@@ -23,6 +23,7 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
+#include "crashcap/formats/torch/errors.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/testing/fault_injection.hpp"
@@ -676,7 +677,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
                                       [](const at::Tensor& w) { return at::isfinite(w).all().item<bool>(); });
       }
     } catch (const std::exception& e) {
-      r.error = e.what();
+      r.error = formats::torch::errorMessage(e);  // as the recorder kept it: no C++ backtrace
     }
     if (s == target && probe.found) result.firstNonFiniteOp = probe.found;
     result.steps.push_back(r);

@@ -105,3 +105,50 @@ TEST_CASE("a setModel recording replays through the user's step function, bit fo
   CHECK(cli.exitCode == 2);
   CHECK(cli.err.find("Recorder::setModel") != std::string::npos);
 }
+
+TEST_CASE("an error thrown from C++ replays as its message, without LibTorch's backtrace", "[replayer][module]") {
+  // c10::Error::what() ends in a C++ backtrace whose frames differ between processes; the
+  // recorder keeps the message alone, and replay must compare and show the same.
+  auto checkedLoss = [](Net& net, const torch::Tensor& x, const torch::Tensor& y) {
+    int64_t top = y.max().item<int64_t>();
+    TORCH_CHECK(top < 3, "label ", top, " is out of range for 3 classes");
+    return loss(net, x, y);
+  };
+  test::TempDir dir;
+  std::string bundle;
+  {
+    torch::manual_seed(7);
+    Net net;
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.05));
+    recorder::Policy policy;
+    policy.keyframeEvery = 2;
+    recorder::Recorder rec(dir.path(), policy);
+    rec.setModel(named(net->named_parameters()), named(net->named_buffers()));
+    rec.setOptimizer(opt);
+    try {
+      for (int64_t step = 0; step < 8; ++step) {
+        auto x = torch::randn({8, 12});
+        auto y = torch::randint(0, 3, {8});
+        if (step == 5) y[4] = 99;
+        auto guard = rec.beginStep(step, {{"x", x}, {"y", y}});
+        opt.zero_grad();
+        auto l = checkedLoss(net, x, y);
+        l.backward();
+        guard.end(l);
+        opt.step();
+      }
+      FAIL("the bad label did not stop the training");
+    } catch (const std::exception& e) {
+      bundle = rec.fail(e);
+    }
+  }
+  REQUIRE(fs::exists(bundle));
+  Net net;
+  auto r = replayer::replay(bundle, *net, [&](const std::map<std::string, at::Tensor>& batch) {
+    return checkedLoss(net, batch.at("x"), batch.at("y"));
+  });
+  CHECK(r.step == 5);
+  CHECK(r.error == "label 99 is out of range for 3 classes");
+  CHECK(r.error.find("frame #") == std::string::npos);
+  CHECK(r.verdict == "reproduced-bitwise");
+}

@@ -16,15 +16,11 @@
 #include <vector>
 
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/torch/errors.hpp"
 
 namespace crashcap::formats::torch {
 namespace {
 
-// The text of a LibTorch error without the C++ backtrace c10::Error appends to what().
-std::string withoutBacktrace(const std::exception& e) {
-  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
-  return e.what();
-}
 
 struct FileCloser {
   void operator()(std::FILE* f) const { std::fclose(f); }
@@ -75,7 +71,7 @@ void savePt(const at::Tensor& t, const std::string& path) {
     shape << t.sizes();
     throw Error(ErrorCode::Unsupported,
                 fmt::format("cannot save a {} tensor of shape {} on {} to {}: {}", c10::toString(t.scalar_type()),
-                            shape.str(), t.device().str(), path, withoutBacktrace(e)));
+                            shape.str(), t.device().str(), path, errorMessage(e)));
   }
   writeWholeFile(path, bytes);
 }
@@ -100,7 +96,7 @@ at::Tensor loadPt(const std::string& path) {
   } catch (const std::exception& e) {
     throw Error(ErrorCode::Corrupt,
                 fmt::format("{} ({} bytes) is a zip archive but not a .pt file LibTorch can read: {}", path,
-                            bytes.size(), withoutBacktrace(e)),
+                            bytes.size(), errorMessage(e)),
                 "loadPt reads one tensor saved with torch.save(tensor, path) or savePt; a file cut short, or "
                 "some containers (LibTorch 1.13 cannot read a one-item dict or list), fail this way");
   }

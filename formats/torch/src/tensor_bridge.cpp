@@ -7,6 +7,7 @@
 #include <sstream>
 
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/torch/errors.hpp"
 #include "crashcap/formats/tensor_info.hpp"
 
 // Bundle tensors are little-endian; at::Tensor bytes are the host's. Copying them straight
@@ -22,11 +23,6 @@ constexpr const char* kAllowList =
     "a bundle holds float64, float32, float16, bfloat16, int8, int16, int32, int64, uint8, bool, "
     "complex64 and complex128";
 
-// The text of a c10::Error without its C++ backtrace (which LibTorch appends to what()).
-std::string withoutBacktrace(const std::exception& e) {
-  if (const auto* c10e = dynamic_cast<const c10::Error*>(&e)) return c10e->what_without_backtrace();
-  return e.what();
-}
 
 std::vector<int64_t> shapeOf(const at::Tensor& t) { return std::vector<int64_t>(t.sizes().begin(), t.sizes().end()); }
 
@@ -46,7 +42,7 @@ at::Tensor hostContiguous(const at::Tensor& t, const std::string& name) {
     throw Error(ErrorCode::Unsupported,
                 fmt::format("cannot copy tensor '{}' ({}, shape {}) from device {} to the host: {}", name,
                             c10::toString(src.scalar_type()), formatShape(shapeOf(src)), src.device().str(),
-                            withoutBacktrace(e)),
+                            errorMessage(e)),
                 "write tensors that live on the CPU or on a CUDA device");
   }
 }

@@ -653,22 +653,34 @@ json runTriage(const std::string& path, const TriageCliOptions& o) {
   {
     std::vector<std::string> ev;
     std::string verdict = "inconclusive";
-    if (steps && !(*steps)["steps"].empty()) {
-      const auto& ss = (*steps)["steps"];
-      auto num = [](const json& v) { return v.is_number() ? v.get<double>() : INFINITY; };
-      double w0 = num(ss[0]["weight_norm"]), wMax = w0, lr0 = ss[0]["lr"], lrMax = lr0;
+    // A step's weight norm is measured after its optimizer step; the failing step stops before
+    // it, and a step that threw has none: those are unknown, not large.
+    const json* ss = steps ? &(*steps)["steps"] : nullptr;
+    double w0 = NAN, wMax = NAN;
+    if (ss)
+      for (const auto& s : *ss)
+        if (s["weight_norm"].is_number()) {
+          double w = s["weight_norm"].get<double>();
+          if (std::isnan(w0)) w0 = wMax = w;
+          wMax = std::max(wMax, w);
+        }
+    if (ss && !ss->empty() && std::isnan(w0)) {
+      ev.push_back(fmt::format("no weight norm to compare: no replayed step before step {} completed an optimizer step "
+                               "(the failure is in the first step replayed from the keyframe, or the program has no "
+                               "trainable parameters)",
+                               (*steps)["target"].get<int64_t>()));
+    } else if (ss && !ss->empty()) {
+      double lr0 = (*ss)[0]["lr"], lrMax = lr0;
       int64_t lrStep = -1;
-      for (const auto& s : ss) {
-        if (!s["weight_norm"].is_null()) wMax = std::max(wMax, num(s["weight_norm"]));
+      for (const auto& s : *ss)
         if (s["lr"].get<double>() > lrMax) {
           lrMax = s["lr"];
           if (lrStep < 0) lrStep = s["step"];
         }
-      }
-      if (wMax > 100 * w0) {
+      if (!std::isfinite(wMax) || wMax > 100 * w0) {
         verdict = "confirmed";
         ev.push_back(fmt::format("the weight norm grows from {:.4g} to {:.4g} over steps {}..{} before step {} fails",
-                                 w0, wMax, ss[0]["step"].get<int64_t>(), (*steps)["target"].get<int64_t>() - 1,
+                                 w0, wMax, (*ss)[0]["step"].get<int64_t>(), (*steps)["target"].get<int64_t>() - 1,
                                  (*steps)["target"].get<int64_t>()));
         if (lrStep >= 0)
           ev.push_back(fmt::format("the learning rate jumps from {:.4g} to {:.4g} from step {} on", lr0, lrMax, lrStep));
@@ -817,7 +829,9 @@ int cmdTriage(const std::string& path, const TriageCliOptions& o) {
     for (size_t i = 1; i < ev.size(); ++i) std::cout << fmt::format("  {:<22} {:<13} {}\n", "", "", ev[i].get<std::string>());
     std::cout << fmt::format("  {:<22} {:<13} rerun: {}\n", "", "", h["rerun"].get<std::string>());
   }
-  std::cout << fmt::format("\nculprit: step {}, rows {}{}, {}{}\n", culprit["step"].dump(), culprit["rows"].dump(),
+  std::cout << fmt::format("\nculprit: step {}, {}{}, {}{}\n", culprit["step"].dump(),
+                           culprit["rows"].is_null() ? std::string("no batch rows singled out")
+                                                     : "rows " + culprit["rows"].dump(),
                            culprit["dataset_indices"].is_null() ? "" : " (dataset indices " + culprit["dataset_indices"].dump() + ")",
                            culprit["op"].is_null() ? std::string("no op output went non-finite")
                                                    : fmt::format("op {} ({})", culprit["op"].get<std::string>(),

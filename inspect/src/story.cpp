@@ -205,11 +205,21 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
                      str(j["run"]["producer"]), str(j["run"]["pid"]), str(j["run"]["hostname"]),
                      str(j["run"]["created"]));
   const auto& facts = j["env"].value("facts", json::object());
-  auto fact = [&](const char* k) { return facts.contains(k) ? str(facts[k]) : std::string("?"); };
   if (!facts.empty()) {
-    s += fmt::format("env        {} | {} | torch {} ({} threads) | cuda {} | cudnn benchmark {} deterministic {}\n",
-                     fact("os.name"), fact("cpu.model"), fact("torch.version"), fact("torch.threads"),
-                     fact("cuda.available"), fact("cudnn.benchmark"), fact("cudnn.deterministic"));
+    // Only the facts the bundle has: `crashcap run`'s own bundle knows the machine, not LibTorch.
+    std::string env;
+    auto add = [&](const char* key, const char* label, const char* suffixKey = nullptr, const char* suffix = "") {
+      if (!facts.contains(key)) return;
+      env += fmt::format("{}{}{}", env.empty() ? "" : " | ", label, str(facts[key]));
+      if (suffixKey && facts.contains(suffixKey)) env += fmt::format(" ({} {})", str(facts[suffixKey]), suffix);
+    };
+    add("os.name", "");
+    add("cpu.model", "");
+    add("torch.version", "torch ", "torch.threads", "threads");
+    add("cuda.available", "cuda ");
+    add("cudnn.benchmark", "cudnn benchmark ");
+    add("cudnn.deterministic", "cudnn deterministic ");
+    s += fmt::format("env        {}\n", env.empty() ? "(no facts recorded)" : env);
     std::string cmd;
     for (const auto& a : j["env"]["command_line"]) cmd += (cmd.empty() ? "" : " ") + str(a);
     if (!cmd.empty()) s += fmt::format("command    {}\n", cmd);
@@ -246,7 +256,11 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
   s += fmt::format("keyframes  {}\n", kfs.empty() ? "none" : kfs);
   if (!j["crash"].is_null()) {
     const auto& c = j["crash"];
-    s += fmt::format("\nCRASH      {} at step {}, phase {}{}\n", str(c["kind"]), str(c["step"]), str(c["phase"]),
+    std::string where = c["step"].is_null()
+                            ? std::string(j["supervision"].is_null() ? "before any step"
+                                                                     : "(seen from outside: no recorder in the process)")
+                            : fmt::format("at step {}, phase {}", str(c["step"]), str(c["phase"]));
+    s += fmt::format("\nCRASH      {} {}{}\n", str(c["kind"]), where,
                      c["signal"].is_null() ? "" : fmt::format(", signal {}", str(c["signal_name"])));
     std::string err = str(c["error"]);
     // The last lines of a TorchScript traceback hold the original message.
@@ -318,15 +332,20 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
       s += fmt::format("  {:<32} {:<8} [{}]  {}\n", str(t["name"]), str(t["dtype"]), shape, stats);
     }
   }
-  s += fmt::format("\nrecorder   {}; {} records dropped ({})", str(j["status"]), str(j["dropped_records"]),
-                   formatBytes(j["dropped_bytes"].get<uint64_t>()));
-  if (j["segments_deleted"].get<uint64_t>()) s += fmt::format("; {} old segments deleted by retention", str(j["segments_deleted"]));
-  s += "\n";
+  if (j["status"].is_null() && !j["supervision"].is_null() && j["steps"]["count"].get<uint64_t>() == 0) {
+    s += "\nrecorder   none in the process: no steps, batches or weights to replay (docs/RECORDING.md adds one)\n";
+  } else {
+    s += fmt::format("\nrecorder   {}; {} records dropped ({})", j["status"].is_null() ? "no status record" : str(j["status"]),
+                     str(j["dropped_records"]), formatBytes(j["dropped_bytes"].get<uint64_t>()));
+    if (j["segments_deleted"].get<uint64_t>())
+      s += fmt::format("; {} old segments deleted by retention", str(j["segments_deleted"]));
+    s += "\n";
+  }
   for (const auto& w : j["warnings"]) s += fmt::format("warning    {}\n", str(w));
   for (const auto& p : j["problems"]) s += fmt::format("problem    {}\n", str(p));
-  if (!j["crash"].is_null())
-    s += fmt::format("\nnext       crashcap show {} {} --stats\n", reader.path(),
-                     j["crash_tensors"].empty() ? std::string("<tensor>") : str(j["crash_tensors"][0]["name"]));
+  // Only a hint that can be run as printed: a bundle without tensors has nothing to show.
+  if (!j["crash"].is_null() && !j["crash_tensors"].empty())
+    s += fmt::format("\nnext       crashcap show {} {} --stats\n", reader.path(), str(j["crash_tensors"][0]["name"]));
   return s;
 }
 

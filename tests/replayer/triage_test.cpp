@@ -85,6 +85,20 @@ TEST_CASE("triage: a learning-rate blow-up is optimizer divergence, and not the 
   CHECK(j["culprit"]["rows"].is_null());
 }
 
+TEST_CASE("triage: a crash in the first recorded step has no weight history, and says so", "[replayer][triage]") {
+  // No step completes an optimizer step before step 0: the weight norm is unknown, which is
+  // neither growth nor stability.
+  auto j = triage("crashcap-sample-cls", "nan-sample", 0, 2);
+  INFO(j.dump(2));
+  CHECK(hypothesis(j, "invalid-data")["verdict"] == "confirmed");
+  CHECK(j["culprit"]["step"] == 0);
+  CHECK(j["culprit"]["rows"] == json::array({2}));
+  const auto& h = hypothesis(j, "optimizer-divergence");
+  CHECK(h["verdict"] == "inconclusive");
+  CHECK(evidenceHas(h, "no weight norm to compare"));
+  CHECK_FALSE(evidenceHas(h, "inf"));
+}
+
 TEST_CASE("crashcap report writes a Markdown bug report with the triage table", "[replayer][report]") {
   test::TempDir dir;
   auto r = test::run({test::binPath("crashcap-sample-cls"), "--steps", "10", "--record", dir.path(), "--fault",

@@ -2,13 +2,15 @@
 # that says what to install, OFF skips. Their defines stay PRIVATE to the targets using them.
 
 set(CRASHCAP_WITH_TORCH AUTO CACHE STRING
-  "Build the LibTorch parts (tensor bridge, .pt export, later the recorder): AUTO|ON|OFF")
+  "Build the LibTorch parts (tensor bridge, .pt export, the recorder, the replayer): AUTO|ON|OFF")
 set(CRASHCAP_WITH_CUPTI AUTO CACHE STRING
   "Build the CUPTI kernel tracer and libcrashcap_inject.so: AUTO|ON|OFF")
 set(CRASHCAP_SANITIZE "" CACHE STRING
   "Sanitizers to build with, e.g. address,undefined (empty: none)")
-option(CRASHCAP_BUILD_TESTS "Build the Catch2 tests and the fuzz driver" ON)
-option(CRASHCAP_BUILD_BENCH "Build the benchmarks in bench/" ON)
+# A training project that adds crashcap with add_subdirectory() gets the libraries and the CLI,
+# not crashcap's own tests and benchmarks.
+option(CRASHCAP_BUILD_TESTS "Build the Catch2 tests and the fuzz driver" ${PROJECT_IS_TOP_LEVEL})
+option(CRASHCAP_BUILD_BENCH "Build the benchmarks in bench/" ${PROJECT_IS_TOP_LEVEL})
 option(CRASHCAP_GPU_CHECK "Build the CUDA programs ./dev gpu-check runs (needs nvcc; a GPU to run them)" OFF)
 option(CRASHCAP_LIBFUZZER "Build the fuzz targets with libFuzzer (needs clang)" OFF)
 

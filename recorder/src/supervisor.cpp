@@ -297,8 +297,9 @@ std::string injectionLibrary() {
   std::error_code ec;
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
   if (ec) return "";
+  // The build puts it beside crashcap; `cmake --install` in the library directory beside bin/.
   for (const auto& candidate : {self.parent_path() / "libcrashcap_inject.so",
-                                self.parent_path().parent_path() / "lib" / "libcrashcap_inject.so"})
+                                self.parent_path().parent_path() / CRASHCAP_INSTALL_LIBDIR / "libcrashcap_inject.so"})
     if (fs::exists(candidate, ec)) return candidate.string();
   return "";
 }

@@ -68,7 +68,8 @@ SuperviseReport supervise(const SuperviseOptions& options);
 /// "unavailable: <reason>" (no driver, no device, no CUPTI in this build, no injection library).
 std::string traceStatus();
 
-/// libcrashcap_inject.so next to this executable (or in ../lib); "" when there is none.
+/// libcrashcap_inject.so next to this executable (the build) or in the installed library
+/// directory beside its bin/; "" when there is none.
 /// CRASHCAP_INJECT_LIBRARY overrides.
 std::string injectionLibrary();
 

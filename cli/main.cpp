@@ -347,11 +347,12 @@ int cmdInspect(const std::string& path, const InspectCliOptions& in, const ReadO
   std::cout << inspect::storyText(*reader);
   // The story has no room for the GPU side; say that there is one and where to read it.
   for (const auto& t : formats::readRecording(*reader).kernelTraces) {
+    // The error that poisoned the context is the failure; a soft one may have come first.
+    const auto& e = t.stickyError ? t.stickyError : t.firstError;
     std::string error;
-    if (t.firstError)
-      error = fmt::format("; first CUDA error {} in {}",
-                          t.firstError->name.empty() ? std::to_string(t.firstError->code) : t.firstError->name,
-                          t.firstError->api);
+    if (e)
+      error = fmt::format("; first {}CUDA error {} in {}", t.stickyError ? "sticky " : "",
+                          e->name.empty() ? std::to_string(e->code) : e->name, e->api);
     std::cout << fmt::format("trace      pid {}: {}{}  (crashcap inspect {} --trace)\n", t.pid, t.status, error, path);
   }
   return kExitOk;

@@ -272,7 +272,11 @@ struct KernelTrace {
   clockOffsetNs @10 :Int64;         # CLOCK_MONOTONIC ns minus tracer ns
   cuptiVersion @11 :UInt32;         # cuptiGetVersion; 0 unknown
   truncatedNames @12 :UInt64;       # names cut to 4 KiB
-  stickyError @13 :Bool;            # firstError is one that poisons the CUDA context
+  stickyError @13 :ApiError;        # the first call whose error poisons the CUDA context (700,
+                                    # 710, 715, ...: every later call fails); meaningful when
+                                    # hasStickyError. The same call as firstError, or a later
+                                    # one when a soft error (a recovered allocation failure) came first.
+  hasStickyError @14 :Bool;
 }
 
 enum ActivityKind {

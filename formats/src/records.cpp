@@ -407,6 +407,32 @@ class NameTable {
   std::vector<std::string> names_;
 };
 
+void writeApiError(schema::ApiError::Builder w, const ApiErrorData& e) {
+  w.setDomain(e.domain);
+  w.setApi(e.api);
+  w.setCode(e.code);
+  w.setName(e.name);
+  w.setCorrelationId(e.correlationId);
+  w.setTimeNs(e.timeNs);
+  w.setThreadId(e.threadId);
+  w.setSymbol(e.symbol.size() > kMaxTraceNameBytes ? e.symbol.substr(0, kMaxTraceNameBytes) : e.symbol);
+  w.setOpIndex(e.opIndex);
+}
+
+ApiErrorData readApiError(schema::ApiError::Reader e) {
+  ApiErrorData d;
+  d.domain = text(e.getDomain(), 32, "API error domain");
+  d.api = text(e.getApi(), 256, "API error function");
+  d.code = e.getCode();
+  d.name = text(e.getName(), 256, "API error name");
+  d.correlationId = e.getCorrelationId();
+  d.timeNs = e.getTimeNs();
+  d.threadId = e.getThreadId();
+  d.symbol = text(e.getSymbol(), kMaxTraceNameBytes, "API error kernel");
+  d.opIndex = e.getOpIndex();
+  return d;
+}
+
 std::vector<uint8_t> encodeKernelTrace(const KernelTraceData& v, size_t firstActivity, size_t firstLaunch) {
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<schema::KernelTrace>();
@@ -457,21 +483,10 @@ std::vector<uint8_t> encodeKernelTrace(const KernelTraceData& v, size_t firstAct
     w.setOpIndex(l.opIndex);
   }
   setTexts(r.initNames(static_cast<unsigned>(table.names().size())), table.names());
-  if (v.firstError) {
-    const auto& e = *v.firstError;
-    auto w = r.initFirstError();
-    w.setDomain(e.domain);
-    w.setApi(e.api);
-    w.setCode(e.code);
-    w.setName(e.name);
-    w.setCorrelationId(e.correlationId);
-    w.setTimeNs(e.timeNs);
-    w.setThreadId(e.threadId);
-    w.setSymbol(e.symbol.size() > kMaxTraceNameBytes ? e.symbol.substr(0, kMaxTraceNameBytes) : e.symbol);
-    w.setOpIndex(e.opIndex);
-  }
+  if (v.firstError) writeApiError(r.initFirstError(), *v.firstError);
   r.setHasFirstError(v.firstError.has_value());
-  r.setStickyError(v.stickyError);
+  if (v.stickyError) writeApiError(r.initStickyError(), *v.stickyError);
+  r.setHasStickyError(v.stickyError.has_value());
   r.setTotalActivities(v.totalActivities);
   r.setDroppedActivities(v.droppedActivities + firstActivity);
   r.setTotalLaunches(v.totalLaunches);
@@ -484,11 +499,21 @@ std::vector<uint8_t> encodeKernelTrace(const KernelTraceData& v, size_t firstAct
 }  // namespace
 
 std::vector<uint8_t> encodeMeta(const KernelTraceData& v) {
-  // One meta holds at most 1 MiB: a trace over it keeps its newest entries.
+  // One meta holds at most 1 MiB, and decodes to at most kMaxDecodedTraceNameBytes of names:
+  // a trace over either keeps its newest entries.
+  auto decodedNameBytes = [&](size_t firstActivity, size_t firstLaunch) {
+    auto size = [](const std::string& n) { return std::min<uint64_t>(n.size(), kMaxTraceNameBytes); };
+    uint64_t total = 0;
+    for (size_t i = firstActivity; i < v.activities.size(); ++i) total += size(v.activities[i].name);
+    for (size_t i = firstLaunch; i < v.launches.size(); ++i) total += size(v.launches[i].symbol) + size(v.launches[i].api);
+    return total;
+  };
   size_t firstActivity = 0, firstLaunch = 0;
   for (;;) {
-    auto bytes = encodeKernelTrace(v, firstActivity, firstLaunch);
-    if (bytes.size() <= kMaxMetaBytes - 4096) return bytes;
+    if (decodedNameBytes(firstActivity, firstLaunch) <= kMaxDecodedTraceNameBytes) {
+      auto bytes = encodeKernelTrace(v, firstActivity, firstLaunch);
+      if (bytes.size() <= kMaxMetaBytes - 4096) return bytes;
+    }
     size_t activities = v.activities.size() - firstActivity, launches = v.launches.size() - firstLaunch;
     if (activities == 0 && launches == 0)
       throw Error(ErrorCode::InvalidArgument, "a kernel trace with no entries is larger than one record allows");
@@ -500,18 +525,30 @@ std::vector<uint8_t> encodeMeta(const KernelTraceData& v) {
 }
 
 KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
-  return decode<schema::KernelTrace>(meta, limits, "kernel_trace", [](auto r) {
+  return decode<schema::KernelTrace>(meta, limits, "kernel_trace", [&limits](auto r) {
     KernelTraceData v;
     v.status = text(r.getStatus(), 4096, "kernel trace status");
     v.pid = r.getPid();
     auto names = texts(r.getNames(), kMaxTraceNameBytes, "kernel trace name");
+    // Each get of a list counts against Cap'n Proto's traversal limit (twice the message): once.
+    auto activities = r.getActivities();
+    auto launches = r.getLaunches();
+    uint64_t decodedNameBytes = 0;
     auto name = [&](uint32_t i, const char* what) -> const std::string& {
       if (i >= names.size())
         throw Error(ErrorCode::Corrupt, fmt::format("{} points at name {} of {}", what, i, names.size()));
+      decodedNameBytes += names[i].size();
+      if (decodedNameBytes > limits.maxDecodedTraceNameBytes)
+        throw Error(ErrorCode::LimitExceeded,
+                    fmt::format("kernel trace names decode to more than {} bytes ({} activities, {} launches); "
+                                "crashcap's tracers stay under {} bytes",
+                                limits.maxDecodedTraceNameBytes, activities.size(), launches.size(),
+                                kMaxDecodedTraceNameBytes),
+                    "ReaderLimits::maxDecodedTraceNameBytes bounds it");
       return names[i];
     };
-    checkCount(r.getActivities(), "kernel trace activities");
-    for (auto a : r.getActivities()) {
+    checkCount(activities, "kernel trace activities");
+    for (auto a : activities) {
       TraceActivityData d;
       auto kind = static_cast<unsigned>(a.getKind());
       if (kind > static_cast<unsigned>(TraceActivityData::Kind::Overhead))
@@ -536,8 +573,8 @@ KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const Reader
       d.threadId = a.getThreadId();
       v.activities.push_back(std::move(d));
     }
-    checkCount(r.getLaunches(), "kernel trace launches");
-    for (auto l : r.getLaunches()) {
+    checkCount(launches, "kernel trace launches");
+    for (auto l : launches) {
       KernelLaunchData d;
       d.index = l.getIndex();
       d.symbol = name(l.getSymbol(), "a kernel launch");
@@ -556,21 +593,8 @@ KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const Reader
       d.opIndex = l.getOpIndex();
       v.launches.push_back(std::move(d));
     }
-    if (r.getHasFirstError()) {
-      auto e = r.getFirstError();
-      ApiErrorData d;
-      d.domain = text(e.getDomain(), 32, "API error domain");
-      d.api = text(e.getApi(), 256, "API error function");
-      d.code = e.getCode();
-      d.name = text(e.getName(), 256, "API error name");
-      d.correlationId = e.getCorrelationId();
-      d.timeNs = e.getTimeNs();
-      d.threadId = e.getThreadId();
-      d.symbol = text(e.getSymbol(), kMaxTraceNameBytes, "API error kernel");
-      d.opIndex = e.getOpIndex();
-      v.firstError = std::move(d);
-    }
-    v.stickyError = r.getStickyError();
+    if (r.getHasFirstError()) v.firstError = readApiError(r.getFirstError());
+    if (r.getHasStickyError()) v.stickyError = readApiError(r.getStickyError());
     v.totalActivities = r.getTotalActivities();
     v.droppedActivities = r.getDroppedActivities();
     v.totalLaunches = r.getTotalLaunches();

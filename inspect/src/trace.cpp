@@ -26,12 +26,18 @@ namespace crashcap::inspect {
 namespace {
 
 using nlohmann::json;
+using formats::ApiErrorData;
 using formats::KernelLaunchData;
 using formats::KernelTraceData;
 using formats::OpData;
 using formats::RecordingView;
 using formats::TraceActivityData;
 using Kind = TraceActivityData::Kind;
+
+/// The same failing call (a trace's first error may also be its sticky one).
+bool sameError(const ApiErrorData& a, const ApiErrorData& b) {
+  return a.code == b.code && a.correlationId == b.correlationId && a.timeNs == b.timeNs && a.api == b.api;
+}
 
 /// GPU pseudo-processes get ids above any Linux pid (at most 2^22), so they never merge with a
 /// real process in the viewer.
@@ -478,11 +484,16 @@ json chromeTrace(const RecordingView& v, const ChromeTraceOptions& options) {
               ns);
       ++launches;
     }
-    if (t.firstError) {
-      const auto& e = *t.firstError;
+    // The first error, and the sticky one when a soft error came before it.
+    for (const auto* which : {&t.firstError, &t.stickyError}) {
+      if (!*which) continue;
+      const auto& e = **which;
+      bool isFirst = which == &t.firstError;
+      bool sticky = t.stickyError && sameError(e, *t.stickyError);
+      if (!isFirst && t.firstError && sameError(e, *t.firstError)) continue;  // drawn already
       std::string errorName = !e.name.empty() ? e.name : cudaResultName(e.api, e.code);
       json args = {{"domain", e.domain}, {"api", e.api}, {"code", e.code}, {"name", errorName},
-                   {"correlation", e.correlationId}, {"sticky", t.stickyError}};
+                   {"correlation", e.correlationId}, {"sticky", sticky}};
       if (!e.symbol.empty()) args["kernel"] = symbols(e.symbol);
       addOpArgs(args, e.opIndex, ops);
       int64_t ns = kAtEnd;
@@ -492,7 +503,7 @@ json chromeTrace(const RecordingView& v, const ChromeTraceOptions& options) {
       }
       out.add({{"ph", "i"},
                {"s", "g"},
-               {"name", fmt::format("first CUDA error: {} in {}",
+               {"name", fmt::format("{}: {} in {}", isFirst ? "first CUDA error" : "sticky CUDA error",
                                     errorName.empty() ? std::to_string(e.code) : errorName, e.api)},
                {"cat", "error"},
                {"pid", pid},
@@ -606,11 +617,12 @@ json launchJson(const KernelLaunchData& l, const OpLookup& ops, const SymbolName
           {"op", o ? json(o->name) : json(nullptr)}};
 }
 
-/// The first error, with the kernel it launched (from the launch ring or the activities, by
-/// correlation id) and the op that launched it.
-json firstErrorJson(const KernelTraceData& t, const OpLookup& ops, const SymbolNames& symbols) {
-  if (!t.firstError) return nullptr;
-  const auto& e = *t.firstError;
+/// An error of the trace (its first, or its sticky one), with the kernel it launched (from the
+/// launch ring or the activities, by correlation id) and the op that launched it.
+json errorJson(const KernelTraceData& t, const std::optional<ApiErrorData>& error, const OpLookup& ops,
+               const SymbolNames& symbols) {
+  if (!error) return nullptr;
+  const auto& e = *error;
   const KernelLaunchData* launch = nullptr;
   const TraceActivityData* kernel = nullptr;
   if (e.correlationId) {
@@ -643,7 +655,7 @@ json firstErrorJson(const KernelTraceData& t, const OpLookup& ops, const SymbolN
           {"correlation", e.correlationId},
           {"time_ns", e.timeNs},
           {"thread", e.threadId},
-          {"sticky", t.stickyError},
+          {"sticky", t.stickyError && sameError(e, *t.stickyError)},
           {"kernel", std::move(k)},
           {"op", opJson(opIndex, ops)}};
 }
@@ -736,11 +748,11 @@ json traceJson(const RecordingView& v, const TraceReportOptions& options) {
                       {"reason", t.available() ? json(nullptr) : json(reasonOf(t.status))},
                       {"cupti_version", t.cuptiVersion ? json(t.cuptiVersion) : json(nullptr)},
                       {"clock_offset_ns", t.clockOffsetNs},
-                      {"sticky_error", t.stickyError},
+                      {"sticky_error", errorJson(t, t.stickyError, ops, symbols)},
                       {"truncated_names", t.truncatedNames},
                       {"activities", std::move(activities)},
                       {"launch_counts", {{"total", t.totalLaunches}, {"kept", t.launches.size()}, {"shown", shown}}},
-                      {"first_error", firstErrorJson(t, ops, symbols)},
+                      {"first_error", errorJson(t, t.firstError, ops, symbols)},
                       {"launches", std::move(launches)},
                       {"kernels_per_op", kernelsPerOpJson(t, ops, symbols, options.topOps)}});
   }
@@ -779,12 +791,9 @@ std::string traceText(const RecordingView& v, const TraceReportOptions& options)
     s += fmt::format("launches      {} seen, {} kept\n", lc["total"].get<uint64_t>(), lc["kept"].get<uint64_t>());
     if (t["truncated_names"].get<uint64_t>())
       s += fmt::format("names         {} cut to 4 KiB\n", t["truncated_names"].get<uint64_t>());
-    const auto& e = t["first_error"];
-    if (e.is_null()) {
-      s += "first error   none: no CUDA API call returned an error while tracing\n";
-    } else {
+    auto errorBlock = [&](const char* title, const json& e) {
       std::string name = e["name"].get<std::string>();
-      s += fmt::format("FIRST ERROR   {}{} returned by {} ({}), thread {}, correlation {}\n",
+      s += fmt::format("{:<13} {}{} returned by {} ({}), thread {}, correlation {}\n", title,
                        name.empty() ? "" : name + " ", fmt::format("({})", e["code"].get<int32_t>()),
                        e["api"].get<std::string>(), e["domain"].get<std::string>(), e["thread"].get<uint32_t>(),
                        e["correlation"].get<uint32_t>());
@@ -793,9 +802,23 @@ std::string traceText(const RecordingView& v, const TraceReportOptions& options)
         s += fmt::format("  kernel      {}  grid {} block {}\n", cut(k["demangled"].get<std::string>(), 160),
                          dimsText(k["grid"]), dimsText(k["block"]));
       s += fmt::format("  op          {}\n", opText(e["op"]));
+    };
+    const auto& e = t["first_error"];
+    const auto& sticky = t["sticky_error"];
+    if (e.is_null()) {
+      s += "first error   none: no CUDA API call returned an error while tracing\n";
+    } else {
+      errorBlock("FIRST ERROR", e);
       if (e["sticky"] == true)
         s += "  sticky      yes: this error poisons the CUDA context; every later CUDA call in the process fails, "
              "so later errors are echoes of this one\n";
+      else
+        s += "  sticky      no: the context survived it (a recovered allocation failure, a query)\n";
+    }
+    if (!sticky.is_null() && e["sticky"] != true) {
+      errorBlock("STICKY ERROR", sticky);
+      s += "  sticky      yes: this is the failure; it poisons the CUDA context, so every later CUDA call fails "
+           "with it\n";
     }
     if (!t["launches"].empty()) {
       s += fmt::format("\nlast {} launches (of {} seen), oldest first\n", t["launches"].size(),

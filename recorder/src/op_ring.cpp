@@ -75,9 +75,13 @@ void record(const at::RecordFunction& fn, bool backward) {
   Ring* ring = gRing.load(std::memory_order_acquire);
   if (!ring) return;
   uint64_t index = ring->next.fetch_add(1, std::memory_order_relaxed);
-  if (tOpDepth < kMaxOpDepth) tOpStack[tOpDepth] = index;
-  ++tOpDepth;
-  cupti::pushOp(index);  // kernels launched from here on link to this op (a no-op without a tracer)
+  // An async op may end on another thread: it goes into the ring, not onto this thread's stack
+  // (its end would pop a sibling's entry).
+  if (!fn.isAsync()) {
+    if (tOpDepth < kMaxOpDepth) tOpStack[tOpDepth] = index;
+    ++tOpDepth;
+    cupti::pushOp(index);  // kernels launched from here on link to this op (a no-op without a tracer)
+  }
   Entry& e = ring->entries[index % ring->entries.size()];
   // A seqlock: 0 while the entry is being written, index + 1 once complete.
   e.committed.store(0, std::memory_order_relaxed);
@@ -124,8 +128,8 @@ void record(const at::RecordFunction& fn, bool backward) {
 }
 
 /// An op returned: its end time, and the kernel link back to the enclosing op.
-void finish() {
-  if (tOpDepth == 0) return;  // it began before the observer did
+void finish(const at::RecordFunction& fn) {
+  if (tOpDepth == 0 || fn.isAsync()) return;  // it began before the observer did, or is not on the stack
   --tOpDepth;
   cupti::popOp();
   Ring* ring = gRing.load(std::memory_order_acquire);
@@ -135,7 +139,7 @@ void finish() {
   if (e.committed.load(std::memory_order_acquire) == index + 1) e.endNs.store(monotonicNs(), std::memory_order_relaxed);
 }
 
-void onOpEnd(const at::RecordFunction&, at::ObserverContext*) { finish(); }
+void onOpEnd(const at::RecordFunction& fn, at::ObserverContext*) { finish(fn); }
 
 std::unique_ptr<at::ObserverContext> onOp(const at::RecordFunction& fn) {
   // The autograd engine wraps each node in an "autograd::engine::evaluate_function: X" scope
@@ -157,9 +161,9 @@ std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction& f
   return nullptr;
 }
 
-void onBackwardEnd(const at::RecordFunction&, at::ObserverContext*) {
+void onBackwardEnd(const at::RecordFunction& fn, at::ObserverContext*) {
   if (tBackwardDepth > 0) --tBackwardDepth;
-  finish();
+  finish(fn);
 }
 
 std::string dtypeText(int8_t d) {

@@ -449,6 +449,9 @@ Recorder::Recorder(std::string dir, Policy policy) : impl_(std::make_unique<Impl
       // Under `crashcap run`: when CUDA starts, it loads libcrashcap_inject.so, which holds
       // CUPTI's one subscriber slot and writes a trace file that crashcap run puts into the
       // bundle. Only when that file is missing does the bundle need the reason from here.
+      // The op observer's kernel -> op links go to CUPTI directly, where the library's
+      // collector finds them; on a machine without a device that would only cost.
+      if (cupti::gpuUnavailableReason().empty()) cupti::linkOpsToInjectedTracer();
       std::string traceFile = cupti::traceFilePath(runDir, static_cast<uint32_t>(::getpid()));
       impl_->writer->setKernelTraceSnapshot([traceFile]() -> std::optional<formats::KernelTraceData> {
         if (::access(traceFile.c_str(), F_OK) == 0) return std::nullopt;

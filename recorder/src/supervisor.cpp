@@ -335,21 +335,21 @@ std::vector<formats::KernelTraceData> collectTraces(const std::string& dir, cons
   return traces;
 }
 
-/// A trace's first sticky CUDA error names the failure better than a generic exit does.
+/// The first sticky CUDA error (the one that poisoned a context, earliest across the run's
+/// processes) names the failure better than a generic exit does. Soft errors do not: PyTorch's
+/// caching allocator recovers from a failed cudaMalloc, and the run may die of something else.
 void refineClassification(Classification& c, const std::vector<formats::KernelTraceData>& traces) {
   static const std::set<std::string> generic = {"python-exception", "exit-nonzero", "signal"};
   if (!generic.count(c.id)) return;
-  for (const auto& t : traces) {
-    if (!t.firstError) continue;
-    const auto& e = *t.firstError;
-    std::string id = cupti::classificationForCode(e.code, e.domain == "driver");
-    if (id.empty()) continue;
-    c.id = id;
-    c.evidence = fmt::format("kernel trace of pid {}: first CUDA error {} ({}) in {}{}", t.pid,
-                             e.name.empty() ? "code" : e.name, e.code, e.api,
-                             e.symbol.empty() ? "" : fmt::format(" launching {}", e.symbol));
-    return;
-  }
+  uint32_t pid = 0;
+  const auto* e = cupti::firstStickyError(traces, &pid);
+  if (!e) return;
+  std::string id = cupti::classificationForCode(e->code, e->domain == "driver");
+  if (id.empty()) return;
+  c.id = id;
+  c.evidence = fmt::format("kernel trace of pid {}: first sticky CUDA error {} ({}) in {}{}", pid,
+                           e->name.empty() ? "code" : e->name, e->code, e->api,
+                           e->symbol.empty() ? "" : fmt::format(" launching {}", e->symbol));
 }
 
 /// A FIFO for cuDNN's API log: cuDNN writes into it, the supervisor keeps the tail in memory,
@@ -363,7 +363,13 @@ struct CudnnLog {
     if (::mkfifo(path.c_str(), 0600) != 0)
       throw Error(ErrorCode::Io, fmt::format("cannot make the cuDNN log pipe {}: {}", path, std::strerror(errno)));
     fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-    keepOpen = ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC);  // no EOF between writers
+    keepOpen = fd >= 0 ? ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC) : -1;  // no EOF between writers
+    if (fd < 0 || keepOpen < 0) {
+      std::string why = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      ::unlink(path.c_str());
+      throw Error(ErrorCode::Io, fmt::format("cannot open the cuDNN log pipe {}: {}", path, why));
+    }
   }
   ~CudnnLog() {
     if (fd >= 0) ::close(fd);
@@ -415,8 +421,13 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     std::optional<CudnnLog> cudnnLog;
     std::vector<std::string> env = extraEnv;
     if (o.cudnnLog) {
-      cudnnLog.emplace(dir, attempt);
-      for (auto& e : cudnnLog->environment()) env.push_back(e);
+      try {
+        cudnnLog.emplace(dir, attempt);
+        for (auto& e : cudnnLog->environment()) env.push_back(e);
+      } catch (const Error& e) {
+        // The log helps explain a failure; its absence must not stop the training.
+        if (o.say) o.say(fmt::format("crashcap run: running without --cudnn-log: {}", e.what()));
+      }
     }
     Tail cudnnTail(o.cudnnLogTailBytes);
     Child child = spawn(o.command, env);
@@ -481,13 +492,20 @@ SuperviseReport supervise(const SuperviseOptions& o) {
         try {
           appendSupervision(a.bundle, s, traces);
         } catch (const Error& e) {
-          if (o.say) o.say(fmt::format("crashcap run: could not add the run's record to {}: {}", a.bundle, e.what()));
+          // The recorder's bundle stays as it was; the run's record and traces go into one of
+          // the supervisor's own beside it, so nothing the run saw is lost.
+          if (o.say)
+            o.say(fmt::format("crashcap run: could not add the run's record to {} ({}); writing it to a bundle of its own",
+                              a.bundle, e.what()));
+          bundles.push_back(a.bundle);
+          a.bundle.clear();
         }
       }
       a.otherBundles = bundles;
       if (a.bundle.empty()) a.bundle = writeOwnBundle(dir, s, traces);
     }
-    // The traces are in the bundle now (or the run was clean): the files go.
+    // The traces are in a bundle now (writeOwnBundle throws otherwise, and the files stay), or
+    // the run was clean: the files go.
     for (const auto& f : traceFiles) fs::remove(f, ec);
     report.attempts.push_back(a);
 

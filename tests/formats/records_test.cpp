@@ -101,3 +101,60 @@ TEST_CASE("a damaged recorder record is reported and the rest still reads", "[fo
   auto v = readRecording(*reader);
   CHECK(v.stepBegins.size() == 2);
 }
+
+TEST_CASE("kernel trace names that would decode past the limit are trimmed by writers and refused by readers",
+          "[formats][records][limits]") {
+  // Each entry copies its name out of the record's string table: 12,000 launches naming one
+  // 4 KiB kernel and one 4 KiB API fit in a 1 MiB meta but decode to ~98 MB.
+  KernelTraceData t;
+  t.status = "recorded";
+  const std::string symbol = "_Z" + std::string(kMaxTraceNameBytes - 2, 'k'), api = std::string(kMaxTraceNameBytes, 'a');
+  for (uint64_t i = 0; i < 12000; ++i) {
+    KernelLaunchData l;
+    l.index = i;
+    l.symbol = symbol;
+    l.api = api;
+    t.launches.push_back(l);
+  }
+  t.totalLaunches = 12000;
+  auto meta = encodeMeta(t);
+  CHECK(meta.size() <= kMaxMetaBytes);
+  auto back = decodeKernelTrace(meta);
+  REQUIRE(!back.launches.empty());
+  CHECK(back.launches.size() < 12000);
+  CHECK(back.launches.size() * 2 * kMaxTraceNameBytes <= kMaxDecodedTraceNameBytes);
+  CHECK(back.launches.back().index == 11999);  // the newest stay
+  CHECK(back.launches.back().symbol == symbol);
+
+  // A reader with a tighter limit refuses the record instead of allocating past it.
+  ReaderLimits tight;
+  tight.maxDecodedTraceNameBytes = 1 << 20;
+  try {
+    decodeKernelTrace(meta, tight);
+    FAIL("decoded past maxDecodedTraceNameBytes");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::LimitExceeded);
+    CHECK(std::string(e.what()).find("kernel trace names decode to more than 1048576 bytes") != std::string::npos);
+  }
+}
+
+TEST_CASE("a kernel trace keeps its first error and its first sticky error apart", "[formats][records]") {
+  KernelTraceData t;
+  t.status = "recorded";
+  ApiErrorData soft{"runtime", "cudaMalloc", 2, "cudaErrorMemoryAllocation", 10, 1000, 7, "", -1};
+  ApiErrorData sticky{"runtime", "cudaDeviceSynchronize", 700, "cudaErrorIllegalAddress", 55, 9000, 7, "", 12};
+  t.firstError = soft;
+  t.stickyError = sticky;
+  auto back = decodeKernelTrace(encodeMeta(t));
+  REQUIRE(back.firstError);
+  CHECK(back.firstError->code == 2);
+  CHECK(back.firstError->api == "cudaMalloc");
+  REQUIRE(back.stickyError);
+  CHECK(back.stickyError->code == 700);
+  CHECK(back.stickyError->opIndex == 12);
+  KernelTraceData none;
+  none.status = "recorded";
+  auto empty = decodeKernelTrace(encodeMeta(none));
+  CHECK(!empty.firstError);
+  CHECK(!empty.stickyError);
+}

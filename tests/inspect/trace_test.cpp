@@ -149,7 +149,6 @@ KernelTraceData recordedTrace() {
   t.totalActivities = 500;
   t.droppedActivities = 3;
   t.totalLaunches = 43;
-  t.stickyError = true;
   auto memcpy = onStream(activity(Kind::Memcpy, "HtoD", 1500, 2500, 10, 100), 0, 7);
   memcpy.bytes = 24576;
   auto memset = onStream(activity(Kind::Memset, "DEVICE", 2800, 2900, 11, 100), 0, 7);
@@ -186,6 +185,7 @@ KernelTraceData recordedTrace() {
   e.symbol = "_Z10add_kernelPfS_i";
   e.opIndex = 102;
   t.firstError = e;
+  t.stickyError = e;  // it poisoned the context itself
   return t;
 }
 
@@ -518,6 +518,46 @@ TEST_CASE("inspect --trace names the first error's kernel and op, the last launc
   CHECK_THAT(text, Catch::Contains("kernels per op"));
 }
 
+TEST_CASE("a soft CUDA error before the sticky one: both are shown, and the sticky one is the failure",
+          "[inspect][trace]") {
+  // A cudaMalloc that failed and was recovered from (the caching allocator frees and retries),
+  // then the illegal instruction that poisoned the context.
+  auto v = tracedCrash();
+  auto& t = v.kernelTraces[0];
+  ApiErrorData oom;
+  oom.domain = "runtime";
+  oom.api = "cudaMalloc";
+  oom.code = 2;
+  oom.name = "cudaErrorMemoryAllocation";
+  oom.correlationId = 9;
+  oom.timeNs = kT0 + 900;
+  oom.threadId = kPid;
+  t.firstError = oom;  // the stickyError stays the 715 launch
+
+  json j = inspect::traceJson(v);
+  const json& tj = j["traces"][0];
+  CHECK(tj["first_error"]["code"] == 2);
+  CHECK(tj["first_error"]["sticky"] == false);
+  REQUIRE(tj["sticky_error"].is_object());
+  CHECK(tj["sticky_error"]["code"] == 715);
+  CHECK(tj["sticky_error"]["sticky"] == true);
+  CHECK(tj["sticky_error"]["kernel"]["demangled"] == "add_kernel(float*, float*, int)");
+  CHECK(tj["sticky_error"]["op"]["name"] == "aten::add");
+
+  auto text = inspect::traceText(v);
+  CHECK_THAT(text, Catch::Contains("FIRST ERROR   cudaErrorMemoryAllocation (2) returned by cudaMalloc"));
+  CHECK_THAT(text, Catch::Contains("sticky      no: the context survived it"));
+  CHECK_THAT(text, Catch::Contains("STICKY ERROR  cudaErrorIllegalInstruction (715) returned by cudaLaunchKernel"));
+  CHECK(text.find("FIRST ERROR") < text.find("STICKY ERROR"));
+
+  json trace = inspect::chromeTrace(v);
+  auto first = only(trace, "i", "first CUDA error: cudaErrorMemoryAllocation in cudaMalloc");
+  CHECK(first["args"]["sticky"] == false);
+  auto sticky = only(trace, "i", "sticky CUDA error: cudaErrorIllegalInstruction in cudaLaunchKernel");
+  CHECK(sticky["args"]["sticky"] == true);
+  CHECK(sticky["args"]["op"] == "aten::add");
+}
+
 TEST_CASE("inspect --trace says why a trace is unavailable or absent", "[inspect][trace]") {
   KernelTraceData t;
   t.status = "unavailable: no NVIDIA driver here";
@@ -618,7 +658,7 @@ TEST_CASE("crashcap export --chrome and inspect --trace work end to end", "[insp
 
   auto story = cli({"inspect", bundle});
   CHECK(story.exitCode == 0);
-  CHECK_THAT(story.out, Catch::Contains("trace      pid 4242: recorded; first CUDA error cudaErrorIllegalInstruction in "
+  CHECK_THAT(story.out, Catch::Contains("trace      pid 4242: recorded; first sticky CUDA error cudaErrorIllegalInstruction in "
                                         "cudaLaunchKernel  (crashcap inspect " + bundle + " --trace)"));
 
   // Bad combinations say what to do instead, with exit 2.

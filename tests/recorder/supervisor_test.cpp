@@ -11,6 +11,7 @@
 #include <chrono>
 #include <map>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -159,6 +160,32 @@ TEST_CASE("crashcap run over a recorded sample: one bundle, the recorder's steps
   CHECK(json::parse(replay.out)["verdict"] == "reproduced-bitwise");
 }
 
+TEST_CASE("crashcap run: a crash bundle it cannot add its record to stays as it was, and the record goes beside it",
+          "[run]") {
+  // The command leaves a crash bundle that is not one (a recorder killed mid-write, a full
+  // disk): the run's record and its output tails must not be lost with it.
+  test::TempDir dir;
+  auto r = runShell(dir.path(), "printf 'not a bundle' > \"$CRASHCAP_DIR/crash-20990101T000000Z-1.ccap\"; "
+                                "echo 'Traceback (most recent call last):' >&2; "
+                                "echo 'RuntimeError: step failed' >&2; exit 1");
+  INFO(r.err);
+  CHECK(r.exitCode == 1);
+  CHECK(r.err.find("could not add the run's record to") != std::string::npos);
+  auto broken = (fs::path(dir.path()) / "crash-20990101T000000Z-1.ccap").string();
+  CHECK(r.err.find("also      " + broken) != std::string::npos);
+  std::ifstream in(broken);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  CHECK(bytes == "not a bundle");  // untouched
+  std::string own;
+  for (const auto& b : test::bundlesIn(dir.path()))
+    if (b != broken) own = b;
+  REQUIRE(!own.empty());
+  CHECK(verifies(own));
+  auto j = inspectJson(own);
+  CHECK(j["crash"]["classification"] == "python-exception");
+  CHECK(j["supervision"]["stderr_tail"].get<std::string>().find("RuntimeError: step failed") != std::string::npos);
+}
+
 TEST_CASE("crashcap run seals the recording of a child killed with SIGKILL", "[run]") {
   test::TempDir dir;
   std::string sample = test::binPath("crashcap-sample-cls");
@@ -276,11 +303,12 @@ TEST_CASE("crashcap doctor explains the missing GPU stack the way crashcap run d
   }
 }
 
-TEST_CASE("crashcap run copies the traced processes' kernel traces into the bundle and classifies by the first CUDA error",
+TEST_CASE("crashcap run copies the traced processes' kernel traces into the bundle and classifies by the first sticky CUDA error",
           "[run][trace]") {
   // The command stands in for a Python training whose libcrashcap_inject.so wrote its trace
   // file (that library needs a GPU to trace; the file protocol is what is tested here) and
-  // which died with an error text that names no CUDA failure.
+  // which died with an error text that names no CUDA failure. A soft error came first: an
+  // allocation failure the caching allocator recovered from; the sticky one decides.
   test::TempDir dir, prepared;
   formats::KernelTraceData t;
   t.status = "recorded";
@@ -300,8 +328,13 @@ TEST_CASE("crashcap run copies the traced processes' kernel traces into the bund
   e.code = 715;
   e.name = "cudaErrorIllegalInstruction";
   e.symbol = "_Z6kernelPf";
-  t.firstError = e;
-  t.stickyError = true;
+  formats::ApiErrorData oom;
+  oom.domain = "runtime";
+  oom.api = "cudaMalloc";
+  oom.code = 2;
+  oom.name = "cudaErrorMemoryAllocation";
+  t.firstError = oom;
+  t.stickyError = e;
   std::string traceFile = prepared.file("trace.cctrace");
   cupti::writeTraceFile(traceFile, t, "test");
 
@@ -324,10 +357,45 @@ TEST_CASE("crashcap run copies the traced processes' kernel traces into the bund
   CHECK(view.kernelTraces[0].launches[0].symbol == "_Z6kernelPf");
   REQUIRE(view.supervision);
   CHECK(view.supervision->classification == "cuda-illegal-instruction");  // not python-exception
-  CHECK(view.supervision->evidence.find("cudaErrorIllegalInstruction (715) in cudaLaunchKernel launching _Z6kernelPf") !=
-        std::string::npos);
-  CHECK(view.supervision->trace == "recorded: 1 process, 18 kernel launches, first error cudaErrorIllegalInstruction in cudaLaunchKernel");
+  CHECK(view.supervision->evidence.find("first sticky CUDA error cudaErrorIllegalInstruction (715) in cudaLaunchKernel "
+                                        "launching _Z6kernelPf") != std::string::npos);
+  CHECK(view.supervision->trace ==
+        "recorded: 1 process, 18 kernel launches, first sticky error cudaErrorIllegalInstruction in cudaLaunchKernel");
+  REQUIRE(view.kernelTraces[0].firstError);
+  CHECK(view.kernelTraces[0].firstError->code == 2);
+  REQUIRE(view.kernelTraces[0].stickyError);
+  CHECK(view.kernelTraces[0].stickyError->code == 715);
   CHECK(r.err.find("crashcap inspect " + bundles[0] + " --trace") != std::string::npos);
+}
+
+TEST_CASE("crashcap run: a soft CUDA error in a trace does not reclassify a crash", "[run][trace]") {
+  // A recovered cudaMalloc failure, then the training died of a Python error: the trace says
+  // so, and the classification stays the text's.
+  test::TempDir dir, prepared;
+  formats::KernelTraceData t;
+  t.status = "recorded";
+  t.pid = 4243;
+  t.totalLaunches = 5;
+  formats::ApiErrorData oom;
+  oom.domain = "runtime";
+  oom.api = "cudaMalloc";
+  oom.code = 2;
+  oom.name = "cudaErrorMemoryAllocation";
+  t.firstError = oom;
+  std::string traceFile = prepared.file("trace.cctrace");
+  cupti::writeTraceFile(traceFile, t, "test");
+  auto r = runShell(dir.path(), "cp '" + traceFile + "' \"$CRASHCAP_DIR/trace-$$.cctrace\"; "
+                                "echo 'Traceback (most recent call last):' >&2; echo 'KeyError: label' >&2; exit 1");
+  INFO(r.out << r.err);
+  auto bundles = test::bundlesIn(dir.path());
+  REQUIRE(bundles.size() == 1);
+  auto reader = formats::BundleReader::open(bundles[0]);
+  auto view = formats::readRecording(*reader);
+  REQUIRE(view.supervision);
+  CHECK(view.supervision->classification == "python-exception");
+  CHECK(view.supervision->evidence == "KeyError: label");
+  CHECK(view.supervision->trace == "recorded: 1 process, 5 kernel launches, first error cudaErrorMemoryAllocation in "
+                                   "cudaMalloc (not sticky: the context survived it)");
 }
 
 TEST_CASE("crashcap run --cudnn-log keeps the tail of cuDNN's API log in the bundle", "[run][trace]") {

@@ -196,6 +196,13 @@ void ActivityCollector::fill(formats::KernelTraceData& out) const {
   out.truncatedNames = truncated_;
 }
 
+int64_t ActivityCollector::opFor(uint32_t correlationId) const {
+  if (correlationId == 0) return -1;
+  std::lock_guard<std::mutex> lk(mu_);
+  auto it = ops_.find(correlationId);
+  return it == ops_.end() ? -1 : it->second;
+}
+
 uint64_t ActivityCollector::total() const {
   std::lock_guard<std::mutex> lk(mu_);
   return total_;

@@ -24,6 +24,8 @@ constexpr Code kCodes[] = {
     {200, "cudaErrorInvalidKernelImage", "CUDA_ERROR_INVALID_IMAGE", ""},
     {201, "cudaErrorDeviceUninitialized", "CUDA_ERROR_INVALID_CONTEXT", ""},
     {209, "cudaErrorNoKernelImageForDevice", "CUDA_ERROR_NO_BINARY_FOR_GPU", ""},
+    {214, "cudaErrorECCUncorrectable", "CUDA_ERROR_ECC_UNCORRECTABLE", "cuda-error"},
+    {226, "cudaErrorContained", "CUDA_ERROR_CONTAINED", "cuda-error"},
     {400, "cudaErrorInvalidResourceHandle", "CUDA_ERROR_INVALID_HANDLE", ""},
     {500, "cudaErrorSymbolNotFound", "CUDA_ERROR_NOT_FOUND", ""},
     {600, "cudaErrorNotReady", "CUDA_ERROR_NOT_READY", ""},
@@ -37,6 +39,8 @@ constexpr Code kCodes[] = {
     {717, "cudaErrorInvalidAddressSpace", "CUDA_ERROR_INVALID_ADDRESS_SPACE", "cuda-illegal-address"},
     {718, "cudaErrorInvalidPc", "CUDA_ERROR_INVALID_PC", "cuda-illegal-instruction"},
     {719, "cudaErrorLaunchFailure", "CUDA_ERROR_LAUNCH_FAILED", "cuda-launch-failure"},
+    {721, "cudaErrorTensorMemoryLeak", "CUDA_ERROR_TENSOR_MEMORY_LEAK", "cuda-error"},
+    {911, "cudaErrorExternalDevice", "CUDA_ERROR_EXTERNAL_DEVICE", "cuda-error"},
     {999, "cudaErrorUnknown", "CUDA_ERROR_UNKNOWN", ""},
 };
 
@@ -55,8 +59,12 @@ std::string cudaErrorName(bool driver, int32_t code) {
 }
 
 bool isStickyError(int32_t code) {
+  // driver_types.h: "This leaves the process in an inconsistent state and any further CUDA work
+  // will return the same error" (700, 710, 714-719, 226, 721, 911); 702 ends the context the
+  // same way; an uncorrectable ECC error (214) leaves the device's memory in doubt.
   switch (code) {
-    case 700: case 702: case 710: case 714: case 715: case 716: case 717: case 718: case 719: return true;
+    case 214: case 226: case 700: case 702: case 710: case 714: case 715: case 716: case 717: case 718: case 719:
+    case 721: case 911: return true;
     default: return false;
   }
 }

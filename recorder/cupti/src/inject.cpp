@@ -5,7 +5,8 @@
 // The trace goes to $CRASHCAP_DIR/trace-<pid>.cctrace, rewritten whole: every
 // CRASHCAP_TRACE_INTERVAL_MS (2000) while launches happen, at once after the first sticky
 // CUDA error (the evidence must be on disk before the context takes the process down), and
-// at exit. A SIGKILLed process leaves the last periodic trace.
+// at exit. A process that dies without running atexit handlers (SIGKILL, or SIGSEGV/SIGABRT
+// with no sticky error before) leaves the last periodic trace.
 
 #include <fmt/format.h>
 #include <unistd.h>
@@ -30,6 +31,8 @@ struct Injection {
   std::mutex writeMu;
   uint64_t writtenLaunches = ~0ull, writtenActivities = ~0ull;
   std::atomic<bool> exiting{false};
+  std::atomic<bool> poisoned{false};   ///< a sticky error was seen: flushes may block for good
+  bool closed = false;                 ///< under writeMu: atExit wrote the last trace
   std::mutex waitMu;
   std::condition_variable waitCv;
 };
@@ -40,6 +43,9 @@ void writeTrace(bool force) {
   Injection* in = gInjection;
   if (!in) return;
   std::lock_guard<std::mutex> lk(in->writeMu);
+  // After atExit the process is tearing down its statics: a periodic write still under way
+  // must not touch them.
+  if (in->closed) return;
   auto trace = in->tracer->snapshot();
   if (!force && trace.totalLaunches == in->writtenLaunches && trace.totalActivities == in->writtenActivities) return;
   try {
@@ -56,8 +62,11 @@ void atExit() {
   if (!in) return;
   in->exiting.store(true);
   in->waitCv.notify_all();
-  in->tracer->flushWithin(1000, true);
+  // Bounded, and skipped once the context is poisoned (the sticky-error write already has it).
+  if (!in->poisoned.load()) in->tracer->flushWithin(1000, true);
   writeTrace(true);
+  std::lock_guard<std::mutex> lk(in->writeMu);
+  in->closed = true;
 }
 
 int intervalMs() {
@@ -79,7 +88,11 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) 
   auto* in = new Injection;
   in->path = crashcap::cupti::traceFilePath(dir, static_cast<uint32_t>(::getpid()));
   crashcap::cupti::TracerOptions options;
-  options.onStickyError = [] { writeTrace(true); };
+  options.probeDriver = false;  // the driver is calling us from inside cuInit
+  options.onStickyError = [in] {
+    in->poisoned.store(true);
+    writeTrace(true);
+  };
   in->tracer = crashcap::cupti::startTracer(options);
   gInjection = in;
   writeTrace(true);  // unavailable: the reason is on disk at once; available: an empty trace
@@ -92,7 +105,8 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) 
       in->waitCv.wait_for(lk, std::chrono::milliseconds(ms), [in] { return in->exiting.load(); });
       lk.unlock();
       if (in->exiting.load()) break;
-      in->tracer->flushWithin(500, false);
+      // Once poisoned, a flush can block for good: the launch ring still changes, so write.
+      if (!in->poisoned.load()) in->tracer->flushWithin(500, false);
       writeTrace(false);
     }
   }).detach();

@@ -2,6 +2,8 @@
 
 #include <fmt/format.h>
 
+#include <optional>
+
 #include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
@@ -30,10 +32,40 @@ std::vector<formats::KernelTraceData> readKernelTraces(const std::string& path) 
   return formats::readRecording(*reader).kernelTraces;
 }
 
+namespace {
+
+/// The earliest of one kind of error among the traces, on CLOCK_MONOTONIC.
+const formats::ApiErrorData* earliest(const std::vector<formats::KernelTraceData>& traces,
+                                      std::optional<formats::ApiErrorData> formats::KernelTraceData::*which,
+                                      uint32_t* pid) {
+  const formats::ApiErrorData* best = nullptr;
+  int64_t bestNs = 0;
+  for (const auto& t : traces) {
+    const auto& e = t.*which;
+    if (!e) continue;
+    int64_t ns = static_cast<int64_t>(e->timeNs) + t.clockOffsetNs;
+    if (!best || ns < bestNs) {
+      best = &*e;
+      bestNs = ns;
+      if (pid) *pid = t.pid;
+    }
+  }
+  return best;
+}
+
+std::string errorText(const formats::ApiErrorData& e) {
+  return fmt::format("{} in {}", e.name.empty() ? fmt::format("code {}", e.code) : e.name, e.api);
+}
+
+}  // namespace
+
+const formats::ApiErrorData* firstStickyError(const std::vector<formats::KernelTraceData>& traces, uint32_t* pid) {
+  return earliest(traces, &formats::KernelTraceData::stickyError, pid);
+}
+
 std::string describeTraces(const std::vector<formats::KernelTraceData>& traces, const std::string& fallback) {
   size_t recorded = 0;
   uint64_t launches = 0;
-  const formats::KernelTraceData* firstError = nullptr;
   std::string unavailable;
   for (const auto& t : traces) {
     if (!t.available()) {
@@ -42,17 +74,17 @@ std::string describeTraces(const std::vector<formats::KernelTraceData>& traces, 
     }
     ++recorded;
     launches += t.totalLaunches;
-    if (t.firstError && (!firstError || t.firstError->timeNs < firstError->firstError->timeNs)) firstError = &t;
   }
   if (recorded == 0) return unavailable.empty() ? fallback : unavailable;
   std::string s = fmt::format("recorded: {} process{}, {} kernel launch{}", recorded, recorded == 1 ? "" : "es", launches,
                               launches == 1 ? "" : "es");
-  if (firstError) {
-    const auto& e = *firstError->firstError;
-    s += fmt::format(", first error {} in {}", e.name.empty() ? fmt::format("code {}", e.code) : e.name, e.api);
-  } else {
+  // The sticky error is the failure; a soft one before it (a recovered allocation failure) is not.
+  if (const auto* e = firstStickyError(traces))
+    s += ", first sticky error " + errorText(*e);
+  else if (const auto* f = earliest(traces, &formats::KernelTraceData::firstError, nullptr))
+    s += ", first error " + errorText(*f) + " (not sticky: the context survived it)";
+  else
     s += ", no CUDA API error";
-  }
   return s;
 }
 

@@ -2,6 +2,7 @@
 
 #include <dlfcn.h>
 #include <fmt/format.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -10,7 +11,9 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <optional>
 #include <thread>
+#include <unordered_map>
 
 #if CRASHCAP_HAVE_CUPTI
 #include <cuda.h>
@@ -73,6 +76,18 @@ std::string gpuUnavailableReason() {
 
 bool builtWithCupti() { return CRASHCAP_HAVE_CUPTI; }
 
+namespace {
+
+/// Is libcuda already in this process (without loading it)?
+[[maybe_unused]] bool driverLoaded() {
+  void* driver = ::dlopen("libcuda.so.1", RTLD_LAZY | RTLD_NOLOAD);
+  if (!driver) return false;
+  ::dlclose(driver);  // drops only the reference RTLD_NOLOAD took
+  return true;
+}
+
+}  // namespace
+
 #if !CRASHCAP_HAVE_CUPTI
 
 std::shared_ptr<KernelTracer> startTracer(const TracerOptions&) {
@@ -86,6 +101,7 @@ std::shared_ptr<KernelTracer> startTracer(const TracerOptions&) {
 }
 void pushOp(uint64_t) {}
 void popOp() {}
+void linkOpsToInjectedTracer() {}
 
 #else
 
@@ -101,6 +117,8 @@ int64_t monotonicNs() {
 
 class CuptiTracer;
 std::atomic<CuptiTracer*> gActive{nullptr};
+// pushOp's switch: a tracer of this library is running, or libcrashcap_inject.so traces the process.
+std::atomic<bool> gPushOps{false};
 
 constexpr int kMaxOpDepth = 64;
 thread_local uint64_t tOps[kMaxOpDepth];
@@ -213,7 +231,9 @@ class CuptiTracer final : public KernelTracer {
     CUptiResult r = api.subscribe(&subscriber_, &CuptiTracer::onCallback, this);
     if (r == CUPTI_ERROR_MULTIPLE_SUBSCRIBERS_NOT_SUPPORTED)
       return "another profiler holds CUPTI's subscriber slot (Nsight Systems, torch.profiler/Kineto?)";
-    if (r != CUPTI_SUCCESS) return fmt::format("cuptiSubscribe: {}", api.describe(r));
+    // CUPTI has no "no device" code: without a usable device it answers 999.
+    auto unknown = [&](CUptiResult r) { return r == CUPTI_ERROR_UNKNOWN ? " (no usable CUDA device?)" : ""; };
+    if (r != CUPTI_SUCCESS) return fmt::format("cuptiSubscribe: {}{}", api.describe(r), unknown(r));
     subscribed_ = true;
     api.enableDomain(1, subscriber_, CUPTI_CB_DOMAIN_RUNTIME_API);
     api.enableDomain(1, subscriber_, CUPTI_CB_DOMAIN_DRIVER_API);
@@ -224,12 +244,14 @@ class CuptiTracer final : public KernelTracer {
           CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
           CUPTI_ACTIVITY_KIND_OVERHEAD}) {
       r = api.activityEnable(kind);
-      if (r != CUPTI_SUCCESS) return fmt::format("cuptiActivityEnable({}): {}", static_cast<int>(kind), api.describe(r));
+      if (r != CUPTI_SUCCESS)
+        return fmt::format("cuptiActivityEnable({}): {}{}", static_cast<int>(kind), api.describe(r), unknown(r));
     }
     uint64_t t = 0;
     api.getTimestamp(&t);
     clockOffsetNs_ = monotonicNs() - static_cast<int64_t>(t);
     gActive.store(this, std::memory_order_release);
+    gPushOps.store(true, std::memory_order_release);
     watcher_ = std::thread([this] { watch(); });
     watcher_.detach();
     return "";
@@ -239,6 +261,7 @@ class CuptiTracer final : public KernelTracer {
   void abandon() {
     const auto& api = cuptiApi();
     gActive.store(nullptr, std::memory_order_release);
+    gPushOps.store(false, std::memory_order_release);
     if (subscribed_) api.unsubscribe(subscriber_);
     subscribed_ = false;
   }
@@ -246,11 +269,20 @@ class CuptiTracer final : public KernelTracer {
   std::string status() const override { return "recorded"; }
 
   bool flushWithin(int ms, bool forced) override {
-    auto done = std::make_shared<std::atomic<bool>>(false);
-    std::thread([done, forced] {
-      cuptiApi().activityFlushAll(forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
-      done->store(true);
-    }).detach();
+    // One flush at a time: after a sticky error a flush can block for good, and a new thread
+    // per call would pile up behind it. A caller that finds one in flight waits on that one.
+    std::shared_ptr<std::atomic<bool>> done;
+    {
+      std::lock_guard<std::mutex> lk(flushMu_);
+      if (!flushDone_ || flushDone_->load()) {
+        flushDone_ = std::make_shared<std::atomic<bool>>(false);
+        std::thread([d = flushDone_, forced] {
+          cuptiApi().activityFlushAll(forced ? CUPTI_ACTIVITY_FLAG_FLUSH_FORCED : 0);
+          d->store(true);
+        }).detach();
+      }
+      done = flushDone_;
+    }
     for (int waited = 0; waited < ms && !done->load(); waited += 5) std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return done->load();
   }
@@ -261,11 +293,24 @@ class CuptiTracer final : public KernelTracer {
     d.pid = static_cast<uint32_t>(::getpid());
     collector_.fill(d);
     launches_.fill(d);
+    // Launches and errors link to their op through the correlation records too: under
+    // libcrashcap_inject.so the Recorder's ops reach CUPTI, not this copy's thread-local stack.
+    for (auto& l : d.launches)
+      if (l.opIndex < 0) l.opIndex = collector_.opFor(l.correlationId);
+    {
+      std::lock_guard<std::mutex> lk(threadsMu_);
+      for (auto& a : d.activities) {
+        auto it = threads_.find(a.threadId);
+        if (it != threads_.end()) a.threadId = it->second;
+      }
+    }
     {
       std::lock_guard<std::mutex> lk(errorMu_);
       d.firstError = firstError_;
-      d.stickyError = sticky_;
+      d.stickyError = stickyError_;
     }
+    for (auto* e : {&d.firstError, &d.stickyError})
+      if (*e && (*e)->opIndex < 0) (*e)->opIndex = collector_.opFor((*e)->correlationId);
     d.clockOffsetNs = clockOffsetNs_;
     d.cuptiVersion = version_;
     return d;
@@ -276,19 +321,35 @@ class CuptiTracer final : public KernelTracer {
     if (!subscribed_) return;
     api.activityFlushAll(0);
     gActive.store(nullptr, std::memory_order_release);
+    gPushOps.store(false, std::memory_order_release);
     api.unsubscribe(subscriber_);
     subscribed_ = false;
   }
 
  private:
-  static void CUPTIAPI onCallback(void* self, CUpti_CallbackDomain domain, CUpti_CallbackId cbid, const void* data) {
+  static void CUPTIAPI onCallback(void* self, CUpti_CallbackDomain domain, CUpti_CallbackId cbid,
+                                  const void* data) noexcept {
     if (domain != CUPTI_CB_DOMAIN_RUNTIME_API && domain != CUPTI_CB_DOMAIN_DRIVER_API) return;
-    static_cast<CuptiTracer*>(self)->onApi(domain == CUPTI_CB_DOMAIN_DRIVER_API, cbid,
-                                           static_cast<const CUpti_CallbackData*>(data));
+    try {
+      static_cast<CuptiTracer*>(self)->onApi(domain == CUPTI_CB_DOMAIN_DRIVER_API, cbid,
+                                             static_cast<const CUpti_CallbackData*>(data));
+    } catch (...) {
+      // An exception must not unwind through CUPTI's C frames (that ends the process); an
+      // allocation that failed here loses one launch or error, not the training.
+    }
   }
 
   void onApi(bool driver, CUpti_CallbackId cbid, const CUpti_CallbackData* cb) {
     if (!cb) return;
+    // CUPTI's API activities name their thread by its own id (pthread_self() on Linux, it
+    // seems; the header does not say); ops and launches use the OS thread id. Learn the pair
+    // once per thread so both sit on one row of the time line.
+    thread_local bool known = false;
+    if (!known) {
+      known = true;
+      std::lock_guard<std::mutex> lk(threadsMu_);
+      threads_.emplace(static_cast<uint32_t>(::pthread_self()), thisThread());
+    }
     const auto& api = cuptiApi();
     LaunchShape shape;
     bool launch = driver ? driverLaunch(cbid, cb->functionParams, shape) : runtimeLaunch(cbid, cb->functionParams, shape);
@@ -315,27 +376,27 @@ class CuptiTracer final : public KernelTracer {
     bool sticky = isStickyError(code);
     {
       std::lock_guard<std::mutex> lk(errorMu_);
-      if (firstError_) {
-        if (sticky && !sticky_) sticky_ = true;  // an earlier soft error, then a poisoning one
-        else return;
-      } else {
-        formats::ApiErrorData e;
-        e.domain = driver ? "driver" : "runtime";
-        e.api = cb->functionName ? cb->functionName : "";
-        e.code = code;
-        e.name = cudaErrorName(driver, code);
-        e.correlationId = cb->correlationId;
-        uint64_t t = 0;
-        api.getTimestamp(&t);
-        e.timeNs = t;
-        e.threadId = thisThread();
-        e.symbol = cb->symbolName && launch ? cb->symbolName : "";
-        e.opIndex = currentOp();
-        firstError_ = std::move(e);
-        sticky_ = sticky;
-      }
+      // The first error of any kind, and the first that poisons the context: a soft error (an
+      // allocation failure PyTorch's caching allocator recovers from) may come long before.
+      bool wantFirst = !firstError_, wantSticky = sticky && !stickyError_;
+      if (!wantFirst && !wantSticky) return;
+      formats::ApiErrorData e;
+      e.domain = driver ? "driver" : "runtime";
+      e.api = cb->functionName ? cb->functionName : "";
+      e.code = code;
+      e.name = cudaErrorName(driver, code);
+      e.correlationId = cb->correlationId;
+      uint64_t t = 0;
+      api.getTimestamp(&t);
+      e.timeNs = t;
+      e.threadId = thisThread();
+      e.symbol = cb->symbolName && launch ? cb->symbolName : "";
+      e.opIndex = currentOp();
+      if (wantSticky) stickyError_ = e;
+      if (wantFirst) firstError_ = std::move(e);
+      if (!wantSticky) return;
     }
-    if (sticky) {
+    {
       std::lock_guard<std::mutex> lk(watchMu_);
       stickyPending_ = true;
       watchCv_.notify_all();
@@ -381,8 +442,11 @@ class CuptiTracer final : public KernelTracer {
   uint32_t version_ = 0;
   int64_t clockOffsetNs_ = 0;
   mutable std::mutex errorMu_;
-  std::optional<formats::ApiErrorData> firstError_;
-  bool sticky_ = false;
+  std::optional<formats::ApiErrorData> firstError_, stickyError_;
+  std::mutex flushMu_;
+  std::shared_ptr<std::atomic<bool>> flushDone_;   ///< the flush in flight, or the last one
+  mutable std::mutex threadsMu_;
+  std::unordered_map<uint32_t, uint32_t> threads_; ///< CUPTI's thread id -> OS thread id
   std::mutex watchMu_;
   std::condition_variable watchCv_;
   bool stickyPending_ = false;
@@ -394,7 +458,7 @@ class CuptiTracer final : public KernelTracer {
 std::shared_ptr<KernelTracer> startTracer(const TracerOptions& options) {
   std::lock_guard<std::mutex> lk(gStartMu);
   if (gTracer) return *gTracer;
-  std::string reason = gpuUnavailableReason();
+  std::string reason = options.probeDriver || !driverLoaded() ? gpuUnavailableReason() : "";
   if (reason.empty()) {
     auto tracer = std::make_shared<CuptiTracer>(options);
     reason = tracer->start();
@@ -409,7 +473,7 @@ std::shared_ptr<KernelTracer> startTracer(const TracerOptions& options) {
 }
 
 void pushOp(uint64_t opIndex) {
-  if (!gActive.load(std::memory_order_relaxed)) return;
+  if (!gPushOps.load(std::memory_order_relaxed)) return;
   // Deeper than the stack keeps: counted, so pops stay balanced; kernels link to the deepest kept op.
   if (tOpDepth < kMaxOpDepth) {
     tOps[tOpDepth] = opIndex;
@@ -422,8 +486,14 @@ void popOp() {
   if (tOpDepth == 0) return;  // the op began before tracing did
   --tOpDepth;
   uint64_t ignored = 0;
-  if (tOpDepth < kMaxOpDepth && gActive.load(std::memory_order_relaxed))
+  if (tOpDepth < kMaxOpDepth && gPushOps.load(std::memory_order_relaxed))
     cuptiApi().popExternalCorrelationId(CUPTI_EXTERNAL_CORRELATION_KIND_CUSTOM0, &ignored);
+}
+
+void linkOpsToInjectedTracer() {
+  // Same libcupti as the injected library's (one dlopen handle per path): the external
+  // correlation ids pushed here are the ones its collector records.
+  if (cuptiApi().loaded()) gPushOps.store(true, std::memory_order_release);
 }
 
 #endif

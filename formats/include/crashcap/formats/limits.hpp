@@ -12,6 +12,8 @@ namespace crashcap::formats {
 /// A record meta never exceeds this (the writer refuses larger ones); the default
 /// ReaderLimits::maxMetaBytes.
 inline constexpr uint64_t kMaxMetaBytes = 1ull << 20;
+/// The default ReaderLimits::maxDecodedTraceNameBytes; kernel trace writers stay under it.
+inline constexpr uint64_t kMaxDecodedTraceNameBytes = 64ull << 20;
 /// Longest note text the writer accepts.
 inline constexpr uint64_t kMaxNoteTextBytes = 64ull << 10;
 
@@ -27,6 +29,10 @@ struct ReaderLimits {
   uint64_t maxRecords = 50'000'000;          ///< records in one bundle
   unsigned zstdWindowLogMax = 27;            ///< zstd decoder window (128 MiB)
   uint64_t capnpTraversalWords = 64ull << 20;   ///< Cap'n Proto traversal limit (words)
+  /// One kernel_trace record's names once decoded: each entry copies its name out of the
+  /// record's string table, so a small record naming one 4 KiB symbol many times would decode
+  /// to gigabytes. Writers trim their traces to fit the default.
+  uint64_t maxDecodedTraceNameBytes = kMaxDecodedTraceNameBytes;
   int capnpNestingLimit = 16;
 };
 

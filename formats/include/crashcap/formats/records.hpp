@@ -188,8 +188,10 @@ struct KernelTraceData {
   uint32_t pid = 0;
   std::vector<TraceActivityData> activities;  ///< oldest first
   std::vector<KernelLaunchData> launches;     ///< oldest first
-  std::optional<ApiErrorData> firstError;
-  bool stickyError = false;
+  std::optional<ApiErrorData> firstError;   ///< the first call that returned an error, of any kind
+  /// The first call whose error poisons the context: firstError itself, or a later call when
+  /// firstError was soft (an allocation failure the caching allocator recovered from).
+  std::optional<ApiErrorData> stickyError;
   uint64_t totalActivities = 0, droppedActivities = 0, totalLaunches = 0;
   int64_t clockOffsetNs = 0;            ///< CLOCK_MONOTONIC = tracer + offset
   uint32_t cuptiVersion = 0;

@@ -39,9 +39,10 @@ struct TraceReportOptions {
 
 /// `inspect --trace --json`. Keys: traces [one per traced process, in bundle order: {pid,
 /// status, available, reason (null when recorded), cupti_version (null unknown),
-/// clock_offset_ns, sticky_error, truncated_names, activities {total, dropped, kept, kernel,
+/// clock_offset_ns, truncated_names, activities {total, dropped, kept, kernel,
 /// memcpy, memset, runtime, driver, overhead}, launch_counts {total, kept, shown},
-/// first_error (null, or {domain, api, code, name, correlation, time_ns, thread, sticky,
+/// first_error and sticky_error (the first error of any kind, and the first that poisoned the
+/// context; each null, or {domain, api, code, name, correlation, time_ns, thread, sticky,
 /// kernel (null, or {symbol, demangled, grid, block, stream: the launch's handle, stream_id:
 /// CUPTI's when the kernel ran}), op (null, or {index, name, phase, step}; name null when the
 /// op is older than the op ring)}), launches [the last ones, oldest first: {index, symbol,

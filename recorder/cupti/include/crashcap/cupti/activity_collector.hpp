@@ -27,6 +27,9 @@ class ActivityCollector {
 
   uint64_t total() const;
 
+  /// The op linked to a correlation id by an external correlation record; -1 none.
+  int64_t opFor(uint32_t correlationId) const;
+
  private:
   void add(formats::TraceActivityData activity);
   void link(uint32_t correlationId, int64_t opIndex);

@@ -20,8 +20,13 @@ void writeTraceFile(const std::string& path, const formats::KernelTraceData& tra
 /// Every kernel trace in a trace file (or in any bundle); throws crashcap::Error.
 std::vector<formats::KernelTraceData> readKernelTraces(const std::string& path);
 
-/// One line for a bundle's trace: "recorded: 2 processes, 3,210 launches, first error
-/// cudaErrorIllegalInstruction in cudaLaunchKernel" or the unavailable reason.
+/// The error that poisoned a CUDA context first among `traces` (compared on CLOCK_MONOTONIC
+/// through each trace's clock offset, so processes compare); nullptr when none did.
+const formats::ApiErrorData* firstStickyError(const std::vector<formats::KernelTraceData>& traces,
+                                              uint32_t* pid = nullptr);
+
+/// One line for a bundle's trace: "recorded: 2 processes, 3210 kernel launches, first sticky
+/// error cudaErrorIllegalInstruction in cudaLaunchKernel" or the unavailable reason.
 std::string describeTraces(const std::vector<formats::KernelTraceData>& traces, const std::string& fallback);
 
 }  // namespace crashcap::cupti

@@ -22,6 +22,11 @@ struct TracerOptions {
   /// Called once, on the tracer's own thread, after the first sticky CUDA error (one that
   /// poisons the context) has been seen and CUPTI's buffers were flushed: write the trace now.
   std::function<void()> onStickyError;
+  /// Ask the driver first whether a device is there (cuInit, cuDeviceGetCount). False inside
+  /// InitializeInjection: when the driver is already loaded, it is loading the tracer from
+  /// within cuInit, and calling cuInit again from there could deadlock; the probe then runs
+  /// only when libcuda is not loaded at all (nothing to recurse into).
+  bool probeDriver = true;
 };
 
 class KernelTracer {
@@ -53,8 +58,15 @@ std::string gpuUnavailableReason();
 bool builtWithCupti();
 
 /// The op observer's side of the kernel -> op link (external correlation): while an ATen op
-/// runs, the kernels it launches carry its op index. No-ops unless a tracer is running.
+/// runs, the kernels it launches carry its op index. No-ops unless a tracer is running in this
+/// process: this library's, or libcrashcap_inject.so's after linkOpsToInjectedTracer().
 void pushOp(uint64_t opIndex);
 void popOp();
+
+/// A process that libcrashcap_inject.so traces (under `crashcap run`) has the library's own
+/// copy of this code, which the Recorder's op observer cannot reach; from here on pushOp talks
+/// to CUPTI directly, whose external correlation records the injected tracer collects. Call
+/// only where a GPU is present (each op then costs two CUPTI calls).
+void linkOpsToInjectedTracer();
 
 }  // namespace crashcap::cupti

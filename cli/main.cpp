@@ -672,10 +672,11 @@ int main(int argc, char** argv) {
   run->footer("Everything after the options (or after --) is the command. Its output passes through; crashcap's\n"
               "lines go to stderr. Exit status: the command's (128+N when signal N ended it).\n"
               "Classifications: cuda-illegal-instruction, cuda-illegal-address, cuda-device-assert,\n"
-              "cudnn-execution-failed, cudnn-error, cuda-oom, cuda-launch-failure, cuda-error, nccl-error,\n"
-              "nonfinite-loss, python-exception, signal, exit-nonzero (docs/RUN.md).\n"
+              "cudnn-execution-failed, cudnn-error, cuda-oom, cuda-launch-failure, cuda-forked-subprocess,\n"
+              "cuda-error, nccl-error, nonfinite-loss, dataloader-worker-died, python-exception, signal,\n"
+              "exit-nonzero (docs/RUN.md).\n"
               "Kernel trace: on a machine with a GPU, CUDA loads libcrashcap_inject.so into the command's processes;\n"
-              "their kernel launches and first CUDA error go into the bundle (crashcap inspect B --trace).\n"
+              "their kernel launches and first sticky CUDA error go into the bundle (crashcap inspect B --trace).\n"
               "Example: crashcap run --dir runs --restart 3 --max-consecutive 2 -- python train.py --lr 3e-4");
 
   bool doctorJson = false;

@@ -2,7 +2,8 @@
 # The demo behind `./dev demo`: real LibTorch trainings crash under crashcap's flight
 # recorder, the bundles they leave tell what happened, and replay re-runs the failing step
 # bit for bit, bisects it to the corrupt sample, triages it and writes the bug report; a
-# supervised run classifies a crash from outside.
+# supervised run classifies a crash from outside (a sample, a shell, a Python training), and
+# the GPU side says what it can trace here.
 set -euo pipefail
 BIN=${1:?usage: samples/demo.sh BUILD/bin}
 CC="$BIN/crashcap"
@@ -81,4 +82,27 @@ printf '\033[2m$ crashcap inspect %s --json | python3 ...\033[0m\n' "$sup"
 import json, sys
 j = json.load(sys.stdin)
 print("classification:", j["crash"]["classification"], "| step", j["crash"]["step"], "| trace:", j["supervision"]["trace"])'
+if /usr/bin/python3 -c 'import torch' 2>/dev/null; then
+  echo "   A Python training crashcap did not build (PyTorch's own cross_entropy, a label out of range at step 7):"
+  cat > "$WORK/train.py" <<'PY'
+import torch, torch.nn as nn
+torch.manual_seed(0)
+model = nn.Linear(8, 10)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(20):
+    x, y = torch.randn(4, 8), torch.randint(0, 10, (4,))
+    if step == 7:
+        y[2] = 12
+    loss = nn.functional.cross_entropy(model(x), y)
+    opt.zero_grad(); loss.backward(); opt.step()
+PY
+  expect_fail "$CC" run --dir "$WORK/python" -- /usr/bin/python3 "$WORK/train.py"
+fi
+
+step "12. The GPU side: what this machine can trace, and the bundle's kernel trace and time line"
+echo "   (with a GPU, crashcap run injects libcrashcap_inject.so: launches, the first sticky CUDA error and"
+echo "   the ATen op that launched each kernel go into the bundle; here each says why there is none)"
+show "$CC" doctor || true
+show "$CC" inspect "$sup" --trace
+show "$CC" export "$sup" --chrome "$WORK/trace.json"
 printf '\n\033[1mDemo complete.\033[0m\n'

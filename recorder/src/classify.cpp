@@ -48,9 +48,22 @@ const std::vector<Pattern>& gpuPatterns() {
       {"ncclUnhandledCudaError", "nccl-error"},
       {"Watchdog caught collective operation timeout", "nccl-error"},
       {"non-finite loss at step", "nonfinite-loss"},
+      // torch/cuda/__init__.py: CUDA used in a process forked after CUDA was initialised (a
+      // DataLoader worker, a logger's fork; seed 003). The fix is the start method, not the data.
+      {"Cannot re-initialize CUDA in forked subprocess", "cuda-forked-subprocess"},
       {"CUBLAS_STATUS_", "cuda-error"},
       {"CUDA error: ", "cuda-error"},
       {"CUDA driver error", "cuda-error"},
+  };
+  return patterns;
+}
+
+// Deaths PyTorch names outside the GPU, checked after the GPU family and before a generic
+// Python exception: a DataLoader worker killed (often by the OOM killer) or gone
+// (torch/utils/data/_utils/signal_handling.py, dataloader.py).
+const std::vector<Pattern>& processPatterns() {
+  static const std::vector<Pattern> patterns = {
+      {"DataLoader worker (pid", "dataloader-worker-died"},
   };
   return patterns;
 }
@@ -118,6 +131,10 @@ Classification classifyExit(int exitCode, int signal, const std::string& stdoutT
         if (line.find(p.text) != std::string::npos) return {p.id, trimmed(line)};
     }
   }
+  for (const std::string* text : {&stderrText, &stdoutText})
+    for (const auto& line : lines(*text))
+      for (const auto& p : processPatterns())
+        if (line.find(p.text) != std::string::npos) return {p.id, trimmed(line)};
   for (const std::string* text : {&stderrText, &stdoutText}) {
     auto all = lines(*text);
     for (size_t i = 0; i < all.size(); ++i)

@@ -78,6 +78,15 @@ TEST_CASE("classification: the earliest GPU error decides, from the messages rea
       {"torch.distributed.DistBackendError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1275, "
        "unhandled system error (run with NCCL_DEBUG=INFO for details), NCCL version 2.14.3\n",
        "nccl-error", "NCCL error in:"},
+      // torch/cuda/__init__.py, the hazard of seed 003: CUDA touched after a fork
+      {"Traceback (most recent call last):\n  File \"/usr/lib/python3/dist-packages/torch/cuda/__init__.py\", line 217, "
+       "in _lazy_init\nRuntimeError: Cannot re-initialize CUDA in forked subprocess. To use CUDA with multiprocessing, "
+       "you must use the 'spawn' start method\n",
+       "cuda-forked-subprocess", "Cannot re-initialize CUDA in forked subprocess"},
+      // torch/utils/data/dataloader.py: a worker gone (the OOM killer, a crash in native code)
+      {"Traceback (most recent call last):\n  File \"train.py\", line 12, in <module>\n"
+       "RuntimeError: DataLoader worker (pid(s) 4242) exited unexpectedly\n",
+       "dataloader-worker-died", "DataLoader worker (pid(s) 4242) exited unexpectedly"},
       {"crashcap-sample-seg: training failed at step 6: non-finite loss at step 6: nan\n", "nonfinite-loss",
        "non-finite loss at step 6"},
       {"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    raise ValueError(\"bad config\")\n"
@@ -97,6 +106,66 @@ TEST_CASE("classification: the earliest GPU error decides, from the messages rea
   CHECK(classifyExit(0, 0, "all good\n", "").id.empty());
   // Found on stdout too (some trainers log errors there).
   CHECK(classifyExit(1, 0, "ERROR: CUDA error: an illegal memory access was encountered\n", "").id == "cuda-illegal-address");
+}
+
+TEST_CASE("crashcap run classifies real PyTorch failures in real Python trainings", "[run][python]") {
+  // Debian's python3-torch: the messages PyTorch itself prints, from processes it runs.
+  const std::string python = "/usr/bin/python3";
+  if (test::run({python, "-c", "import torch"}, 120).exitCode != 0) {
+    WARN("no PyTorch for " << python << ": the real-Python cases are skipped");
+    return;
+  }
+  struct Case {
+    const char* name;
+    const char* script;
+    int exitCode;
+    const char* id;
+    const char* evidence;
+  };
+  const std::vector<Case> cases = {
+      {"out-of-range label", R"(
+import torch, torch.nn as nn
+m = nn.Linear(8, 10)
+for step in range(10):
+    y = torch.randint(0, 10, (4,))
+    if step == 7: y[2] = 12
+    nn.functional.cross_entropy(m(torch.randn(4, 8)), y).backward()
+)",
+       1, "python-exception", "IndexError: Target 12 is out of bounds."},
+      {"DataLoader worker killed", R"(
+import os, signal, torch
+from torch.utils.data import DataLoader, Dataset
+class D(Dataset):
+    def __len__(self): return 64
+    def __getitem__(self, i):
+        if i == 37: os.kill(os.getpid(), signal.SIGKILL)
+        return torch.zeros(3)
+for batch in DataLoader(D(), batch_size=4, num_workers=2): pass
+)",
+       1, "dataloader-worker-died", "is killed by signal: Killed"},
+      {"segfault in native code", R"(
+import ctypes, torch
+torch.zeros(3).sum()
+ctypes.string_at(0)
+)",
+       128 + SIGSEGV, "signal", "killed by SIGSEGV"},
+  };
+  for (const auto& c : cases) {
+    INFO(c.name);
+    test::TempDir dir;
+    std::string script = dir.file("train.py");
+    std::ofstream(script) << c.script;
+    auto runDir = dir.file("runs");
+    auto r = test::run({test::binPath("crashcap"), "run", "--dir", runDir, "--", python, script}, 300);
+    INFO(r.err);
+    CHECK(r.exitCode == c.exitCode);
+    auto bundles = test::bundlesIn(runDir);
+    REQUIRE(bundles.size() == 1);
+    CHECK(verifies(bundles[0]));
+    auto j = inspectJson(bundles[0]);
+    CHECK(j["crash"]["classification"] == c.id);
+    CHECK(j["crash"]["evidence"].get<std::string>().find(c.evidence) != std::string::npos);
+  }
 }
 
 TEST_CASE("crashcap run over an uninstrumented command: a classified bundle that says why there is no trace",

@@ -407,6 +407,27 @@ class NameTable {
   std::vector<std::string> names_;
 };
 
+/// Grid and block, which TraceActivity and KernelLaunch both carry as six fields.
+template <typename Builder>
+void writeDims(Builder w, const int32_t (&grid)[3], const int32_t (&block)[3]) {
+  w.setGridX(grid[0]);
+  w.setGridY(grid[1]);
+  w.setGridZ(grid[2]);
+  w.setBlockX(block[0]);
+  w.setBlockY(block[1]);
+  w.setBlockZ(block[2]);
+}
+
+template <typename Reader>
+void readDims(Reader r, int32_t (&grid)[3], int32_t (&block)[3]) {
+  grid[0] = r.getGridX();
+  grid[1] = r.getGridY();
+  grid[2] = r.getGridZ();
+  block[0] = r.getBlockX();
+  block[1] = r.getBlockY();
+  block[2] = r.getBlockZ();
+}
+
 void writeApiError(schema::ApiError::Builder w, const ApiErrorData& e) {
   w.setDomain(e.domain);
   w.setApi(e.api);
@@ -452,12 +473,7 @@ std::vector<uint8_t> encodeKernelTrace(const KernelTraceData& v, size_t firstAct
     w.setStreamId(a.streamId);
     w.setCorrelationId(a.correlationId);
     w.setOpIndex(a.opIndex);
-    w.setGridX(a.grid[0]);
-    w.setGridY(a.grid[1]);
-    w.setGridZ(a.grid[2]);
-    w.setBlockX(a.block[0]);
-    w.setBlockY(a.block[1]);
-    w.setBlockZ(a.block[2]);
+    writeDims(w, a.grid, a.block);
     w.setBytes(a.bytes);
     w.setReturnCode(a.returnCode);
     w.setThreadId(a.threadId);
@@ -469,12 +485,7 @@ std::vector<uint8_t> encodeKernelTrace(const KernelTraceData& v, size_t firstAct
     w.setIndex(l.index);
     w.setSymbol(table.intern(l.symbol));
     w.setApi(table.intern(l.api));
-    w.setGridX(l.grid[0]);
-    w.setGridY(l.grid[1]);
-    w.setGridZ(l.grid[2]);
-    w.setBlockX(l.block[0]);
-    w.setBlockY(l.block[1]);
-    w.setBlockZ(l.block[2]);
+    writeDims(w, l.grid, l.block);
     w.setStream(l.stream);
     w.setCorrelationId(l.correlationId);
     w.setTimeNs(l.timeNs);
@@ -562,12 +573,7 @@ KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const Reader
       d.streamId = a.getStreamId();
       d.correlationId = a.getCorrelationId();
       d.opIndex = a.getOpIndex();
-      d.grid[0] = a.getGridX();
-      d.grid[1] = a.getGridY();
-      d.grid[2] = a.getGridZ();
-      d.block[0] = a.getBlockX();
-      d.block[1] = a.getBlockY();
-      d.block[2] = a.getBlockZ();
+      readDims(a, d.grid, d.block);
       d.bytes = a.getBytes();
       d.returnCode = a.getReturnCode();
       d.threadId = a.getThreadId();
@@ -579,12 +585,7 @@ KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const Reader
       d.index = l.getIndex();
       d.symbol = name(l.getSymbol(), "a kernel launch");
       d.api = name(l.getApi(), "a kernel launch");
-      d.grid[0] = l.getGridX();
-      d.grid[1] = l.getGridY();
-      d.grid[2] = l.getGridZ();
-      d.block[0] = l.getBlockX();
-      d.block[1] = l.getBlockY();
-      d.block[2] = l.getBlockZ();
+      readDims(l, d.grid, d.block);
       d.stream = l.getStream();
       d.correlationId = l.getCorrelationId();
       d.timeNs = l.getTimeNs();

@@ -55,6 +55,18 @@ std::string apiName(CUpti_CallbackDomain domain, uint32_t cbid) {
   return fmt::format("{} API {}", domain == CUPTI_CB_DOMAIN_DRIVER_API ? "driver" : "runtime", cbid);
 }
 
+/// The fields a memcpy and a memset record share.
+template <typename Record>
+void copyTransfer(const Record* m, TraceActivityData& a) {
+  a.startNs = m->start;
+  a.endNs = m->end;
+  a.deviceId = m->deviceId;
+  a.contextId = m->contextId;
+  a.streamId = m->streamId;
+  a.correlationId = m->correlationId;
+  a.bytes = m->bytes;
+}
+
 /// One raw record, converted; nullopt for kinds crashcap does not keep.
 std::optional<TraceActivityData> convert(const CUpti_Activity* record) {
   TraceActivityData a;
@@ -83,26 +95,14 @@ std::optional<TraceActivityData> convert(const CUpti_Activity* record) {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemcpy6*>(record);
       a.kind = Kind::Memcpy;
       a.name = copyKindName(m->copyKind);
-      a.startNs = m->start;
-      a.endNs = m->end;
-      a.deviceId = m->deviceId;
-      a.contextId = m->contextId;
-      a.streamId = m->streamId;
-      a.correlationId = m->correlationId;
-      a.bytes = m->bytes;
+      copyTransfer(m, a);
       return a;
     }
     case CUPTI_ACTIVITY_KIND_MEMSET: {
       const auto* m = reinterpret_cast<const CUpti_ActivityMemset4*>(record);
       a.kind = Kind::Memset;
       a.name = fmt::format("memset {:#x}", m->value);
-      a.startNs = m->start;
-      a.endNs = m->end;
-      a.deviceId = m->deviceId;
-      a.contextId = m->contextId;
-      a.streamId = m->streamId;
-      a.correlationId = m->correlationId;
-      a.bytes = m->bytes;
+      copyTransfer(m, a);
       return a;
     }
     case CUPTI_ACTIVITY_KIND_RUNTIME:

@@ -451,12 +451,13 @@ Recorder::Recorder(std::string dir, Policy policy) : impl_(std::make_unique<Impl
       // bundle. Only when that file is missing does the bundle need the reason from here.
       // The op observer's kernel -> op links go to CUPTI directly, where the library's
       // collector finds them; on a machine without a device that would only cost.
-      if (cupti::gpuUnavailableReason().empty()) cupti::linkOpsToInjectedTracer();
+      // Asked once, here: the crash path must not call into a driver whose context may be poisoned.
+      std::string reason = cupti::gpuUnavailableReason();
+      if (reason.empty()) cupti::linkOpsToInjectedTracer();
       std::string traceFile = cupti::traceFilePath(runDir, static_cast<uint32_t>(::getpid()));
-      impl_->writer->setKernelTraceSnapshot([traceFile]() -> std::optional<formats::KernelTraceData> {
+      impl_->writer->setKernelTraceSnapshot([traceFile, reason]() -> std::optional<formats::KernelTraceData> {
         if (::access(traceFile.c_str(), F_OK) == 0) return std::nullopt;
         formats::KernelTraceData d;
-        std::string reason = cupti::gpuUnavailableReason();
         d.status = "unavailable: " + (reason.empty() ? "libcrashcap_inject.so (CUDA_INJECTION64_PATH) wrote no trace" : reason);
         d.pid = static_cast<uint32_t>(::getpid());
         return d;

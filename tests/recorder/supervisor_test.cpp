@@ -40,6 +40,16 @@ bool verifies(const std::string& bundle) {
   return test::run({test::binPath("crashcap"), "verify", bundle}).exitCode == 0;
 }
 
+/// A cudaMalloc that failed and that PyTorch's caching allocator recovered from: a soft error.
+formats::ApiErrorData recoveredOom() {
+  formats::ApiErrorData e;
+  e.domain = "runtime";
+  e.api = "cudaMalloc";
+  e.code = 2;
+  e.name = "cudaErrorMemoryAllocation";
+  return e;
+}
+
 /// `crashcap run --dir DIR ARGS... -- sh -c SCRIPT`.
 test::RunResult runShell(const std::string& dir, const std::string& script, std::vector<std::string> args = {}) {
   std::vector<std::string> argv = {test::binPath("crashcap"), "run", "--dir", dir};
@@ -400,11 +410,7 @@ TEST_CASE("crashcap run copies the traced processes' kernel traces into the bund
   e.code = 715;
   e.name = "cudaErrorIllegalInstruction";
   e.symbol = "_Z6kernelPf";
-  formats::ApiErrorData oom;
-  oom.domain = "runtime";
-  oom.api = "cudaMalloc";
-  oom.code = 2;
-  oom.name = "cudaErrorMemoryAllocation";
+  formats::ApiErrorData oom = recoveredOom();
   t.firstError = oom;
   t.stickyError = e;
   std::string traceFile = prepared.file("trace.cctrace");
@@ -448,11 +454,7 @@ TEST_CASE("crashcap run: a soft CUDA error in a trace does not reclassify a cras
   t.status = "recorded";
   t.pid = 4243;
   t.totalLaunches = 5;
-  formats::ApiErrorData oom;
-  oom.domain = "runtime";
-  oom.api = "cudaMalloc";
-  oom.code = 2;
-  oom.name = "cudaErrorMemoryAllocation";
+  formats::ApiErrorData oom = recoveredOom();
   t.firstError = oom;
   std::string traceFile = prepared.file("trace.cctrace");
   cupti::writeTraceFile(traceFile, t, "test");

@@ -55,15 +55,21 @@ std::string apiName(CUpti_CallbackDomain domain, uint32_t cbid) {
   return fmt::format("{} API {}", domain == CUPTI_CB_DOMAIN_DRIVER_API ? "driver" : "runtime", cbid);
 }
 
-/// The fields a memcpy and a memset record share.
+/// When and where GPU work ran: the fields kernel, memcpy and memset records share.
+template <typename Record>
+void copyPlacement(const Record* r, TraceActivityData& a) {
+  a.startNs = r->start;
+  a.endNs = r->end;
+  a.deviceId = r->deviceId;
+  a.contextId = r->contextId;
+  a.streamId = r->streamId;
+  a.correlationId = r->correlationId;
+}
+
+/// A memcpy or memset: its placement and its size.
 template <typename Record>
 void copyTransfer(const Record* m, TraceActivityData& a) {
-  a.startNs = m->start;
-  a.endNs = m->end;
-  a.deviceId = m->deviceId;
-  a.contextId = m->contextId;
-  a.streamId = m->streamId;
-  a.correlationId = m->correlationId;
+  copyPlacement(m, a);
   a.bytes = m->bytes;
 }
 
@@ -77,12 +83,7 @@ std::optional<TraceActivityData> convert(const CUpti_Activity* record) {
       const auto* k = reinterpret_cast<const CUpti_ActivityKernel10*>(record);
       a.kind = Kind::Kernel;
       a.name = k->name ? k->name : "<unnamed kernel>";
-      a.startNs = k->start;
-      a.endNs = k->end;
-      a.deviceId = k->deviceId;
-      a.contextId = k->contextId;
-      a.streamId = k->streamId;
-      a.correlationId = k->correlationId;
+      copyPlacement(k, a);
       a.grid[0] = k->gridX;
       a.grid[1] = k->gridY;
       a.grid[2] = k->gridZ;

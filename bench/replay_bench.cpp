@@ -66,7 +66,7 @@ int main(int argc, char** argv) {
     crashcap::replayer::ReplayOptions quick;
     quick.instrument = false;  // the same replay without the per-op NaN/Inf checks of the target step
     plain.push_back(crashcap::replayer::replay(recorded.bundle, quick).replayMs);
-    verdict = result.verdict;
+    verdict = crashcap::replayer::verdictName(result.verdict);
     if (!json)
       std::fprintf(stderr, "round %d: load %.0f ms, replay %.0f ms (%zu steps), %s\n", r + 1, result.loadMs,
                    result.replayMs, replayed, verdict.c_str());

@@ -19,7 +19,7 @@
 #include <string>
 #include <vector>
 
-#include "crashcap/recorder/supervisor.hpp"
+#include "crashcap/supervisor/supervisor.hpp"
 
 extern char** environ;
 namespace fs = std::filesystem;
@@ -105,7 +105,7 @@ int main(int argc, char** argv) {
   const int probes = 200;
   auto t0 = std::chrono::steady_clock::now();
   std::string status;
-  for (int i = 0; i < probes; ++i) status = crashcap::recorder::traceStatus();
+  for (int i = 0; i < probes; ++i) status = crashcap::supervisor::traceStatus();
   double traceUs = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count() / probes;
   nlohmann::json j = {{"task", "cls"},
                       {"steps", steps},

@@ -14,7 +14,7 @@ show() { printf '\033[2m$ %s\033[0m\n' "$*"; "$@"; }
 expect_fail() { printf '\033[2m$ %s\033[0m\n' "$*"; if "$@"; then echo "(expected a failure)"; exit 1; else echo "(exited $? as expected)"; fi; }
 
 step "1. A text-segmentation training (ResNet encoder, FPN, DB head; Dice+BCE+L1) runs under the recorder."
-echo "   At step 12, image 3 of the batch is corrupt (NaN pixels), like the bad sample in the seeds."
+echo "   At step 12, image 3 of the batch is corrupt (NaN pixels): one bad sample in a dataset of thousands."
 expect_fail "$BIN/crashcap-sample-seg" --steps 40 --record "$WORK/runs" --fault nan-sample --fault-step 12 --fault-row 3 --keyframe-every 5
 bundle=$(ls "$WORK"/runs/crash-*.ccap)
 

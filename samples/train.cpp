@@ -11,7 +11,7 @@
 #include <stdexcept>
 
 #include "crashcap/formats/records.hpp"
-#include "crashcap/recorder/supervisor.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/testing/fault_injection.hpp"
 
@@ -193,7 +193,7 @@ int sampleMain(Task task, int argc, char** argv) {
   }
   // Under `crashcap run` without --record: record where the supervisor says.
   if (o.recordDir.empty())
-    if (const char* dir = std::getenv(recorder::kRecordDirVariable)) o.recordDir = dir;
+    if (const char* dir = std::getenv(recorder::kOutputDirVariable)) o.recordDir = dir;
   std::printf("%s: %lld steps, fault %s at step %lld row %lld, %s\n", name, static_cast<long long>(o.steps),
               faultName(o.fault.fault), static_cast<long long>(o.fault.step), static_cast<long long>(o.fault.row),
               o.recordDir.empty() ? "not recorded" : ("recording into " + o.recordDir).c_str());

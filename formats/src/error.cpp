@@ -45,6 +45,14 @@ void Error::rebuild() {
   if (!hint_.empty()) full_ += "\nhint: " + hint_;
 }
 
+std::string lastLine(const std::string& text) {
+  auto end = text.find_last_not_of("\n ");
+  if (end == std::string::npos) return "";
+  auto start = text.rfind('\n', end);
+  size_t from = start == std::string::npos ? 0 : start + 1;
+  return text.substr(from, end - from + 1);
+}
+
 void assertionFailed(const char* expr, const char* file, int line, const std::string& detail) {
   std::fprintf(stderr, "crashcap: internal error: assertion `%s` failed at %s:%d: %s\n", expr, file, line,
                detail.c_str());

@@ -3,10 +3,20 @@
 #include <cmath>
 #include <limits>
 
+#include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/error.hpp"
 #include "tensor_util.hpp"
 
 namespace crashcap::inspect {
+
+HostTensor loadTensor(const formats::BundleReader& reader, const std::string& name) {
+  const auto& t = reader.get(name);
+  HostTensor h;
+  h.dtype = t.dtype;
+  h.shape = t.shape;
+  h.bytes = reader.readTensor(t);
+  return h;
+}
 
 uint64_t HostTensor::numel() const { return detail::checkedNumel(shape, "tensor"); }
 

@@ -1,5 +1,4 @@
 #include "live_writer.hpp"
-#include "crashcap/recorder/classify.hpp"
 
 #include <cxxabi.h>
 #include <execinfo.h>
@@ -16,7 +15,9 @@
 #include <cstring>
 #include <filesystem>
 
+#include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/signal_name.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 
 namespace crashcap::recorder::detail {
@@ -39,10 +40,6 @@ struct SignalCrash {
 };
 SignalCrash gSignal;
 
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 uint64_t threadId() { return static_cast<uint64_t>(::syscall(SYS_gettid)); }
 
@@ -88,9 +85,9 @@ std::vector<std::string> symbolize(void* const* frames, int count) {
 
 LiveWriter::LiveWriter(LiveWriterOptions options) : options_(std::move(options)) {
   std::error_code ec;
-  fs::create_directories(options_.dir, ec);
+  fs::create_directories(options_.outputDir, ec);
   if (ec)
-    throw Error(ErrorCode::Io, fmt::format("cannot create recording directory {}: {}", options_.dir, ec.message()),
+    throw Error(ErrorCode::Io, fmt::format("cannot create the output directory {}: {}", options_.outputDir, ec.message()),
                 "check the path and its permissions, or pass another directory");
   startRecording();
   // A full file-size limit must surface as EFBIG from write(2), which the writer turns into
@@ -111,11 +108,11 @@ LiveWriter::~LiveWriter() {
 }
 
 void LiveWriter::startRecording() {
-  int64_t t = nowNs();
-  std::string dir = (fs::path(options_.dir) / recordingDirName(t, static_cast<uint32_t>(::getpid()))).string();
+  int64_t t = formats::unixTimeNs();
+  std::string dir = (fs::path(options_.outputDir) / recordingDirName(t, static_cast<uint32_t>(::getpid()))).string();
   std::error_code ec;
   for (int i = 2; fs::exists(dir, ec); ++i)
-    dir = (fs::path(options_.dir) / fmt::format("{}-{}", recordingDirName(t, ::getpid()), i)).string();
+    dir = (fs::path(options_.outputDir) / fmt::format("{}-{}", recordingDirName(t, ::getpid()), i)).string();
   fs::create_directories(dir, ec);
   if (ec) throw Error(ErrorCode::Io, fmt::format("cannot create {}: {}", dir, ec.message()));
   formats::WriterOptions wo;
@@ -423,7 +420,7 @@ void LiveWriter::handleCrash() {
   if (fromSignal) {
     crash.kind = "signal";
     crash.signal = gSignal.signal;
-    const char* name = signalName(gSignal.signal);
+    const char* name = formats::signalName(gSignal.signal);
     crash.signalName = name ? name : "signal";
     crash.step = currentStep.load();
     crash.phase = phaseName(static_cast<Phase>(phase.load()));
@@ -499,7 +496,7 @@ void LiveWriter::handleCrash() {
   } catch (const std::exception& e) {
     if (!options_.quiet)
       std::fprintf(stderr, "crashcap: could not seal the crash bundle: %s\ncrashcap: run `crashcap seal %s`\n",
-                   e.what(), options_.dir.c_str());
+                   e.what(), options_.outputDir.c_str());
   }
   {
     std::lock_guard<std::mutex> lk(mu_);

@@ -52,7 +52,7 @@ enum class Phase : int { Setup = 0, Forward, Backward, Optimizer, BetweenSteps }
 const char* phaseName(Phase p);
 
 struct LiveWriterOptions {
-  std::string dir;                  ///< the directory that holds recordings and crash bundles
+  std::string outputDir;            ///< the directory that holds recordings and crash bundles
   int zstdLevel = 1;
   unsigned compressionThreads = 0;
   uint64_t queueBytes = 512ull << 20;
@@ -74,7 +74,7 @@ struct LiveWriterStats {
 
 class LiveWriter {
  public:
-  /// Creates <dir>/recording-<time>-<pid>/run.ccap. Throws Error{Io} when it cannot (the
+  /// Creates <outputDir>/recording-<time>-<pid>/run.ccap. Throws Error{Io} when it cannot (the
   /// Recorder then runs without recording and says so).
   explicit LiveWriter(LiveWriterOptions options);
   ~LiveWriter();  ///< stops the thread after draining (no status record: call close first)

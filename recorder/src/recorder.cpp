@@ -26,11 +26,13 @@
 #include <unordered_map>
 
 #include "crash_guard.hpp"
+#include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
+#include "crashcap/formats/torch/optimizer.hpp"
 #include "crashcap/formats/torch/settings.hpp"
-#include "crashcap/recorder/supervisor.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/recorder/environment.hpp"
 #include "live_writer.hpp"
@@ -44,10 +46,6 @@ namespace {
 using detail::Job;
 using detail::Phase;
 
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 /// c10::Error's what() is the message followed by a C++ backtrace: keep them apart.
 void describeTorchException(const std::exception& e, formats::CrashData& crash) {
@@ -68,92 +66,10 @@ void describeTorchException(const std::exception& e, formats::CrashData& crash) 
   }
 }
 
-/// The optimizer's state map is keyed by the parameter's TensorImpl pointer, as a string in
-/// LibTorch 1.x and as the pointer itself in later versions.
-template <typename Map>
-const typename Map::mapped_type* stateOf(const Map& state, const at::Tensor& p) {
-  using Key = typename Map::key_type;
-  typename Map::const_iterator it;
-  if constexpr (std::is_same_v<Key, std::string>) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    it = state.find(key.str());
-  } else {
-    it = state.find(p.unsafeGetTensorImpl());
-  }
-  return it == state.end() ? nullptr : &it->second;
-}
-
-std::string optimizerKind(torch::optim::Optimizer& o) {
-  if (dynamic_cast<torch::optim::SGD*>(&o)) return "sgd";
-  if (dynamic_cast<torch::optim::AdamW*>(&o)) return "adamw";
-  if (dynamic_cast<torch::optim::Adam*>(&o)) return "adam";
-  if (dynamic_cast<torch::optim::RMSprop*>(&o)) return "rmsprop";
-  if (dynamic_cast<torch::optim::Adagrad*>(&o)) return "adagrad";
-  return "unknown";
-}
-
-std::vector<formats::NumberEntry> groupOptions(const torch::optim::OptimizerOptions& options) {
-  using namespace torch::optim;
-  std::vector<formats::NumberEntry> out;
-  // Adam and AdamW have the same options (and the same state below) under different types.
-  auto adamLike = [](const auto& o) -> std::vector<formats::NumberEntry> {
-    return {{"lr", o.lr()}, {"beta1", std::get<0>(o.betas())}, {"beta2", std::get<1>(o.betas())},
-            {"eps", o.eps()}, {"weight_decay", o.weight_decay()}, {"amsgrad", o.amsgrad() ? 1.0 : 0.0}};
-  };
-  if (auto* o = dynamic_cast<const SGDOptions*>(&options)) {
-    out = {{"lr", o->lr()}, {"momentum", o->momentum()}, {"dampening", o->dampening()},
-           {"weight_decay", o->weight_decay()}, {"nesterov", o->nesterov() ? 1.0 : 0.0}};
-  } else if (auto* o = dynamic_cast<const AdamWOptions*>(&options)) {
-    out = adamLike(*o);
-  } else if (auto* o = dynamic_cast<const AdamOptions*>(&options)) {
-    out = adamLike(*o);
-  } else if (auto* o = dynamic_cast<const RMSpropOptions*>(&options)) {
-    out = {{"lr", o->lr()}, {"alpha", o->alpha()}, {"eps", o->eps()}, {"weight_decay", o->weight_decay()},
-           {"momentum", o->momentum()}, {"centered", o->centered() ? 1.0 : 0.0}};
-  } else if (auto* o = dynamic_cast<const AdagradOptions*>(&options)) {
-    out = {{"lr", o->lr()}, {"lr_decay", o->lr_decay()}, {"weight_decay", o->weight_decay()},
-           {"initial_accumulator_value", o->initial_accumulator_value()}, {"eps", o->eps()}};
-  } else {
-    out = {{"lr", options.get_lr()}};
-  }
-  return out;
-}
-
-/// The state tensors and step counter of one parameter, whatever the optimizer.
-void optimizerState(const torch::optim::OptimizerParamState& s, std::vector<std::pair<std::string, at::Tensor>>& tensors,
-                    std::optional<int64_t>& step) {
-  using namespace torch::optim;
-  auto add = [&](const char* key, const at::Tensor& t) {
-    if (t.defined()) tensors.emplace_back(key, t);
-  };
-  auto adamLike = [&](const auto& p) {
-    step = p.step();
-    add("exp_avg", p.exp_avg());
-    add("exp_avg_sq", p.exp_avg_sq());
-    add("max_exp_avg_sq", p.max_exp_avg_sq());
-  };
-  if (auto* p = dynamic_cast<const SGDParamState*>(&s)) {
-    add("momentum_buffer", p->momentum_buffer());
-  } else if (auto* p = dynamic_cast<const AdamWParamState*>(&s)) {
-    adamLike(*p);
-  } else if (auto* p = dynamic_cast<const AdamParamState*>(&s)) {
-    adamLike(*p);
-  } else if (auto* p = dynamic_cast<const RMSpropParamState*>(&s)) {
-    step = p->step();
-    add("square_avg", p->square_avg());
-    add("momentum_buffer", p->momentum_buffer());
-    add("grad_avg", p->grad_avg());
-  } else if (auto* p = dynamic_cast<const AdagradParamState*>(&s)) {
-    step = p->step();
-    add("sum", p->sum());
-  }
-}
-
 }  // namespace
 
 struct Recorder::Impl {
-  std::string dir;
+  std::string outputDir;
   Policy policy;
   std::unique_ptr<detail::LiveWriter> writer;
   std::string notRecordingReason;
@@ -327,15 +243,10 @@ struct Recorder::Impl {
     for (const auto& [name, t] : parameters) add("parameters", name, t, kf.parameters);
     for (const auto& [name, t] : buffers) add("buffers", name, t, kf.buffers);
     if (optimizer) {
-      const auto& state = optimizer->state();
       for (const auto& [name, p] : parameters) {
-        auto* s = stateOf(state, p);
-        if (!s || !*s) continue;
-        std::vector<std::pair<std::string, at::Tensor>> tensors;
-        std::optional<int64_t> counter;
-        optimizerState(**s, tensors, counter);
-        for (const auto& [key, t] : tensors) add("optimizer", name + "/" + key, t, kf.optimizerState);
-        if (counter) kf.optimizerScalars.emplace_back(name + "/step", static_cast<double>(*counter));
+        auto state = formats::torch::parameterState(*optimizer, p);
+        for (const auto& [key, t] : state.tensors) add("optimizer", name + "/" + key, t, kf.optimizerState);
+        if (state.step) kf.optimizerScalars.emplace_back(name + "/step", static_cast<double>(*state.step));
       }
     }
     jobs.push_back(recordJob(kf));
@@ -346,7 +257,7 @@ struct Recorder::Impl {
     std::vector<Job> jobs;
     formats::StepBeginData begin;
     begin.step = step;
-    begin.timeNs = nowNs();
+    begin.timeNs = formats::unixTimeNs();
     begin.keyframe = lastKeyframe;
     begin.learningRates = learningRates();
     for (const auto& [name, t] : batch) {
@@ -396,7 +307,7 @@ struct Recorder::Impl {
     c.kind = kind;
     c.step = step;
     c.phase = detail::phaseName(phase());
-    c.timeNs = nowNs();
+    c.timeNs = formats::unixTimeNs();
     c.pid = static_cast<uint32_t>(::getpid());
     c.thread = static_cast<uint64_t>(::syscall(SYS_gettid));
     return c;
@@ -412,16 +323,16 @@ struct Recorder::Impl {
   }
 };
 
-Recorder::Recorder(std::string dir, Policy policy) : impl_(std::make_unique<Impl>()) {
-  if (dir.empty())
-    if (const char* fromRun = std::getenv(kRecordDirVariable)) dir = fromRun;  // set by `crashcap run`
-  impl_->dir = std::move(dir);
+Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_unique<Impl>()) {
+  if (outputDir.empty())
+    if (const char* fromRun = std::getenv(kOutputDirVariable)) outputDir = fromRun;  // set by `crashcap run`
+  impl_->outputDir = std::move(outputDir);
   impl_->policy = policy;
   if (impl_->policy.keyframeEvery < 1)
     throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
                          fmt::format("keyframeEvery is {}; it must be >= 1", impl_->policy.keyframeEvery));
   detail::LiveWriterOptions wo;
-  wo.dir = impl_->dir;
+  wo.outputDir = impl_->outputDir;
   wo.zstdLevel = policy.zstdLevel;
   wo.compressionThreads = policy.compressionThreads;
   wo.queueBytes = policy.queueBytes;
@@ -444,7 +355,7 @@ Recorder::Recorder(std::string dir, Policy policy) : impl_(std::make_unique<Impl
   impl_->writer->setOpsSnapshot([] { return detail::snapshotOps(); });
   if (policy.kernelTrace) {
     const char* injected = std::getenv("CUDA_INJECTION64_PATH");
-    const char* runDir = std::getenv(kRecordDirVariable);
+    const char* runDir = std::getenv(kOutputDirVariable);
     if (injected && runDir && std::string(injected).find("crashcap_inject") != std::string::npos) {
       // Under `crashcap run`: when CUDA starts, it loads libcrashcap_inject.so, which holds
       // CUPTI's one subscriber slot and writes a trace file that crashcap run puts into the
@@ -537,24 +448,16 @@ void Recorder::setOptimizer(torch::optim::Optimizer& optimizer, Recipe recipe) {
   if (!m.writer) return;
   std::unordered_map<const void*, std::string> names;
   for (const auto& [n, t] : m.parameters) names[t.unsafeGetTensorImpl()] = n;
-  formats::OptimizerSpecData spec;
-  spec.kind = optimizerKind(optimizer);
+  size_t unnamed = 0;
+  auto spec = formats::torch::describeOptimizer(
+      optimizer,
+      [&](const at::Tensor& p) {
+        auto it = names.find(p.unsafeGetTensorImpl());
+        return it == names.end() ? std::string() : it->second;
+      },
+      unnamed);
   spec.gradClipNorm = recipe.gradClipNorm;
   spec.gradClipNormType = recipe.gradClipNormType;
-  size_t unnamed = 0;
-  for (const auto& g : optimizer.param_groups()) {
-    formats::ParamGroupData group;
-    for (const auto& p : g.params()) {
-      auto it = names.find(p.unsafeGetTensorImpl());
-      if (it == names.end()) {
-        ++unnamed;
-        continue;
-      }
-      group.parameters.push_back(it->second);
-    }
-    group.options = groupOptions(g.options());
-    spec.groups.push_back(std::move(group));
-  }
   if (unnamed)
     m.warn(fmt::format("{} optimizer parameters are not among the program's parameters; their state is not "
                        "recorded (call setProgram or setModel first)",
@@ -569,7 +472,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
                          fmt::format("beginStep({}) after step {}: steps must increase", step, m.lastStep));
   if (m.pendingCrash) m.sealCrash(std::move(*m.pendingCrash));
   m.lastStep = step;
-  m.stepStartNs = nowNs();
+  m.stepStartNs = formats::unixTimeNs();
   if (!m.writer) return StepGuard(this, step);
   at::NoGradGuard noGrad;
   at::DisableRecordFunctionGuard notAnOp;  // the recorder's own copies are not the training's ops
@@ -672,7 +575,7 @@ void StepGuard::end(const at::Tensor& loss) {
   auto& m = *recorder_->impl_;
   formats::StepEndData fp;
   fp.step = step_;
-  fp.durationNs = nowNs() - m.stepStartNs;
+  fp.durationNs = formats::unixTimeNs() - m.stepStartNs;
   {
     at::NoGradGuard noGrad;
     at::DisableRecordFunctionGuard notAnOp;

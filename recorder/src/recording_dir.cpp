@@ -13,6 +13,7 @@
 #include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
 
 namespace crashcap::recorder {
@@ -76,10 +77,6 @@ std::vector<std::string> segmentFiles(const std::string& recording) {
 
 namespace {
 
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 /// What one file of the recording says about how the run ended.
 struct FileFindings {
@@ -161,7 +158,7 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   std::string out = options.out;
   if (out.empty()) {
     const char* kind = report.state == "finished" ? "recording" : "crash";
-    int64_t t = crash ? crash->timeNs : nowNs();
+    int64_t t = crash ? crash->timeNs : formats::unixTimeNs();
     out = bundlePath(fs::path(recording).parent_path().string(), kind, t, pid);
   } else if (fs::exists(out)) {
     throw Error(ErrorCode::InvalidArgument, fmt::format("{} already exists", out),

@@ -24,95 +24,35 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
+#include "crashcap/formats/torch/optimizer.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/testing/fault_injection.hpp"
 
 namespace crashcap::replayer {
+
+const char* verdictName(Verdict verdict) {
+  switch (verdict) {
+    case Verdict::ReproducedBitwise: return "reproduced-bitwise";
+    case Verdict::Reproduced: return "reproduced";
+    case Verdict::Diverged: return "diverged";
+    case Verdict::NotReproduced: return "not-reproduced";
+  }
+  return "not-reproduced";
+}
+
+std::optional<Verdict> parseVerdict(const std::string& text) {
+  for (auto v : {Verdict::ReproducedBitwise, Verdict::Reproduced, Verdict::Diverged, Verdict::NotReproduced})
+    if (text == verdictName(v)) return v;
+  return std::nullopt;
+}
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
 double msSince(Clock::time_point t) { return std::chrono::duration<double, std::milli>(Clock::now() - t).count(); }
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
-
-std::string lastLine(const std::string& text) {
-  auto end = text.find_last_not_of("\n ");
-  if (end == std::string::npos) return "";
-  auto start = text.rfind('\n', end);
-  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
-}
-
-/// The optimizer's state map is keyed by TensorImpl pointer: as a string in LibTorch 1.x, as
-/// the pointer in later versions (the recorder reads it the same way).
-template <typename Map>
-void putState(Map& state, const at::Tensor& p, std::unique_ptr<torch::optim::OptimizerParamState> s) {
-  if constexpr (std::is_same_v<typename Map::key_type, std::string>) {
-    std::ostringstream key;
-    key << p.unsafeGetTensorImpl();
-    state[key.str()] = std::move(s);
-  } else {
-    state[p.unsafeGetTensorImpl()] = std::move(s);
-  }
-}
-
-std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const formats::OptimizerSpecData& spec,
-                                                       const std::map<std::string, at::Tensor>& params) {
-  using namespace torch::optim;
-  std::vector<OptimizerParamGroup> groups;
-  auto options = [&](const formats::ParamGroupData& g) -> std::unique_ptr<OptimizerOptions> {
-    double lr = g.option("lr", 1e-3);
-    if (spec.kind == "sgd")
-      return std::make_unique<SGDOptions>(SGDOptions(lr)
-                                              .momentum(g.option("momentum", 0))
-                                              .dampening(g.option("dampening", 0))
-                                              .weight_decay(g.option("weight_decay", 0))
-                                              .nesterov(g.option("nesterov", 0) != 0));
-    // Adam and AdamW share their options under different types (and weight-decay defaults).
-    auto adamLike = [&](auto o, double weightDecay) {
-      o.betas({g.option("beta1", 0.9), g.option("beta2", 0.999)})
-          .eps(g.option("eps", 1e-8))
-          .weight_decay(g.option("weight_decay", weightDecay))
-          .amsgrad(g.option("amsgrad", 0) != 0);
-      return std::make_unique<decltype(o)>(o);
-    };
-    if (spec.kind == "adam") return adamLike(AdamOptions(lr), 0);
-    if (spec.kind == "adamw") return adamLike(AdamWOptions(lr), 1e-2);
-    if (spec.kind == "rmsprop")
-      return std::make_unique<RMSpropOptions>(RMSpropOptions(lr)
-                                                  .alpha(g.option("alpha", 0.99))
-                                                  .eps(g.option("eps", 1e-8))
-                                                  .weight_decay(g.option("weight_decay", 0))
-                                                  .momentum(g.option("momentum", 0))
-                                                  .centered(g.option("centered", 0) != 0));
-    if (spec.kind == "adagrad")
-      return std::make_unique<AdagradOptions>(AdagradOptions(lr)
-                                                  .lr_decay(g.option("lr_decay", 0))
-                                                  .weight_decay(g.option("weight_decay", 0))
-                                                  .initial_accumulator_value(g.option("initial_accumulator_value", 0))
-                                                  .eps(g.option("eps", 1e-10)));
-    throw Error(ErrorCode::Unsupported, fmt::format("optimizer kind '{}' cannot be replayed", spec.kind),
-                "the recorder knows SGD, Adam, AdamW, RMSprop and Adagrad");
-  };
-  for (const auto& g : spec.groups) {
-    std::vector<at::Tensor> ps;
-    for (const auto& name : g.parameters) {
-      auto it = params.find(name);
-      if (it == params.end())
-        throw Error(ErrorCode::Corrupt, fmt::format("optimizer group names parameter '{}', which the step program lacks", name));
-      ps.push_back(it->second);
-    }
-    groups.emplace_back(std::move(ps), options(g));
-  }
-  if (groups.empty()) throw Error(ErrorCode::Corrupt, "optimizer spec has no parameter groups");
-  // Defaults are only used for groups without options; every group here has its own.
-  auto first = options(spec.groups.front());
-  if (spec.kind == "sgd") return std::make_unique<SGD>(std::move(groups), static_cast<SGDOptions&>(*first));
-  if (spec.kind == "adam") return std::make_unique<Adam>(std::move(groups), static_cast<AdamOptions&>(*first));
-  if (spec.kind == "adamw") return std::make_unique<AdamW>(std::move(groups), static_cast<AdamWOptions&>(*first));
-  if (spec.kind == "rmsprop") return std::make_unique<RMSprop>(std::move(groups), static_cast<RMSpropOptions&>(*first));
-  return std::make_unique<Adagrad>(std::move(groups), static_cast<AdagradOptions&>(*first));
-}
 
 // ---- The instrumented step: every op's outputs checked for NaN/Inf --------------------------
 
@@ -452,6 +392,7 @@ Program loadTorchScript(const formats::BundleReader& reader, const formats::Reco
 ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options, Probe& probe, const ProgramFactory& makeProgram,
                         bool wideAtTarget = false) {
   ReplayResult result;
+  result.rows = options.rows;
   auto t0 = Clock::now();
   testing::installFaultInjection();
   auto reader = formats::BundleReader::open(bundle);
@@ -524,7 +465,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
   }
 
   // Restore the keyframe: weights, buffers, optimizer state.
-  auto optimizer = makeOptimizer(*view.optimizer, params);
+  auto optimizer = formats::torch::makeOptimizer(*view.optimizer, params);
   {
     at::NoGradGuard noGrad;
     auto restore = [&](const std::string& prefix, std::map<std::string, at::Tensor>& into) {
@@ -545,47 +486,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
         auto full = formats::keyframeTensorName(keyframe->step, "optimizer", name + "/" + key);
         return reader->find(full) ? formats::torch::readTensor(*reader, full).to(p.device(), p.scalar_type()) : at::Tensor();
       };
-      using namespace torch::optim;
-      const auto& kind = view.optimizer->kind;
-      std::unique_ptr<OptimizerParamState> s;
-      if (kind == "sgd") {
-        if (auto m = get("momentum_buffer"); m.defined()) {
-          auto st = std::make_unique<SGDParamState>();
-          st->momentum_buffer(m);
-          s = std::move(st);
-        }
-      } else if (kind == "adam" || kind == "adamw") {
-        if (auto a = get("exp_avg"); a.defined()) {
-          auto fill = [&](auto st) {
-            st->step(counters[name]);
-            st->exp_avg(a);
-            st->exp_avg_sq(get("exp_avg_sq"));
-            if (auto m = get("max_exp_avg_sq"); m.defined()) st->max_exp_avg_sq(m);
-            return st;
-          };
-          if (kind == "adam")
-            s = fill(std::make_unique<AdamParamState>());
-          else
-            s = fill(std::make_unique<AdamWParamState>());
-        }
-      } else if (kind == "rmsprop") {
-        if (auto sq = get("square_avg"); sq.defined()) {
-          auto st = std::make_unique<RMSpropParamState>();
-          st->step(counters[name]);
-          st->square_avg(sq);
-          if (auto m = get("momentum_buffer"); m.defined()) st->momentum_buffer(m);
-          if (auto g = get("grad_avg"); g.defined()) st->grad_avg(g);
-          s = std::move(st);
-        }
-      } else if (kind == "adagrad") {
-        if (auto sum = get("sum"); sum.defined()) {
-          auto st = std::make_unique<AdagradParamState>();
-          st->step(counters[name]);
-          st->sum(sum);
-          s = std::move(st);
-        }
-      }
-      if (s) putState(optimizer->state(), p, std::move(s));
+      formats::torch::restoreParameterState(*optimizer, view.optimizer->kind, p, get, counters[name]);
     }
   }
   result.loadMs = msSince(t0);
@@ -697,25 +598,24 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
   bool allBitwise = true;
   for (const auto& r : result.steps) allBitwise = allBitwise && (r.bitwise || (!r.recorded && r.step == target));
   if (result.divergedAt) {
-    result.verdict = "diverged";
+    result.verdict = Verdict::Diverged;
   } else if (recordedFailure) {
     const auto& kind = view.crash->kind;
     bool sameClass = (kind == "nonfinite" && replayNonFinite) ||
                      ((kind == "exception" || kind == "terminate") && !last.error.empty());
     if (!sameClass) {
-      result.verdict = "not-reproduced";
+      result.verdict = Verdict::NotReproduced;
     } else {
       bool sameText = kind == "nonfinite" ? (last.recorded ? last.bitwise : true)
                                           : lastLine(last.error) == lastLine(view.crash->error);
-      result.verdict = allBitwise && sameText && result.sameSetup ? "reproduced-bitwise" : "reproduced";
+      result.verdict = allBitwise && sameText && result.sameSetup ? Verdict::ReproducedBitwise : Verdict::Reproduced;
     }
   } else {
     // No failure recorded here: replay reproduces the recording, or departs from it.
     if (last.recorded && !last.bitwise && result.sameSetup) result.divergedAt = target;
-    result.verdict = result.divergedAt ? "diverged"
-                     : !last.error.empty() ? "diverged"
-                     : result.sameSetup && allBitwise ? "reproduced-bitwise"
-                                                      : "reproduced";
+    result.verdict = result.divergedAt || !last.error.empty() ? Verdict::Diverged
+                     : result.sameSetup && allBitwise           ? Verdict::ReproducedBitwise
+                                                                : Verdict::Reproduced;
     if (!last.error.empty() && !result.divergedAt) result.divergedAt = target;
   }
   return result;

@@ -86,7 +86,7 @@ TEST_CASE("a setModel recording replays through the user's step function, bit fo
   });
   CHECK(r.step == 6);
   CHECK(r.keyframe == 4);
-  CHECK(r.verdict == "reproduced-bitwise");  // step 4 and 5 equal the recording, dropout included
+  CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);  // step 4 and 5 equal the recording, dropout included
   CHECK(r.steps.size() == 3);
   REQUIRE(r.firstNonFiniteOp);
   CHECK(r.firstNonFiniteOp->phase == "forward");
@@ -150,5 +150,5 @@ TEST_CASE("an error thrown from C++ replays as its message, without LibTorch's b
   CHECK(r.step == 5);
   CHECK(r.error == "label 99 is out of range for 3 classes");
   CHECK(r.error.find("frame #") == std::string::npos);
-  CHECK(r.verdict == "reproduced-bitwise");
+  CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);
 }

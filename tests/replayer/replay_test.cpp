@@ -47,7 +47,7 @@ TEST_CASE("replay reproduces each sample crash bit for bit and names the first n
       test::TempDir dir;
       auto bundle = crashBundle(dir, c.sample, c.fault);
       auto r = replayer::replay(bundle);
-      CHECK(r.verdict == "reproduced-bitwise");
+      CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);
       CHECK(r.step == 6);
       CHECK(r.keyframe == 4);
       CHECK(!r.divergedAt);
@@ -72,7 +72,7 @@ TEST_CASE("replay reproduces an exception with the same text, including the drop
   test::TempDir dir;
   auto bundle = crashBundle(dir, "crashcap-sample-cls", "bad-label");
   auto r = replayer::replay(bundle);
-  CHECK(r.verdict == "reproduced-bitwise");  // steps 4, 5 bit for bit (dropout draws from the restored RNG)
+  CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);  // steps 4, 5 bit for bit (dropout draws from the restored RNG)
   CHECK(r.error.find("Target 10 is out of bounds.") != std::string::npos);
 }
 
@@ -82,7 +82,7 @@ TEST_CASE("replay restores Adam's moments and step counters bit for bit", "[repl
   auto r = replayer::replay(bundle);
   CHECK(r.keyframe == 4);
   CHECK(r.steps.size() == 4);
-  CHECK(r.verdict == "reproduced-bitwise");  // steps 4..6 after Adam updates from restored state
+  CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);  // steps 4..6 after Adam updates from restored state
 }
 
 TEST_CASE("an injected nondeterministic kernel makes replay diverged at its step", "[replayer][fault]") {
@@ -143,7 +143,7 @@ TEST_CASE("replay of a healthy step matches the recording; a missing step is a c
   replayer::ReplayOptions o;
   o.step = 6;
   auto r = replayer::replay(bundle, o);
-  CHECK(r.verdict == "reproduced-bitwise");
+  CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);
   CHECK(r.error.empty());
   CHECK(!r.firstNonFiniteOp);
   o.step = 400;

@@ -67,6 +67,10 @@ auto withContext(const std::string& frame, Fn&& fn) -> decltype(fn()) {
   }
 }
 
+/// The last non-empty line of an error text, "" for a blank one. Errors raised inside TorchScript
+/// carry the interpreter's traceback with the original message last ("Target 7 is out of bounds.").
+std::string lastLine(const std::string& text);
+
 [[noreturn]] void assertionFailed(const char* expr, const char* file, int line, const std::string& detail);
 
 }  // namespace crashcap

@@ -7,6 +7,10 @@
 
 #include "crashcap/formats/dtype.hpp"
 
+namespace crashcap::formats {
+class BundleReader;
+}
+
 namespace crashcap::inspect {
 
 /// Owning, contiguous, row-major, little-endian tensor bytes. Invariant:
@@ -24,6 +28,10 @@ struct HostTensor {
   /// Imaginary part of element i (0 for real types).
   double imagAt(uint64_t i) const;
 };
+
+/// Tensor `name` of `reader`, read whole into memory (within the reader's limits). Throws
+/// Error{NotFound} for a name the bundle lacks and the reader's errors for damage.
+HostTensor loadTensor(const formats::BundleReader& reader, const std::string& name);
 
 /// Flat index -> multi-index for `shape`.
 std::vector<int64_t> unravelIndex(uint64_t flat, const std::vector<int64_t>& shape);

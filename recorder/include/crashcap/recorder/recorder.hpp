@@ -4,7 +4,7 @@
 // loss and gradient norm after backward; every K steps a keyframe (weights, buffers,
 // optimizer state); a ring of the last ATen ops; and, when the process fails (exception,
 // std::terminate, fatal signal, non-finite loss), a crash record, after which it seals
-// <dir>/crash-<time>-<pid>.ccap. The disk work happens on a background thread; a full disk
+// <outputDir>/crash-<time>-<pid>.ccap. The disk work happens on a background thread; a full disk
 // degrades the recording and never the training.
 //
 //   crashcap::recorder::Recorder rec("runs/crashes");
@@ -127,11 +127,12 @@ class StepGuard {
 
 class Recorder {
  public:
-  /// Starts a recording in `dir` (created if needed): <dir>/recording-<time>-<pid>/; an empty
-  /// `dir` means $CRASHCAP_DIR, which `crashcap run` sets for the command it supervises. When the
-  /// directory cannot be used the training still runs: stats().recording is false and one
-  /// warning says why.
-  explicit Recorder(std::string dir, Policy policy = {});
+  /// Starts a recording in the output directory `outputDir` (created if needed): the recording is
+  /// the directory <outputDir>/recording-<time>-<pid>/ (recordingDir()), and crash bundles land in
+  /// <outputDir> itself. An empty `outputDir` means $CRASHCAP_DIR, which `crashcap run` sets for
+  /// the command it supervises. When the directory cannot be used the training still runs:
+  /// stats().recording is false and one warning says why.
+  explicit Recorder(std::string outputDir, Policy policy = {});
   ~Recorder();  ///< close()
   Recorder(const Recorder&) = delete;
   Recorder& operator=(const Recorder&) = delete;
@@ -159,7 +160,7 @@ class Recorder {
   void close();
 
   RecorderStats stats() const;
-  /// The live recording directory ("" when not recording).
+  /// The live recording directory, <outputDir>/recording-<time>-<pid> ("" when not recording).
   std::string recordingDir() const;
   /// The last crash bundle sealed ("" none).
   std::string crashBundle() const;

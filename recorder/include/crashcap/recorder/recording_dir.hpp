@@ -19,6 +19,9 @@
 
 namespace crashcap::recorder {
 
+/// The output directory a Recorder constructed with "" uses: `crashcap run` sets it for the
+/// command it supervises, so the recorder's crash bundles land where the supervisor seals.
+inline constexpr const char* kOutputDirVariable = "CRASHCAP_DIR";
 inline constexpr const char* kRunFileName = "run.ccap";
 inline constexpr const char* kRecordingPrefix = "recording-";
 

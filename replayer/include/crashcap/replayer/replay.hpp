@@ -13,6 +13,20 @@
 
 namespace crashcap::replayer {
 
+/// What a replay concludes about the recorded failure at its target step.
+enum class Verdict {
+  ReproducedBitwise,  ///< the failure came back, and every replayed step equals the recording bit for bit
+  Reproduced,         ///< the same class of failure came back; numbers or setup differ
+  Diverged,           ///< a step before the target departs from the recording (nondeterminism)
+  NotReproduced,      ///< the target step runs without the recorded failure
+};
+/// "reproduced-bitwise", "reproduced", "diverged", "not-reproduced": the CLI's and JSON's words.
+const char* verdictName(Verdict verdict);
+/// The inverse of verdictName; nullopt for any other text.
+std::optional<Verdict> parseVerdict(const std::string& text);
+/// Reproduced or ReproducedBitwise: the recorded failure showed up again.
+inline bool reproduces(Verdict verdict) { return verdict == Verdict::ReproducedBitwise || verdict == Verdict::Reproduced; }
+
 struct ReplayOptions {
   int64_t step = -1;             ///< target step; -1: the crash's step, else the last recorded
   bool instrument = true;        ///< per-op output checks on the target step
@@ -58,7 +72,9 @@ struct StepReplay {
   bool bitwise = false;          ///< loss and gradient norm equal the recording bit for bit
   std::string error;             ///< the step threw
   double learningRate = 0;       ///< of the first parameter group
-  double weightNorm = 0;         ///< total 2-norm of the weights after this step's update
+  /// Total 2-norm of the weights after this step's update; only for a step before the target
+  /// that completed its optimizer step (the target stops before it, a step that threw has none).
+  std::optional<double> weightNorm;
   bool weightsFinite = true;     ///< every weight finite after the update (steps before the target)
 };
 
@@ -83,8 +99,7 @@ struct DepartingOp {
 };
 
 struct ReplayResult {
-  /// "reproduced-bitwise" | "reproduced" | "diverged" | "not-reproduced"
-  std::string verdict;
+  Verdict verdict = Verdict::NotReproduced;
   int64_t step = -1;             ///< target
   int64_t keyframe = -1;         ///< replay started from this keyframe
   std::string recordedError;     ///< what the recording says happened at the target
@@ -103,6 +118,7 @@ struct ReplayResult {
   /// bit and a departure is `diverged`. Otherwise only the failure itself is compared.
   bool sameSetup = true;
   int64_t batchSize = 0;         ///< rows of the target step's batch (dim 0 of its first input)
+  std::vector<int64_t> rows;     ///< the batch rows the target step kept (ReplayOptions::rows); empty: all
 };
 
 /// Replays `bundle`. Throws crashcap::Error (NotFound: no such step or keyframe; Unsupported:

@@ -1,5 +1,5 @@
 #pragma once
-// The kernel tracer (DESIGN.md "Kernel trace"): CUPTI activity records and a host-side
+// The kernel tracer (docs/RUN.md, "Kernel trace"): CUPTI activity records and a host-side
 // launch ring, the first CUDA API call that fails, and the ATen op that launched each kernel.
 // Errors on a GPU are asynchronous: the launch ring, filled on the launching thread, is the
 // evidence that survives once the context is poisoned. With no driver, no device, no CUPTI

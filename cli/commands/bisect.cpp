@@ -1,0 +1,143 @@
+// crashcap bisect steps|ops|samples|config: what the failure needs.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <cmath>
+#include <iostream>
+
+#include "../command.hpp"
+#include "../output.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/investigate/bisect.hpp"
+#include "crashcap/investigate/results_json.hpp"
+
+namespace crashcap::cli {
+namespace {
+
+struct Options {
+  std::string what;                    ///< steps | ops | samples | config
+  std::string bundle;
+  int64_t step = -1;
+  double timeout = 300;
+  double tolerance = 1e-3;             ///< ops: normalised error allowed against float64
+  bool json = false;
+};
+
+void printSteps(const investigate::StepBisection& b) {
+  std::cout << fmt::format("replayed steps {}..{} from keyframe {}\n", b.fromKeyframe, b.target, b.fromKeyframe);
+  std::cout << "  step   lr           loss           grad norm      weight norm after update\n";
+  for (const auto& s : b.steps)
+    std::cout << fmt::format("  {:<6} {:<12.4g} {:<14.7g} {:<14.7g} {}\n", s.step, s.learningRate, s.loss,
+                             s.hasGradNorm ? s.gradNorm : std::nan(""),
+                             s.weightNorm ? fmt::format("{:.7g}", *s.weightNorm) : std::string("-"));
+  if (const auto& first = b.firstFailure)
+    std::cout << fmt::format("first failing step: {} ({})\n", first->step,
+                             first->reason == "weights" ? "its update made weights non-finite"
+                             : first->reason == "error" ? "it throws"
+                                                        : "its " + first->reason + " is non-finite");
+  else
+    std::cout << "no replayed step fails\n";
+}
+
+void printSamples(const std::string& bundle, const investigate::SampleBisection& b) {
+  if (!b.reproduced) {
+    std::cout << fmt::format("step {} does not fail when replayed with its whole batch: nothing to bisect\n", b.step);
+    return;
+  }
+  std::cout << fmt::format(
+      "step {}: the failure needs batch row{} [{}] of {}{} ({} replays; a single culprit row takes at most {})\n", b.step,
+      b.rows.size() == 1 ? "" : "s", joinRows(b.rows), b.batchSize,
+      b.datasetIndices ? fmt::format(", dataset index {}", joinRows(*b.datasetIndices)) : "", b.replays, b.replayBound);
+  std::cout << fmt::format("rerun: crashcap replay {} --step {} --rows {}\n", bundle, b.step, joinRows(b.rows));
+}
+
+void printOps(const investigate::OpBisection& b) {
+  const auto& nonFinite = b.replay.firstNonFiniteOp;
+  std::cout << fmt::format("step {} replayed as recorded ({}) and in float64 on the CPU ({})\n", b.step,
+                           b.replay.error.empty() ? "passes" : "fails", b.reference.error.empty() ? "passes" : "fails");
+  if (nonFinite)
+    std::cout << fmt::format("first op with a non-finite output: {} ({}, op #{})\n", nonFinite->name, nonFinite->phase,
+                             nonFinite->index);
+  else
+    std::cout << "no op output goes non-finite\n";
+  if (const auto& d = b.firstDeparting)
+    std::cout << fmt::format("first op departing from float64: {} ({}, outermost op #{}): error {:.3g} over {} elements "
+                             "(tolerance {:.3g} of the reference's largest value)\n",
+                             d->name, d->phase, d->index, d->error, d->elements, b.tolerance);
+  else
+    std::cout << fmt::format("no op departs from float64 beyond {:.3g} ({} ops compared)\n", b.tolerance, b.opsCompared);
+  if (!b.stoppedBecause.empty()) std::cout << "comparison stopped: " << b.stoppedBecause << "\n";
+}
+
+void printConfig(const investigate::ConfigBisection& b) {
+  const bool baseFails = b.baseline.fails;
+  std::cout << fmt::format("step {} under the recorded settings on {}: {}\n", b.step, b.baseline.device,
+                           baseFails ? "fails" : "passes");
+  std::cout << fmt::format("  {:<48} {:<10} {}\n", "change", "outcome", "rerun");
+  auto row = [&](const std::string& change, const investigate::ConfigTrial& t) {
+    std::string outcome = t.fails ? "fails" : t.outcome == "ok" ? "passes" : t.outcome;
+    std::cout << fmt::format("  {:<48} {:<10} {}{}\n", change, outcome, t.command,
+                             t.fails != baseFails ? "   <- changes the outcome" : "");
+  };
+  for (const auto& f : b.flips) row(fmt::format("{}={} (was {})", f.setting, f.value, f.recorded), f);
+  for (const auto& d : b.devices) row("device " + d.device, d);
+  if (b.changesOutcome.empty())
+    std::cout << "no single setting or device changes the outcome\n";
+  else
+    std::cout << fmt::format("the outcome depends on: {}\n", fmt::join(b.changesOutcome, ", "));
+}
+
+int bisect(const Options& o) {
+  investigate::ExperimentOptions eo;
+  eo.timeoutSeconds = o.timeout;
+  eo.progress = !o.json;
+  if (o.what == "steps") {
+    auto b = investigate::bisectSteps(o.bundle, o.step);
+    o.json ? printJson(investigate::toJson(b)) : printSteps(b);
+  } else if (o.what == "ops") {
+    auto b = investigate::bisectOps(o.bundle, o.step, o.tolerance);
+    o.json ? printJson(investigate::toJson(b)) : printOps(b);
+  } else if (o.what == "samples") {
+    investigate::ExperimentRunner runner(eo);
+    auto b = investigate::bisectSamples(o.bundle, o.step, runner);
+    o.json ? printJson(investigate::toJson(b)) : printSamples(o.bundle, b);
+  } else if (o.what == "config") {
+    investigate::ExperimentRunner runner(eo);
+    auto b = investigate::bisectConfig(o.bundle, o.step, runner);
+    o.json ? printJson(investigate::toJson(b)) : printConfig(b);
+  } else {
+    throw Error(ErrorCode::InvalidArgument, fmt::format("bisect {}: unknown", o.what), "bisect steps|ops|samples|config BUNDLE");
+  }
+  return kExitOk;
+}
+
+Command bisectCommand(CLI::App& root) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = root.add_subcommand("bisect", torchCommandSummary("bisect"));
+  cmd->add_option("what", o->what, "steps | ops | samples | config")
+      ->required()
+      ->check(CLI::IsMember({"samples", "steps", "ops", "config"}));
+  cmd->add_option("bundle", o->bundle, "Bundle with a step program")->required();
+  cmd->add_option("--step", o->step, "Step to bisect (default: the crash's step)");
+  cmd->add_option("--timeout", o->timeout, "Seconds per experiment before it is killed")->capture_default_str();
+  cmd->add_option("--tolerance", o->tolerance, "ops: error allowed against float64, relative to the largest value")
+      ->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
+  cmd->footer("steps: replays the retained history from the earliest keyframe; the first step that throws or whose\n"
+              "  loss, gradient norm or updated weights go non-finite.\n"
+              "ops: the first op whose output goes non-finite, and the first whose output departs from a float64\n"
+              "  CPU replay of the same step beyond --tolerance.\n"
+              "samples: delta debugging over the failing step's batch: the samples the failure needs, named by\n"
+              "  their row in the batch and, when the batch carried an `index` tensor, their dataset index.\n"
+              "config: the step under the recorded settings, then with each of cudnn.enabled, cudnn.benchmark,\n"
+              "  cudnn.deterministic, cudnn.allow_tf32, cuda.matmul.allow_tf32, torch.deterministic_algorithms,\n"
+              "  torch.autocast, torch.threads flipped, and on each other device here.\n"
+              "Experiments of samples and config are `crashcap replay` child processes with a timeout, so a crash\n"
+              "or hang is a result, not the end.");
+  return {cmd, [o] { return bisect(*o); }, &o->json};
+}
+
+}  // namespace
+}  // namespace crashcap::cli
+
+CRASHCAP_COMMAND(210, crashcap::cli::bisectCommand)

@@ -1,0 +1,84 @@
+// crashcap inspect: the story of a recorded run, or with --trace its kernel trace.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "../command.hpp"
+#include "../output.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/inspect/story.hpp"
+#include "crashcap/inspect/trace_report.hpp"
+
+namespace crashcap::cli {
+namespace {
+
+struct Options {
+  std::string bundle;
+  bool trace = false;
+  size_t launches = inspect::TraceReportOptions{}.lastLaunches;
+  ReadOptions read;
+};
+
+int inspectTrace(const Options& o, const formats::BundleReader& reader) {
+  auto view = formats::readRecording(reader);
+  inspect::TraceReportOptions to;
+  to.lastLaunches = o.launches;
+  if (o.read.json) {
+    auto j = inspect::traceJson(view, to);
+    j["bundle"] = o.bundle;
+    printJson(j);
+    return kExitOk;
+  }
+  std::cout << inspect::traceText(view, to);
+  if (!view.kernelTraces.empty() || view.opTrace)
+    std::cout << fmt::format("\nnext          crashcap export {} --chrome trace.json   (a time line for "
+                             "https://ui.perfetto.dev)\n",
+                             o.bundle);
+  return kExitOk;
+}
+
+int inspectStory(const Options& o) {
+  auto reader = formats::BundleReader::open(o.bundle, o.read.limits(), progressPrinter("scanning"));
+  endProgress();
+  if (o.trace) return inspectTrace(o, *reader);
+  if (o.read.json) {
+    printJson(inspect::storyJson(*reader));
+    return kExitOk;
+  }
+  std::cout << inspect::storyText(*reader);
+  // The story has no room for the GPU side; say that there is one and where to read it.
+  for (const auto& t : formats::readRecording(*reader).kernelTraces) {
+    // The error that poisoned the context is the failure; a soft one may have come first.
+    const auto& e = t.stickyError ? t.stickyError : t.firstError;
+    std::string error;
+    if (e)
+      error = fmt::format("; first {}CUDA error {} in {}", t.stickyError ? "sticky " : "",
+                          e->name.empty() ? std::to_string(e->code) : e->name, e->api);
+    std::cout << fmt::format("trace      pid {}: {}{}  (crashcap inspect {} --trace)\n", t.pid, t.status, error, o.bundle);
+  }
+  return kExitOk;
+}
+
+Command inspectCommand(CLI::App& root) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = root.add_subcommand("inspect",
+                                  "The story of a recorded run: steps, keyframes, the crash, last ops, the failing batch");
+  cmd->add_option("bundle", o->bundle, "Bundle file (crash-*.ccap)")->required();
+  auto* traceFlag = cmd->add_flag("--trace", o->trace,
+                                  "The kernel trace instead: per traced process the first CUDA error (kernel, op), the "
+                                  "last launches, kernels per op");
+  cmd->add_option("--launches", o->launches, "With --trace: how many of the last launches to list")
+      ->capture_default_str()
+      ->needs(traceFlag);
+  cmd->footer("Example: crashcap inspect runs/crash-20261121T233427Z-4242.ccap --json | jq .crash\n"
+              "         crashcap inspect runs/crash-20261121T233427Z-4242.ccap --trace --launches 50\n"
+              "The trace's time line: crashcap export B --chrome trace.json (docs/INSPECT.md).");
+  addReadOptions(cmd, o->read);
+  return {cmd, [o] { return inspectStory(*o); }, &o->read.json};
+}
+
+}  // namespace
+}  // namespace crashcap::cli
+
+CRASHCAP_COMMAND(5, crashcap::cli::inspectCommand)

@@ -1,0 +1,131 @@
+// crashcap replay: re-runs the failing step from a bundle and says whether the crash reproduces.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "../command.hpp"
+#include "../output.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/torch/settings.hpp"
+#include "crashcap/investigate/results_json.hpp"
+#include "crashcap/replayer/replay.hpp"
+
+namespace crashcap::cli {
+namespace {
+
+struct Options {
+  std::string bundle;
+  int64_t step = -1;
+  std::string device;                  ///< "": the recorded device when here, else cpu
+  std::string dtype;                   ///< "" | "float64"
+  std::vector<std::string> settings;   ///< "NAME=VALUE"
+  std::string rows;                    ///< "0,3,5": keep only these rows of the target step's batch
+  bool noInstrument = false;
+  bool json = false;
+};
+
+std::map<std::string, std::string> parseSettings(const std::vector<std::string>& items) {
+  std::map<std::string, std::string> out;
+  for (const auto& item : items) {
+    auto eq = item.find('=');
+    if (eq == std::string::npos)
+      throw Error(ErrorCode::InvalidArgument, fmt::format("--set '{}' is not SETTING=VALUE", item),
+                  fmt::format("e.g. --set cudnn.benchmark=false; settings: {}",
+                              fmt::join(formats::torch::settingNames(), ", ")));
+    std::string name = item.substr(0, eq);
+    formats::torch::currentSetting(name);  // an unknown name is a usage error now, not in the child
+    out[name] = item.substr(eq + 1);
+  }
+  return out;
+}
+
+std::string settingsText(const std::map<std::string, std::string>& now, const std::map<std::string, std::string>& recorded) {
+  std::string changed;
+  for (const auto& [name, value] : now) {
+    auto it = recorded.find(name);
+    if (it == recorded.end() || it->second != value)
+      changed += fmt::format("{}{}={} (recorded {})", changed.empty() ? "" : ", ", name, value,
+                             it == recorded.end() ? "unknown" : it->second);
+  }
+  return changed.empty() ? "settings as recorded" : "settings changed: " + changed;
+}
+
+std::string valueLine(const char* what, const replayer::ValueStats& v) {
+  return fmt::format("  {} {}[{}]  NaN {}  Inf {}  finite range {}..{}\n", what, v.dtype, fmt::join(v.shape, ", "),
+                     v.nanCount, v.infCount, v.min ? fmt::format("{:.6g}", *v.min) : "-",
+                     v.max ? fmt::format("{:.6g}", *v.max) : "-");
+}
+
+void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
+  std::cout << fmt::format("replayed steps {}..{} of {} from keyframe {} on {} ({} threads, {}) in {:.0f} ms\n", r.keyframe,
+                           r.step, bundle, r.keyframe, r.device, r.threads,
+                           r.dtype == "float64" ? "float64" : "dtype as recorded", r.loadMs + r.replayMs);
+  if (!r.sameSetup)
+    std::cout << fmt::format("  not the recorded setup (recorded on {}; {}): only the failure is compared, not the bits\n",
+                             r.recordedDevice.empty() ? "an unknown device" : r.recordedDevice,
+                             settingsText(r.settings, r.recordedSettings));
+  for (const auto& s : r.steps) {
+    std::cout << fmt::format("  step {:<5} loss {:<14} grad norm {:<14} {}", s.step, fmt::format("{:.7g}", s.loss),
+                             s.hasGradNorm ? fmt::format("{:.7g}", s.gradNorm) : "-",
+                             !s.recorded  ? "(no recorded fingerprint)"
+                             : s.bitwise ? "= recording, bit for bit"
+                                         : fmt::format("!= recording ({:.7g}, {:.7g})", s.recordedLoss, s.recordedGradNorm));
+    if (!s.error.empty()) std::cout << "  error: " << lastLine(s.error);
+    std::cout << "\n";
+  }
+  std::cout << fmt::format("verdict  {}\n", replayer::verdictName(r.verdict));
+  if (r.divergedAt)
+    std::cout << fmt::format("diverged at step {}: replay departs from the recording (nondeterminism?)\n", *r.divergedAt);
+  if (!r.error.empty()) std::cout << fmt::format("error    {}\n", r.error);
+  if (r.firstNonFiniteOp) {
+    const auto& f = *r.firstNonFiniteOp;
+    std::cout << fmt::format("first op with a non-finite output: {} ({}, op #{} of the step, autograd seq {})\n", f.name,
+                             f.phase, f.index, f.seq);
+    for (const auto& v : f.inputs) std::cout << valueLine("input ", v);
+    for (const auto& v : f.outputs) std::cout << valueLine("output", v);
+  }
+}
+
+int replay(const Options& o) {
+  replayer::ReplayOptions ro;
+  ro.step = o.step;
+  ro.instrument = !o.noInstrument;
+  ro.device = o.device;
+  ro.dtype = o.dtype;
+  ro.settings = parseSettings(o.settings);
+  if (!o.rows.empty()) ro.rows = parseRows(o.rows);
+  auto r = replayer::replay(o.bundle, ro);
+  if (o.json)
+    printJson(investigate::toJson(r));
+  else
+    printReplay(o.bundle, r);
+  return kExitOk;
+}
+
+Command replayCommand(CLI::App& root) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = root.add_subcommand("replay", torchCommandSummary("replay"));
+  cmd->add_option("bundle", o->bundle, "Bundle with a step program (crash-*.ccap)")->required();
+  cmd->add_option("--step", o->step, "Step to reproduce (default: the crash's step)");
+  cmd->add_option("--device", o->device, "Where to replay: cpu, cuda:K (default: the recorded device when here, else cpu)");
+  cmd->add_option("--dtype", o->dtype, "float64: replay in double precision (the reference of bisect ops)")
+      ->check(CLI::IsMember({"float64"}));
+  cmd->add_option("--set", o->settings, "SETTING=VALUE instead of the recorded value, e.g. cudnn.benchmark=false (repeatable)");
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
+  cmd->add_option("--rows", o->rows, "Keep only these samples of the step's batch, by row: e.g. 0,3 (an experiment)");
+  cmd->add_flag("--no-instrument", o->noInstrument, "Skip the per-op NaN/Inf checks (faster)");
+  cmd->footer(
+      "Restores the newest keyframe before the step, replays the steps after it with the recorded batches,\n"
+      "generator states and learning rates, compares each step's loss and gradient norm with the recording\n"
+      "bit for bit, and checks every op of the target step for NaN/Inf outputs.\n"
+      "Verdicts: reproduced-bitwise, reproduced (same error class, numbers differ), diverged (an earlier step\n"
+      "departs from the recording: nondeterminism), not-reproduced. Bits are compared only in the recorded\n"
+      "setup (device, dtype, settings); with --device, --dtype or --set only the failure is compared.\n"
+      "Example: crashcap replay crash.ccap --set cudnn.benchmark=false --json");
+  return {cmd, [o] { return replay(*o); }, &o->json};
+}
+
+}  // namespace
+}  // namespace crashcap::cli
+
+CRASHCAP_COMMAND(200, crashcap::cli::replayCommand)

@@ -1,0 +1,107 @@
+// crashcap run: a training command under supervision, one classified crash bundle per crash.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <iostream>
+
+#include "../command.hpp"
+#include "../output.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/formats/signal_name.hpp"
+#include "crashcap/supervisor/supervisor.hpp"
+
+namespace crashcap::cli {
+namespace {
+
+struct Options {
+  supervisor::SuperviseOptions supervise;
+  bool noTrace = false;
+  std::vector<std::string> afterDashes;  ///< the command, when given after --
+  CLI::App* app = nullptr;
+};
+
+/// Supervises, then prints one screen per crash saying what happened and what to run next.
+/// Exits with the command's status.
+int run(Options& r) {
+  auto& o = r.supervise;
+  o.command = r.afterDashes.empty() ? r.app->remaining() : r.afterDashes;
+  o.kernelTrace = !r.noTrace;
+  o.say = [](const std::string& line) { std::cerr << line << "\n"; };
+  auto report = supervisor::supervise(o);
+  std::string cmd = fmt::format("{}", fmt::join(o.command, " "));
+  for (const auto& a : report.attempts) {
+    if (a.bundle.empty()) {
+      std::cerr << fmt::format("crashcap run: `{}` exited 0 after {:.1f} s (run {})\n", cmd, a.seconds, a.attempt);
+      continue;
+    }
+    std::cerr << fmt::format("\ncrashcap run: `{}` crashed after {:.1f} s (run {}): {}\n", cmd, a.seconds, a.attempt,
+                             a.classification.id);
+    std::cerr << fmt::format("  evidence  {}\n", a.classification.evidence);
+    const char* signal = a.signal ? formats::signalName(a.signal) : nullptr;
+    std::cerr << fmt::format("  ended     {}\n",
+                             a.signal ? fmt::format("killed by {}", signal ? signal : std::to_string(a.signal))
+                                      : fmt::format("exit status {}", a.exitCode));
+    std::cerr << fmt::format("  trace     {}\n", a.trace);
+    std::cerr << fmt::format("  bundle    {}\n", a.bundle);
+    for (const auto& b : a.otherBundles) std::cerr << fmt::format("  also      {}\n", b);
+    bool hasSteps = false;
+    try {
+      auto reader = formats::BundleReader::open(a.bundle);
+      hasSteps = formats::readRecording(*reader).program.has_value();
+    } catch (const Error&) {
+      // The summary still names the bundle; `crashcap inspect` says what is wrong with it.
+    }
+    std::cerr << fmt::format("  next      crashcap inspect {}\n", a.bundle);
+    if (a.trace.rfind("recorded", 0) == 0) std::cerr << fmt::format("            crashcap inspect {} --trace\n", a.bundle);
+    if (hasSteps) std::cerr << fmt::format("            crashcap triage {}\n", a.bundle);
+  }
+  if (!report.stoppedBecause.empty()) std::cerr << fmt::format("crashcap run: no more restarts: {}\n", report.stoppedBecause);
+  return report.exitStatus();
+}
+
+Command runCommand(CLI::App& root) {
+  auto o = std::make_shared<Options>();
+  auto& s = o->supervise;
+  auto* cmd = root.add_subcommand("run", "Run a training command under supervision: one crash bundle per crash, classified");
+  o->app = cmd;
+  cmd->add_option("--dir", s.dir, "Where bundles go (also $CRASHCAP_DIR for an in-process recorder)")->capture_default_str();
+  cmd->add_option("--restart", s.restarts, "Restart after a crash up to N times (N+1 runs at most)")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-consecutive", s.maxConsecutive,
+                  "Stop restarting after K crashes in a row with the same classification (0: no limit)")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--backoff", s.backoffSeconds, "Seconds before the first restart; doubles up to 60")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--grace", s.stopGraceSeconds, "After Ctrl-C: seconds until SIGKILL (SIGINT at once, SIGTERM at half)")
+      ->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_flag("--blocking", s.launchBlocking, "CUDA_LAUNCH_BLOCKING=1: CUDA errors surface at the failing launch");
+  cmd->add_flag("--dsa", s.deviceSideAssertions,
+                "TORCH_USE_CUDA_DSA=1: device-side assertion details (needs a PyTorch built with it)");
+  cmd->add_flag("--cudnn-log", s.cudnnLog,
+                "cuDNN's own API log (CUDNN_LOGLEVEL_DBG=3) into a pipe; the last 256 KiB go into the bundle, so a "
+                "CUDNN_STATUS_EXECUTION_FAILED carries the failing call's descriptors and engine. Slows cuDNN calls");
+  cmd->add_flag("--no-trace", o->noTrace, "Do not inject the kernel tracer (libcrashcap_inject.so via CUDA_INJECTION64_PATH)");
+  cmd->prefix_command();  // without --, the first word that is not an option starts the command
+  cmd->footer("Everything after the options (or after --) is the command. Its output passes through; crashcap's\n"
+              "lines go to stderr. Exit status: the command's (128+N when signal N ended it).\n"
+              "Classifications: cuda-illegal-instruction, cuda-illegal-address, cuda-device-assert,\n"
+              "cudnn-execution-failed, cudnn-error, cuda-oom, cuda-launch-failure, cuda-forked-subprocess,\n"
+              "cuda-error, nccl-error, nonfinite-loss, dataloader-worker-died, python-exception, signal,\n"
+              "exit-nonzero (docs/RUN.md).\n"
+              "Kernel trace: on a machine with a GPU, CUDA loads libcrashcap_inject.so into the command's processes;\n"
+              "their kernel launches and first sticky CUDA error go into the bundle (crashcap inspect B --trace).\n"
+              "Example: crashcap run --dir runs --restart 3 --max-consecutive 2 -- python train.py --lr 3e-4");
+  Command c{cmd, [o] { return run(*o); }};
+  c.commandAfterDashes = &o->afterDashes;
+  return c;
+}
+
+}  // namespace
+}  // namespace crashcap::cli
+
+CRASHCAP_COMMAND(100, crashcap::cli::runCommand)

@@ -1,0 +1,73 @@
+// crashcap triage: the fixed plan of experiments and the hypothesis table.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "../command.hpp"
+#include "../output.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/investigate/triage.hpp"
+
+namespace crashcap::cli {
+namespace {
+
+struct Options {
+  std::string bundle;
+  double timeout = 600;
+  bool json = false;
+};
+
+std::string rowsText(const std::vector<int64_t>& v) { return fmt::format("[{}]", joinRows(v)); }
+
+void printTriage(const investigate::Triage& t) {
+  const auto& f = t.facts;
+  auto reader = formats::BundleReader::open(f.bundle);
+  auto crash = formats::readRecording(*reader).crash;
+  std::cout << fmt::format("triage of {}: crash {} at step {}; replay {}\n\n", f.bundle,
+                           crash ? crash->kind : "(none recorded)", f.step() >= 0 ? std::to_string(f.step()) : "null",
+                           f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
+  std::cout << fmt::format("  {:<22} {:<13} {}\n", "hypothesis", "verdict", "evidence");
+  for (const auto& h : t.hypotheses) {
+    std::cout << fmt::format("  {:<22} {:<13} {}\n", h.id, investigate::verdictName(h.verdict),
+                             h.evidence.empty() ? "" : h.evidence[0]);
+    for (size_t i = 1; i < h.evidence.size(); ++i) std::cout << fmt::format("  {:<22} {:<13} {}\n", "", "", h.evidence[i]);
+    std::cout << fmt::format("  {:<22} {:<13} rerun: {}\n", "", "", h.rerun);
+  }
+  const auto& c = t.culprit;
+  std::cout << fmt::format(
+      "\nculprit: step {}, {}{}, {}{}\n", c.step ? std::to_string(*c.step) : "null",
+      c.rows ? "rows " + rowsText(*c.rows) : std::string("no batch rows singled out"),
+      c.datasetIndices ? " (dataset indices " + rowsText(*c.datasetIndices) + ")" : "",
+      c.op ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?")) : std::string("no op output went non-finite"),
+      c.changes && !c.changes->empty() ? "; the outcome changes with " + json(*c.changes).dump() : "");
+}
+
+int triage(const Options& o) {
+  investigate::TriageOptions to;
+  to.experiments.timeoutSeconds = o.timeout;
+  to.experiments.progress = !o.json;
+  auto t = investigate::runTriage(o.bundle, to);
+  if (o.json)
+    printJson(investigate::toJson(t));
+  else
+    printTriage(t);
+  return kExitOk;
+}
+
+Command triageCommand(CLI::App& root) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = root.add_subcommand("triage", torchCommandSummary("triage"));
+  cmd->add_option("bundle", o->bundle, "Bundle with a step program")->required();
+  cmd->add_option("--timeout", o->timeout, "Seconds per experiment before it is killed")->capture_default_str();
+  cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
+  cmd->footer("Hypotheses: invalid-data, loss-numerics, optimizer-divergence, device-specific, config-dependent,\n"
+              "nondeterminism; each confirmed, refuted or inconclusive with its evidence and the command that\n"
+              "reruns it. Every experiment runs in a fresh child process with a timeout (docs/REPLAY.md).");
+  return {cmd, [o] { return triage(*o); }, &o->json};
+}
+
+}  // namespace
+}  // namespace crashcap::cli
+
+CRASHCAP_COMMAND(220, crashcap::cli::triageCommand)

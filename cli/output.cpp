@@ -1,0 +1,86 @@
+#include "output.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iostream>
+
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/inspect/summary.hpp"
+
+namespace crashcap::cli {
+
+void printJson(const json& j) { std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n"; }
+
+formats::Progress progressPrinter(const char* what) {
+  if (!isatty(2)) return {};
+  return [what](uint64_t done, uint64_t total) {
+    std::fprintf(stderr, "\r%s: %3d%% (%s of %s)\033[K", what, total ? int(100 * done / total) : 100,
+                 inspect::formatBytes(done).c_str(), inspect::formatBytes(total).c_str());
+    if (done >= total) std::fprintf(stderr, "\n");
+    std::fflush(stderr);
+  };
+}
+
+void endProgress() {
+  if (isatty(2)) std::fprintf(stderr, "\r\033[K");
+}
+
+formats::ReaderLimits ReadOptions::limits() const {
+  formats::ReaderLimits l;
+  l.maxTensorBytes = maxTensorBytes;
+  return l;
+}
+
+void addReadOptions(CLI::App* cmd, ReadOptions& o) {
+  cmd->add_flag("--json", o.json, "Print one JSON object instead of text");
+  cmd->add_option("--max-tensor-bytes", o.maxTensorBytes,
+                  "Refuse to load a tensor larger than this into memory (untrusted bundles)")
+      ->capture_default_str();
+}
+
+std::vector<int64_t> parseRows(const std::string& text) {
+  std::vector<int64_t> rows;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t comma = text.find(',', at);
+    std::string part = text.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    try {
+      size_t used = 0;
+      rows.push_back(std::stoll(part, &used));
+      if (used != part.size()) throw std::invalid_argument(part);
+    } catch (const std::exception&) {
+      throw Error(ErrorCode::InvalidArgument, fmt::format("--rows: '{}' is not a row number", part),
+                  "give comma-separated batch rows, e.g. --rows 0,3,5");
+    }
+    if (comma == std::string::npos) break;
+    at = comma + 1;
+  }
+  return rows;
+}
+
+std::string joinRows(const std::vector<int64_t>& rows) {
+  std::string s;
+  for (auto r : rows) s += (s.empty() ? "" : ",") + std::to_string(r);
+  return s;
+}
+
+void writeFileAtomically(const std::string& path, const std::string& text) {
+  formats::PartialOutput output(path);
+  {
+    std::ofstream f(output.path(), std::ios::binary | std::ios::trunc);
+    if (!f) throw Error(ErrorCode::Io, fmt::format("cannot create {}: {}", output.path(), std::strerror(errno)));
+    f.write(text.data(), static_cast<std::streamsize>(text.size()));
+    f.close();
+    if (!f)
+      throw Error(ErrorCode::Io,
+                  fmt::format("cannot write {} bytes to {}: {}", text.size(), output.path(), std::strerror(errno)));
+  }
+  output.commit();
+}
+
+}  // namespace crashcap::cli

@@ -1,0 +1,49 @@
+#pragma once
+// What the crashcap subcommands share when they print: exit codes, JSON output, progress lines,
+// the options of the commands that open a bundle, and small parsers for option values.
+
+#include <CLI/CLI.hpp>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "crashcap/formats/limits.hpp"
+
+namespace crashcap::cli {
+
+using nlohmann::json;
+
+// The exit codes (README.md, "Exit codes"); only main() turns errors into them.
+constexpr int kExitOk = 0;
+constexpr int kExitCheckFailed = 1;
+constexpr int kExitBadInput = 2;
+constexpr int kExitInternal = 3;
+
+/// Prints JSON; bytes from a bundle that are not valid UTF-8 (a note, a hostname) become U+FFFD
+/// instead of aborting the output.
+void printJson(const json& j);
+
+/// Progress on stderr for long scans ("what: 42% (...)"), only when stderr is a terminal.
+formats::Progress progressPrinter(const char* what);
+/// Clears a progress line (if one was drawn) before the result is printed.
+void endProgress();
+
+/// Options of the commands that open a bundle.
+struct ReadOptions {
+  bool json = false;
+  uint64_t maxTensorBytes = formats::ReaderLimits{}.maxTensorBytes;
+  formats::ReaderLimits limits() const;
+};
+void addReadOptions(CLI::App* cmd, ReadOptions& o);
+
+/// "0,3,5" -> {0, 3, 5}; anything else is Error{InvalidArgument} naming the bad part.
+std::vector<int64_t> parseRows(const std::string& text);
+/// {0, 3, 5} -> "0,3,5".
+std::string joinRows(const std::vector<int64_t>& rows);
+
+/// Writes `text` to `path` through `path.partial` and a rename, so a reader never sees half a file.
+void writeFileAtomically(const std::string& path, const std::string& text);
+
+}  // namespace crashcap::cli

@@ -1,0 +1,123 @@
+#pragma once
+// The bisections: which step, op, batch rows or setting the failure needs. Steps and ops replay
+// in this process (they only read the bundle and compute); rows and settings are searched with
+// one child-process replay per experiment (experiments.hpp), since any of them may crash.
+// Each returns a typed result; results_json.hpp prints it and reads it back.
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "crashcap/investigate/experiments.hpp"
+#include "crashcap/replayer/replay.hpp"
+
+namespace crashcap::investigate {
+
+/// `bisect steps`: the retained history replayed from the earliest keyframe.
+struct StepBisection {
+  int64_t fromKeyframe = -1;
+  int64_t target = -1;
+  std::optional<replayer::FirstFailure> firstFailure;
+  std::optional<int64_t> divergedAt;
+  std::vector<replayer::StepReplay> steps;  ///< fromKeyframe..target
+};
+StepBisection bisectSteps(const std::string& bundle, int64_t step = -1);
+
+/// One replay of an op bisection, as the comparison needs it.
+struct ReplaySide {
+  replayer::Verdict verdict = replayer::Verdict::NotReproduced;
+  std::string device, dtype;
+  std::string error;                             ///< last line; "" when the step ran clean
+  std::optional<replayer::NonFiniteOp> firstNonFiniteOp;
+};
+
+/// `bisect ops`: the first op whose output goes non-finite, and the first that departs from a
+/// float64 CPU replay of the same step.
+struct OpBisection {
+  int64_t step = -1;
+  ReplaySide replay, reference;                  ///< as recorded; float64 on the CPU
+  std::optional<replayer::DepartingOp> firstDeparting;
+  double tolerance = 0;
+  uint64_t opsCompared = 0;
+  std::string stoppedBecause;                    ///< "" or why the comparison stopped early
+  /// The float64 reference fails too: the arithmetic itself, not float32 rounding or range.
+  bool failsInFloat64() const { return !reference.error.empty(); }
+};
+OpBisection bisectOps(const std::string& bundle, int64_t step = -1, double tolerance = 1e-3);
+
+/// One experiment of a row or setting search.
+struct Trial {
+  bool fails = false;          ///< the failure showed up (a killed child counts: another form of it)
+  std::string outcome;         ///< "fails (<error>)", "passes", "timeout after 300 s", ...
+  double seconds = 0;
+  std::string command;         ///< the crashcap command that reruns it
+};
+
+/// Delta debugging over batch rows, on any predicate.
+struct RowSearch {
+  bool reproduced = false;                 ///< the whole batch fails
+  std::vector<int64_t> rows;               ///< 1-minimal: removing any one of them makes it pass
+  int replays = 0;                         ///< experiments run
+  std::vector<std::pair<std::vector<int64_t>, Trial>> log;
+};
+/// Zeller's ddmin over the rows 0..batchSize-1: the smallest set of rows that still fails. For a
+/// single culprit row it halves: at most 2*ceil(log2 B) + 2 experiments.
+RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vector<int64_t>&)>& test);
+/// 2*ceil(log2 max(B, 2)) + 2: the experiments a single culprit row costs at most.
+int singleRowBound(int64_t batchSize);
+
+/// `bisect samples`: the samples of the failing step's batch that the failure needs, named by
+/// their row in the batch and, when the batch carried an `index` tensor, their dataset index.
+struct SampleBisection {
+  int64_t step = -1;
+  int64_t batchSize = 0;
+  bool reproduced = false;                       ///< the whole batch fails
+  std::vector<int64_t> rows;
+  std::optional<std::vector<int64_t>> datasetIndices;
+  int replays = 0;
+  int replayBound = 0;                           ///< singleRowBound(batchSize)
+  std::vector<std::pair<std::vector<int64_t>, Trial>> trials;
+};
+SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner);
+
+/// The dataset indices of `rows` of step `step`'s batch, when the batch carried an index tensor
+/// (formats::kDatasetIndexName); nullopt otherwise.
+std::optional<std::vector<int64_t>> datasetIndices(const std::string& bundle, int64_t step,
+                                                   const std::vector<int64_t>& rows);
+
+/// One replay under a changed setting or on another device.
+struct ConfigTrial {
+  std::string setting;                           ///< "" for a device trial
+  std::string recorded, value;                   ///< the setting's recorded and tried values
+  std::string device;                            ///< "" for a setting trial
+  bool fails = false;
+  std::string outcome;                           ///< the experiment's
+  std::string error;                             ///< last line of the replay's error
+  std::string command;
+  double seconds = 0;
+};
+
+/// `bisect config`: the step under the recorded settings, then with each setting flipped and on
+/// each other device here: which single change makes the failure come or go.
+struct ConfigBisection {
+  int64_t step = -1;
+  struct Baseline {
+    std::string device, recordedDevice;
+    std::map<std::string, std::string> settings;
+    bool fails = false;
+    std::string error;                           ///< last line
+    std::string command;
+  } baseline;
+  std::vector<ConfigTrial> flips, devices;
+  std::vector<std::string> changesOutcome;       ///< "cudnn.benchmark=false", "device=cuda:0"
+  std::vector<Experiment> experiments;
+};
+ConfigBisection bisectConfig(const std::string& bundle, int64_t step, ExperimentRunner& runner);
+
+/// The replay arguments every child experiment of a step shares.
+std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra);
+
+}  // namespace crashcap::investigate

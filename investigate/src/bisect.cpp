@@ -1,0 +1,230 @@
+#include "crashcap/investigate/bisect.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/formats/torch/settings.hpp"
+#include "crashcap/inspect/host_tensor.hpp"
+#include "crashcap/inspect/slice.hpp"
+#include "crashcap/inspect/stats.hpp"
+#include "crashcap/investigate/results_json.hpp"
+
+namespace crashcap::investigate {
+namespace {
+
+std::string joinRows(const std::vector<int64_t>& rows) { return fmt::format("{}", fmt::join(rows, ",")); }
+
+/// Whether a child replay shows the recorded failure: reproduced, or killed outright (the failure
+/// in another form). A timeout or an unreadable result is not a failure of the step.
+bool replayFails(const Experiment& e, std::string* error) {
+  if (!e.output) return e.killed();
+  auto r = replayResultFromJson(*e.output);
+  if (error) *error = lastLine(r.error);
+  return replayer::reproduces(r.verdict);
+}
+
+}  // namespace
+
+StepBisection bisectSteps(const std::string& bundle, int64_t step) {
+  replayer::ReplayOptions ro;
+  ro.step = step;
+  ro.instrument = false;
+  ro.fromEarliestKeyframe = true;
+  auto r = replayer::replay(bundle, ro);
+  StepBisection b;
+  b.fromKeyframe = r.keyframe;
+  b.target = r.step;
+  b.firstFailure = replayer::firstFailure(r.steps);
+  b.divergedAt = r.divergedAt;
+  b.steps = std::move(r.steps);
+  return b;
+}
+
+OpBisection bisectOps(const std::string& bundle, int64_t step, double tolerance) {
+  replayer::ReplayOptions ro;
+  ro.step = step;
+  auto c = replayer::compareWithReference(bundle, ro, tolerance);
+  auto side = [](const replayer::ReplayResult& r) {
+    return ReplaySide{r.verdict, r.device, r.dtype, lastLine(r.error), r.firstNonFiniteOp};
+  };
+  OpBisection b;
+  b.step = c.replay.step;
+  b.replay = side(c.replay);
+  b.reference = side(c.reference);
+  b.firstDeparting = c.firstDeparting;
+  b.tolerance = c.tolerance;
+  b.opsCompared = c.opsCompared;
+  b.stoppedBecause = c.stoppedBecause;
+  return b;
+}
+
+int singleRowBound(int64_t batchSize) {
+  return 2 * static_cast<int>(std::ceil(std::log2(std::max<int64_t>(batchSize, 2)))) + 2;
+}
+
+RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vector<int64_t>&)>& test) {
+  RowSearch result;
+  auto run = [&](const std::vector<int64_t>& rows) {
+    auto t = test(rows);
+    result.replays++;
+    result.log.emplace_back(rows, t);
+    return t.fails;
+  };
+  std::vector<int64_t> current(batchSize);
+  for (int64_t i = 0; i < batchSize; ++i) current[i] = i;
+  if (!run(current)) return result;
+  result.reproduced = true;
+  size_t n = 2;
+  while (current.size() >= 2) {
+    // Split into n nearly equal parts.
+    std::vector<std::vector<int64_t>> parts;
+    size_t start = 0;
+    for (size_t k = 0; k < n; ++k) {
+      size_t end = start + (current.size() - start) / (n - k);
+      parts.emplace_back(current.begin() + start, current.begin() + end);
+      start = end;
+    }
+    bool reduced = false;
+    for (const auto& p : parts) {
+      if (!p.empty() && run(p)) {
+        current = p;
+        n = 2;
+        reduced = true;
+        break;
+      }
+    }
+    if (!reduced && n > 2) {
+      // Complements: with two parts they equal the parts, already tested.
+      for (const auto& p : parts) {
+        std::vector<int64_t> complement;
+        std::set_difference(current.begin(), current.end(), p.begin(), p.end(), std::back_inserter(complement));
+        if (!complement.empty() && run(complement)) {
+          current = complement;
+          n = std::max<size_t>(n - 1, 2);
+          reduced = true;
+          break;
+        }
+      }
+    }
+    if (!reduced) {
+      if (n >= current.size()) break;
+      n = std::min(2 * n, current.size());
+    }
+  }
+  result.rows = current;
+  return result;
+}
+
+std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra) {
+  std::vector<std::string> args = {"replay", bundle};
+  if (step >= 0) {
+    args.push_back("--step");
+    args.push_back(std::to_string(step));
+  }
+  args.insert(args.end(), extra.begin(), extra.end());
+  args.push_back("--json");
+  args.push_back("--no-instrument");
+  return args;
+}
+
+std::optional<std::vector<int64_t>> datasetIndices(const std::string& bundle, int64_t step,
+                                                   const std::vector<int64_t>& rows) {
+  auto reader = formats::BundleReader::open(bundle);
+  auto name = formats::batchTensorName(step, formats::kDatasetIndexName);
+  if (!reader->find(name)) return std::nullopt;
+  auto t = inspect::loadTensor(*reader, name);
+  if (t.shape.size() != 1 || formats::isFloating(t.dtype) || formats::isComplex(t.dtype)) return std::nullopt;
+  std::vector<int64_t> out;
+  for (int64_t r : rows) {
+    if (r < 0 || r >= t.shape[0]) return std::nullopt;
+    auto v = inspect::computeStats(inspect::applySlice(t, inspect::parseSlice(std::to_string(r))));
+    if (!v.max) return std::nullopt;
+    out.push_back(static_cast<int64_t>(*v.max));
+  }
+  return out;
+}
+
+SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner) {
+  // The whole-batch replay, in this process, tells the step and the batch size.
+  replayer::ReplayOptions first;
+  first.step = step;
+  first.instrument = false;
+  auto base = replayer::replay(bundle, first);
+  auto test = [&](const std::vector<int64_t>& rows) {
+    auto e = runner.run(fmt::format("rows [{}]", joinRows(rows)),
+                        replayArgs(bundle, base.step, {"--rows", joinRows(rows)}));
+    Trial t;
+    t.seconds = e.seconds;
+    t.command = fmt::format("crashcap replay {} --step {} --rows {}", bundle, base.step, joinRows(rows));
+    std::string error;
+    t.fails = replayFails(e, &error);
+    if (e.output)
+      t.outcome = t.fails ? fmt::format("fails ({})", error.empty() ? "the recorded failure" : error) : "passes";
+    else
+      t.outcome = e.outcome;
+    return t;
+  };
+  auto search = searchRows(base.batchSize, test);
+  SampleBisection b;
+  b.step = base.step;
+  b.batchSize = base.batchSize;
+  b.reproduced = search.reproduced;
+  b.rows = search.rows;
+  b.replays = search.replays;
+  b.replayBound = singleRowBound(base.batchSize);
+  b.trials = std::move(search.log);
+  if (b.reproduced) b.datasetIndices = datasetIndices(bundle, b.step, b.rows);
+  return b;
+}
+
+ConfigBisection bisectConfig(const std::string& bundle, int64_t step, ExperimentRunner& runner) {
+  auto baseline = runner.run("as recorded", replayArgs(bundle, step, {}));
+  if (!baseline.output)
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("the replay under the recorded settings did not finish: {}", baseline.outcome),
+                fmt::format("run it by hand: {}", baseline.command));
+  const auto base = replayResultFromJson(*baseline.output);
+  ConfigBisection b;
+  b.step = base.step;
+  b.baseline.device = base.device;
+  b.baseline.recordedDevice = base.recordedDevice;
+  b.baseline.settings = base.settings;
+  b.baseline.fails = replayer::reproduces(base.verdict);
+  b.baseline.error = lastLine(base.error);
+  b.baseline.command = baseline.command;
+  auto trial = [&](const Experiment& e) {
+    ConfigTrial t;
+    t.command = e.command;
+    t.seconds = e.seconds;
+    t.outcome = e.outcome;
+    t.fails = replayFails(e, &t.error);
+    return t;
+  };
+  for (const auto& name : formats::torch::settingNames()) {
+    auto it = base.recordedSettings.find(name);
+    if (it == base.recordedSettings.end()) continue;  // an older recording without it
+    std::string flipped = formats::torch::flippedSetting(name, it->second);
+    ConfigTrial t = trial(runner.run(name + "=" + flipped, replayArgs(bundle, step, {"--set", name + "=" + flipped})));
+    t.setting = name;
+    t.recorded = it->second;
+    t.value = flipped;
+    if (t.fails != b.baseline.fails) b.changesOutcome.push_back(fmt::format("{}={}", name, flipped));
+    b.flips.push_back(t);
+  }
+  for (const auto& device : replayer::availableDevices()) {
+    if (device == base.device) continue;
+    ConfigTrial t = trial(runner.run("device " + device, replayArgs(bundle, step, {"--device", device})));
+    t.device = device;
+    if (t.fails != b.baseline.fails) b.changesOutcome.push_back("device=" + device);
+    b.devices.push_back(t);
+  }
+  b.experiments = runner.log();
+  return b;
+}
+
+}  // namespace crashcap::investigate

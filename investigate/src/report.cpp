@@ -1,0 +1,125 @@
+#include "crashcap/investigate/report.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/inspect/story.hpp"
+
+namespace crashcap::investigate {
+
+using nlohmann::json;
+
+namespace {
+
+std::string jsonList(const std::vector<int64_t>& v) { return fmt::format("[{}]", fmt::join(v, ",")); }
+
+}  // namespace
+
+std::string markdownReport(const std::string& bundle, const std::optional<Triage>& triage) {
+  auto reader = formats::BundleReader::open(bundle);
+  // The story is what `crashcap inspect` prints; the report prints the same facts as Markdown.
+  auto story = inspect::storyJson(*reader);
+  const json& crash = story["crash"];
+  const json facts = story["env"].value("facts", json::object());
+  auto fact = [&](const char* k) { return facts.contains(k) ? facts[k].get<std::string>() : std::string("unknown"); };
+  std::string error = crash.is_null() ? std::string("(no crash record)") : lastLine(crash["error"].get<std::string>());
+  std::string stepText = crash.is_null() || crash["step"].is_null() ? "?" : crash["step"].dump();
+  const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : nullptr;
+  std::string title = error.substr(0, 80);
+  std::replace(title.begin(), title.end(), '"', '\'');  // keep the front matter valid YAML
+  std::string md;
+  md += fmt::format("---\ntitle: \"Training crash at step {}: {}\"\ndate: \"{}\"\ntype: \"bug_report\"\n"
+                    "generated_by: \"crashcap {}\"\nbundle: \"{}\"\n---\n\n",
+                    stepText, title, crash.is_null() ? "" : crash["time"].get<std::string>(), formats::toolVersion(),
+                    bundle);
+  md += "## Summary\n";
+  if (crash.is_null()) {
+    md += fmt::format("The recording ends without a crash record (state: {}).\n", story["status"].dump());
+  } else {
+    md += fmt::format("Training fails at step {} in the {} phase with `{}`.", stepText, crash["phase"].get<std::string>(),
+                      error);
+    if (triage) {
+      std::vector<std::string> confirmed;
+      for (const auto& h : triage->hypotheses)
+        if (h.verdict == HypothesisVerdict::Confirmed) confirmed.push_back(h.id);
+      md += fmt::format(" Replay: **{}**. Triage confirms: **{}**.", replay ? replayer::verdictName(replay->verdict) : "failed",
+                        confirmed.empty() ? std::string("nothing yet") : fmt::format("{}", fmt::join(confirmed, ", ")));
+    }
+    md += "\n";
+  }
+  md += "\n## Environment\n";
+  md += fmt::format("- OS: {} ({}), WSL2: {}\n", fact("os.name"), fact("os.kernel"), fact("os.wsl2"));
+  md += fmt::format("- CPU: {}\n", fact("cpu.model"));
+  md += fmt::format("- LibTorch: {} ({} threads); CUDA available: {}\n", fact("torch.version"), fact("torch.threads"),
+                    fact("cuda.available"));
+  md += fmt::format("- cuDNN: enabled {}, benchmark {}, deterministic {}; TF32 matmul {}; deterministic algorithms {}\n",
+                    fact("cudnn.enabled"), fact("cudnn.benchmark"), fact("cudnn.deterministic"),
+                    fact("cuda.matmul.allow_tf32"), fact("torch.deterministic_algorithms"));
+  std::string command;
+  for (const auto& a : story["env"].value("command_line", json::array()))
+    command += (command.empty() ? "" : " ") + a.get<std::string>();
+  md += fmt::format("- Command: `{}`\n", command.empty() ? "unknown" : command);
+  if (!story["optimizer"].is_null()) md += fmt::format("- Optimizer: {}\n", story["optimizer"]["kind"].get<std::string>());
+  md += "\n## Steps to Reproduce\n";
+  md += fmt::format("1. Get the crash bundle `{}` (attached).\n", bundle);
+  md += fmt::format("2. `crashcap inspect {}` (what was recorded, the crash, the last ops)\n", bundle);
+  md += fmt::format("3. `crashcap replay {}` (re-runs step {} from keyframe {}, bit for bit on the CPU)\n", bundle,
+                    stepText, replay ? std::to_string(replay->keyframe) : "?");
+  md += fmt::format("4. `crashcap triage {}` (the experiments below)\n", bundle);
+  md += "\n## Expected Behavior\nThe step completes with a finite loss and training continues.\n";
+  md += "\n## Actual Behavior\n";
+  if (!crash.is_null()) {
+    md += fmt::format("- Step {} fails ({}, phase {}): `{}`\n", stepText, crash["kind"].get<std::string>(),
+                      crash["phase"].get<std::string>(), error);
+    if (!crash["signal"].is_null()) md += fmt::format("- The process died by {}.\n", crash["signal_name"].get<std::string>());
+  }
+  if (replay) {
+    md += fmt::format("- Replay verdict: {} over {} steps.\n", replayer::verdictName(replay->verdict), replay->steps.size());
+    if (replay->firstNonFiniteOp)
+      md += fmt::format("- First op whose output goes non-finite: `{}` ({}).\n", replay->firstNonFiniteOp->name,
+                        replay->firstNonFiniteOp->phase);
+  }
+  for (const auto& t : story["crash_tensors"])
+    if (t.contains("stats") && !t["stats"].is_null() && t["stats"]["nan_count"].get<uint64_t>() > 0)
+      md += fmt::format("- `{}` holds {} NaN (first at {}).\n", t["name"].get<std::string>(), t["stats"]["nan_count"].dump(),
+                        t["stats"]["first_nan"].dump());
+  md += "\n## Logs / Stack Trace\n```\n";
+  if (!crash.is_null()) {
+    md += crash["error"].get<std::string>() + "\n";
+    size_t shown = 0;
+    for (const auto& f : crash["stack"]) {
+      if (shown++ >= 15) break;
+      md += "  " + f.get<std::string>() + "\n";
+    }
+  }
+  if (!story["last_ops"].empty()) {
+    md += "last ops before the crash:\n";
+    for (const auto& op : story["last_ops"])
+      md += fmt::format("  #{} {} {} (step {})\n", op["index"].dump(), op["phase"].get<std::string>(),
+                        op["name"].get<std::string>(), op["step"].dump());
+  }
+  md += "```\n";
+  if (triage) {
+    md += "\n## Root Cause Analysis (crashcap triage)\n| hypothesis | verdict | evidence | rerun |\n|---|---|---|---|\n";
+    for (const auto& h : triage->hypotheses) {
+      std::string ev = fmt::format("{}", fmt::join(h.evidence, "; "));
+      std::replace(ev.begin(), ev.end(), '|', '/');  // a table cell cannot hold one
+      md += fmt::format("| {} | **{}** | {} | `{}` |\n", h.id, verdictName(h.verdict), ev, h.rerun);
+    }
+    const auto& c = triage->culprit;
+    auto quoted = [](const std::optional<std::string>& s) { return s ? "\"" + *s + "\"" : std::string("null"); };
+    md += fmt::format("\nCulprit: step {}, batch rows {}{}, op {} ({}){}.\n", c.step ? std::to_string(*c.step) : "null",
+                      c.rows ? jsonList(*c.rows) : "null",
+                      c.datasetIndices ? " (dataset indices " + jsonList(*c.datasetIndices) + ")" : "", quoted(c.op),
+                      quoted(c.phase),
+                      c.changes && !c.changes->empty() ? "; the outcome changes with " + json(*c.changes).dump() : "");
+  }
+  return md;
+}
+
+}  // namespace crashcap::investigate

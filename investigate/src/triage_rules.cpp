@@ -1,0 +1,313 @@
+// The triage rules: one pure function of the typed facts per hypothesis, and the table that
+// orders them. docs/REPLAY.md ("Triage") states each rule in words; keep the two in step.
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "crashcap/formats/records.hpp"
+#include "crashcap/investigate/triage.hpp"
+
+namespace crashcap::investigate {
+namespace {
+
+using V = HypothesisVerdict;
+
+std::string joinRows(const std::vector<int64_t>& rows) { return fmt::format("{}", fmt::join(rows, ",")); }
+const char* describe(bool fails) { return fails ? "fails" : "runs clean"; }
+
+/// Which other devices make the step's outcome differ from the baseline's, as evidence; nullopt
+/// when none does.
+std::optional<std::string> deviceChange(const ConfigBisection& c) {
+  std::vector<std::string> differ;
+  for (const auto& d : c.devices)
+    if (d.fails != c.baseline.fails) differ.push_back(d.device);
+  if (differ.empty()) return std::nullopt;
+  return fmt::format("the step {} on {} and {} on {}", describe(c.baseline.fails), c.baseline.device,
+                     describe(!c.baseline.fails), fmt::join(differ, ", "));
+}
+
+/// Which single setting flips make the step's outcome differ from the baseline's, as evidence;
+/// nullopt when none does.
+std::optional<std::string> settingChange(const ConfigBisection& c) {
+  std::vector<std::string> changes;
+  for (const auto& f : c.flips)
+    if (f.fails != c.baseline.fails) changes.push_back(fmt::format("{}={} (recorded {})", f.setting, f.value, f.recorded));
+  if (changes.empty()) return std::nullopt;
+  return fmt::format("the step {} as recorded and {} with {}", describe(c.baseline.fails), describe(!c.baseline.fails),
+                     fmt::join(changes, "; "));
+}
+
+std::string rowFindingText(const RowFinding& r) {
+  switch (r.kind) {
+    case RowFinding::Kind::NonFinite:
+      return fmt::format("row {} of {} holds {} NaN and {} Inf values", r.row, r.tensor, r.nanCount, r.infCount);
+    case RowFinding::Kind::AllZeros: return fmt::format("row {} of {} is all zeros", r.row, r.tensor);
+    case RowFinding::Kind::Value: return fmt::format("row {} of {} is {}", r.row, r.tensor, r.value);
+  }
+  return "";
+}
+
+}  // namespace
+
+const char* verdictName(HypothesisVerdict verdict) {
+  switch (verdict) {
+    case V::Confirmed: return "confirmed";
+    case V::Refuted: return "refuted";
+    case V::Inconclusive: return "inconclusive";
+  }
+  return "inconclusive";
+}
+
+std::vector<int64_t> TriageFacts::culpritRows() const {
+  return samples && samples->reproduced ? samples->rows : std::vector<int64_t>{};
+}
+
+Hypothesis judgeInvalidData(const TriageFacts& f) {
+  Hypothesis h{"invalid-data", V::Inconclusive, {}, fmt::format("crashcap bisect samples {}", f.bundle)};
+  const auto rows = f.culpritRows();
+  const bool withoutRowsFails = f.withoutRows && replayer::reproduces(f.withoutRows->verdict);
+  if (!f.reproduced()) {
+    h.evidence.push_back("the crash does not reproduce on replay, so its data cannot be tested");
+  } else if (!rows.empty() && f.withoutRows && !withoutRowsFails) {
+    h.verdict = V::Confirmed;
+    h.evidence.push_back(fmt::format("step {} fails with batch row{} [{}] alone and passes without {} ({} replays)",
+                                     f.step(), rows.size() == 1 ? "" : "s", joinRows(rows),
+                                     rows.size() == 1 ? "it" : "them", f.samples->replays + 1));
+    if (f.samples->datasetIndices)
+      h.evidence.push_back(fmt::format("dataset index {} (the batch's {} tensor)", joinRows(*f.samples->datasetIndices),
+                                       formats::kDatasetIndexName));
+    for (const auto& r : f.rowFindings) h.evidence.push_back(rowFindingText(r));
+    if (f.lossClasses)
+      h.evidence.push_back(fmt::format("the loss sees {} classes (logits [{}]), so valid labels are 0..{}",
+                                       f.lossClasses->classes, fmt::join(f.lossClasses->logitsShape, ","),
+                                       f.lossClasses->classes - 1));
+  } else if (withoutRowsFails) {
+    h.verdict = V::Refuted;
+    h.evidence.push_back(fmt::format("step {} still fails without rows [{}]: no particular sample is needed", f.step(),
+                                     joinRows(rows)));
+  } else {
+    h.evidence.push_back("sample bisection did not isolate rows");
+  }
+  return h;
+}
+
+Hypothesis judgeLossNumerics(const TriageFacts& f) {
+  Hypothesis h{"loss-numerics", V::Inconclusive, {}, fmt::format("crashcap bisect ops {}", f.bundle)};
+  const auto* op = f.replay && f.replay->firstNonFiniteOp ? &*f.replay->firstNonFiniteOp : nullptr;
+  if (op) {
+    int64_t bad = 0;
+    double largest = 0;
+    bool reachesZero = false;
+    for (const auto& in : op->inputs) {
+      bad += in.nanCount + in.infCount;
+      if (in.min) largest = std::max(largest, std::abs(*in.min));
+      if (in.max) largest = std::max(largest, std::abs(*in.max));
+      reachesZero = reachesZero || (in.min && *in.min == 0.0);
+    }
+    std::string where = fmt::format("{} ({}, step {})", op->name, op->phase, f.step());
+    if (bad == 0 && largest > 1e15) {
+      // Overflow of values that were already running away is divergence, not the loss's arithmetic.
+      h.verdict = V::Refuted;
+      h.evidence.push_back(
+          fmt::format("{} overflows on inputs as large as {:.3g}: the values were already diverging", where, largest));
+    } else if (bad == 0) {
+      h.verdict = V::Confirmed;
+      h.evidence.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));
+      if (reachesZero) h.evidence.push_back(fmt::format("an input of {} reaches 0 (a division or log of zero?)", op->name));
+    } else {
+      h.verdict = V::Refuted;
+      h.evidence.push_back(
+          fmt::format("the first non-finite output, of {}, comes from inputs that already hold {} NaN/Inf", where, bad));
+    }
+  } else if (f.replay) {
+    h.evidence.push_back("no op output went non-finite in the replayed step");
+    if (f.reproduced()) h.verdict = V::Refuted;
+  }
+  if (f.ops) {
+    const auto& ref = f.ops->reference;
+    if (f.ops->failsInFloat64() && ref.firstNonFiniteOp)
+      h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too: the arithmetic itself, not "
+                                       "float32 rounding or range",
+                                       ref.firstNonFiniteOp->name));
+    else if (f.ops->failsInFloat64())
+      h.evidence.push_back("the float64 CPU replay fails with the same error: not a matter of precision");
+    else if (f.reproduced())
+      h.evidence.push_back("the float64 CPU replay of the step runs clean: float32 rounding or range is involved");
+    if (const auto& d = f.ops->firstDeparting)
+      h.evidence.push_back(
+          fmt::format("first op departing from float64: {} ({}), error {} over {} elements", d->name, d->phase, d->error, d->elements));
+  }
+  // A non-finite value that a change of setting or device makes go away is the kernel's under
+  // that setting, not (only) the arithmetic's: loss-numerics cannot be confirmed on its own.
+  if (h.verdict == V::Confirmed && f.config) {
+    std::optional<std::string> change = settingChange(*f.config);
+    const char* what = "setting";
+    if (!change) {
+      change = deviceChange(*f.config);
+      what = "device";
+    }
+    if (change) {
+      h.verdict = V::Inconclusive;
+      h.evidence.push_back(fmt::format("but it goes away with a change of {} ({}): the kernel that runs under the "
+                                       "recorded setup makes it, not only the arithmetic",
+                                       what, *change));
+    }
+  }
+  return h;
+}
+
+Hypothesis judgeOptimizerDivergence(const TriageFacts& f) {
+  Hypothesis h{"optimizer-divergence", V::Inconclusive, {}, fmt::format("crashcap bisect steps {}", f.bundle)};
+  if (!f.steps || f.steps->steps.empty()) return h;
+  const auto& steps = f.steps->steps;
+  const int64_t target = f.steps->target;
+  // A step's weight norm is measured after its optimizer step; the failing step stops before it,
+  // and a step that threw has none: those are unknown, not large. A non-finite norm is the
+  // weights running away, as large as it gets.
+  std::optional<double> w0, wMax;
+  for (const auto& s : steps) {
+    if (!s.weightNorm) continue;
+    double w = std::isfinite(*s.weightNorm) ? *s.weightNorm : INFINITY;
+    if (!w0) w0 = wMax = w;
+    wMax = std::max(*wMax, w);
+  }
+  if (!w0) {
+    h.evidence.push_back(fmt::format("no weight norm to compare: no replayed step before step {} completed an optimizer "
+                                     "step (the failure is in the first step replayed from the keyframe, or the program "
+                                     "has no trainable parameters)",
+                                     target));
+    return h;
+  }
+  double lr0 = steps.front().learningRate, lrMax = lr0;
+  int64_t lrStep = -1;
+  for (const auto& s : steps)
+    if (s.learningRate > lrMax) {
+      lrMax = s.learningRate;
+      if (lrStep < 0) lrStep = s.step;
+    }
+  if (!std::isfinite(*wMax) || *wMax > 100 * *w0) {
+    h.verdict = V::Confirmed;
+    h.evidence.push_back(fmt::format("the weight norm grows from {:.4g} to {:.4g} over steps {}..{} before step {} fails",
+                                     *w0, *wMax, steps.front().step, target - 1, target));
+    if (lrStep >= 0)
+      h.evidence.push_back(fmt::format("the learning rate jumps from {:.4g} to {:.4g} from step {} on", lr0, lrMax, lrStep));
+    if (const auto& first = f.steps->firstFailure)
+      h.evidence.push_back(
+          fmt::format("first step whose loss, gradients or weights go non-finite: {} ({})", first->step, first->reason));
+  } else if (*wMax <= 2 * *w0) {
+    h.verdict = V::Refuted;
+    h.evidence.push_back(fmt::format("the weight norm stays within {:.4g}..{:.4g} up to the failing step", *w0, *wMax));
+  } else {
+    h.evidence.push_back(fmt::format("the weight norm grows {:.1f}x: not conclusive", *wMax / *w0));
+  }
+  return h;
+}
+
+Hypothesis judgeDeviceSpecific(const TriageFacts& f) {
+  Hypothesis h{"device-specific", V::Inconclusive, {}, fmt::format("crashcap bisect config {}", f.bundle)};
+  if (!f.config) {
+    h.evidence.push_back("config bisection did not finish");
+    return h;
+  }
+  const auto& c = *f.config;
+  const std::string recordedDevice = f.replay ? f.replay->recordedDevice : "";
+  std::vector<std::string> same;
+  for (const auto& d : c.devices)
+    if (d.fails == c.baseline.fails) same.push_back(d.device);
+  if (auto change = deviceChange(c)) {
+    h.verdict = V::Confirmed;
+    h.evidence.push_back(*change);
+  } else if (!same.empty() && c.baseline.fails) {
+    h.verdict = V::Refuted;
+    h.evidence.push_back(fmt::format("the step fails on {} and on {}", c.baseline.device, fmt::join(same, ", ")));
+  } else if (!recordedDevice.empty() && recordedDevice != c.baseline.device) {
+    h.evidence.push_back(fmt::format(
+        "recorded on {}, which is not here; on {} the step {}{}", recordedDevice, c.baseline.device,
+        describe(c.baseline.fails),
+        c.baseline.fails ? "" : ", which points at the device or its driver: replay it on a machine with " + recordedDevice));
+  } else {
+    h.evidence.push_back(fmt::format("only {} is here to replay on; another device would tell", c.baseline.device));
+  }
+  return h;
+}
+
+Hypothesis judgeConfigDependent(const TriageFacts& f) {
+  Hypothesis h{"config-dependent", V::Inconclusive, {}, fmt::format("crashcap bisect config {}", f.bundle)};
+  if (!f.config) {
+    h.evidence.push_back("config bisection did not finish");
+    return h;
+  }
+  const auto& c = *f.config;
+  if (auto change = settingChange(c)) {
+    h.verdict = V::Confirmed;
+    h.evidence.push_back(*change);
+  } else if (c.baseline.fails && !c.flips.empty()) {
+    h.verdict = V::Refuted;
+    h.evidence.push_back(fmt::format("the step fails under each of {} single-setting changes", c.flips.size()));
+  } else {
+    h.evidence.push_back("no single setting change makes the step fail");
+  }
+  const std::string recordedDevice = f.replay ? f.replay->recordedDevice : "";
+  if (c.baseline.device == "cpu" && !recordedDevice.empty() && recordedDevice != "cpu")
+    h.evidence.push_back("cudnn.* and TF32 settings do not change CPU kernels: replay on " + recordedDevice +
+                         " for them to count");
+  return h;
+}
+
+Hypothesis judgeNondeterminism(const TriageFacts& f) {
+  Hypothesis h{"nondeterminism", V::Inconclusive, {}, fmt::format("crashcap replay {}", f.bundle)};
+  if (!f.replay) return h;
+  const auto& r = *f.replay;
+  if (r.verdict == replayer::Verdict::ReproducedBitwise) {
+    h.verdict = V::Refuted;
+    h.evidence.push_back(fmt::format("replay matched the recording bit for bit over {} steps", r.steps.size()));
+  } else if (r.verdict == replayer::Verdict::Diverged) {
+    h.verdict = V::Confirmed;
+    h.evidence.push_back(r.divergedAt ? fmt::format("replay departs from the recording at step {}", *r.divergedAt)
+                                      : "replay departs from the recording");
+  } else {
+    h.evidence.push_back(fmt::format("replay verdict {}", replayer::verdictName(r.verdict)));
+  }
+  return h;
+}
+
+const std::vector<TriageRule>& triageRules() {
+  static const std::vector<TriageRule> rules = {
+      {"invalid-data", judgeInvalidData},
+      {"loss-numerics", judgeLossNumerics},
+      {"optimizer-divergence", judgeOptimizerDivergence},
+      {"device-specific", judgeDeviceSpecific},
+      {"config-dependent", judgeConfigDependent},
+      {"nondeterminism", judgeNondeterminism},
+  };
+  return rules;
+}
+
+std::vector<Hypothesis> judge(const TriageFacts& facts) {
+  std::vector<Hypothesis> out;
+  for (const auto& rule : triageRules()) out.push_back(rule.judge(facts));
+  return out;
+}
+
+Culprit findCulprit(const TriageFacts& f, const std::vector<Hypothesis>& hypotheses) {
+  Culprit c;
+  if (f.step() >= 0) c.step = f.step();
+  // Rows are a culprit only when the data hypothesis holds (any single row fails a diverged run).
+  bool dataConfirmed = std::any_of(hypotheses.begin(), hypotheses.end(), [](const Hypothesis& h) {
+    return h.id == "invalid-data" && h.verdict == V::Confirmed;
+  });
+  if (dataConfirmed) {
+    if (auto rows = f.culpritRows(); !rows.empty()) c.rows = rows;
+    if (f.samples) c.datasetIndices = f.samples->datasetIndices;
+  }
+  if (f.replay && f.replay->firstNonFiniteOp) {
+    c.op = f.replay->firstNonFiniteOp->name;
+    c.phase = f.replay->firstNonFiniteOp->phase;
+  }
+  if (f.config) c.changes = f.config->changesOutcome;
+  return c;
+}
+
+}  // namespace crashcap::investigate

@@ -1,0 +1,74 @@
+#pragma once
+// `crashcap run`: supervises a training command from outside. A CUDA error corrupts the
+// process's context (every later call fails) and some failures kill it outright, so the
+// evidence must already be on the host and the process must be watched, classified and
+// restarted by another process (docs/RUN.md).
+//
+// Per run of the command: set up its environment (the recording directory for an in-process
+// Recorder, optional CUDA_LAUNCH_BLOCKING / TORCH_USE_CUDA_DSA), pass its output through while
+// keeping the tails, wait, classify the death, and seal exactly one bundle per crash,
+// <dir>/crash-<time>-<pid>.ccap, holding what the in-process recorder wrote plus a
+// `supervision` record. No LibTorch here.
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "crashcap/formats/records.hpp"
+#include "crashcap/supervisor/classify.hpp"
+
+namespace crashcap::supervisor {
+
+struct SuperviseOptions {
+  std::vector<std::string> command;     ///< argv; argv[0] searched in PATH
+  std::string dir = "crashcap-runs";    ///< where bundles go; CRASHCAP_DIR for the child
+  int restarts = 0;                     ///< restart after a crash up to this many times
+  int maxConsecutive = 0;               ///< stop after this many crashes in a row of one classification; 0 off
+  double backoffSeconds = 1;            ///< before the first restart; doubles, at most 60 s
+  bool launchBlocking = false;          ///< CUDA_LAUNCH_BLOCKING=1
+  bool deviceSideAssertions = false;    ///< TORCH_USE_CUDA_DSA=1
+  bool kernelTrace = true;              ///< CUDA_INJECTION64_PATH=libcrashcap_inject.so (unless the user set one)
+  bool cudnnLog = false;                ///< cuDNN's API log into a pipe; its tail goes into the bundle
+  size_t cudnnLogTailBytes = 256 * 1024;
+  double stopGraceSeconds = 10;         ///< after Ctrl-C: SIGINT, then SIGTERM at half, SIGKILL at the end
+  size_t tailBytes = 64 * 1024;         ///< of stdout and of stderr, per run
+  /// Lines for the user (on stderr in the CLI): what is happening between runs.
+  std::function<void(const std::string&)> say;
+};
+
+struct AttemptReport {
+  int attempt = 1;
+  uint32_t pid = 0;
+  int exitCode = -1;                    ///< -1 when a signal ended it
+  int signal = 0;
+  Classification classification;        ///< id "" for a clean exit
+  std::string bundle;                   ///< the sealed crash bundle ("" for a clean exit)
+  std::string trace;                    ///< the kernel trace in one line (SupervisionData::trace)
+  double seconds = 0;
+  std::vector<std::string> otherBundles;  ///< more crash bundles the run left (several recorders)
+};
+
+struct SuperviseReport {
+  std::vector<AttemptReport> attempts;
+  bool interrupted = false;             ///< crashcap run was stopped (Ctrl-C, SIGTERM)
+  std::string stoppedBecause;           ///< why no further restart ("" when the last run exited 0)
+  std::string trace;                    ///< before the run: traceStatus()
+  /// The status to exit with: the last run's exit status, or 128 + its signal.
+  int exitStatus() const;
+};
+
+/// Runs the command under supervision. Throws crashcap::Error (NotFound: the command cannot be
+/// executed; Io: the directory cannot be made).
+SuperviseReport supervise(const SuperviseOptions& options);
+
+/// Whether `crashcap run` can trace kernels in its children here: "available: ..." or
+/// "unavailable: <reason>" (no driver, no device, no CUPTI in this build, no injection library).
+std::string traceStatus();
+
+/// libcrashcap_inject.so next to this executable (the build) or in the installed library
+/// directory beside its bin/; "" when there is none.
+/// CRASHCAP_INJECT_LIBRARY overrides.
+std::string injectionLibrary();
+
+}  // namespace crashcap::supervisor

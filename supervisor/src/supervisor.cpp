@@ -1,0 +1,472 @@
+#include "crashcap/supervisor/supervisor.hpp"
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <set>
+
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/clock.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/recorder/environment.hpp"
+#include "crashcap/cupti/cuda_errors.hpp"
+#include "crashcap/cupti/trace_file.hpp"
+#include "crashcap/cupti/tracer.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
+#include "crashcap/supervisor/child_process.hpp"
+#include "crashcap/formats/signal_name.hpp"
+
+namespace crashcap::supervisor {
+namespace fs = std::filesystem;
+using recorder::bundlePath;
+using recorder::captureEnvironment;
+using recorder::isRecording;
+using recorder::kRecordingPrefix;
+using recorder::redactArguments;
+using recorder::sealRecording;
+using recorder::SealOptions;
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double secondsSince(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+// Ctrl-C, SIGTERM and SIGHUP to `crashcap run` arrive here and are handled in the loop.
+int gStopPipe[2] = {-1, -1};
+void onStopSignal(int sig) {
+  char c = static_cast<char>(sig);
+  int saved = errno;
+  (void)!::write(gStopPipe[1], &c, 1);
+  errno = saved;
+}
+
+/// Installs the stop handlers for the scope of supervise() and restores the previous ones.
+class StopSignals {
+ public:
+  StopSignals() {
+    if (gStopPipe[0] < 0 && ::pipe2(gStopPipe, O_CLOEXEC | O_NONBLOCK) != 0)
+      throw Error(ErrorCode::Io, fmt::format("pipe: {}", std::strerror(errno)));
+    struct sigaction sa {};
+    sa.sa_handler = onStopSignal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    for (size_t i = 0; i < 3; ++i) sigaction(kSignals[i], &sa, &previous_[i]);
+  }
+  ~StopSignals() {
+    for (size_t i = 0; i < 3; ++i) sigaction(kSignals[i], &previous_[i], nullptr);
+  }
+  /// A stop signal that arrived since the last call, or 0.
+  static int take() {
+    char c = 0;
+    return ::read(gStopPipe[0], &c, 1) == 1 ? c : 0;
+  }
+  static int fd() { return gStopPipe[0]; }
+
+ private:
+  static constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+  struct sigaction previous_[3];
+};
+
+/// The last `limit` bytes of a stream.
+class Tail {
+ public:
+  explicit Tail(size_t limit) : limit_(limit) {}
+  void add(const char* p, size_t n) {
+    data_.append(p, n);
+    if (data_.size() > 2 * limit_) data_.erase(0, data_.size() - limit_);
+  }
+  std::string str() const { return data_.size() > limit_ ? data_.substr(data_.size() - limit_) : data_; }
+
+ private:
+  size_t limit_;
+  std::string data_;
+};
+
+void writeAll(int fd, const char* p, size_t n) {
+  while (n > 0) {
+    ssize_t w = ::write(fd, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      return;  // our own output is gone (closed pipe): keep supervising, keep the tails
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+struct Ended {
+  int exitCode = -1, signal = 0;
+  bool interrupted = false;
+  std::string out, err;
+};
+
+/// Passes the child's output through, keeps the tails, handles stop signals, waits.
+Ended watch(ChildProcess& child, const SuperviseOptions& o, bool& stopRequested, int cudnnFd, Tail* cudnnTail) {
+  Tail outTail(o.tailBytes), errTail(o.tailBytes);
+  std::vector<pollfd> extra = {{StopSignals::fd(), POLLIN, 0}, {cudnnFd, POLLIN, 0}};
+  bool termSent = false;
+  Clock::time_point stopAt;
+  Ended ended;
+  char buf[65536];
+  auto passThrough = [&](int stream, const char* data, size_t n) {
+    writeAll(stream, data, n);
+    (stream == 1 ? outTail : errTail).add(data, n);
+  };
+  for (;;) {
+    // Grandchildren may hold the pipes open after the child is gone: give them a moment.
+    if (child.exited() && (!child.outputOpen() || child.secondsSinceExit() > 2)) break;
+    // With both pipes closed the child is exiting: look again soon rather than in 100 ms.
+    child.poll(child.outputOpen() ? 100 : 5, passThrough, &extra);
+    if (cudnnFd >= 0 && (extra[1].revents & POLLIN)) {
+      ssize_t n = ::read(cudnnFd, buf, sizeof buf);
+      if (n > 0) cudnnTail->add(buf, static_cast<size_t>(n));
+    }
+    while (int sig = StopSignals::take()) {
+      if (child.exited()) continue;
+      if (!stopRequested) {
+        stopRequested = true;
+        ended.interrupted = true;
+        stopAt = Clock::now();
+        const char* name = formats::signalName(sig);
+        if (o.say)
+          o.say(fmt::format("crashcap run: {} received: stopping the command (SIGINT now, SIGTERM after {:.0f} s, "
+                            "SIGKILL after {:.0f} s)",
+                            name ? name : "signal", o.stopGraceSeconds / 2, o.stopGraceSeconds));
+        child.signal(SIGINT);
+      } else {
+        if (o.say) o.say("crashcap run: second stop signal: SIGKILL");
+        child.signal(SIGKILL);
+      }
+    }
+    if (stopRequested && !child.exited()) {
+      double waited = secondsSince(stopAt);
+      if (!termSent && waited > o.stopGraceSeconds / 2) {
+        termSent = true;
+        child.signal(SIGTERM);
+      }
+      if (waited > o.stopGraceSeconds) child.signal(SIGKILL);
+    }
+  }
+  child.wait();
+  if (cudnnFd >= 0) {  // what the log still holds
+    ssize_t n;
+    while ((n = ::read(cudnnFd, buf, sizeof buf)) > 0) cudnnTail->add(buf, static_cast<size_t>(n));
+  }
+  ended.exitCode = child.exitCode();
+  ended.signal = child.termSignal();
+  ended.out = outTail.str();
+  ended.err = errTail.str();
+  return ended;
+}
+
+/// What is in the directory now: bundles and recordings present before a run are not its.
+std::set<std::string> listing(const std::string& dir) {
+  std::set<std::string> names;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) names.insert(e.path().filename().string());
+  return names;
+}
+
+/// Rewrites `bundle` with `supervision` appended (OUT.partial, then a rename over it).
+void appendSupervision(const std::string& bundle, const formats::SupervisionData& supervision,
+                       const std::vector<formats::KernelTraceData>& traces) {
+  formats::PartialOutput output(bundle);
+  {
+    auto reader = formats::BundleReader::open(bundle);
+    formats::WriterOptions wo;
+    wo.overwrite = true;
+    wo.producer = "crashcap run";
+    auto writer = formats::BundleWriter::createCopy(output.path(), reader->fileHeader(), wo);
+    formats::copyRecords(*reader, *writer, {}, /*decodeChunks=*/false);
+    for (const auto& t : traces) formats::writeMetaRecord(*writer, t);
+    formats::writeMetaRecord(*writer, supervision);
+    writer->seal();
+  }
+  output.commit();
+}
+
+/// A bundle of the supervisor's own: the environment it ran the command in, and what it saw.
+std::string writeOwnBundle(const std::string& dir, const formats::SupervisionData& supervision,
+                           const std::vector<formats::KernelTraceData>& traces) {
+  std::string path = bundlePath(dir, "crash", supervision.endNs, supervision.pid);
+  formats::PartialOutput output(path);
+  {
+    formats::WriterOptions wo;
+    wo.overwrite = true;
+    wo.producer = "crashcap run";
+    auto writer = formats::BundleWriter::create(output.path(), wo);
+    writer->writeEnvironment(captureEnvironment());
+    for (const auto& t : traces) formats::writeMetaRecord(*writer, t);
+    formats::writeMetaRecord(*writer, supervision);
+    writer->seal();
+  }
+  output.commit();
+  return path;
+}
+
+}  // namespace
+
+std::string injectionLibrary() {
+  if (const char* v = std::getenv("CRASHCAP_INJECT_LIBRARY")) return fs::exists(v) ? v : "";
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  // The build puts it beside crashcap; `cmake --install` in the library directory beside bin/.
+  for (const auto& candidate : {self.parent_path() / "libcrashcap_inject.so",
+                                self.parent_path().parent_path() / CRASHCAP_INSTALL_LIBDIR / "libcrashcap_inject.so"})
+    if (fs::exists(candidate, ec)) return candidate.string();
+  return "";
+}
+
+std::string traceStatus() {
+  std::string reason = cupti::gpuUnavailableReason();
+  if (!reason.empty()) return "unavailable: " + reason;
+  if (!cupti::builtWithCupti()) return "unavailable: this crashcap was built without CUPTI";
+  std::string lib = injectionLibrary();
+  if (lib.empty()) return "unavailable: libcrashcap_inject.so is not next to crashcap (set CRASHCAP_INJECT_LIBRARY)";
+  return "available: kernels are traced through " + lib;
+}
+
+namespace {
+
+/// The trace files the run's processes left (new or rewritten since `since`), decoded.
+std::vector<formats::KernelTraceData> collectTraces(const std::string& dir, const std::set<std::string>& before,
+                                                    std::vector<std::string>& files,
+                                                    const std::function<void(const std::string&)>& say) {
+  std::vector<formats::KernelTraceData> traces;
+  for (const auto& name : listing(dir)) {
+    if (before.count(name) || name.rfind(cupti::kTraceFilePrefix, 0) != 0 ||
+        fs::path(name).extension() != cupti::kTraceFileExtension)
+      continue;
+    auto path = (fs::path(dir) / name).string();
+    files.push_back(path);
+    try {
+      for (auto& t : cupti::readKernelTraces(path)) traces.push_back(std::move(t));
+    } catch (const Error& e) {
+      if (say) say(fmt::format("crashcap run: unreadable kernel trace {}: {}", path, e.what()));
+    }
+  }
+  return traces;
+}
+
+/// The first sticky CUDA error (the one that poisoned a context, earliest across the run's
+/// processes) names the failure better than a generic exit does. Soft errors do not: PyTorch's
+/// caching allocator recovers from a failed cudaMalloc, and the run may die of something else.
+void refineClassification(Classification& c, const std::vector<formats::KernelTraceData>& traces) {
+  static const std::set<std::string> generic = {"python-exception", "exit-nonzero", "signal"};
+  if (!generic.count(c.id)) return;
+  uint32_t pid = 0;
+  const auto* e = cupti::firstStickyError(traces, &pid);
+  if (!e) return;
+  std::string id = cupti::classificationForCode(e->code, e->domain == "driver");
+  if (id.empty()) return;
+  c.id = id;
+  c.evidence = fmt::format("kernel trace of pid {}: first sticky CUDA error {} ({}) in {}{}", pid,
+                           e->name.empty() ? "code" : e->name, e->code, e->api,
+                           e->symbol.empty() ? "" : fmt::format(" launching {}", e->symbol));
+}
+
+/// A FIFO for cuDNN's API log: cuDNN writes into it, the supervisor keeps the tail in memory,
+/// so a long run's log never fills the disk.
+struct CudnnLog {
+  std::string path;
+  int fd = -1, keepOpen = -1;
+  CudnnLog(const std::string& dir, int attempt) {
+    path = (fs::path(dir) / fmt::format(".cudnn-log-{}-{}.fifo", ::getpid(), attempt)).string();
+    ::unlink(path.c_str());
+    if (::mkfifo(path.c_str(), 0600) != 0)
+      throw Error(ErrorCode::Io, fmt::format("cannot make the cuDNN log pipe {}: {}", path, std::strerror(errno)));
+    fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    keepOpen = fd >= 0 ? ::open(path.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC) : -1;  // no EOF between writers
+    if (fd < 0 || keepOpen < 0) {
+      std::string why = std::strerror(errno);
+      if (fd >= 0) ::close(fd);
+      ::unlink(path.c_str());
+      throw Error(ErrorCode::Io, fmt::format("cannot open the cuDNN log pipe {}: {}", path, why));
+    }
+  }
+  ~CudnnLog() {
+    if (fd >= 0) ::close(fd);
+    if (keepOpen >= 0) ::close(keepOpen);
+    ::unlink(path.c_str());
+  }
+  std::vector<std::string> environment() const {
+    // cuDNN 9 reads LOGLEVEL; cuDNN 8 reads the three LOG*_DBG switches. Both read LOGDEST.
+    return {"CUDNN_LOGLEVEL_DBG=3", "CUDNN_LOGINFO_DBG=1", "CUDNN_LOGWARN_DBG=1", "CUDNN_LOGERR_DBG=1",
+            "CUDNN_LOGDEST_DBG=" + path};
+  }
+};
+
+}  // namespace
+
+int SuperviseReport::exitStatus() const {
+  if (attempts.empty()) return 1;
+  const auto& a = attempts.back();
+  return a.signal ? 128 + a.signal : a.exitCode;
+}
+
+SuperviseReport supervise(const SuperviseOptions& o) {
+  if (o.command.empty())
+    throw Error(ErrorCode::InvalidArgument, "no command to run", "give it after --: crashcap run -- python train.py");
+  std::error_code ec;
+  fs::create_directories(o.dir, ec);
+  if (ec || !fs::is_directory(o.dir))
+    throw Error(ErrorCode::Io, fmt::format("cannot make the directory {}: {}", o.dir, ec.message()));
+  std::string dir = fs::absolute(o.dir).string();
+
+  SuperviseReport report;
+  report.trace = traceStatus();
+  std::vector<std::string> extraEnv = {fmt::format("{}={}", recorder::kOutputDirVariable, dir)};
+  if (o.launchBlocking) extraEnv.push_back("CUDA_LAUNCH_BLOCKING=1");
+  if (o.deviceSideAssertions) extraEnv.push_back("TORCH_USE_CUDA_DSA=1");
+  if (o.kernelTrace && !std::getenv("CUDA_INJECTION64_PATH")) {
+    std::string lib = injectionLibrary();
+    if (!lib.empty()) extraEnv.push_back("CUDA_INJECTION64_PATH=" + lib);
+  }
+
+  StopSignals stopSignals;
+  bool stopRequested = false;
+  int consecutive = 0;
+  double backoff = o.backoffSeconds;
+  for (int attempt = 1;; ++attempt) {
+    auto before = listing(dir);
+    auto started = Clock::now();
+    int64_t startNs = formats::unixTimeNs();
+    std::optional<CudnnLog> cudnnLog;
+    std::vector<std::string> env = extraEnv;
+    if (o.cudnnLog) {
+      try {
+        cudnnLog.emplace(dir, attempt);
+        for (auto& e : cudnnLog->environment()) env.push_back(e);
+      } catch (const Error& e) {
+        // The log helps explain a failure; its absence must not stop the training.
+        if (o.say) o.say(fmt::format("crashcap run: running without --cudnn-log: {}", e.what()));
+      }
+    }
+    Tail cudnnTail(o.cudnnLogTailBytes);
+    ChildProcess::Options co;
+    co.environment = env;
+    co.ownProcessGroup = true;  // a stop reaches the whole training, its workers included
+    auto child = ChildProcess::start(o.command, co);
+    Ended ended = watch(child, o, stopRequested, cudnnLog ? cudnnLog->fd : -1, &cudnnTail);
+    cudnnLog.reset();
+    std::vector<std::string> traceFiles;
+    auto traces = collectTraces(dir, before, traceFiles, o.say);
+
+    AttemptReport a;
+    a.attempt = attempt;
+    a.pid = static_cast<uint32_t>(child.pid());
+    a.exitCode = ended.signal ? -1 : ended.exitCode;
+    a.signal = ended.signal;
+    a.seconds = secondsSince(started);
+    a.classification = classifyExit(a.exitCode, a.signal, ended.out, ended.err);
+    if (!a.classification.id.empty()) refineClassification(a.classification, traces);
+    if (ended.interrupted) report.interrupted = true;
+    bool crashed = !a.classification.id.empty() || ended.interrupted;
+    if (ended.interrupted && a.classification.id.empty()) a.classification = {"signal", "stopped by crashcap run"};
+
+    if (crashed) {
+      formats::SupervisionData s;
+      s.command = redactArguments(o.command);
+      s.attempt = static_cast<uint32_t>(attempt);
+      s.pid = a.pid;
+      s.exitCode = a.exitCode;
+      s.signal = a.signal;
+      if (const char* name = formats::signalName(a.signal); a.signal) s.signalName = name ? name : fmt::format("signal {}", a.signal);
+      s.classification = a.classification.id;
+      s.evidence = a.classification.evidence;
+      s.stdoutTail = ended.out;
+      s.stderrTail = ended.err;
+      s.startNs = startNs;
+      s.endNs = formats::unixTimeNs();
+      s.trace = cupti::describeTraces(traces, report.trace);
+      s.interrupted = ended.interrupted;
+      s.environment = env;
+      s.cudnnLogTail = cudnnTail.str();
+      a.trace = s.trace;
+      // What the run left: crash bundles its recorder sealed, recordings it never closed.
+      std::vector<std::string> bundles;
+      for (const auto& name : listing(dir)) {
+        if (before.count(name)) continue;
+        auto path = (fs::path(dir) / name).string();
+        if (name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap") bundles.push_back(path);
+        if (name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path)) {
+          SealOptions so;
+          so.supervision = s;
+          so.kernelTraces = traces;
+          try {
+            auto sealed = sealRecording(path, so);
+            a.bundle = sealed.out;  // the supervision record is already in it
+          } catch (const Error& e) {
+            if (o.say) o.say(fmt::format("crashcap run: could not seal {}: {}", path, e.what()));
+          }
+        }
+      }
+      std::sort(bundles.begin(), bundles.end());
+      if (a.bundle.empty() && !bundles.empty()) {
+        a.bundle = bundles.back();  // the newest: names sort by time
+        bundles.pop_back();
+        try {
+          appendSupervision(a.bundle, s, traces);
+        } catch (const Error& e) {
+          // The recorder's bundle stays as it was; the run's record and traces go into one of
+          // the supervisor's own beside it, so nothing the run saw is lost.
+          if (o.say)
+            o.say(fmt::format("crashcap run: could not add the run's record to {} ({}); writing it to a bundle of its own",
+                              a.bundle, e.what()));
+          bundles.push_back(a.bundle);
+          a.bundle.clear();
+        }
+      }
+      a.otherBundles = bundles;
+      if (a.bundle.empty()) a.bundle = writeOwnBundle(dir, s, traces);
+    }
+    // The traces are in a bundle now (writeOwnBundle throws otherwise, and the files stay), or
+    // the run was clean: the files go.
+    for (const auto& f : traceFiles) fs::remove(f, ec);
+    report.attempts.push_back(a);
+
+    if (!crashed) return report;
+    if (stopRequested) {
+      report.stoppedBecause = "stopped by a signal to crashcap run";
+      return report;
+    }
+    bool sameAsBefore = report.attempts.size() >= 2 &&
+                        report.attempts[report.attempts.size() - 2].classification.id == a.classification.id;
+    consecutive = sameAsBefore ? consecutive + 1 : 1;
+    if (attempt > o.restarts) {
+      report.stoppedBecause = o.restarts > 0 ? fmt::format("{} restarts used", o.restarts) : "";
+      return report;
+    }
+    if (o.maxConsecutive > 0 && consecutive >= o.maxConsecutive) {
+      report.stoppedBecause = fmt::format("{} crashes in a row classified {}", consecutive, a.classification.id);
+      return report;
+    }
+    if (o.say) o.say(fmt::format("crashcap run: restart {} of {} in {:.0f} s", attempt, o.restarts, backoff));
+    // Back off, but a stop signal during the wait ends the supervision at once.
+    pollfd p = {StopSignals::fd(), POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(backoff * 1000)) > 0 && StopSignals::take()) {
+      report.interrupted = true;
+      report.stoppedBecause = "stopped by a signal to crashcap run";
+      return report;
+    }
+    backoff = std::min(backoff * 2, 60.0);
+  }
+}
+
+}  // namespace crashcap::supervisor

@@ -1,0 +1,74 @@
+// Sample bisection: delta debugging finds the culprit rows within the replay budget, on a
+// predicate and end to end on real crash bundles with every experiment in a child process.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "crashcap/investigate/bisect.hpp"
+#include "test_support.hpp"
+
+namespace fs = std::filesystem;
+using namespace crashcap;
+
+namespace {
+bool has(const std::vector<int64_t>& rows, int64_t r) { return std::find(rows.begin(), rows.end(), r) != rows.end(); }
+}  // namespace
+
+TEST_CASE("one culprit row is found in at most 2*ceil(log2 B)+2 replays wherever it is", "[investigate][bisect]") {
+  for (int64_t batch : {1, 2, 3, 5, 8, 13, 32, 100}) {
+    int bound = 2 * static_cast<int>(std::ceil(std::log2(std::max<int64_t>(batch, 2)))) + 2;
+    for (int64_t culprit = 0; culprit < batch; ++culprit) {
+      auto b = investigate::searchRows(batch, [&](const std::vector<int64_t>& rows) {
+        return investigate::Trial{has(rows, culprit), "", 0, ""};
+      });
+      INFO("batch " << batch << " culprit " << culprit);
+      CHECK(b.reproduced);
+      CHECK(b.rows == std::vector<int64_t>{culprit});
+      CHECK(b.replays <= bound);
+    }
+  }
+}
+
+TEST_CASE("rows that fail only together are all kept, and a batch that passes is not bisected", "[investigate][bisect]") {
+  auto b = investigate::searchRows(32, [](const std::vector<int64_t>& rows) {
+    return investigate::Trial{has(rows, 3) && has(rows, 17), "", 0, ""};
+  });
+  CHECK(b.rows == std::vector<int64_t>{3, 17});
+  auto none = investigate::searchRows(16, [](const std::vector<int64_t>&) { return investigate::Trial{false, "", 0, ""}; });
+  CHECK(!none.reproduced);
+  CHECK(none.replays == 1);
+}
+
+TEST_CASE("crashcap bisect samples names the corrupt row of a real crash", "[investigate][bisect][e2e]") {
+  struct Case {
+    std::string sample, fault;
+    int64_t batch;
+  };
+  for (const auto& c : {Case{"crashcap-sample-seg", "nan-sample", 8}, Case{"crashcap-sample-cls", "bad-label", 32}}) {
+    DYNAMIC_SECTION(c.sample << " " << c.fault) {
+      test::TempDir dir;
+      auto r = test::run({test::binPath(c.sample), "--steps", "10", "--record", dir.path(), "--fault", c.fault,
+                          "--fault-step", "5", "--fault-row", "5", "--keyframe-every", "4"},
+                         300);
+      REQUIRE(r.exitCode == 1);
+      std::string bundle;
+      for (const auto& e : fs::directory_iterator(dir.path()))
+        if (e.path().extension() == ".ccap") bundle = e.path().string();
+      auto b = test::run({test::binPath("crashcap"), "bisect", "samples", bundle, "--json"}, 600);
+      INFO(b.err);
+      REQUIRE(b.exitCode == 0);
+      auto j = nlohmann::json::parse(b.out);
+      CHECK(j["reproduced"] == true);
+      CHECK(j["step"] == 5);
+      CHECK(j["batch_size"] == c.batch);
+      CHECK(j["rows"] == nlohmann::json::array({5}));
+      int bound = 2 * static_cast<int>(std::ceil(std::log2(c.batch))) + 2;
+      CHECK(j["replays"].get<int>() <= bound);
+      CHECK(j["experiments"].size() == j["replays"].get<size_t>());
+      for (const auto& e : j["experiments"]) CHECK(e["command"].get<std::string>().find("--rows") != std::string::npos);
+    }
+  }
+}

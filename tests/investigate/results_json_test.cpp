@@ -1,0 +1,193 @@
+// The child-process boundary: what an experiment prints with --json reads back as the same
+// struct, non-finite numbers included, and a result with a missing key is an error naming it.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "crashcap/formats/error.hpp"
+#include "crashcap/investigate/results_json.hpp"
+
+using namespace crashcap;
+using namespace crashcap::investigate;
+using nlohmann::json;
+
+namespace {
+
+replayer::ReplayResult sampleReplay() {
+  replayer::ReplayResult r;
+  r.verdict = replayer::Verdict::Reproduced;
+  r.step = 6;
+  r.keyframe = 4;
+  r.error = "Traceback...\nTarget 10 is out of bounds.";
+  r.recordedError = r.error;
+  r.divergedAt = 5;
+  replayer::NonFiniteOp op;
+  op.name = "aten::div";
+  op.phase = "backward";
+  op.seq = 42;
+  op.index = 17;
+  replayer::ValueStats v;
+  v.dtype = "float32";
+  v.shape = {8, 1};
+  v.nanCount = 3;
+  v.min = -1.5;
+  v.max = INFINITY;
+  op.inputs = {v};
+  op.outputs = {v, v};
+  r.firstNonFiniteOp = op;
+  for (int64_t s = 4; s <= 6; ++s) {
+    replayer::StepReplay sr;
+    sr.step = s;
+    sr.loss = s == 6 ? NAN : 0.25 * s;
+    sr.hasGradNorm = s < 6;
+    sr.gradNorm = 1.5;
+    sr.recorded = s != 5;
+    sr.recordedLoss = sr.loss;
+    sr.recordedGradNorm = -INFINITY;
+    sr.bitwise = s == 4;
+    sr.learningRate = 0.1;
+    if (s < 6) sr.weightNorm = 3.0 * s;
+    sr.weightsFinite = s != 5;
+    sr.error = s == 6 ? "boom" : "";
+    r.steps.push_back(sr);
+  }
+  r.batchSize = 8;
+  r.rows = {0, 3};
+  r.loadMs = 12.5;
+  r.replayMs = 40;
+  r.threads = 2;
+  r.device = "cpu";
+  r.recordedDevice = "cuda:0";
+  r.dtype = "as-recorded";
+  r.settings = {{"cudnn.benchmark", "false"}};
+  r.recordedSettings = {{"cudnn.benchmark", "true"}};
+  r.sameSetup = false;
+  return r;
+}
+
+bool sameBits(double a, double b) { return (std::isnan(a) && std::isnan(b)) || a == b; }
+
+}  // namespace
+
+TEST_CASE("a replay result reads back from its JSON, NaN and infinities included", "[investigate][json]") {
+  auto r = sampleReplay();
+  auto j = toJson(r);
+  CHECK(j["verdict"] == "reproduced");
+  CHECK(j["steps"][2]["loss"] == "nan");
+  auto back = replayResultFromJson(json::parse(j.dump()));
+  CHECK(back.verdict == r.verdict);
+  CHECK(back.step == 6);
+  CHECK(back.keyframe == 4);
+  CHECK(back.error == r.error);
+  CHECK(back.divergedAt == 5);
+  REQUIRE(back.firstNonFiniteOp);
+  CHECK(back.firstNonFiniteOp->name == "aten::div");
+  CHECK(back.firstNonFiniteOp->seq == 42);
+  CHECK(back.firstNonFiniteOp->outputs.size() == 2);
+  CHECK(std::isinf(*back.firstNonFiniteOp->inputs[0].max));
+  REQUIRE(back.steps.size() == 3);
+  for (size_t i = 0; i < 3; ++i) {
+    INFO("step " << r.steps[i].step);
+    CHECK(sameBits(back.steps[i].loss, r.steps[i].loss));
+    CHECK(back.steps[i].hasGradNorm == r.steps[i].hasGradNorm);
+    CHECK(back.steps[i].recorded == r.steps[i].recorded);
+    CHECK(back.steps[i].bitwise == r.steps[i].bitwise);
+    CHECK(back.steps[i].weightNorm == r.steps[i].weightNorm);
+    CHECK(back.steps[i].weightsFinite == r.steps[i].weightsFinite);
+    CHECK(back.steps[i].error == r.steps[i].error);
+  }
+  CHECK(std::isinf(back.steps[0].recordedGradNorm));
+  CHECK(back.rows == std::vector<int64_t>{0, 3});
+  CHECK(back.settings == r.settings);
+  CHECK(back.recordedSettings == r.recordedSettings);
+  CHECK(back.sameSetup == false);
+  CHECK(back.recordedDevice == "cuda:0");
+}
+
+TEST_CASE("sample, config, step and op bisections read back from their JSON", "[investigate][json]") {
+  SampleBisection s;
+  s.step = 6;
+  s.batchSize = 8;
+  s.reproduced = true;
+  s.rows = {3};
+  s.datasetIndices = std::vector<int64_t>{51};
+  s.replays = 7;
+  s.replayBound = 8;
+  s.trials.push_back({{0, 1, 2, 3}, Trial{true, "fails (boom)", 1.5, "crashcap replay B --step 6 --rows 0,1,2,3"}});
+  auto sb = sampleBisectionFromJson(toJson(s));
+  CHECK(sb.rows == s.rows);
+  CHECK(sb.datasetIndices == s.datasetIndices);
+  CHECK(sb.replays == 7);
+  REQUIRE(sb.trials.size() == 1);
+  CHECK(sb.trials[0].first == std::vector<int64_t>{0, 1, 2, 3});
+  CHECK(sb.trials[0].second.outcome == "fails (boom)");
+
+  ConfigBisection c;
+  c.step = 6;
+  c.baseline.device = "cpu";
+  c.baseline.fails = true;
+  c.baseline.settings = {{"torch.threads", "2"}};
+  c.baseline.command = "crashcap replay B --json";
+  ConfigTrial t;
+  t.setting = "torch.threads";
+  t.recorded = "2";
+  t.value = "1";
+  t.fails = false;
+  t.outcome = "ok";
+  t.command = "crashcap replay B --set torch.threads=1";
+  c.flips = {t};
+  ConfigTrial d;
+  d.device = "cuda:0";
+  d.fails = true;
+  d.outcome = "child killed by signal 11";
+  c.devices = {d};
+  c.changesOutcome = {"torch.threads=1"};
+  auto cb = configBisectionFromJson(toJson(c));
+  CHECK(cb.baseline.fails);
+  CHECK(cb.baseline.settings == c.baseline.settings);
+  REQUIRE(cb.flips.size() == 1);
+  CHECK(cb.flips[0].setting == "torch.threads");
+  CHECK(cb.flips[0].value == "1");
+  CHECK_FALSE(cb.flips[0].fails);
+  REQUIRE(cb.devices.size() == 1);
+  CHECK(cb.devices[0].device == "cuda:0");
+  CHECK(cb.devices[0].fails);
+  CHECK(cb.changesOutcome == c.changesOutcome);
+
+  StepBisection st;
+  st.fromKeyframe = 0;
+  st.target = 6;
+  st.firstFailure = replayer::FirstFailure{5, "weights"};
+  st.steps = sampleReplay().steps;
+  auto stb = stepBisectionFromJson(toJson(st));
+  REQUIRE(stb.firstFailure);
+  CHECK(stb.firstFailure->step == 5);
+  CHECK(stb.firstFailure->reason == "weights");
+  CHECK(stb.steps.size() == 3);
+
+  OpBisection ob;
+  ob.step = 6;
+  ob.reference.error = "non-finite loss";
+  ob.reference.firstNonFiniteOp = sampleReplay().firstNonFiniteOp;
+  ob.tolerance = 1e-3;
+  auto obb = opBisectionFromJson(toJson(ob));
+  CHECK(obb.failsInFloat64());
+  CHECK_FALSE(obb.firstDeparting);
+  REQUIRE(obb.reference.firstNonFiniteOp);
+  CHECK(obb.reference.firstNonFiniteOp->name == "aten::div");
+}
+
+TEST_CASE("a result without a key it needs is an error that names the key", "[investigate][json]") {
+  auto j = toJson(sampleReplay());
+  j.erase("batch_size");
+  try {
+    replayResultFromJson(j);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Corrupt);
+    CHECK_THAT(e.what(), Catch::Contains("'batch_size'"));
+  }
+  auto k = toJson(sampleReplay());
+  k["verdict"] = "maybe";
+  CHECK_THROWS_AS(replayResultFromJson(k), Error);
+}

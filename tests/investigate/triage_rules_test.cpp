@@ -1,0 +1,408 @@
+// Each triage rule on fixed, typed facts: what confirms it, what refutes it, and what leaves it
+// inconclusive. No replay runs here; tests/investigate/triage_test.cpp runs the whole plan on
+// real crash bundles.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+
+#include "crashcap/investigate/triage.hpp"
+
+using namespace crashcap;
+using namespace crashcap::investigate;
+using replayer::Verdict;
+using V = HypothesisVerdict;
+
+namespace {
+
+const std::string kBundle = "crash.ccap";
+
+replayer::ValueStats stats(int64_t nan, int64_t inf, std::optional<double> min, std::optional<double> max) {
+  replayer::ValueStats v;
+  v.dtype = "float32";
+  v.shape = {8, 3, 16, 16};
+  v.nanCount = nan;
+  v.infCount = inf;
+  v.min = min;
+  v.max = max;
+  return v;
+}
+
+replayer::NonFiniteOp nonFiniteOp(const std::string& name, std::vector<replayer::ValueStats> inputs) {
+  replayer::NonFiniteOp op;
+  op.name = name;
+  op.phase = "forward";
+  op.inputs = std::move(inputs);
+  op.outputs = {stats(1, 0, 0.0, 1.0)};
+  return op;
+}
+
+replayer::ReplayResult replayOf(Verdict verdict, int64_t step = 6) {
+  replayer::ReplayResult r;
+  r.verdict = verdict;
+  r.step = step;
+  r.keyframe = 4;
+  r.batchSize = 8;
+  r.device = "cpu";
+  r.recordedDevice = "cpu";
+  for (int64_t s = r.keyframe; s <= step; ++s) {
+    replayer::StepReplay sr;
+    sr.step = s;
+    r.steps.push_back(sr);
+  }
+  return r;
+}
+
+/// Facts of a crash that reproduces bit for bit at step 6.
+TriageFacts reproducedAt6() {
+  TriageFacts f;
+  f.bundle = kBundle;
+  f.replay = replayOf(Verdict::ReproducedBitwise);
+  return f;
+}
+
+SampleBisection samplesFound(std::vector<int64_t> rows, int replays = 6) {
+  SampleBisection s;
+  s.step = 6;
+  s.batchSize = 8;
+  s.reproduced = true;
+  s.rows = std::move(rows);
+  s.replays = replays;
+  return s;
+}
+
+ConfigTrial flip(const std::string& setting, const std::string& recorded, const std::string& value, bool fails) {
+  ConfigTrial t;
+  t.setting = setting;
+  t.recorded = recorded;
+  t.value = value;
+  t.fails = fails;
+  t.outcome = "ok";
+  return t;
+}
+
+ConfigTrial onDevice(const std::string& device, bool fails) {
+  ConfigTrial t;
+  t.device = device;
+  t.fails = fails;
+  t.outcome = "ok";
+  return t;
+}
+
+ConfigBisection configOf(bool baseFails, std::vector<ConfigTrial> flips, std::vector<ConfigTrial> devices = {}) {
+  ConfigBisection c;
+  c.step = 6;
+  c.baseline.device = "cpu";
+  c.baseline.fails = baseFails;
+  c.flips = std::move(flips);
+  c.devices = std::move(devices);
+  return c;
+}
+
+/// Steps 2..6 with these weight norms after steps 2..5 (the target has none) and learning rates.
+StepBisection stepsWith(const std::vector<std::optional<double>>& weightNorms, const std::vector<double>& lrs) {
+  StepBisection b;
+  b.fromKeyframe = 2;
+  b.target = 6;
+  for (int64_t s = 2; s <= 6; ++s) {
+    replayer::StepReplay r;
+    r.step = s;
+    r.learningRate = lrs[static_cast<size_t>(s - 2)];
+    if (s < 6) r.weightNorm = weightNorms[static_cast<size_t>(s - 2)];
+    b.steps.push_back(r);
+  }
+  return b;
+}
+
+bool has(const Hypothesis& h, const std::string& text) {
+  for (const auto& e : h.evidence)
+    if (e.find(text) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("invalid-data is confirmed when the failure needs the rows and goes away without them, naming what is odd",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.samples = samplesFound({3});
+  f.samples->datasetIndices = std::vector<int64_t>{51};
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.rowFindings = {{3, "steps/6/batch/image", RowFinding::Kind::NonFinite, 64, 0, 0}};
+  auto h = judgeInvalidData(f);
+  INFO(h.evidence.size());
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(h.evidence.at(0) == "step 6 fails with batch row [3] alone and passes without it (7 replays)");
+  CHECK(has(h, "dataset index 51 (the batch's index tensor)"));
+  CHECK(has(h, "row 3 of steps/6/batch/image holds 64 NaN and 0 Inf values"));
+  CHECK(h.rerun == "crashcap bisect samples crash.ccap");
+}
+
+TEST_CASE("invalid-data names an out-of-range label together with the classes the loss saw", "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.samples = samplesFound({5});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.rowFindings = {{5, "steps/6/batch/label", RowFinding::Kind::Value, 0, 0, 10}};
+  f.lossClasses = LossClasses{10, {32, 10}};
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "row 5 of steps/6/batch/label is 10"));
+  CHECK(has(h, "the loss sees 10 classes (logits [32,10]), so valid labels are 0..9"));
+}
+
+TEST_CASE("invalid-data is refuted when the step still fails without the rows", "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.samples = samplesFound({0});
+  f.withoutRows = replayOf(Verdict::Reproduced);
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Refuted);
+  CHECK(has(h, "step 6 still fails without rows [0]: no particular sample is needed"));
+}
+
+TEST_CASE("invalid-data is inconclusive when the crash does not reproduce or no rows were isolated",
+          "[investigate][triage]") {
+  TriageFacts f;
+  f.bundle = kBundle;
+  f.replay = replayOf(Verdict::NotReproduced);
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "does not reproduce on replay"));
+
+  auto g = reproducedAt6();  // sample bisection did not finish
+  auto k = judgeInvalidData(g);
+  CHECK(k.verdict == V::Inconclusive);
+  CHECK(has(k, "sample bisection did not isolate rows"));
+}
+
+TEST_CASE("loss-numerics is confirmed when an op makes NaN from finite inputs, and says when an input reaches 0",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::div", {stats(0, 0, 0.0, 3.5), stats(0, 0, 0.0, 0.0)});
+  auto h = judgeLossNumerics(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(h.evidence.at(0) == "aten::div (forward, step 6) turns finite inputs into NaN/Inf");
+  CHECK(has(h, "an input of aten::div reaches 0 (a division or log of zero?)"));
+  CHECK(h.rerun == "crashcap bisect ops crash.ccap");
+}
+
+TEST_CASE("loss-numerics is refuted when the first non-finite op was fed NaN, or overflows runaway values, or none is "
+          "found",
+          "[investigate][triage]") {
+  auto fed = reproducedAt6();
+  fed.replay->firstNonFiniteOp = nonFiniteOp("aten::mkldnn_convolution", {stats(64, 0, -1.0, 1.0)});
+  auto a = judgeLossNumerics(fed);
+  CHECK(a.verdict == V::Refuted);
+  CHECK(has(a, "comes from inputs that already hold 64 NaN/Inf"));
+
+  auto runaway = reproducedAt6();
+  runaway.replay->firstNonFiniteOp = nonFiniteOp("aten::mm", {stats(0, 0, -3e20, 2e20)});
+  auto b = judgeLossNumerics(runaway);
+  CHECK(b.verdict == V::Refuted);
+  CHECK(has(b, "overflows on inputs as large as 3e+20: the values were already diverging"));
+
+  auto none = reproducedAt6();
+  auto c = judgeLossNumerics(none);
+  CHECK(c.verdict == V::Refuted);
+  CHECK(has(c, "no op output went non-finite in the replayed step"));
+}
+
+TEST_CASE("loss-numerics is inconclusive when a setting or device change makes the NaN go away, or nothing replayed",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::conv2d", {stats(0, 0, -1.0, 1.0)});
+  f.config = configOf(true, {flip("cudnn.benchmark", "true", "false", false)});
+  auto h = judgeLossNumerics(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "but it goes away with a change of setting (the step fails as recorded and runs clean with "
+               "cudnn.benchmark=false (recorded true))"));
+
+  auto g = f;
+  g.config = configOf(true, {flip("cudnn.benchmark", "true", "false", true)}, {onDevice("cuda:0", false)});
+  auto k = judgeLossNumerics(g);
+  CHECK(k.verdict == V::Inconclusive);
+  CHECK(has(k, "a change of device (the step fails on cpu and runs clean on cuda:0)"));
+
+  TriageFacts nothing;
+  nothing.bundle = kBundle;
+  auto n = judgeLossNumerics(nothing);
+  CHECK(n.verdict == V::Inconclusive);
+  CHECK(n.evidence.empty());
+}
+
+TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::div", {stats(0, 0, 0.0, 1.0)});
+  OpBisection ops;
+  ops.step = 6;
+  ops.reference.error = "non-finite loss at step 6: nan";
+  ops.reference.firstNonFiniteOp = nonFiniteOp("aten::div", {});
+  replayer::DepartingOp d;
+  d.name = "aten::log";
+  d.phase = "forward";
+  d.error = 0.5;
+  d.elements = 3;
+  ops.firstDeparting = d;
+  f.ops = ops;
+  auto h = judgeLossNumerics(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "the float64 CPU replay goes non-finite at aten::div too"));
+  CHECK(has(h, "first op departing from float64: aten::log (forward), error 0.5 over 3 elements"));
+
+  f.ops->reference.error.clear();
+  f.ops->reference.firstNonFiniteOp.reset();
+  CHECK(has(judgeLossNumerics(f), "the float64 CPU replay of the step runs clean: float32 rounding or range is involved"));
+}
+
+TEST_CASE("optimizer-divergence is confirmed when the weight norm runs away, with the learning-rate jump",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.steps = stepsWith({1.0, 2.0, 40.0, 500.0}, {0.01, 0.01, 10, 10, 10});
+  f.steps->firstFailure = replayer::FirstFailure{6, "loss"};
+  auto h = judgeOptimizerDivergence(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(h.evidence.at(0) == "the weight norm grows from 1 to 500 over steps 2..5 before step 6 fails");
+  CHECK(has(h, "the learning rate jumps from 0.01 to 10 from step 4 on"));
+  CHECK(has(h, "first step whose loss, gradients or weights go non-finite: 6 (loss)"));
+  CHECK(h.rerun == "crashcap bisect steps crash.ccap");
+
+  auto inf = reproducedAt6();
+  inf.steps = stepsWith({1.0, 1.0, INFINITY, std::nullopt}, {0.1, 0.1, 0.1, 0.1, 0.1});
+  CHECK(judgeOptimizerDivergence(inf).verdict == V::Confirmed);
+}
+
+TEST_CASE("optimizer-divergence is refuted when the weight norm stays within twice its start", "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.steps = stepsWith({1.0, 1.1, 1.3, 1.2}, {0.1, 0.1, 0.1, 0.1, 0.1});
+  auto h = judgeOptimizerDivergence(f);
+  CHECK(h.verdict == V::Refuted);
+  CHECK(has(h, "the weight norm stays within 1..1.3 up to the failing step"));
+}
+
+TEST_CASE("optimizer-divergence is inconclusive on moderate growth, on no weight norm, and without the step history",
+          "[investigate][triage]") {
+  auto grows = reproducedAt6();
+  grows.steps = stepsWith({1.0, 3.0, 6.0, 10.0}, {0.1, 0.1, 0.1, 0.1, 0.1});
+  auto a = judgeOptimizerDivergence(grows);
+  CHECK(a.verdict == V::Inconclusive);
+  CHECK(has(a, "the weight norm grows 10.0x: not conclusive"));
+
+  // Unknown is not infinite: a crash in the first replayed step has no weight norm at all.
+  auto unknown = reproducedAt6();
+  unknown.steps = stepsWith({std::nullopt, std::nullopt, std::nullopt, std::nullopt}, {0.1, 0.1, 0.1, 0.1, 0.1});
+  auto b = judgeOptimizerDivergence(unknown);
+  CHECK(b.verdict == V::Inconclusive);
+  CHECK(has(b, "no weight norm to compare"));
+  CHECK_FALSE(has(b, "inf"));
+
+  auto none = reproducedAt6();
+  CHECK(judgeOptimizerDivergence(none).verdict == V::Inconclusive);
+}
+
+TEST_CASE("device-specific is confirmed when another device changes the outcome, refuted when it fails there too",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.config = configOf(true, {}, {onDevice("cuda:0", false)});
+  auto h = judgeDeviceSpecific(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(h.evidence.at(0) == "the step fails on cpu and runs clean on cuda:0");
+  CHECK(h.rerun == "crashcap bisect config crash.ccap");
+
+  f.config = configOf(true, {}, {onDevice("cuda:0", true)});
+  auto g = judgeDeviceSpecific(f);
+  CHECK(g.verdict == V::Refuted);
+  CHECK(g.evidence.at(0) == "the step fails on cpu and on cuda:0");
+}
+
+TEST_CASE("device-specific is inconclusive with one device here, pointing at the recorded device when it is elsewhere",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.config = configOf(true, {});
+  auto h = judgeDeviceSpecific(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(h.evidence.at(0) == "only cpu is here to replay on; another device would tell");
+
+  auto elsewhere = reproducedAt6();
+  elsewhere.replay->recordedDevice = "cuda:0";
+  elsewhere.config = configOf(false, {});
+  auto g = judgeDeviceSpecific(elsewhere);
+  CHECK(g.verdict == V::Inconclusive);
+  CHECK(has(g, "recorded on cuda:0, which is not here; on cpu the step runs clean, which points at the device or its "
+               "driver: replay it on a machine with cuda:0"));
+
+  auto unfinished = reproducedAt6();
+  CHECK(judgeDeviceSpecific(unfinished).evidence.at(0) == "config bisection did not finish");
+}
+
+TEST_CASE("config-dependent is confirmed by a single setting flip that changes the outcome, refuted when none does",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.config = configOf(true, {flip("cudnn.benchmark", "true", "false", false), flip("torch.threads", "2", "1", true)});
+  auto h = judgeConfigDependent(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(h.evidence.at(0) == "the step fails as recorded and runs clean with cudnn.benchmark=false (recorded true)");
+
+  f.config = configOf(true, {flip("cudnn.benchmark", "true", "false", true), flip("torch.threads", "2", "1", true)});
+  auto g = judgeConfigDependent(f);
+  CHECK(g.verdict == V::Refuted);
+  CHECK(g.evidence.at(0) == "the step fails under each of 2 single-setting changes");
+}
+
+TEST_CASE("config-dependent is inconclusive when the step passes and no flip makes it fail, and notes CPU replays of "
+          "GPU recordings",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.replay->recordedDevice = "cuda:0";
+  f.config = configOf(false, {flip("cudnn.benchmark", "true", "false", false)});
+  auto h = judgeConfigDependent(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(h.evidence.at(0) == "no single setting change makes the step fail");
+  CHECK(has(h, "cudnn.* and TF32 settings do not change CPU kernels: replay on cuda:0 for them to count"));
+}
+
+TEST_CASE("nondeterminism is refuted by a bitwise replay, confirmed by a divergence, inconclusive otherwise",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  auto h = judgeNondeterminism(f);
+  CHECK(h.verdict == V::Refuted);
+  CHECK(h.evidence.at(0) == "replay matched the recording bit for bit over 3 steps");
+  CHECK(h.rerun == "crashcap replay crash.ccap");
+
+  f.replay->verdict = Verdict::Diverged;
+  f.replay->divergedAt = 5;
+  auto g = judgeNondeterminism(f);
+  CHECK(g.verdict == V::Confirmed);
+  CHECK(g.evidence.at(0) == "replay departs from the recording at step 5");
+
+  f.replay->verdict = Verdict::Reproduced;
+  f.replay->divergedAt.reset();
+  auto k = judgeNondeterminism(f);
+  CHECK(k.verdict == V::Inconclusive);
+  CHECK(k.evidence.at(0) == "replay verdict reproduced");
+}
+
+TEST_CASE("the rule table judges every hypothesis once, in the order the table prints", "[investigate][triage]") {
+  auto hypotheses = judge(reproducedAt6());
+  std::vector<std::string> ids;
+  for (const auto& h : hypotheses) ids.push_back(h.id);
+  CHECK(ids == std::vector<std::string>{"invalid-data", "loss-numerics", "optimizer-divergence", "device-specific",
+                                        "config-dependent", "nondeterminism"});
+  for (size_t i = 0; i < ids.size(); ++i) CHECK(triageRules()[i].id == ids[i]);
+}
+
+TEST_CASE("the culprit names rows only when invalid data is confirmed", "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.samples = samplesFound({3});
+  f.samples->datasetIndices = std::vector<int64_t>{51};
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::conv2d", {stats(64, 0, 0.0, 1.0)});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  auto c = findCulprit(f, judge(f));
+  CHECK(c.step == 6);
+  CHECK(c.rows == std::vector<int64_t>{3});
+  CHECK(c.datasetIndices == std::vector<int64_t>{51});
+  CHECK(c.op == "aten::conv2d");
+  CHECK(c.phase == "forward");
+
+  f.withoutRows = replayOf(Verdict::Reproduced);  // any row fails: not the data
+  auto d = findCulprit(f, judge(f));
+  CHECK_FALSE(d.rows);
+  CHECK_FALSE(d.datasetIndices);
+}

@@ -39,7 +39,7 @@ struct TorchCommand {
 };
 inline constexpr TorchCommand kTorchCommands[] = {
     {"replay", "Re-run the failing step from a bundle and say whether the crash reproduces"},
-    {"bisect", "Find what the failure needs: the first failing step, op, batch rows, or setting"},
+    {"bisect", "Find what the failure needs: the first failing step, op, samples of the batch, or setting"},
     {"triage", "Run a fixed plan of experiments and print the hypothesis table"},
     {"report", "A Markdown bug report from a crash bundle, with the triage table, ready to paste"},
 };

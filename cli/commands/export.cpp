@@ -30,7 +30,7 @@ struct Options {
 /// `export B --chrome OUT.json`: the kernel trace and the op trace as one Trace Event Format file.
 int exportChrome(const Options& e) {
   auto reader = formats::BundleReader::open(e.bundle, e.read.limits());
-  auto view = formats::readRecording(*reader);
+  auto view = formats::readRecords(*reader);
   inspect::ChromeTraceOptions co;
   if (auto info = reader->recordingInfo()) co.opTracePid = info->pid;
   auto trace = inspect::chromeTrace(view, co);

@@ -21,7 +21,7 @@ struct Options {
 };
 
 int inspectTrace(const Options& o, const formats::BundleReader& reader) {
-  auto view = formats::readRecording(reader);
+  auto view = formats::readRecords(reader);
   inspect::TraceReportOptions to;
   to.lastLaunches = o.launches;
   if (o.read.json) {
@@ -48,7 +48,7 @@ int inspectStory(const Options& o) {
   }
   std::cout << inspect::storyText(*reader);
   // The story has no room for the GPU side; say that there is one and where to read it.
-  for (const auto& t : formats::readRecording(*reader).kernelTraces) {
+  for (const auto& t : formats::readRecords(*reader).kernelTraces) {
     // The error that poisoned the context is the failure; a soft one may have come first.
     const auto& e = t.stickyError ? t.stickyError : t.firstError;
     std::string error;

@@ -49,7 +49,7 @@ int run(Options& r) {
     bool hasSteps = false;
     try {
       auto reader = formats::BundleReader::open(a.bundle);
-      hasSteps = formats::readRecording(*reader).program.has_value();
+      hasSteps = formats::readRecords(*reader).program.has_value();
     } catch (const Error&) {
       // The summary still names the bundle; `crashcap inspect` says what is wrong with it.
     }

@@ -23,7 +23,7 @@ std::string rowsText(const std::vector<int64_t>& v) { return fmt::format("[{}]",
 void printTriage(const investigate::Triage& t) {
   const auto& f = t.facts;
   auto reader = formats::BundleReader::open(f.bundle);
-  auto crash = formats::readRecording(*reader).crash;
+  auto crash = formats::readRecords(*reader).crash;
   std::cout << fmt::format("triage of {}: crash {} at step {}; replay {}\n\n", f.bundle,
                            crash ? crash->kind : "(none recorded)", f.step() >= 0 ? std::to_string(f.step()) : "null",
                            f.replay ? replayer::verdictName(f.replay->verdict) : "failed");

@@ -30,11 +30,10 @@ std::string recordLabel(const RecordHeader& h, uint64_t offset, const std::strin
                      detail.empty() ? "" : " " + detail, offset);
 }
 
-}  // namespace
-
-VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, const Progress& progress) {
+/// verifyBundle on an open file (on disk or in memory).
+VerifyReport verifyFile(const detail::File& file, const ReaderLimits& limits, const Progress& progress) {
+  const std::string& path = file.path();
   VerifyReport report;
-  auto file = detail::File::openRead(path);
   uint64_t size = file.size();
   report.fileSize = size;
   if (size == 0) throw Error(ErrorCode::NotABundle, fmt::format("{} is empty (0 bytes), not a crashcap bundle", path));
@@ -103,7 +102,7 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, c
         report.recordsChecked++;
         report.bytesChecked += h.totalLength();
         sequences.push_back(h.sequence);
-        std::string label = recordLabel(h, rec.offset);
+        auto label = [&] { return recordLabel(h, rec.offset); };  // only for problems and notices
         try {
           if (h.codec() == Codec::Zstd) {
             decoded.resize(h.rawLength);
@@ -148,11 +147,11 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, c
                             fmt::format("unknown record type {} is marked required: this crashcap cannot read the "
                                         "bundle (made by a newer version?)",
                                         h.type));
-              report.notices.push_back(fmt::format("{}: unknown record type {} skipped", label, h.type));
+              report.notices.push_back(fmt::format("{}: unknown record type {} skipped", label(), h.type));
           }
           scanned.push_back({rec.offset, h.type, h.sequence, h.totalLength()});
         } catch (const Error& e) {
-          problem(rec.offset, h.totalLength(), label, e.message());
+          problem(rec.offset, h.totalLength(), label(), e.message());
           scanned.push_back({rec.offset, h.type, h.sequence, h.totalLength()});
           damagedAt.insert(rec.offset);
         }
@@ -279,6 +278,16 @@ VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, c
   return report;
 }
 
+}  // namespace
+
+VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits, const Progress& progress) {
+  return verifyFile(detail::File::openRead(path), limits, progress);
+}
+
+VerifyReport verifyBundleBytes(const std::vector<uint8_t>& bytes, const std::string& name, const ReaderLimits& limits) {
+  return verifyFile(detail::File::inMemory(bytes.data(), bytes.size(), name), limits, {});
+}
+
 PartialOutput::PartialOutput(std::string out) : out_(std::move(out)), partial_(out_ + ".partial") {}
 
 PartialOutput::~PartialOutput() {
@@ -322,7 +331,6 @@ CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
     for (uint64_t off : t.chunkRecords) chunkOwner[off] = &t;
   }
   std::unordered_map<uint64_t, uint64_t> moved;
-  auto file = detail::File::openRead(reader.path());
   for (const auto& r : reader.records()) {
     bool isChunk = r.type == static_cast<uint16_t>(RecordType::TensorChunk);
     if ((isChunk && !chunkOwner.count(r.offset)) || undecodable.count(r.offset)) {
@@ -330,18 +338,19 @@ CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
       continue;
     }
     if (!isChunk && keep && !keep(r)) continue;
-    uint8_t head[kRecordHeaderSize];
-    file.preadExact(head, kRecordHeaderSize, r.offset);
-    auto check = decodeRecordHeader(head);
-    CRASHCAP_ASSERT(check.header, fmt::format("record at {} was valid during the scan", r.offset));
-    const auto& h = *check.header;
-    std::vector<uint8_t> meta(h.metaLength), body(h.bodyLength);
-    file.preadExact(meta.data(), meta.size(), r.offset + kRecordHeaderSize);
-    file.preadExact(body.data(), body.size(), r.offset + kRecordHeaderSize + h.metaLength);
-    if (hash64(meta.data(), meta.size()) != h.metaHash || hash64(body.data(), body.size()) != h.bodyHash)
-      throw Error(ErrorCode::Io, fmt::format("{} changed while it was being copied (record at byte {})", reader.path(),
-                                             r.offset));
-    moved[r.offset] = writer.copyRecord(h, meta, body);
+    // Every record here passed its checks when the reader opened the bundle (or just above):
+    // one failing now means the file changed underneath.
+    BundleReader::RawRecord raw;
+    try {
+      raw = reader.readStoredRecord(r.offset);
+    } catch (const Error& e) {
+      if (e.code() == ErrorCode::Io) throw;
+      throw Error(ErrorCode::Io,
+                  fmt::format("{} changed while it was being copied (record at byte {}: {})", reader.path(), r.offset,
+                              e.message()),
+                  "copy from a file nothing else writes to");
+    }
+    moved[r.offset] = writer.copyRecord(raw.header, raw.meta, raw.body);
     report.recordsCopied++;
   }
   for (const auto& t : reader.tensors()) {

@@ -61,6 +61,7 @@ std::string OpenReport::summary() const {
 }
 
 struct BundleReader::Impl {
+  std::vector<uint8_t> memory;  // openBytes/scanBytes: the bundle itself, read through `file`
   detail::File file;
   ReaderLimits limits;
   FileHeader header;
@@ -390,10 +391,9 @@ struct BundleReader::Impl {
 BundleReader::BundleReader(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 BundleReader::~BundleReader() = default;
 
-std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, const ReaderLimits& limits,
+std::unique_ptr<BundleReader::Impl> BundleReader::load(std::unique_ptr<Impl> m, const ReaderLimits& limits,
                                                       bool useIndex, const Progress& progress) {
-  auto m = std::make_unique<BundleReader::Impl>();
-  m->file = detail::File::openRead(path);
+  const std::string& path = m->file.path();
   m->limits = limits;
   uint64_t size = m->file.size();
   m->report.fileSize = size;
@@ -475,12 +475,32 @@ std::unique_ptr<BundleReader::Impl> BundleReader::load(const std::string& path, 
 
 std::unique_ptr<BundleReader> BundleReader::open(const std::string& path, const ReaderLimits& limits,
                                                  const Progress& progress) {
-  return std::unique_ptr<BundleReader>(new BundleReader(load(path, limits, true, progress)));
+  auto m = std::make_unique<Impl>();
+  m->file = detail::File::openRead(path);
+  return std::unique_ptr<BundleReader>(new BundleReader(load(std::move(m), limits, true, progress)));
 }
 
 std::unique_ptr<BundleReader> BundleReader::scan(const std::string& path, const ReaderLimits& limits,
                                                  const Progress& progress) {
-  return std::unique_ptr<BundleReader>(new BundleReader(load(path, limits, false, progress)));
+  auto m = std::make_unique<Impl>();
+  m->file = detail::File::openRead(path);
+  return std::unique_ptr<BundleReader>(new BundleReader(load(std::move(m), limits, false, progress)));
+}
+
+std::unique_ptr<BundleReader> BundleReader::openBytes(std::vector<uint8_t> bytes, const std::string& name,
+                                                      const ReaderLimits& limits) {
+  auto m = std::make_unique<Impl>();
+  m->memory = std::move(bytes);
+  m->file = detail::File::inMemory(m->memory.data(), m->memory.size(), name);
+  return std::unique_ptr<BundleReader>(new BundleReader(load(std::move(m), limits, true, {})));
+}
+
+std::unique_ptr<BundleReader> BundleReader::scanBytes(std::vector<uint8_t> bytes, const std::string& name,
+                                                      const ReaderLimits& limits) {
+  auto m = std::make_unique<Impl>();
+  m->memory = std::move(bytes);
+  m->file = detail::File::inMemory(m->memory.data(), m->memory.size(), name);
+  return std::unique_ptr<BundleReader>(new BundleReader(load(std::move(m), limits, false, {})));
 }
 
 const std::string& BundleReader::path() const { return impl_->file.path(); }
@@ -527,6 +547,7 @@ const TensorInfo& BundleReader::get(const std::string& name) const {
 }
 
 BundleReader::RawRecord BundleReader::readRecord(uint64_t offset) const { return impl_->read(offset); }
+BundleReader::RawRecord BundleReader::readStoredRecord(uint64_t offset) const { return impl_->read(offset, false); }
 
 void BundleReader::readTensor(const TensorInfo& t, void* out, uint64_t outSize) const {
   const auto& m = *impl_;
@@ -544,7 +565,7 @@ void BundleReader::readTensor(const TensorInfo& t, void* out, uint64_t outSize) 
   uint64_t next = 0;
   const uint32_t count = uint32_t(t.chunkRecords.size());
   for (uint32_t i = 0; i < count; ++i) {
-    withContext(fmt::format("while reading tensor '{}' chunk {} of {}", t.name, i, count), [&] {
+    try {
       uint64_t offset = t.chunkRecords[i];
       auto r = m.read(offset, false);
       if (r.header.type != static_cast<uint16_t>(RecordType::TensorChunk))
@@ -573,7 +594,11 @@ void BundleReader::readTensor(const TensorInfo& t, void* out, uint64_t outSize) 
         if (c.shuffle) detail::unshuffleBytes(scratch.data(), target, c.length, c.shuffle);
       }
       next += c.length;
-    });
+    } catch (Error& e) {
+      // The frame is formatted only on failure: a tensor of many chunks reads without it.
+      e.with(fmt::format("while reading tensor '{}' chunk {} of {}", t.name, i, count));
+      throw;
+    }
   }
   if (next != t.totalBytes)
     throw Error(ErrorCode::Corrupt,

@@ -15,6 +15,7 @@
 #include <unordered_set>
 
 #include "codec.hpp"
+#include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/limits.hpp"
 #include "crashcap/formats/error.hpp"
@@ -96,11 +97,6 @@ class EncodePool {
   std::vector<std::thread> workers_;
   bool stop_ = false;
 };
-
-int64_t nowNs() {
-  return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
 
 }  // namespace
 
@@ -204,7 +200,7 @@ std::unique_ptr<BundleWriter> BundleWriter::create(const std::string& path, cons
   impl->nextTensorId = std::max<uint64_t>(1, options.firstTensorId);
   impl->file = detail::File::create(path, options.overwrite);
   impl->header.recordingId = newRecordingId();
-  impl->header.createdNs = nowNs();
+  impl->header.createdNs = unixTimeNs();
   if (options.compressionThreads > 0) impl->pool = std::make_unique<EncodePool>(options.compressionThreads);
   uint8_t head[kFileHeaderSize];
   encodeFileHeader(impl->header, head);

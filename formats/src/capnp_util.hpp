@@ -8,6 +8,7 @@
 #include <kj/exception.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 
 #include "bundle.capnp.h"
@@ -30,15 +31,23 @@ template <typename Root, typename Fn>
 inline auto withRoot(const uint8_t* data, size_t size, const ReaderLimits& limits, const char* what, Fn&& fn) {
   if (size % sizeof(capnp::word) != 0 || size == 0)
     throw Error(ErrorCode::Corrupt, fmt::format("{} message is {} bytes, not a positive multiple of 8", what, size));
-  // Copy into word-aligned memory: records sit at arbitrary offsets in the file buffer.
-  kj::Array<capnp::word> words = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
-  std::memcpy(words.begin(), data, size);
+  // Cap'n Proto reads whole words: bytes at an unaligned address (a record inside a larger
+  // buffer) are copied into word-aligned memory first; a meta read into its own buffer is not.
+  kj::Array<capnp::word> copy;
+  kj::ArrayPtr<const capnp::word> words;
+  if (reinterpret_cast<uintptr_t>(data) % alignof(capnp::word) == 0) {
+    words = kj::arrayPtr(reinterpret_cast<const capnp::word*>(data), size / sizeof(capnp::word));
+  } else {
+    copy = kj::heapArray<capnp::word>(size / sizeof(capnp::word));
+    std::memcpy(copy.begin(), data, size);
+    words = copy.asPtr();
+  }
   capnp::ReaderOptions options;
   // A well-formed message reads each of its words about once; allow twice that.
   options.traversalLimitInWords = std::min<uint64_t>(limits.capnpTraversalWords, 2 * (size / 8) + 1024);
   options.nestingLimit = limits.capnpNestingLimit;
   try {
-    capnp::FlatArrayMessageReader reader(words.asPtr(), options);
+    capnp::FlatArrayMessageReader reader(words, options);
     if (reader.getEnd() != words.end())
       throw Error(ErrorCode::Corrupt, fmt::format("{} message has trailing bytes", what));
     return fn(reader.getRoot<Root>());

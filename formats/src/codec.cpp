@@ -6,6 +6,7 @@
 
 #include <cstring>
 #include <new>
+#include <utility>
 
 namespace crashcap::formats::detail {
 
@@ -65,12 +66,27 @@ void Compressor::compress(const void* in, size_t size, int level, std::vector<ui
   out.resize(n);
 }
 
-Decompressor::Decompressor(unsigned windowLogMax) : ctx_(ZSTD_createDCtx()) {
-  if (!ctx_) throw std::bad_alloc();
-  ZSTD_DCtx_setParameter(ctx_, ZSTD_d_windowLogMax, int(windowLogMax));
-}
+namespace {
 
-Decompressor::~Decompressor() { ZSTD_freeDCtx(ctx_); }
+/// One spare zstd decompression context per thread: a context is about 100 KiB to allocate and
+/// clear, and readers make a Decompressor for every record and tensor they decode.
+struct SpareDecompressionContext {
+  ZSTD_DCtx* ctx = nullptr;
+  ~SpareDecompressionContext() {
+    if (ctx) ZSTD_freeDCtx(ctx);
+  }
+};
+thread_local SpareDecompressionContext tSpare;
+
+}  // namespace
+
+Decompressor::Decompressor(unsigned windowLogMax) : windowLogMax_(windowLogMax) {}
+
+Decompressor::~Decompressor() {
+  if (!ctx_) return;
+  if (tSpare.ctx) ZSTD_freeDCtx(ctx_);
+  else tSpare.ctx = ctx_;
+}
 
 std::string Decompressor::decompress(const void* in, size_t size, void* out, size_t rawSize) {
   unsigned long long content = ZSTD_getFrameContentSize(in, size);
@@ -81,6 +97,16 @@ std::string Decompressor::decompress(const void* in, size_t size, void* out, siz
   size_t frame = ZSTD_findFrameCompressedSize(in, size);
   if (ZSTD_isError(frame)) return fmt::format("zstd frame is incomplete: {}", ZSTD_getErrorName(frame));
   if (frame != size) return fmt::format("zstd frame is {} bytes but the body is {}", frame, size);
+  if (!ctx_) {
+    if (tSpare.ctx) {
+      ctx_ = std::exchange(tSpare.ctx, nullptr);
+      ZSTD_DCtx_reset(ctx_, ZSTD_reset_session_and_parameters);
+    } else {
+      ctx_ = ZSTD_createDCtx();
+      if (!ctx_) throw std::bad_alloc();
+    }
+    ZSTD_DCtx_setParameter(ctx_, ZSTD_d_windowLogMax, int(windowLogMax_));
+  }
   size_t n = ZSTD_decompressDCtx(ctx_, out, rawSize, in, size);
   if (ZSTD_isError(n)) return fmt::format("zstd decoding failed: {}", ZSTD_getErrorName(n));
   if (n != rawSize) return fmt::format("zstd frame decoded to {} bytes, expected {}", n, rawSize);

@@ -31,7 +31,9 @@ class Compressor {
   ZSTD_CCtx* ctx_;
 };
 
-/// A zstd decompression context bounded by a window limit. One per thread.
+/// A zstd decompression context bounded by a window limit, taken on the first frame (a reader
+/// that meets only raw bodies never pays for one) from the thread's spare, which it becomes
+/// again afterwards. One per thread at a time.
 class Decompressor {
  public:
   explicit Decompressor(unsigned windowLogMax);
@@ -43,7 +45,8 @@ class Decompressor {
   std::string decompress(const void* in, size_t size, void* out, size_t rawSize);
 
  private:
-  ZSTD_DCtx* ctx_;
+  unsigned windowLogMax_;
+  ZSTD_DCtx* ctx_ = nullptr;
 };
 
 /// A record body ready to write: either a view of the caller's bytes (raw) or an owned

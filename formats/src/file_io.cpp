@@ -7,6 +7,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <vector>
@@ -33,9 +34,20 @@ File& File::operator=(File&& o) noexcept {
     if (fd_ >= 0) ::close(fd_);
     fd_ = o.fd_;
     path_ = std::move(o.path_);
+    memory_ = o.memory_;
+    memorySize_ = o.memorySize_;
+    inMemory_ = o.inMemory_;
     o.fd_ = -1;
   }
   return *this;
+}
+
+File File::inMemory(const uint8_t* data, uint64_t size, std::string name) {
+  File f(-1, std::move(name));
+  f.memory_ = data;
+  f.memorySize_ = size;
+  f.inMemory_ = true;
+  return f;
 }
 
 File File::openRead(const std::string& path) {
@@ -67,12 +79,19 @@ File File::create(const std::string& path, bool overwrite) {
 }
 
 uint64_t File::size() const {
+  if (inMemory_) return memorySize_;
   struct stat st;
   if (fstat(fd_, &st) != 0) throw ioError("cannot stat", path_, errno);
   return uint64_t(st.st_size);
 }
 
 uint64_t File::preadSome(void* buf, uint64_t n, uint64_t offset) const {
+  if (inMemory_) {
+    if (offset >= memorySize_) return 0;
+    uint64_t got = std::min(n, memorySize_ - offset);
+    if (got) std::memcpy(buf, memory_ + offset, size_t(got));
+    return got;
+  }
   uint64_t got = 0;
   auto* p = static_cast<uint8_t*>(buf);
   while (got < n) {
@@ -96,6 +115,7 @@ void File::preadExact(void* buf, uint64_t n, uint64_t offset) const {
 }
 
 void File::writeAll(const void* const* parts, const uint64_t* sizes, int count, uint64_t atOffset) {
+  if (inMemory_) throw Error(ErrorCode::Internal, fmt::format("{} is held in memory and cannot be written", path_));
   std::vector<iovec> iov;
   for (int i = 0; i < count; ++i)
     if (sizes[i]) iov.push_back({const_cast<void*>(parts[i]), size_t(sizes[i])});
@@ -122,6 +142,7 @@ void File::writeAll(const void* const* parts, const uint64_t* sizes, int count, 
 }
 
 void File::datasync() {
+  if (inMemory_) throw Error(ErrorCode::Internal, fmt::format("{} is held in memory and cannot be synced", path_));
   if (::fdatasync(fd_) != 0) throw ioError("cannot sync", path_, errno);
 }
 

@@ -4,6 +4,7 @@
 #include <xxhash.h>
 
 #include <cstring>
+#include <iterator>
 
 #include "crashcap/formats/error.hpp"
 
@@ -11,31 +12,50 @@ namespace crashcap::formats {
 
 uint64_t hash64(const void* data, size_t size) { return XXH3_64bits(data, size); }
 
-std::string recordTypeName(uint16_t type) {
-  switch (static_cast<RecordType>(type)) {
-    case RecordType::RecordingInfo: return "recording_info";
-    case RecordType::TensorChunk: return "tensor_chunk";
-    case RecordType::Note: return "note";
-    case RecordType::Environment: return "environment";
-    case RecordType::StepProgram: return "step_program";
-    case RecordType::OptimizerSpec: return "optimizer_spec";
-    case RecordType::StepBegin: return "step_begin";
-    case RecordType::StepEnd: return "step_end";
-    case RecordType::Keyframe: return "keyframe";
-    case RecordType::OpTrace: return "op_trace";
-    case RecordType::Crash: return "crash";
-    case RecordType::RunStatus: return "run_status";
-    case RecordType::Supervision: return "supervision";
-    case RecordType::KernelTrace: return "kernel_trace";
-    case RecordType::Index: return "index";
+namespace {
+
+constexpr bool sameName(const char* a, const char* b) {
+  while (*a && *a == *b) ++a, ++b;
+  return *a == *b;
+}
+
+/// Each row of record_types.def has its own number (never 0) and its own name.
+constexpr bool recordTableRowsDistinct() {
+  constexpr size_t n = std::size(kRecordTypes);
+  for (size_t i = 0; i < n; ++i) {
+    if (kRecordTypes[i].number == 0) return false;
+    for (size_t j = i + 1; j < n; ++j)
+      if (kRecordTypes[i].number == kRecordTypes[j].number || sameName(kRecordTypes[i].name, kRecordTypes[j].name))
+        return false;
   }
+  return true;
+}
+static_assert(recordTableRowsDistinct(), "two rows of record_types.def share a type number or a name (or a number is 0)");
+
+}  // namespace
+
+const RecordTypeInfo* findRecordType(uint16_t type) {
+  for (const auto& info : kRecordTypes)
+    if (info.number == type) return &info;
+  return nullptr;
+}
+
+std::string recordTypeName(uint16_t type) {
+  if (const auto* info = findRecordType(type)) return info->name;
   return fmt::format("unknown({})", type);
 }
 
 namespace {
+/// "89 43 43 41": readers build this for every file without a footer, so no fmt per byte.
 std::string hexBytes(const uint8_t* p, size_t n) {
+  static constexpr char kDigits[] = "0123456789abcdef";
   std::string s;
-  for (size_t i = 0; i < n; ++i) s += fmt::format("{}{:02x}", i ? " " : "", p[i]);
+  s.reserve(3 * n);
+  for (size_t i = 0; i < n; ++i) {
+    if (i) s += ' ';
+    s += kDigits[p[i] >> 4];
+    s += kDigits[p[i] & 15];
+  }
   return s;
 }
 }  // namespace

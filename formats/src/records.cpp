@@ -625,37 +625,60 @@ uint64_t writeMetaRecord(BundleWriter& writer, const T& value, const std::vector
   return writer.writeRecord(static_cast<uint16_t>(recordTypeOf(value)), encodeMeta(value), body.data(), body.size(),
                             !body.empty());
 }
-template uint64_t writeMetaRecord(BundleWriter&, const StepProgramData&, const std::vector<uint8_t>&);
-template uint64_t writeMetaRecord(BundleWriter&, const OptimizerSpecData&, const std::vector<uint8_t>&);
-template uint64_t writeMetaRecord(BundleWriter&, const StepBeginData&, const std::vector<uint8_t>&);
-template uint64_t writeMetaRecord(BundleWriter&, const StepEndData&, const std::vector<uint8_t>&);
-template uint64_t writeMetaRecord(BundleWriter&, const KeyframeData&, const std::vector<uint8_t>&);
-template uint64_t writeMetaRecord(BundleWriter&, const OpTraceData&, const std::vector<uint8_t>&);
-template uint64_t writeMetaRecord(BundleWriter&, const CrashData&, const std::vector<uint8_t>&);
-template uint64_t writeMetaRecord(BundleWriter&, const RunStatusData&, const std::vector<uint8_t>&);
-template uint64_t writeMetaRecord(BundleWriter&, const SupervisionData&, const std::vector<uint8_t>&);
-template uint64_t writeMetaRecord(BundleWriter&, const KernelTraceData&, const std::vector<uint8_t>&);
+#define CRASHCAP_RECORDER_RECORD(number, Enum, name, Data, decoder, keep, member) \
+  template uint64_t writeMetaRecord(BundleWriter&, const Data&, const std::vector<uint8_t>&);
+#include "crashcap/formats/record_types.def"
 
-bool isRecorderRecord(uint16_t type) {
-  return type >= static_cast<uint16_t>(RecordType::StepProgram) && type <= static_cast<uint16_t>(RecordType::KernelTrace);
+namespace {
+
+/// Puts one decoded record into its BundleRecords member as the table's `keep` column says.
+/// A First member that is already set keeps its value, and the later record is not decoded.
+template <KeepPolicy keep, typename Data, typename Decode>
+void keepIn(std::optional<Data>& member, Decode&& decode) {
+  static_assert(keep != KeepPolicy::All, "a record kept All needs a std::vector member");
+  if (keep == KeepPolicy::First && member) return;
+  member = decode();
 }
 
+template <KeepPolicy keep, typename Data, typename Decode>
+void keepIn(std::vector<Data>& member, Decode&& decode) {
+  static_assert(keep == KeepPolicy::All, "a record kept First or Last needs a std::optional member");
+  member.push_back(decode());
+}
+
+/// What the readers do with one recorder record type: the record table, as handlers.
+struct RecorderHandler {
+  uint16_t type;
+  /// Decodes the meta and discards it: throws Error when it breaks an invariant.
+  void (*validate)(const std::vector<uint8_t>& meta, const ReaderLimits& limits);
+  /// Decodes the meta into its BundleRecords member.
+  void (*addTo)(BundleRecords& view, const std::vector<uint8_t>& meta, const ReaderLimits& limits);
+};
+
+constexpr RecorderHandler kRecorderHandlers[] = {
+#define CRASHCAP_RECORDER_RECORD(number, Enum, name, Data, decoder, keep, member)                     \
+  {number,                                                                                            \
+   [](const std::vector<uint8_t>& meta, const ReaderLimits& limits) { (void)decoder(meta, limits); }, \
+   [](BundleRecords& view, const std::vector<uint8_t>& meta, const ReaderLimits& limits) {            \
+     keepIn<KeepPolicy::keep>(view.member, [&] { return decoder(meta, limits); });                    \
+   }},
+#include "crashcap/formats/record_types.def"
+};
+
+const RecorderHandler* recorderHandler(uint16_t type) {
+  for (const auto& h : kRecorderHandlers)
+    if (h.type == type) return &h;
+  return nullptr;
+}
+
+}  // namespace
+
+bool isRecorderRecord(uint16_t type) { return recorderHandler(type) != nullptr; }
+
 void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const ReaderLimits& limits) {
-  if (!isRecorderRecord(type)) return;
-  std::vector<uint8_t> m(meta, meta + size);
-  switch (static_cast<RecordType>(type)) {
-    case RecordType::StepProgram: decodeStepProgram(m, limits); break;
-    case RecordType::OptimizerSpec: decodeOptimizerSpec(m, limits); break;
-    case RecordType::StepBegin: decodeStepBegin(m, limits); break;
-    case RecordType::StepEnd: decodeStepEnd(m, limits); break;
-    case RecordType::Keyframe: decodeKeyframe(m, limits); break;
-    case RecordType::OpTrace: decodeOpTrace(m, limits); break;
-    case RecordType::Crash: decodeCrash(m, limits); break;
-    case RecordType::RunStatus: decodeRunStatus(m, limits); break;
-    case RecordType::Supervision: decodeSupervision(m, limits); break;
-    case RecordType::KernelTrace: decodeKernelTrace(m, limits); break;
-    default: break;
-  }
+  const auto* handler = recorderHandler(type);
+  if (!handler) return;
+  handler->validate(std::vector<uint8_t>(meta, meta + size), limits);
 }
 
 std::string batchTensorName(int64_t step, const std::string& name) {
@@ -670,29 +693,13 @@ std::string keyframeTensorName(int64_t step, const std::string& part, const std:
   return fmt::format("keyframes/{}/{}/{}", step, part, name);
 }
 
-RecordingView readRecording(const BundleReader& reader) {
-  RecordingView view;
+BundleRecords readRecords(const BundleReader& reader) {
+  BundleRecords view;
   for (const auto& r : reader.records()) {
-    if (!isRecorderRecord(r.type)) continue;
+    const auto* handler = recorderHandler(r.type);
+    if (!handler) continue;  // tensors, notes, ... and types a newer crashcap wrote
     try {
-      auto raw = reader.readRecord(r.offset);
-      switch (static_cast<RecordType>(r.type)) {
-        case RecordType::StepProgram:
-          view.program = decodeStepProgram(raw.meta, reader.limits());
-          break;
-        case RecordType::OptimizerSpec: view.optimizer = decodeOptimizerSpec(raw.meta, reader.limits()); break;
-        case RecordType::StepBegin: view.stepBegins.push_back(decodeStepBegin(raw.meta, reader.limits())); break;
-        case RecordType::StepEnd: view.stepEnds.push_back(decodeStepEnd(raw.meta, reader.limits())); break;
-        case RecordType::Keyframe: view.keyframes.push_back(decodeKeyframe(raw.meta, reader.limits())); break;
-        case RecordType::OpTrace: view.opTrace = decodeOpTrace(raw.meta, reader.limits()); break;
-        case RecordType::Crash:
-          if (!view.crash) view.crash = decodeCrash(raw.meta, reader.limits());
-          break;
-        case RecordType::RunStatus: view.status = decodeRunStatus(raw.meta, reader.limits()); break;
-        case RecordType::Supervision: view.supervision = decodeSupervision(raw.meta, reader.limits()); break;
-        case RecordType::KernelTrace: view.kernelTraces.push_back(decodeKernelTrace(raw.meta, reader.limits())); break;
-        default: break;
-      }
+      handler->addTo(view, reader.readRecord(r.offset).meta, reader.limits());
     } catch (const Error& e) {
       view.problems.push_back(fmt::format("{} record #{} at byte {}: {}", recordTypeName(r.type), r.sequence,
                                           r.offset, e.message()));

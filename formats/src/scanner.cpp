@@ -21,10 +21,13 @@ bool recordFollowsFileHeader(const File& file) {
 namespace {
 
 /// Finds the next offset in (from, end - header size] where a record header decodes cleanly,
-/// or nullopt.
-std::optional<uint64_t> resync(const File& file, uint64_t from, uint64_t end) {
+/// or nullopt. `buf` is scratch space, reused from call to call.
+std::optional<uint64_t> resync(const File& file, uint64_t from, uint64_t end, std::vector<uint8_t>& buf) {
   constexpr uint64_t kBlock = 1 << 20;
-  std::vector<uint8_t> buf(kBlock + kRecordHeaderSize);
+  if (from >= end) return std::nullopt;
+  // No bigger than what is left to search: a damaged range near the end of a small file
+  // costs no 1 MiB buffer.
+  buf.resize(std::min<uint64_t>(kBlock, end - from) + kRecordHeaderSize);
   uint8_t sync[4];
   putU32(sync, kRecordSync);
   for (uint64_t base = from; base + kRecordHeaderSize <= end; base += kBlock) {
@@ -51,6 +54,10 @@ ScanResult scanRecords(const File& file, const ReaderLimits& limits, const ScanO
   result.usableEnd = pos;
   uint64_t accepted = 0;
   uint64_t nextReport = pos + (64ull << 20);
+  // Reused from record to record, so a scan allocates only when a record is bigger than all
+  // before it: the record handed to onRecord, and the bodies that are checked but not kept.
+  ScannedRecord rec;
+  std::vector<uint8_t> scratch, resyncBuffer;
   while (pos < end) {
     if (options.progress && pos >= nextReport) {
       options.progress(pos, end);
@@ -64,7 +71,7 @@ ScanResult scanRecords(const File& file, const ReaderLimits& limits, const ScanO
     file.preadExact(head, kRecordHeaderSize, pos);
     auto check = decodeRecordHeader(head);
     if (!check.header) {
-      auto next = resync(file, pos + 1, end);
+      auto next = resync(file, pos + 1, end, resyncBuffer);
       uint64_t stop = next ? *next : end;
       onDamage({pos, stop - pos, check.problem, std::nullopt});
       pos = stop;
@@ -97,7 +104,6 @@ ScanResult scanRecords(const File& file, const ReaderLimits& limits, const ScanO
       }
       break;
     }
-    ScannedRecord rec;
     rec.offset = pos;
     rec.header = h;
     rec.meta.resize(h.metaLength);
@@ -107,9 +113,10 @@ ScanResult scanRecords(const File& file, const ReaderLimits& limits, const ScanO
       problem = fmt::format("meta checksum mismatch in {} record #{} (meta bytes {}..{})", recordTypeName(h.type),
                             h.sequence, pos + kRecordHeaderSize, pos + kRecordHeaderSize + h.metaLength);
     } else {
-      rec.body.resize(h.bodyLength);
-      file.preadExact(rec.body.data(), h.bodyLength, pos + kRecordHeaderSize + h.metaLength);
-      uint64_t computed = hash64(rec.body.data(), rec.body.size());
+      std::vector<uint8_t>& body = options.keepBodies ? rec.body : scratch;
+      body.resize(h.bodyLength);
+      file.preadExact(body.data(), h.bodyLength, pos + kRecordHeaderSize + h.metaLength);
+      uint64_t computed = hash64(body.data(), body.size());
       if (computed != h.bodyHash)
         problem = fmt::format("body checksum mismatch in {} record #{} (body bytes {}..{}): stored {:#018x}, "
                               "computed {:#018x}",
@@ -125,10 +132,6 @@ ScanResult scanRecords(const File& file, const ReaderLimits& limits, const ScanO
       throw Error(ErrorCode::LimitExceeded,
                   fmt::format("{} holds more than {} records", file.path(), limits.maxRecords),
                   "raise ReaderLimits::maxRecords");
-    if (!options.keepBodies) {
-      rec.body.clear();
-      rec.body.shrink_to_fit();
-    }
     pos += h.totalLength();
     result.usableEnd = pos;
     onRecord(rec);

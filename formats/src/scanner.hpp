@@ -48,7 +48,8 @@ struct ScanResult {
 };
 
 /// Scans [options.begin, options.end) of `file`, calling onRecord for each accepted record and
-/// onDamage for each damaged range, in file order.
+/// onDamage for each damaged range, in file order. The record onRecord gets is reused for the
+/// next one: take what you keep (moving its meta or body out is fine).
 ScanResult scanRecords(const File& file, const ReaderLimits& limits, const ScanOptions& options,
                        const std::function<void(ScannedRecord&)>& onRecord,
                        const std::function<void(const ScanDamage&)>& onDamage);

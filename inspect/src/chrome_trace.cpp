@@ -19,7 +19,7 @@ namespace {
 
 using nlohmann::json;
 using formats::KernelTraceData;
-using formats::RecordingView;
+using formats::BundleRecords;
 using formats::TraceActivityData;
 using namespace detail;
 
@@ -47,7 +47,7 @@ int64_t spanNs(uint64_t start, uint64_t end) {
 bool isApiCall(Kind k) { return k == Kind::Runtime || k == Kind::Driver; }
 
 /// The process that recorded the op trace.
-uint32_t opTracePid(const RecordingView& v, const ChromeTraceOptions& options) {
+uint32_t opTracePid(const BundleRecords& v, const ChromeTraceOptions& options) {
   if (v.crash && v.crash->pid) return v.crash->pid;
   if (options.opTracePid) return options.opTracePid;
   if (v.supervision && v.supervision->pid) return v.supervision->pid;
@@ -56,7 +56,7 @@ uint32_t opTracePid(const RecordingView& v, const ChromeTraceOptions& options) {
 }
 
 /// One line on every traced process's status, or on why there is no trace.
-std::string traceStatusSummary(const RecordingView& v) {
+std::string traceStatusSummary(const BundleRecords& v) {
   if (v.kernelTraces.empty()) {
     std::string s = "absent: this bundle has no kernel trace record";
     if (v.supervision && !v.supervision->trace.empty()) s += " (crashcap run: " + v.supervision->trace + ")";
@@ -137,7 +137,7 @@ std::string returnText(const std::string& api, int32_t code) {
 
 }  // namespace
 
-json chromeTrace(const RecordingView& v, const ChromeTraceOptions& options) {
+json chromeTrace(const BundleRecords& v, const ChromeTraceOptions& options) {
   ChromeBuilder out;
   OpLookup ops(v.opTrace);
   SymbolNames symbols(v);

@@ -25,7 +25,7 @@ json number(double v) {
 std::string numberText(double v) { return fmt::format("{:.6g}", v); }
 
 /// The step a crash is about: the crash's own, else the last step begun.
-int64_t focusStep(const formats::RecordingView& v) {
+int64_t focusStep(const formats::BundleRecords& v) {
   if (v.crash && v.crash->step >= 0) return v.crash->step;
   return v.stepBegins.empty() ? -1 : v.stepBegins.back().step;
 }
@@ -33,7 +33,7 @@ int64_t focusStep(const formats::RecordingView& v) {
 }  // namespace
 
 json storyJson(const formats::BundleReader& reader, const StoryOptions& options) {
-  auto v = formats::readRecording(reader);
+  auto v = formats::readRecords(reader);
   json j;
   j["bundle"] = reader.path();
   j["sealed"] = reader.report().sealed;

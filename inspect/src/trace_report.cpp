@@ -17,7 +17,7 @@ using nlohmann::json;
 using formats::ApiErrorData;
 using formats::KernelLaunchData;
 using formats::KernelTraceData;
-using formats::RecordingView;
+using formats::BundleRecords;
 using formats::TraceActivityData;
 using namespace detail;
 
@@ -166,7 +166,7 @@ std::string durationText(uint64_t ns) {
 
 }  // namespace
 
-json traceJson(const RecordingView& v, const TraceReportOptions& options) {
+json traceJson(const BundleRecords& v, const TraceReportOptions& options) {
   OpLookup ops(v.opTrace);
   SymbolNames symbols(v);
   json traces = json::array();
@@ -202,7 +202,7 @@ json traceJson(const RecordingView& v, const TraceReportOptions& options) {
   return {{"traces", std::move(traces)}, {"run_trace", std::move(runTrace)}, {"note", std::move(note)}};
 }
 
-std::string traceText(const RecordingView& v, const TraceReportOptions& options) {
+std::string traceText(const BundleRecords& v, const TraceReportOptions& options) {
   json j = traceJson(v, options);
   std::string s;
   if (j["traces"].empty()) {

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "crashcap/formats/cuda_errors.hpp"
 #include "crashcap/inspect/demangle.hpp"
 
 namespace crashcap::inspect::detail {
@@ -20,7 +21,7 @@ const formats::OpData* OpLookup::find(int64_t index) const {
   return it == byIndex_.end() ? nullptr : it->second;
 }
 
-SymbolNames::SymbolNames(const formats::RecordingView& view) {
+SymbolNames::SymbolNames(const formats::BundleRecords& view) {
   std::set<std::string> unique;
   for (const auto& t : view.kernelTraces) {
     for (const auto& a : t.activities)
@@ -45,32 +46,7 @@ bool sameError(const formats::ApiErrorData& a, const formats::ApiErrorData& b) {
 std::string errorName(const formats::ApiErrorData& e) { return e.name.empty() ? cudaResultName(e.api, e.code) : e.name; }
 
 std::string cudaResultName(const std::string& api, int32_t code) {
-  // The codes a kernel trace meets most; the rest print as numbers.
-  static const std::map<int32_t, std::pair<const char*, const char*>> kNames = {
-      {0, {"cudaSuccess", "CUDA_SUCCESS"}},
-      {1, {"cudaErrorInvalidValue", "CUDA_ERROR_INVALID_VALUE"}},
-      {2, {"cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY"}},
-      {3, {"cudaErrorInitializationError", "CUDA_ERROR_NOT_INITIALIZED"}},
-      {4, {"cudaErrorCudartUnloading", "CUDA_ERROR_DEINITIALIZED"}},
-      {9, {"cudaErrorInvalidConfiguration", nullptr}},
-      {98, {"cudaErrorInvalidDeviceFunction", nullptr}},
-      {209, {"cudaErrorNoKernelImageForDevice", "CUDA_ERROR_NO_BINARY_FOR_GPU"}},
-      {400, {"cudaErrorInvalidResourceHandle", "CUDA_ERROR_INVALID_HANDLE"}},
-      {700, {"cudaErrorIllegalAddress", "CUDA_ERROR_ILLEGAL_ADDRESS"}},
-      {701, {"cudaErrorLaunchOutOfResources", "CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES"}},
-      {702, {"cudaErrorLaunchTimeout", "CUDA_ERROR_LAUNCH_TIMEOUT"}},
-      {710, {"cudaErrorAssert", "CUDA_ERROR_ASSERT"}},
-      {714, {"cudaErrorHardwareStackError", "CUDA_ERROR_HARDWARE_STACK_ERROR"}},
-      {715, {"cudaErrorIllegalInstruction", "CUDA_ERROR_ILLEGAL_INSTRUCTION"}},
-      {716, {"cudaErrorMisalignedAddress", "CUDA_ERROR_MISALIGNED_ADDRESS"}},
-      {718, {"cudaErrorInvalidPc", "CUDA_ERROR_INVALID_PC"}},
-      {719, {"cudaErrorLaunchFailure", "CUDA_ERROR_LAUNCH_FAILED"}},
-  };
-  auto it = kNames.find(code);
-  if (it == kNames.end()) return "";
-  bool runtime = api.rfind("cuda", 0) == 0;
-  const char* name = runtime ? it->second.first : it->second.second;
-  return name ? name : "";
+  return formats::cudaErrorName(/*driver=*/api.rfind("cuda", 0) != 0, code);
 }
 
 }  // namespace crashcap::inspect::detail

@@ -34,7 +34,7 @@ class OpLookup {
 /// times.
 class SymbolNames {
  public:
-  explicit SymbolNames(const formats::RecordingView& view);
+  explicit SymbolNames(const formats::BundleRecords& view);
   /// The demangled `symbol`, or `symbol` itself when it was not among the recording's.
   const std::string& operator()(const std::string& symbol) const;
 
@@ -48,8 +48,9 @@ bool sameError(const formats::ApiErrorData& a, const formats::ApiErrorData& b);
 /// The error's name as recorded, else the name of its code; "" when neither is known.
 std::string errorName(const formats::ApiErrorData& e);
 
-/// "cudaErrorIllegalInstruction" for a runtime API (`api` starts with "cuda"), the CUresult
-/// name for a driver API; "" for codes this table does not know.
+/// The name of `code` as the API `api` returned it: cudaError_t's for a runtime API (`api`
+/// starts with "cuda"), CUresult's for a driver API; "" for a code formats/cuda_errors.hpp
+/// does not know.
 std::string cudaResultName(const std::string& api, int32_t code);
 
 /// A grid or block as [x, y, z].

@@ -55,7 +55,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
 
 std::optional<LossClasses> findLossClasses(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);
-  auto records = formats::readRecording(*reader);
+  auto records = formats::readRecords(*reader);
   if (!records.opTrace) return std::nullopt;
   const auto& ops = records.opTrace->ops;
   // The newest classification loss: the one the failing step ran.

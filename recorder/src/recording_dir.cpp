@@ -88,7 +88,7 @@ struct FileFindings {
 
 FileFindings findings(const formats::BundleReader& reader) {
   FileFindings f;
-  auto view = formats::readRecording(reader);
+  auto view = formats::readRecords(reader);
   f.crash = view.crash;
   f.status = view.status;
   f.steps = view.stepBegins.size();

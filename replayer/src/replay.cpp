@@ -361,10 +361,10 @@ struct Program {
   std::function<std::vector<std::string>(const formats::StepBeginData&)> inputs;
   std::function<at::Tensor(const Batch&)> loss;
 };
-using ProgramFactory = std::function<Program(const formats::BundleReader&, const formats::RecordingView&)>;
+using ProgramFactory = std::function<Program(const formats::BundleReader&, const formats::BundleRecords&)>;
 
 /// The TorchScript step program stored in the bundle.
-Program loadTorchScript(const formats::BundleReader& reader, const formats::RecordingView& view) {
+Program loadTorchScript(const formats::BundleReader& reader, const formats::BundleRecords& view) {
   if (view.program->format != "torchscript")
     throw Error(ErrorCode::Unsupported, fmt::format("the recording has no TorchScript step program (format '{}')", view.program->format),
                 "it was recorded with Recorder::setModel: replay it from C++ with replayer::replay(bundle, model, "
@@ -396,7 +396,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
   auto t0 = Clock::now();
   testing::installFaultInjection();
   auto reader = formats::BundleReader::open(bundle);
-  auto view = formats::readRecording(*reader);
+  auto view = formats::readRecords(*reader);
   if (!view.program)
     throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
                 "record with Recorder::setProgram (TorchScript) or Recorder::setModel (then replay from C++)");
@@ -630,7 +630,7 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
 
 ReplayResult replay(const std::string& bundle, torch::nn::Module& model, const StepFunction& step,
                     const ReplayOptions& options) {
-  auto makeProgram = [&](const formats::BundleReader&, const formats::RecordingView& view) {
+  auto makeProgram = [&](const formats::BundleReader&, const formats::BundleRecords& view) {
     Program p;
     for (const auto& t : model.named_parameters(true)) p.params[t.key()] = t.value();
     for (const auto& t : model.named_buffers(true)) p.buffers[t.key()] = t.value();

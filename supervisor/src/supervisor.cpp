@@ -21,10 +21,10 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/clock.hpp"
+#include "crashcap/formats/cuda_errors.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/recorder/environment.hpp"
-#include "crashcap/cupti/cuda_errors.hpp"
 #include "crashcap/cupti/trace_file.hpp"
 #include "crashcap/cupti/tracer.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
@@ -273,7 +273,7 @@ void refineClassification(Classification& c, const std::vector<formats::KernelTr
   uint32_t pid = 0;
   const auto* e = cupti::firstStickyError(traces, &pid);
   if (!e) return;
-  std::string id = cupti::classificationForCode(e->code, e->domain == "driver");
+  std::string id = formats::classificationForCode(e->code, e->domain == "driver");
   if (id.empty()) return;
   c.id = id;
   c.evidence = fmt::format("kernel trace of pid {}: first sticky CUDA error {} ({}) in {}{}", pid,

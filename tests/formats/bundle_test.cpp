@@ -3,6 +3,7 @@
 
 #include <cstring>
 
+#include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
@@ -205,4 +206,59 @@ TEST_CASE("a bundle from a newer format major is refused as incompatible", "[for
     CHECK(e.code() == ErrorCode::IncompatibleVersion);
     CHECK_THAT(e.what(), Catch::Contains("format 2.0") && Catch::Contains("upgrade"));
   }
+}
+
+TEST_CASE("a bundle held in memory opens, scans, verifies and copies as the same file does", "[formats][memory]") {
+  TempDir dir;
+  WriterOptions options;
+  options.chunkBytes = 4096;
+  auto w = BundleWriter::create(dir.file("b.ccap"), options);
+  auto floats = test::randomFloats(3000, 7);
+  w->writeTensor("w", DType::Float32, {3000}, floats.data(), floats.size() * 4);
+  w->writeNote("user.comment", "in memory");
+  w->seal();
+  w.reset();
+  auto bytes = test::readFile(dir.file("b.ccap"));
+
+  for (bool scan : {false, true}) {
+    INFO((scan ? "scanned" : "opened through the index"));
+    auto fromFile = scan ? BundleReader::scan(dir.file("b.ccap")) : BundleReader::open(dir.file("b.ccap"));
+    auto fromMemory = scan ? BundleReader::scanBytes(bytes, "held.ccap") : BundleReader::openBytes(bytes, "held.ccap");
+    CHECK(fromMemory->path() == "held.ccap");
+    CHECK(fromMemory->report().summary() == fromFile->report().summary());
+    CHECK(fromMemory->records().size() == fromFile->records().size());
+    REQUIRE(fromMemory->notes().size() == 1);
+    CHECK(fromMemory->notes()[0].text == "in memory");
+    CHECK(fromMemory->readTensor(fromMemory->get("w")) == fromFile->readTensor(fromFile->get("w")));
+  }
+  CHECK(verifyBundleBytes(bytes, "held.ccap").ok());
+
+  // Damage reads the same, and messages name the bundle by the name it was given.
+  auto damaged = bytes;
+  damaged[damaged.size() / 2] ^= 0x04;
+  auto onDisk = dir.file("damaged.ccap");
+  test::writeFile(onDisk, damaged);
+  auto fileReport = verifyBundle(onDisk), memoryReport = verifyBundleBytes(damaged, "held.ccap");
+  REQUIRE(memoryReport.problems.size() == fileReport.problems.size());
+  REQUIRE(!memoryReport.ok());
+  CHECK(memoryReport.problems[0].what == fileReport.problems[0].what);
+  try {
+    BundleReader::openBytes({'n', 'o', 't', ' ', 'a', ' ', 'b', 'u', 'n', 'd', 'l', 'e'}, "held.txt");
+    FAIL("bytes that are no bundle were opened");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::NotABundle);
+    CHECK_THAT(e.what(), Catch::Contains("while opening held.txt"));
+  }
+  CHECK_THROWS_WITH(BundleReader::openBytes({}, "nothing.ccap"), Catch::Contains("nothing.ccap is empty"));
+
+  // copyRecords reads through the reader, so a bundle in memory copies to a file.
+  auto source = BundleReader::scanBytes(bytes, "held.ccap");
+  auto copy = BundleWriter::create(dir.file("copy.ccap"));
+  auto copied = copyRecords(*source, *copy);
+  copy->seal();
+  copy.reset();
+  CHECK(copied.tensorsCopied == 1);
+  CHECK(verifyBundle(dir.file("copy.ccap")).ok());
+  auto back = BundleReader::open(dir.file("copy.ccap"));
+  CHECK(back->readTensor(back->get("w")) == source->readTensor(source->get("w")));
 }

@@ -1,8 +1,11 @@
-// The recorder's record kinds: round trips through a real bundle, and decoders that refuse
-// metas breaking their invariants.
+// The recorder's record kinds: round trips through a real bundle, decoders that refuse metas
+// breaking their invariants, and the record table (record_types.def) handled everywhere.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
+#include <map>
 
 #include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
@@ -40,7 +43,7 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   }
   auto reader = BundleReader::open(path);
   CHECK(reader->report().unknownTypes.empty());
-  auto v = readRecording(*reader);
+  auto v = readRecords(*reader);
   CHECK(v.problems.empty());
   REQUIRE(v.program);
   CHECK(v.program->inputs == program.inputs);
@@ -98,7 +101,7 @@ TEST_CASE("a damaged recorder record is reported and the rest still reads", "[fo
   }
   auto reader = BundleReader::open(path);
   CHECK(reader->report().damage.size() == 1);  // the scan validates recorder metas
-  auto v = readRecording(*reader);
+  auto v = readRecords(*reader);
   CHECK(v.stepBegins.size() == 2);
 }
 
@@ -157,4 +160,170 @@ TEST_CASE("a kernel trace keeps its first error and its first sticky error apart
   auto empty = decodeKernelTrace(encodeMeta(none));
   CHECK(!empty.firstError);
   CHECK(!empty.stickyError);
+}
+
+namespace {
+
+/// How many records of its type a BundleRecords member holds.
+template <typename T>
+size_t keptCount(const std::optional<T>& member) {
+  return member ? 1 : 0;
+}
+template <typename T>
+size_t keptCount(const std::vector<T>& member) {
+  return member.size();
+}
+
+/// A meta no decoder accepts: a Cap'n Proto message (one segment of one word, a null root)
+/// followed by a word that belongs to no segment.
+std::vector<uint8_t> malformedMeta() {
+  std::vector<uint8_t> meta(24, 0);
+  meta[4] = 1;  // segment table: one segment of one word
+  meta[16] = 0xab;
+  return meta;
+}
+
+/// Writes a record of one recorder row's type whose meta is malformed, then two intact ones,
+/// and checks that the scan, verify and readRecords all handle the type as the table says.
+template <typename Data, typename Count>
+void checkRecorderRow(uint16_t type, const std::string& name, KeepPolicy keep, Count count) {
+  INFO("record type " << type << " (" << name << ")");
+  CHECK(isRecorderRecord(type));
+  CHECK(static_cast<uint16_t>(recordTypeOf(Data{})) == type);
+  test::TempDir dir;
+  auto path = dir.file("row.ccap");
+  {
+    auto w = BundleWriter::create(path);  // record #0 is the recording info
+    w->writeRecord(type, malformedMeta(), nullptr, 0, false);
+    writeMetaRecord(*w, Data{});
+    writeMetaRecord(*w, Data{});
+    w->seal();
+  }
+  for (bool scan : {false, true}) {
+    INFO((scan ? "scanned" : "opened through the index"));
+    auto reader = scan ? BundleReader::scan(path) : BundleReader::open(path);
+    CHECK(reader->report().unknownTypes.empty());
+    auto view = readRecords(*reader);
+    CHECK(count(view) == (keep == KeepPolicy::All ? 2u : 1u));
+    if (scan) {
+      // The scan checks recorder metas itself, so the malformed record never reaches the view.
+      REQUIRE(reader->report().damage.size() == 1);
+      CHECK_THAT(reader->report().damage[0].what, Catch::Contains(name));
+      CHECK(view.problems.empty());
+    } else {
+      CHECK(reader->report().damage.empty());
+      REQUIRE(view.problems.size() == 1);
+      CHECK_THAT(view.problems[0], Catch::StartsWith(name + " record #1"));
+    }
+  }
+  auto report = verifyBundle(path);
+  CHECK(report.notices.empty());
+  REQUIRE(report.problems.size() == 1);
+  CHECK_THAT(report.problems[0].where, Catch::Contains("record #1 (" + name + ")"));
+  CHECK_THAT(report.problems[0].what, Catch::Contains("trailing bytes"));
+}
+
+}  // namespace
+
+TEST_CASE("every type in the record table is named, checked by verify and the scan, and kept by readRecords",
+          "[formats][records][table]") {
+  for (const auto& row : kRecordTypes) {
+    INFO("record type " << row.number);
+    CHECK(recordTypeName(row.number) == row.name);
+    CHECK(findRecordType(row.number) == &row);
+    CHECK(isRecorderRecord(row.number) == row.recorder);
+  }
+  size_t recorderRows = 0;
+#define CRASHCAP_RECORDER_RECORD(number, Enum, name, Data, decoder, keep, member)                          \
+  ++recorderRows;                                                                                           \
+  checkRecorderRow<Data>(number, name, KeepPolicy::keep,                                                    \
+                         [](const BundleRecords& view) { return keptCount(view.member); });
+#include "crashcap/formats/record_types.def"
+  CHECK(recorderRows == size_t(std::count_if(std::begin(kRecordTypes), std::end(kRecordTypes),
+                                             [](const RecordTypeInfo& row) { return row.recorder; })));
+}
+
+TEST_CASE("readRecords keeps the first crash and the last run status, as their table rows say",
+          "[formats][records][table]") {
+  test::TempDir dir;
+  auto path = dir.file("twice.ccap");
+  {
+    auto w = BundleWriter::create(path);
+    CrashData first, second;
+    first.kind = "signal";
+    second.kind = "exception";
+    RunStatusData running, finished;
+    running.state = "crashed";
+    finished.state = "finished";
+    writeMetaRecord(*w, first);
+    writeMetaRecord(*w, running);
+    writeMetaRecord(*w, second);
+    writeMetaRecord(*w, finished);
+    w->seal();
+  }
+  auto v = readRecords(*BundleReader::open(path));
+  REQUIRE(v.crash);
+  CHECK(v.crash->kind == "signal");
+  REQUIRE(v.status);
+  CHECK(v.status->state == "finished");
+}
+
+TEST_CASE("a record type one past the table is skipped and reported as a newer writer's, unless marked required",
+          "[formats][records][table][evolution]") {
+  uint16_t next = 0;
+  for (const auto& row : kRecordTypes) next = std::max<uint16_t>(next, row.number);
+  ++next;
+  CHECK(findRecordType(next) == nullptr);
+  CHECK(!isRecorderRecord(next));
+  CHECK(recordTypeName(next) == "unknown(" + std::to_string(next) + ")");
+
+  test::TempDir dir;
+  std::vector<uint8_t> emptyMessage(16, 0);  // one segment of one word holding a null root
+  emptyMessage[4] = 1;
+  {
+    auto w = BundleWriter::create(dir.file("newer.ccap"));
+    float x[2] = {1, 2};
+    w->writeTensor("x", DType::Float32, {2}, x, sizeof x);
+    writeMetaRecord(*w, StepBeginData{3, {}, {}, {}, 0, -1});
+    w->writeRecord(next, emptyMessage, "from a newer crashcap", 21, false);
+    writeMetaRecord(*w, StepEndData{3, 0.5, 0, false, false, 10});
+    w->seal();
+  }
+  for (bool scan : {false, true}) {
+    INFO((scan ? "scanned" : "opened through the index"));
+    auto reader = scan ? BundleReader::scan(dir.file("newer.ccap")) : BundleReader::open(dir.file("newer.ccap"));
+    CHECK(reader->report().unknownTypes == std::map<uint16_t, uint64_t>{{next, 1}});
+    CHECK(reader->report().damage.empty());
+    CHECK(reader->report().complete());
+    CHECK(reader->readTensor(reader->get("x")).size() == 8);
+    auto v = readRecords(*reader);
+    CHECK(v.problems.empty());
+    CHECK(v.stepBegins.size() == 1);
+    CHECK(v.stepEnds.size() == 1);
+  }
+  auto report = verifyBundle(dir.file("newer.ccap"));
+  CHECK(report.ok());
+  REQUIRE(report.notices.size() == 1);
+  CHECK_THAT(report.notices[0], Catch::Contains("unknown record type " + std::to_string(next) + " skipped"));
+  // recover copies it verbatim: a newer crashcap reading the copy still finds it.
+  recoverBundle(dir.file("newer.ccap"), dir.file("copy.ccap"));
+  CHECK(BundleReader::open(dir.file("copy.ccap"))->report().unknownTypes.at(next) == 1);
+
+  {
+    auto w = BundleWriter::create(dir.file("required.ccap"));
+    w->writeRecord(next, emptyMessage, "x", 1, false, kFlagRequired);
+    w->seal();
+  }
+  for (bool scan : {false, true}) {
+    try {
+      scan ? BundleReader::scan(dir.file("required.ccap")) : BundleReader::open(dir.file("required.ccap"));
+      FAIL("a required record of an unknown type was not refused");
+    } catch (const Error& e) {
+      CHECK(e.code() == ErrorCode::IncompatibleVersion);
+      CHECK_THAT(e.message(), Catch::Contains("type " + std::to_string(next)));
+    }
+  }
+  auto required = verifyBundle(dir.file("required.ccap"));
+  REQUIRE(required.problems.size() == 1);
+  CHECK_THAT(required.problems[0].what, Catch::Contains("marked required"));
 }

@@ -1,10 +1,12 @@
-// Standalone fuzz driver for the reader targets, for machines and CI runs without libFuzzer.
+// Standalone fuzz driver for every fuzz target (bundle, recover, npy), for machines and CI
+// runs without libFuzzer.
 // Structure-aware: besides blind bit flips and cuts it rewrites header fields, metas and
 // bodies and then re-computes their checksums, so mutated lengths and Cap'n Proto messages
 // get past the checksums and reach the limit checks and decoders. Any allocation above
 // kAllocationCap aborts (the readers' limits must keep every allocation below it), and an
 // input that runs longer than kInputSeconds aborts; both write the input to
-// fuzz-failure-<target>.bin for reproduction.
+// fuzz-failure-<target>.bin for reproduction. `--write-seeds DIR` writes the built-in seeds
+// (bundles with tensors, notes, an environment and recorder records) for libFuzzer to start from.
 #include <fcntl.h>
 #include <signal.h>
 #include <unistd.h>
@@ -22,9 +24,11 @@
 
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/layout.hpp"
+#include "crashcap/formats/records.hpp"
 #include "crashcap/inspect/npy.hpp"
 
 int fuzzBundleReader(const uint8_t* data, size_t size);
+int fuzzBundleRecover(const uint8_t* data, size_t size);
 int fuzzNpyReader(const uint8_t* data, size_t size);
 
 namespace {
@@ -98,9 +102,9 @@ std::vector<Bytes> bundleSeeds() {
     o.chunkBytes = 4096;
     o.zstdLevel = variant == 2 ? 0 : 3;
     auto w = BundleWriter::create(path, o);
-    std::vector<float> f(3000);
+    std::vector<float> f(1100);
     for (size_t i = 0; i < f.size(); ++i) f[i] = float(i % 37) * 0.25f;
-    w->writeTensor("weights/w", DType::Float32, {30, 100}, f.data(), f.size() * 4);
+    w->writeTensor("weights/w", DType::Float32, {11, 100}, f.data(), f.size() * 4);
     int64_t labels[4] = {1, 0, 7, 3};
     w->writeTensor("batch/labels", DType::Int64, {4}, labels, sizeof labels);
     uint16_t half[6] = {0x3c00, 0x7c00, 0x7e00, 0, 0x8000, 0xfbff};
@@ -115,6 +119,24 @@ std::vector<Bytes> bundleSeeds() {
     env.commandLine = {"python", "train.py"};
     env.redacted = {"WANDB_API_KEY"};
     w->writeEnvironment(env);
+    if (variant != 2) {  // the recorder's records, so mutations reach their decoders
+      writeMetaRecord(*w, StepBeginData{4, {"batch/labels"}, {}, {0.1}, 1000, -1});
+      writeMetaRecord(*w, StepEndData{4, 0.5, 1.25, true, false, 2000});
+      writeMetaRecord(*w, OpTraceData{{{7, "aten::mul", "forward", 3, 4, 11, {{"float32", {11, 100}}}, 1, 2}}, 8, 16});
+      writeMetaRecord(*w, CrashData{"signal", 4, "forward", "boom", "", 11, "SIGSEGV", {"#0 f"}, 3000, 42, 11});
+      KernelTraceData trace;
+      trace.status = "recorded";
+      TraceActivityData kernel;
+      kernel.name = "_Z6kernelPf";
+      kernel.endNs = 5;
+      trace.activities = {kernel};
+      KernelLaunchData launch;
+      launch.symbol = "_Z6kernelPf";
+      launch.api = "cudaLaunchKernel";
+      trace.launches = {launch};
+      trace.firstError = ApiErrorData{"runtime", "cudaLaunchKernel", 700, "cudaErrorIllegalAddress", 1, 4, 11, "", 7};
+      writeMetaRecord(*w, trace);
+    }
     if (variant != 1) w->seal();
     else w->sync();
     w.reset();
@@ -283,31 +305,44 @@ void mutate(Bytes& b, bool bundle, std::mt19937_64& rng) {
 
 int main(int argc, char** argv) {
   std::string target = "bundle";
+  std::string seedDir;
   double seconds = 30;
   uint64_t seed = 1;
   std::vector<std::string> corpus;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--target" && i + 1 < argc) target = argv[++i];
+    else if (a == "--write-seeds" && i + 1 < argc) seedDir = argv[++i];
     else if (a == "--seconds" && i + 1 < argc) seconds = std::atof(argv[++i]);
     else if (a == "--seed" && i + 1 < argc) seed = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--help") {
-      std::printf("usage: fuzz_standalone [--target bundle|npy] [--seconds N] [--seed N] [CORPUS_FILE...]\n"
+      std::printf("usage: fuzz_standalone [--target bundle|recover|npy] [--seconds N] [--seed N] [CORPUS_FILE...]\n"
+                  "       fuzz_standalone [--target bundle|recover|npy] --write-seeds DIR\n"
                   "       a single file argument with --seconds 0 replays that input once\n");
       return 0;
     } else corpus.push_back(a);
   }
-  bool bundle = target == "bundle";
+  bool bundle = target == "bundle" || target == "recover";
   if (!bundle && target != "npy") {
-    std::fprintf(stderr, "unknown target '%s' (bundle or npy)\n", target.c_str());
+    std::fprintf(stderr, "unknown target '%s' (bundle, recover or npy)\n", target.c_str());
     return 2;
   }
   static std::string failure = "fuzz-failure-" + target + ".bin";
   gFailurePath = failure.c_str();
-  auto run = bundle ? fuzzBundleReader : fuzzNpyReader;
+  auto run = target == "bundle" ? fuzzBundleReader : target == "recover" ? fuzzBundleRecover : fuzzNpyReader;
   for (int sig : {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGALRM}) signal(sig, onFatal);
 
   std::vector<Bytes> seeds = bundle ? bundleSeeds() : npySeeds();
+  if (!seedDir.empty()) {
+    std::filesystem::create_directories(seedDir);
+    for (size_t i = 0; i < seeds.size(); ++i) {
+      std::string path = seedDir + "/seed-" + std::to_string(i) + (bundle ? ".ccap" : ".npy");
+      std::ofstream(path, std::ios::binary).write(reinterpret_cast<const char*>(seeds[i].data()),
+                                                  std::streamsize(seeds[i].size()));
+    }
+    std::printf("wrote %zu seeds to %s\n", seeds.size(), seedDir.c_str());
+    return 0;
+  }
   for (const auto& c : corpus) seeds.push_back(readAll(c));
   if (seconds <= 0) {
     for (const auto& s : seeds) {

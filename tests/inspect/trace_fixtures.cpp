@@ -172,18 +172,18 @@ void writeBundle(const std::string& path, const BundleParts& parts) {
   w->seal();
 }
 
-RecordingView roundTrip(const BundleParts& parts) {
+BundleRecords roundTrip(const BundleParts& parts) {
   test::TempDir dir;
   writeBundle(dir.file("b.ccap"), parts);
   auto reader = BundleReader::open(dir.file("b.ccap"));
-  auto v = readRecording(*reader);
+  auto v = readRecords(*reader);
   REQUIRE(v.problems.empty());
   return v;
 }
 
-RecordingView tracedCrash() { return roundTrip({opTrace(), {recordedTrace()}, std::nullopt, true}); }
+BundleRecords tracedCrash() { return roundTrip({opTrace(), {recordedTrace()}, std::nullopt, true}); }
 
-RecordingView softErrorBeforeSticky() {
+BundleRecords softErrorBeforeSticky() {
   auto v = tracedCrash();
   // The sticky error stays the 715 launch.
   v.kernelTraces[0].firstError = runtimeError("cudaMalloc", 2, "cudaErrorMemoryAllocation", 9, 900);

@@ -62,15 +62,15 @@ struct BundleParts {
 void writeBundle(const std::string& path, const BundleParts& parts);
 
 /// Writes `parts` into a real bundle and reads it back, as the CLI does.
-formats::RecordingView roundTrip(const BundleParts& parts);
+formats::BundleRecords roundTrip(const BundleParts& parts);
 
 /// The crash of opTrace() and recordedTrace(), through a real bundle.
-formats::RecordingView tracedCrash();
+formats::BundleRecords tracedCrash();
 
 /// tracedCrash() where a cudaMalloc failed and was recovered from (the caching allocator frees
 /// and retries) before the illegal instruction that poisoned the context: the first error is
 /// soft, the sticky one is the failure.
-formats::RecordingView softErrorBeforeSticky();
+formats::BundleRecords softErrorBeforeSticky();
 
 /// Checks what every viewer needs of every event; returns flow ids -> {starts, ends}.
 std::map<uint64_t, std::pair<int, int>> checkEvents(const nlohmann::json& trace);

@@ -27,7 +27,7 @@ std::string returnName(const std::string& api, int32_t code) {
   t.pid = kPid;
   t.launches = {launch(0, "launched_kernel", 0, 1, code, -1)};
   t.launches[0].api = api;
-  RecordingView v;
+  BundleRecords v;
   v.kernelTraces = {t};
   return inspect::traceJson(v)["traces"][0]["launches"][0]["return_name"].get<std::string>();
 }

@@ -111,7 +111,7 @@ TEST_CASE("a failure before the first step is sealed with its text though no seg
   CHECK(story["crash"]["step"].is_null());
   CHECK(story["crash"]["error"].get<std::string>().find("data loader failed") != std::string::npos);
   CHECK(story["steps"]["count"] == 0);
-  CHECK(formats::readRecording(*reader).program.has_value());  // run.ccap was copied
+  CHECK(formats::readRecords(*reader).program.has_value());  // run.ccap was copied
 }
 
 TEST_CASE("a clean run leaves a recording that seal turns into a finished bundle", "[recorder][seal]") {
@@ -229,7 +229,7 @@ TEST_CASE("after SIGKILL at a random moment, seal recovers every step that reach
     INFO((v.problems.empty() ? std::string() : v.problems[0].what));
     REQUIRE(v.ok());
     auto reader = formats::BundleReader::open(bundle);
-    auto view = formats::readRecording(*reader);
+    auto view = formats::readRecords(*reader);
     if (written < 0) continue;  // killed before the first step reached the OS: nothing promised
     // The step program is queued before the first step, so it reached the file before it.
     CHECK(view.program.has_value());

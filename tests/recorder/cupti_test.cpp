@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "crashcap/cupti/activity_collector.hpp"
-#include "crashcap/cupti/cuda_errors.hpp"
 #include "crashcap/cupti/tracer.hpp"
 #include "crashcap/formats/records.hpp"
 
@@ -226,20 +225,6 @@ TEST_CASE("kernel trace records: a trace too large for one record keeps its newe
   CHECK(back.activities.size() < 20000);
   CHECK(back.activities.back().correlationId == 19999);  // the newest stay
   CHECK(back.droppedActivities == 20000 - back.activities.size());
-}
-
-TEST_CASE("CUDA error codes: names, stickiness and what they classify as", "[cupti]") {
-  CHECK(cupti::cudaErrorName(false, 715) == "cudaErrorIllegalInstruction");
-  CHECK(cupti::cudaErrorName(true, 715) == "CUDA_ERROR_ILLEGAL_INSTRUCTION");
-  CHECK(cupti::cudaErrorName(false, 710) == "cudaErrorAssert");
-  CHECK(cupti::cudaErrorName(false, 123456).empty());
-  for (int sticky : {700, 710, 715, 719}) CHECK(cupti::isStickyError(sticky));
-  for (int soft : {0, 2, 600, 1}) CHECK(!cupti::isStickyError(soft));
-  CHECK(cupti::classificationForCode(715, false) == "cuda-illegal-instruction");
-  CHECK(cupti::classificationForCode(700, true) == "cuda-illegal-address");
-  CHECK(cupti::classificationForCode(710, false) == "cuda-device-assert");
-  CHECK(cupti::classificationForCode(2, false) == "cuda-oom");
-  CHECK(cupti::classificationForCode(1, false).empty());
 }
 
 TEST_CASE("the tracer on a machine without a GPU: unavailable, with the reason, and no cost", "[cupti]") {

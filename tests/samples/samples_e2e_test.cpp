@@ -74,7 +74,7 @@ TEST_CASE("every sample fault leaves a crash bundle with the step, the error and
       CHECK(r.err.find("crash bundle: " + bundle) != std::string::npos);
 
       // The failing step's batch, bit for bit as the sample generated it.
-      auto view = formats::readRecording(*reader);
+      auto view = formats::readRecords(*reader);
       REQUIRE(view.program);
       samples::FaultPlan plan{samples::parseFault(c.fault), faultStep, row};
       auto fed = c.binary == "crashcap-sample-seg" ? samples::makeSegBatch(seed, step, 8, plan)

@@ -429,7 +429,7 @@ TEST_CASE("crashcap run copies the traced processes' kernel traces into the bund
   for (const auto& entry : fs::directory_iterator(dir.path()))  // in the bundle now, not beside it
     CHECK(entry.path().extension() != ".cctrace");
   auto reader = formats::BundleReader::open(bundles[0]);
-  auto view = formats::readRecording(*reader);
+  auto view = formats::readRecords(*reader);
   REQUIRE(view.kernelTraces.size() == 1);
   CHECK(view.kernelTraces[0].pid == 4242);
   REQUIRE(view.kernelTraces[0].launches.size() == 1);
@@ -465,7 +465,7 @@ TEST_CASE("crashcap run: a soft CUDA error in a trace does not reclassify a cras
   auto bundles = test::bundlesIn(dir.path());
   REQUIRE(bundles.size() == 1);
   auto reader = formats::BundleReader::open(bundles[0]);
-  auto view = formats::readRecording(*reader);
+  auto view = formats::readRecords(*reader);
   REQUIRE(view.supervision);
   CHECK(view.supervision->classification == "python-exception");
   CHECK(view.supervision->evidence == "KeyError: label");
@@ -488,7 +488,7 @@ TEST_CASE("crashcap run --cudnn-log keeps the tail of cuDNN's API log in the bun
   auto bundles = test::bundlesIn(dir.path());
   REQUIRE(bundles.size() == 1);
   auto reader = formats::BundleReader::open(bundles[0]);
-  auto view = formats::readRecording(*reader);
+  auto view = formats::readRecords(*reader);
   REQUIRE(view.supervision);
   CHECK(view.supervision->classification == "cudnn-execution-failed");
   const auto& tail = view.supervision->cudnnLogTail;

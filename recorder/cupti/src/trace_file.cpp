@@ -29,7 +29,7 @@ void writeTraceFile(const std::string& path, const formats::KernelTraceData& tra
 
 std::vector<formats::KernelTraceData> readKernelTraces(const std::string& path) {
   auto reader = formats::BundleReader::open(path);
-  return formats::readRecording(*reader).kernelTraces;
+  return formats::readRecords(*reader).kernelTraces;
 }
 
 namespace {

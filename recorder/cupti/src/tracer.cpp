@@ -20,7 +20,7 @@
 #include <cuda_runtime_api.h>
 
 #include "crashcap/cupti/activity_collector.hpp"
-#include "crashcap/cupti/cuda_errors.hpp"
+#include "crashcap/formats/cuda_errors.hpp"
 #include "cupti_api.hpp"
 #include "launch_ring.hpp"
 #endif
@@ -373,7 +373,7 @@ class CuptiTracer final : public KernelTracer {
       slot = ~0ull;
     }
     if (code == 0 || benign(driver, cbid, code)) return;
-    bool sticky = isStickyError(code);
+    bool sticky = formats::isStickyError(code);
     {
       std::lock_guard<std::mutex> lk(errorMu_);
       // The first error of any kind, and the first that poisons the context: a soft error (an
@@ -384,7 +384,7 @@ class CuptiTracer final : public KernelTracer {
       e.domain = driver ? "driver" : "runtime";
       e.api = cb->functionName ? cb->functionName : "";
       e.code = code;
-      e.name = cudaErrorName(driver, code);
+      e.name = formats::cudaErrorName(driver, code);
       e.correlationId = cb->correlationId;
       uint64_t t = 0;
       api.getTimestamp(&t);

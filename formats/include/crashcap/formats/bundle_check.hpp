@@ -36,6 +36,10 @@ struct VerifyReport {
 /// An unsealed bundle is a problem ("not sealed"). Throws for I/O errors, files that are not
 /// bundles at all, and bundles holding more records than limits.maxRecords.
 VerifyReport verifyBundle(const std::string& path, const ReaderLimits& limits = {}, const Progress& progress = {});
+/// verifyBundle for a bundle held in memory (BundleReader::openBytes); `name` stands for the
+/// path in messages.
+VerifyReport verifyBundleBytes(const std::vector<uint8_t>& bytes, const std::string& name,
+                               const ReaderLimits& limits = {});
 
 struct RecoverReport {
   OpenReport source;           ///< what the scan of the input found

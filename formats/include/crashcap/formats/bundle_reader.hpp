@@ -88,7 +88,8 @@ struct EnvironmentData {
 /// scans every record (unsealed or damaged ones); reading a tensor then touches only its
 /// own chunks, each checked against its checksums. Safe on untrusted files: every length is
 /// bounded by ReaderLimits before anything is allocated. Thread-compatible (const methods
-/// may be called from several threads; each read uses pread).
+/// may be called from several threads; each read uses pread, or copies from memory for a
+/// bundle opened with openBytes).
 class BundleReader {
  public:
   /// Opens `path`. Throws Error{NotABundle, IncompatibleVersion, Io, LimitExceeded, ...}.
@@ -98,6 +99,14 @@ class BundleReader {
   /// Like open, but ignores footer and index and always scans (for recover and tests).
   static std::unique_ptr<BundleReader> scan(const std::string& path, const ReaderLimits& limits = {},
                                             const Progress& progress = {});
+  /// Opens a bundle held in memory, exactly as open() opens a file; `name` stands for the
+  /// path in messages and path(). The reader keeps `bytes`. For bundles that never touch a
+  /// disk: received over a network, built by a test, a fuzzer's input.
+  static std::unique_ptr<BundleReader> openBytes(std::vector<uint8_t> bytes, const std::string& name,
+                                                 const ReaderLimits& limits = {});
+  /// Like openBytes, but ignores footer and index and always scans, as scan() does.
+  static std::unique_ptr<BundleReader> scanBytes(std::vector<uint8_t> bytes, const std::string& name,
+                                                 const ReaderLimits& limits = {});
   ~BundleReader();
 
   const std::string& path() const;
@@ -133,11 +142,15 @@ class BundleReader {
     std::vector<uint8_t> body;  ///< decoded
   };
   RawRecord readRecord(uint64_t offset) const;
+  /// Like readRecord, but the body as stored (a zstd body stays compressed): for copying a
+  /// record verbatim.
+  RawRecord readStoredRecord(uint64_t offset) const;
 
  private:
   struct Impl;
   explicit BundleReader(std::unique_ptr<Impl> impl);
-  static std::unique_ptr<Impl> load(const std::string& path, const ReaderLimits& limits, bool useIndex,
+  /// Opens the bundle in impl->file (set by the caller).
+  static std::unique_ptr<Impl> load(std::unique_ptr<Impl> impl, const ReaderLimits& limits, bool useIndex,
                                     const Progress& progress);
   std::unique_ptr<Impl> impl_;
 };

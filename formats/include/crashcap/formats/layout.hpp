@@ -36,25 +36,31 @@ inline constexpr uint32_t kRecordSync = 0xD2434351u;
 /// limit; a header claiming more is not a header. Keeps header+meta+body sums from wrapping.
 inline constexpr uint64_t kMaxRecordBodyBytes = 1ull << 48;
 
-/// Record types. Numbers are stable; a reader skips types it does not know with a notice,
-/// unless the record carries kFlagRequired.
+/// Record types, one enumerator per row of the record table (record_types.def). Numbers are
+/// stable; a reader skips types it does not know with a notice, unless the record carries
+/// kFlagRequired.
 enum class RecordType : uint16_t {
-  RecordingInfo = 1,  ///< first record: who wrote the bundle, when
-  TensorChunk = 2,    ///< one chunk of one tensor
-  Note = 3,           ///< free-form key/text annotation
-  Environment = 4,    ///< the environment fingerprint (secrets already redacted)
-  StepProgram = 5,    ///< the TorchScript step program replay executes
-  OptimizerSpec = 6,  ///< optimizer kind, hyperparameters per group, recipe
-  StepBegin = 7,      ///< a step's batch and generator states are in the file
-  StepEnd = 8,        ///< a step's fingerprints (loss, gradient norm)
-  Keyframe = 9,       ///< a full pre-step snapshot (weights, buffers, optimizer state)
-  OpTrace = 10,       ///< the last ATen ops before a crash
-  Crash = 11,         ///< how the recorded process failed
-  RunStatus = 12,     ///< the recorder's own health: steps, drops, warnings
-  Supervision = 13,   ///< `crashcap run`: how one run of the command ended, and why
-  KernelTrace = 14,   ///< one process's kernel trace: activities, launches, first API error
-  Index = 15,         ///< written once at seal; locates every record and tensor
+#define CRASHCAP_READER_RECORD(number, Enum, name) Enum = number,
+#define CRASHCAP_RECORDER_RECORD(number, Enum, name, Data, decoder, keep, member) Enum = number,
+#include "crashcap/formats/record_types.def"
 };
+
+/// One row of the record table, as data.
+struct RecordTypeInfo {
+  uint16_t number = 0;
+  const char* name = "";  ///< "tensor_chunk"
+  bool recorder = false;  ///< decoded by records.hpp into BundleRecords; verify and scans check its meta
+};
+
+/// Every record type this crashcap knows, in table order (record_types.def).
+inline constexpr RecordTypeInfo kRecordTypes[] = {
+#define CRASHCAP_READER_RECORD(number, Enum, name) {number, name, false},
+#define CRASHCAP_RECORDER_RECORD(number, Enum, name, Data, decoder, keep, member) {number, name, true},
+#include "crashcap/formats/record_types.def"
+};
+
+/// The table row of `type`, or nullptr for a type this crashcap does not know.
+const RecordTypeInfo* findRecordType(uint16_t type);
 
 /// Short name of a record type ("tensor_chunk"), or "unknown(N)".
 std::string recordTypeName(uint16_t type);

@@ -1,11 +1,13 @@
 #pragma once
-// The recorder's record kinds (bundle.capnp types 5..12) as plain structs, with their
-// encoders and checked decoders, and the fixed tensor paths they refer to. No LibTorch:
-// the CLI, `inspect` and the replayer read these without it.
+// The recorder's record kinds (the CRASHCAP_RECORDER_RECORD rows of record_types.def) as
+// plain structs, with their encoders and checked decoders, a bundle's recorder records decoded
+// (BundleRecords), and the fixed tensor paths they refer to. No LibTorch: the CLI, `inspect` and
+// the replayer read these without it.
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -228,18 +230,12 @@ RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimi
 SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 
-/// The record type each struct is written as.
-inline RecordType recordTypeOf(const StepProgramData&) { return RecordType::StepProgram; }
-inline RecordType recordTypeOf(const OptimizerSpecData&) { return RecordType::OptimizerSpec; }
-inline RecordType recordTypeOf(const StepBeginData&) { return RecordType::StepBegin; }
-inline RecordType recordTypeOf(const StepEndData&) { return RecordType::StepEnd; }
-inline RecordType recordTypeOf(const KeyframeData&) { return RecordType::Keyframe; }
-inline RecordType recordTypeOf(const OpTraceData&) { return RecordType::OpTrace; }
-inline RecordType recordTypeOf(const CrashData&) { return RecordType::Crash; }
-inline RecordType recordTypeOf(const RunStatusData&) { return RecordType::RunStatus; }
-inline RecordType recordTypeOf(const SupervisionData&) { return RecordType::Supervision; }
+/// The record type each struct is written as: one overload per recorder row of the record table.
+#define CRASHCAP_RECORDER_RECORD(number, Enum, name, Data, decoder, keep, member) \
+  inline RecordType recordTypeOf(const Data&) { return RecordType::Enum; }
+#include "crashcap/formats/record_types.def"
+/// The environment fingerprint, a record the reader interprets itself (BundleReader::environment).
 inline RecordType recordTypeOf(const EnvironmentData&) { return RecordType::Environment; }
-inline RecordType recordTypeOf(const KernelTraceData&) { return RecordType::KernelTrace; }
 
 /// Writes one recorder record (recorder records have no body).
 template <typename T>
@@ -249,7 +245,7 @@ uint64_t writeMetaRecord(BundleWriter& writer, const T& value, const std::vector
 /// invariant; does nothing for other types. For verify and scans.
 void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const ReaderLimits& limits);
 
-/// True for the record types this header describes (5..14).
+/// True for the record types this header describes (the recorder rows of record_types.def).
 bool isRecorderRecord(uint16_t type);
 
 // Tensor paths (see bundle.capnp).
@@ -262,23 +258,26 @@ std::string rngTensorName(int64_t step, const std::string& device);
 /// `part` is "parameters", "buffers" or "optimizer".
 std::string keyframeTensorName(int64_t step, const std::string& part, const std::string& name);
 
-/// Everything the recorder wrote into one bundle, decoded, in file order. Damaged recorder
-/// records are skipped and described in `problems`.
-struct RecordingView {
-  std::optional<StepProgramData> program;
-  std::optional<OptimizerSpecData> optimizer;
-  std::vector<StepBeginData> stepBegins;
-  std::vector<StepEndData> stepEnds;
-  std::vector<KeyframeData> keyframes;
-  std::optional<OpTraceData> opTrace;       ///< the last one
-  std::optional<CrashData> crash;           ///< the first one
-  std::optional<RunStatusData> status;      ///< the last one
-  std::optional<SupervisionData> supervision;  ///< the last one (`crashcap run`)
-  std::vector<KernelTraceData> kernelTraces;   ///< one per traced process, in file order
+/// Which of several records of one type BundleRecords keeps (the `keep` column of the table).
+enum class KeepPolicy { First, Last, All };
+
+/// The BundleRecords member type for a record kept by `keep`: one value or all of them.
+template <typename Data, KeepPolicy keep>
+using RecordsSlot = std::conditional_t<keep == KeepPolicy::All, std::vector<Data>, std::optional<Data>>;
+
+/// Everything the recorder wrote into one bundle, decoded, in file order. One member per
+/// recorder row of record_types.def: its `member` column names it and its `keep` column says
+/// whether it holds the first, the last or all such records (e.g. `crash`: the first;
+/// `status`: the last; `kernelTraces`: all, in file order). Damaged recorder records are
+/// skipped and described in `problems`.
+struct BundleRecords {
+#define CRASHCAP_RECORDER_RECORD(number, Enum, name, Data, decoder, keep, member) \
+  RecordsSlot<Data, KeepPolicy::keep> member;
+#include "crashcap/formats/record_types.def"
   std::vector<std::string> problems;
 };
 
 /// Reads every recorder record of `reader`.
-RecordingView readRecording(const BundleReader& reader);
+BundleRecords readRecords(const BundleReader& reader);
 
 }  // namespace crashcap::formats

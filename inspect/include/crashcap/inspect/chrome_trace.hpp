@@ -2,7 +2,7 @@
 // `crashcap export B --chrome OUT.json`: a recording's kernel trace and op trace as one
 // Trace Event Format file for Perfetto and chrome://tracing, with the ATen ops, the CUDA API
 // calls, the GPU work and the launch → kernel flows on one time line. Reads a decoded
-// RecordingView; needs no GPU or CUPTI.
+// BundleRecords; needs no GPU or CUPTI.
 
 #include <cstdint>
 
@@ -27,6 +27,6 @@ struct ChromeTraceOptions {
 /// exactly one flow end ("f") with the same id. otherData: producer, clock, ts_origin_ns,
 /// kernel_trace (each traced process's status, or why there is no trace), kernels, memcpys,
 /// memsets, api_calls, ops, flows, launches, ops_without_time, trace_entries_without_time.
-nlohmann::json chromeTrace(const formats::RecordingView& view, const ChromeTraceOptions& options = {});
+nlohmann::json chromeTrace(const formats::BundleRecords& view, const ChromeTraceOptions& options = {});
 
 }  // namespace crashcap::inspect

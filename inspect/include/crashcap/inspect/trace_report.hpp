@@ -1,7 +1,7 @@
 #pragma once
 // `crashcap inspect B --trace`: per traced process, the first CUDA error (and the sticky one)
 // with its kernel and op, the last launches, and which ops launched the last kernels. Reads a
-// decoded RecordingView; needs no GPU or CUPTI.
+// decoded BundleRecords; needs no GPU or CUPTI.
 
 #include <cstddef>
 #include <string>
@@ -31,8 +31,8 @@ struct TraceReportOptions {
 /// return_name, op_index, op}], kernels_per_op [newest first: {op_index, op, phase, step,
 /// kernels, launches, gpu_ns, last_kernel}]}], run_trace (what `crashcap run` wrote about the
 /// trace, or null), note (why there is no trace, or null).
-nlohmann::json traceJson(const formats::RecordingView& view, const TraceReportOptions& options = {});
+nlohmann::json traceJson(const formats::BundleRecords& view, const TraceReportOptions& options = {});
 /// The same as text, one screen per traced process.
-std::string traceText(const formats::RecordingView& view, const TraceReportOptions& options = {});
+std::string traceText(const formats::BundleRecords& view, const TraceReportOptions& options = {});
 
 }  // namespace crashcap::inspect

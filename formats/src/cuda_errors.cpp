@@ -1,6 +1,6 @@
-#include "crashcap/cupti/cuda_errors.hpp"
+#include "crashcap/formats/cuda_errors.hpp"
 
-namespace crashcap::cupti {
+namespace crashcap::formats {
 namespace {
 
 struct Code {
@@ -12,10 +12,12 @@ struct Code {
 
 // The codes a training crash shows, from cuda_runtime_api's cudaError_t and cuda.h's CUresult.
 constexpr Code kCodes[] = {
+    {0, "cudaSuccess", "CUDA_SUCCESS", ""},
     {1, "cudaErrorInvalidValue", "CUDA_ERROR_INVALID_VALUE", ""},
     {2, "cudaErrorMemoryAllocation", "CUDA_ERROR_OUT_OF_MEMORY", "cuda-oom"},
     {3, "cudaErrorInitializationError", "CUDA_ERROR_NOT_INITIALIZED", ""},
     {4, "cudaErrorCudartUnloading", "CUDA_ERROR_DEINITIALIZED", ""},
+    {9, "cudaErrorInvalidConfiguration", "", ""},
     {34, "cudaErrorStubLibrary", "CUDA_ERROR_STUB_LIBRARY", ""},
     {35, "cudaErrorInsufficientDriver", "", ""},
     {98, "cudaErrorInvalidDeviceFunction", "", ""},
@@ -74,4 +76,4 @@ std::string classificationForCode(int32_t code, bool) {
   return c ? c->classification : "";
 }
 
-}  // namespace crashcap::cupti
+}  // namespace crashcap::formats

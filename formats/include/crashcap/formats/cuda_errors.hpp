@@ -1,14 +1,16 @@
 #pragma once
-// Names and classes of CUDA error codes, for traces recorded where no CUDA library is loaded
-// to ask. Runtime (cudaError_t) and driver (CUresult) codes agree on the sticky ones.
+// Names and classes of the CUDA error codes a kernel_trace record carries (return codes of API
+// calls, the first error), for the tracer that writes them and the readers that show them,
+// none of which may have a CUDA library to ask. Runtime (cudaError_t) and driver (CUresult)
+// codes agree on the sticky ones.
 
 #include <cstdint>
 #include <string>
 
-namespace crashcap::cupti {
+namespace crashcap::formats {
 
 /// "cudaErrorIllegalInstruction" for runtime codes, "CUDA_ERROR_ILLEGAL_INSTRUCTION" for
-/// driver codes; "" when not in crashcap's table.
+/// driver codes ("cudaSuccess", "CUDA_SUCCESS" for 0); "" when not in crashcap's table.
 std::string cudaErrorName(bool driver, int32_t code);
 
 /// A sticky error leaves the CUDA context unusable: every later call fails, so the process
@@ -19,4 +21,4 @@ bool isStickyError(int32_t code);
 /// ("cuda-illegal-instruction"), or "" when the code says nothing more than the text does.
 std::string classificationForCode(int32_t code, bool driver);
 
-}  // namespace crashcap::cupti
+}  // namespace crashcap::formats

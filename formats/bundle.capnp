@@ -150,6 +150,10 @@ struct StepBegin {
   learningRates @3 :List(Float64);  # per parameter group, as the optimizer will use them
   timeNs @4 :Int64;             # wall clock at step begin, ns since the Unix epoch
   keyframe @5 :Int64;           # step of the newest keyframe at or before this step; -1 none
+  previousStep @6 :Int64 = -2;  # the step the process began before this one: -1 this is its first;
+                                # -2 unknown (written before the field existed). A previousStep that
+                                # the bundle has no step_begin for, inside the retained window, is a
+                                # step the recorder lost. Invariant: -2 <= previousStep < step.
 }
 
 # Record type 8. A step ended normally (the guard's end(loss) ran). No body.
@@ -223,6 +227,11 @@ struct RunStatus {
   droppedBytes @4 :UInt64;
   warnings @5 :List(Text);
   segmentsDeleted @6 :UInt64;   # by the retention budget
+  lostSteps @7 :List(Int64);    # steps whose records the recorder could not queue (the writer was
+                                # behind), ascending; at most 4096, the first ones (lostStepCount
+                                # counts all)
+  lostStepCount @8 :UInt64;
+  keyframesSkipped @9 :UInt64;  # keyframes not taken because the last one was still being written
 }
 
 # Record type 13. What `crashcap run` saw of one run of the supervised command: how it ended,

@@ -30,6 +30,8 @@ void printSteps(const investigate::StepBisection& b) {
     std::cout << fmt::format("  {:<6} {:<12.4g} {:<14.7g} {:<14.7g} {}\n", s.step, s.learningRate, s.loss,
                              s.hasGradNorm ? s.gradNorm : std::nan(""),
                              s.weightNorm ? fmt::format("{:.7g}", *s.weightNorm) : std::string("-"));
+  if (!b.lostSteps.empty())
+    std::cout << fmt::format("the recording lost step {}: the replay stopped before it\n", joinRows(b.lostSteps));
   if (const auto& first = b.firstFailure)
     std::cout << fmt::format("first failing step: {} ({})\n", first->step,
                              first->reason == "weights" ? "its update made weights non-finite"
@@ -40,6 +42,11 @@ void printSteps(const investigate::StepBisection& b) {
 }
 
 void printSamples(const std::string& bundle, const investigate::SampleBisection& b) {
+  if (!b.lostSteps.empty()) {
+    std::cout << fmt::format("step {} cannot be replayed: the recording lost step {} of its window; nothing to bisect\n",
+                             b.step, joinRows(b.lostSteps));
+    return;
+  }
   if (!b.reproduced) {
     std::cout << fmt::format("step {} does not fail when replayed with its whole batch: nothing to bisect\n", b.step);
     return;

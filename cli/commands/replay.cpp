@@ -74,6 +74,11 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
     std::cout << "\n";
   }
   std::cout << fmt::format("verdict  {}\n", replayer::verdictName(r.verdict));
+  if (!r.lostSteps.empty())
+    std::cout << fmt::format("the recording lost step{} {} of the replay window (keyframe {} to step {}): replay stopped before it, "
+                             "since every later step would start from the wrong state. This says nothing about the "
+                             "training (`crashcap inspect {}` lists what was lost)\n",
+                             r.lostSteps.size() == 1 ? "" : "s", joinRows(r.lostSteps), r.keyframe, r.step, bundle);
   if (r.divergedAt)
     std::cout << fmt::format("diverged at step {}: replay departs from the recording (nondeterminism?)\n", *r.divergedAt);
   if (!r.error.empty()) std::cout << fmt::format("error    {}\n", r.error);

@@ -1,7 +1,9 @@
 #include "crashcap/formats/records.hpp"
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <set>
 #include <unordered_map>
 
 #include "capnp_util.hpp"
@@ -124,6 +126,7 @@ std::vector<uint8_t> encodeMeta(const StepBeginData& v) {
   for (unsigned i = 0; i < v.learningRates.size(); ++i) lrs.set(i, v.learningRates[i]);
   r.setTimeNs(v.timeNs);
   r.setKeyframe(v.keyframe);
+  r.setPreviousStep(v.previousStep);
   return toBytes(b);
 }
 
@@ -205,6 +208,10 @@ std::vector<uint8_t> encodeMeta(const RunStatusData& v) {
   r.setDroppedBytes(v.droppedBytes);
   setTexts(r.initWarnings(v.warnings.size()), v.warnings);
   r.setSegmentsDeleted(v.segmentsDeleted);
+  auto lost = r.initLostSteps(static_cast<unsigned>(std::min(v.lostSteps.size(), kMaxListedLostSteps)));
+  for (unsigned i = 0; i < lost.size(); ++i) lost.set(i, v.lostSteps[i]);
+  r.setLostStepCount(std::max<uint64_t>(v.lostStepCount, v.lostSteps.size()));
+  r.setKeyframesSkipped(v.keyframesSkipped);
   return toBytes(b);
 }
 
@@ -256,6 +263,10 @@ StepBeginData decodeStepBegin(const std::vector<uint8_t>& meta, const ReaderLimi
     if (v.keyframe > v.step)
       throw Error(ErrorCode::Corrupt,
                   fmt::format("step_begin of step {} names keyframe {}, which is after it", v.step, v.keyframe));
+    v.previousStep = r.getPreviousStep();
+    if (v.previousStep < -2 || v.previousStep >= v.step)
+      throw Error(ErrorCode::Corrupt, fmt::format("step_begin of step {} names previous step {}: expected -2..{}",
+                                                  v.step, v.previousStep, v.step - 1));
     return v;
   });
 }
@@ -616,6 +627,12 @@ RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimi
     v.droppedBytes = r.getDroppedBytes();
     v.warnings = texts(r.getWarnings(), 4096, "run warning");
     v.segmentsDeleted = r.getSegmentsDeleted();
+    if (r.getLostSteps().size() > kMaxListedLostSteps)
+      throw Error(ErrorCode::Corrupt, fmt::format("run_status lists {} lost steps: at most {}", r.getLostSteps().size(),
+                                                  kMaxListedLostSteps));
+    for (int64_t s : r.getLostSteps()) v.lostSteps.push_back(s);
+    v.lostStepCount = r.getLostStepCount();
+    v.keyframesSkipped = r.getKeyframesSkipped();
     return v;
   });
 }
@@ -706,6 +723,28 @@ BundleRecords readRecords(const BundleReader& reader) {
     }
   }
   return view;
+}
+
+std::vector<int64_t> lostSteps(const BundleRecords& records) {
+  std::set<int64_t> begun, lost;
+  for (const auto& b : records.stepBegins) begun.insert(b.step);
+  // Steps before the earliest retained keyframe were deleted by the retention budget, not lost.
+  int64_t window = INT64_MAX;
+  for (const auto& k : records.keyframes) window = std::min(window, k.step);
+  for (const auto& b : records.stepBegins)
+    if (b.previousStep >= 0 && b.previousStep >= window && !begun.count(b.previousStep)) lost.insert(b.previousStep);
+  for (const auto& k : records.keyframes)
+    if (!begun.count(k.step)) lost.insert(k.step);
+  // The step the process was in when it crashed or stopped began, whether or not its records
+  // reached the file.
+  auto begunOnce = [&](int64_t step) {
+    if (step >= 0 && step >= window && window != INT64_MAX && !begun.count(step)) lost.insert(step);
+  };
+  if (records.crash) begunOnce(records.crash->step);
+  if (records.status)
+    for (int64_t s : records.status->lostSteps) lost.insert(s);
+  if (records.status && records.status->stepsBegun > 0) begunOnce(records.status->lastStep);
+  return {lost.begin(), lost.end()};
 }
 
 }  // namespace crashcap::formats

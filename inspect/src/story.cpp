@@ -75,6 +75,8 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   steps["last_loss"] = v.stepEnds.empty() ? json(nullptr) : number(v.stepEnds.back().loss);
   steps["last_grad_norm"] =
       v.stepEnds.empty() || !v.stepEnds.back().hasGradNorm ? json(nullptr) : number(v.stepEnds.back().gradNorm);
+  // Steps the recorder lost (their records were dropped): replay cannot cross them.
+  steps["lost"] = formats::lostSteps(v);
   j["steps"] = steps;
   json keyframes = json::array();
   for (const auto& k : v.keyframes) keyframes.push_back(k.step);
@@ -179,12 +181,14 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
     j["dropped_bytes"] = v.status->droppedBytes;
     j["warnings"] = v.status->warnings;
     j["segments_deleted"] = v.status->segmentsDeleted;
+    j["keyframes_skipped"] = v.status->keyframesSkipped;
   } else {
     j["status"] = nullptr;
     j["dropped_records"] = 0;
     j["dropped_bytes"] = 0;
     j["warnings"] = json::array();
     j["segments_deleted"] = 0;
+    j["keyframes_skipped"] = 0;
   }
   j["problems"] = v.problems;
   return j;
@@ -251,6 +255,13 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
                      str(st["last_grad_norm"]));
   else
     s += "steps      none recorded\n";
+  if (!st["lost"].empty()) {
+    std::string lost;
+    for (const auto& l : st["lost"]) lost += (lost.empty() ? "" : ", ") + str(l);
+    s += fmt::format("lost       step{} {}: the recorder dropped {} records (the writer was behind); replay stops "
+                     "before a lost step\n",
+                     st["lost"].size() == 1 ? "" : "s", lost, st["lost"].size() == 1 ? "its" : "their");
+  }
   std::string kfs;
   for (const auto& k : j["keyframes"]) kfs += (kfs.empty() ? "" : ", ") + str(k);
   s += fmt::format("keyframes  {}\n", kfs.empty() ? "none" : kfs);
@@ -339,6 +350,8 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
                      str(j["dropped_records"]), formatBytes(j["dropped_bytes"].get<uint64_t>()));
     if (j["segments_deleted"].get<uint64_t>())
       s += fmt::format("; {} old segments deleted by retention", str(j["segments_deleted"]));
+    if (j["keyframes_skipped"].get<uint64_t>())
+      s += fmt::format("; {} keyframes skipped (the last was still being written)", str(j["keyframes_skipped"]));
     s += "\n";
   }
   for (const auto& w : j["warnings"]) s += fmt::format("warning    {}\n", str(w));

@@ -41,6 +41,7 @@ StepBisection bisectSteps(const std::string& bundle, int64_t step) {
   b.target = r.step;
   b.firstFailure = replayer::firstFailure(r.steps);
   b.divergedAt = r.divergedAt;
+  b.lostSteps = r.lostSteps;
   b.steps = std::move(r.steps);
   return b;
 }
@@ -155,6 +156,12 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   first.step = step;
   first.instrument = false;
   auto base = replayer::replay(bundle, first);
+  SampleBisection b;
+  b.step = base.step;
+  b.batchSize = base.batchSize;
+  b.replayBound = singleRowBound(base.batchSize);
+  b.lostSteps = base.lostSteps;
+  if (base.verdict == replayer::Verdict::RecordingIncomplete) return b;  // the step cannot be reached
   auto test = [&](const std::vector<int64_t>& rows) {
     auto e = runner.run(fmt::format("rows [{}]", joinRows(rows)),
                         replayArgs(bundle, base.step, {"--rows", joinRows(rows)}));
@@ -170,13 +177,9 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
     return t;
   };
   auto search = searchRows(base.batchSize, test);
-  SampleBisection b;
-  b.step = base.step;
-  b.batchSize = base.batchSize;
   b.reproduced = search.reproduced;
   b.rows = search.rows;
   b.replays = search.replays;
-  b.replayBound = singleRowBound(base.batchSize);
   b.trials = std::move(search.log);
   if (b.reproduced) b.datasetIndices = datasetIndices(bundle, b.step, b.rows);
   return b;

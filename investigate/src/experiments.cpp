@@ -45,7 +45,10 @@ Experiment ExperimentRunner::run(const std::string& name, const std::vector<std:
   } else if (child.exitCode < 0) {
     e.outcome = fmt::format("child killed by signal {}", -child.exitCode);
   } else if (child.exitCode != 0) {
-    e.outcome = "failed: " + lastLine(child.err);
+    // crashcap's own error line names the problem; a hint may follow it.
+    auto at = child.err.rfind("crashcap: error: ");
+    e.outcome = "failed: " + (at == std::string::npos ? lastLine(child.err)
+                                                      : child.err.substr(at + 17, child.err.find('\n', at) - at - 17));
   } else {
     try {
       e.output = nlohmann::json::parse(child.out);

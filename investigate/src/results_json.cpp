@@ -301,6 +301,7 @@ json toJson(const ReplayResult& r) {
           {"steps_replayed", r.steps.size()},
           {"batch_size", r.batchSize},
           {"rows", r.rows.empty() ? json(nullptr) : json(r.rows)},
+          {"lost_steps", r.lostSteps},
           {"load_ms", r.loadMs},
           {"replay_ms", r.replayMs},
           {"device", r.device},
@@ -324,6 +325,7 @@ ReplayResult replayResultFromJson(const json& j) {
   r.steps = stepsFrom(j, "steps");
   r.batchSize = integer(j, "batch_size");
   if (!at(j, "rows").is_null()) r.rows = integers(j["rows"], "rows");
+  r.lostSteps = integers(at(j, "lost_steps"), "lost_steps");
   r.loadMs = real(j, "load_ms");
   r.replayMs = real(j, "replay_ms");
   r.device = text(j, "device");
@@ -343,6 +345,7 @@ json toJson(const StepBisection& b) {
           {"first_failing_step", b.firstFailure ? json(b.firstFailure->step) : json(nullptr)},
           {"reason", b.firstFailure ? json(b.firstFailure->reason) : json(nullptr)},
           {"diverged_at", nullable(b.divergedAt)},
+          {"lost_steps", b.lostSteps},
           {"steps", stepsJson(b.steps)}};
 }
 
@@ -352,6 +355,7 @@ StepBisection stepBisectionFromJson(const json& j) {
   b.target = integer(j, "target");
   if (auto s = optInteger(j, "first_failing_step")) b.firstFailure = replayer::FirstFailure{*s, text(j, "reason")};
   b.divergedAt = optInteger(j, "diverged_at");
+  b.lostSteps = integers(at(j, "lost_steps"), "lost_steps");
   b.steps = stepsFrom(j, "steps");
   return b;
 }
@@ -415,6 +419,7 @@ json toJson(const SampleBisection& b) {
           {"dataset_indices", nullable(b.datasetIndices)},
           {"replays", b.replays},
           {"replay_bound_single_row", b.replayBound},
+          {"lost_steps", b.lostSteps},
           {"experiments", trials}};
 }
 
@@ -427,6 +432,7 @@ SampleBisection sampleBisectionFromJson(const json& j) {
   if (!at(j, "dataset_indices").is_null()) b.datasetIndices = integers(j["dataset_indices"], "dataset_indices");
   b.replays = static_cast<int>(integer(j, "replays"));
   b.replayBound = static_cast<int>(integer(j, "replay_bound_single_row"));
+  b.lostSteps = integers(at(j, "lost_steps"), "lost_steps");
   const json& trials = at(j, "experiments");
   if (!trials.is_array()) bad("experiments", "an array");
   for (const auto& e : trials) b.trials.emplace_back(integers(at(e, "rows"), "rows"), trialFrom(e));

@@ -77,6 +77,7 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
   TriageFacts& f = t.facts;
   f.bundle = bundle;
   f.replay = run("reproduce", {"replay", bundle, "--json"}, replayResultFromJson);
+  if (!f.replay) f.replayOutcome = runner.log().back().outcome;
   f.steps = run("bisect-steps", {"bisect", "steps", bundle, "--json"}, stepBisectionFromJson);
   if (f.reproduced()) {
     const int64_t batchSize = f.replay->batchSize;
@@ -91,9 +92,12 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
                           replayResultFromJson);
     if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows);
   }
-  f.ops = run("bisect-ops", {"bisect", "ops", bundle, "--json"}, opBisectionFromJson);
-  f.config = run("bisect-config", {"bisect", "config", bundle, "--json", "--timeout", timeout}, configBisectionFromJson,
-                 formats::torch::settingNames().size() + replayer::availableDevices().size() + 1);
+  // Ops and settings are tested at the failing step: pointless when replay cannot reach it.
+  if (!f.replayBlocked()) {
+    f.ops = run("bisect-ops", {"bisect", "ops", bundle, "--json"}, opBisectionFromJson);
+    f.config = run("bisect-config", {"bisect", "config", bundle, "--json", "--timeout", timeout}, configBisectionFromJson,
+                   formats::torch::settingNames().size() + replayer::availableDevices().size() + 1);
+  }
   f.lossClasses = findLossClasses(bundle);
   t.hypotheses = judge(f);
   t.culprit = findCulprit(f, t.hypotheses);

@@ -60,6 +60,18 @@ const char* verdictName(HypothesisVerdict verdict) {
   return "inconclusive";
 }
 
+std::optional<std::string> TriageFacts::replayBlocked() const {
+  if (!replay)
+    return replayOutcome.empty() ? std::string("replay did not run")
+                                 : fmt::format("replay could not run ({}), so nothing was tested", replayOutcome);
+  if (replay->verdict == replayer::Verdict::RecordingIncomplete)
+    return fmt::format("the recording lost step{} {} of the replay window (keyframe {} to step {}): replay cannot test the "
+                       "failing step, which says nothing about the training",
+                       replay->lostSteps.size() == 1 ? "" : "s", joinRows(replay->lostSteps), replay->keyframe,
+                       replay->step);
+  return std::nullopt;
+}
+
 std::vector<int64_t> TriageFacts::culpritRows() const {
   return samples && samples->reproduced ? samples->rows : std::vector<int64_t>{};
 }
@@ -68,7 +80,9 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   Hypothesis h{"invalid-data", V::Inconclusive, {}, fmt::format("crashcap bisect samples {}", f.bundle)};
   const auto rows = f.culpritRows();
   const bool withoutRowsFails = f.withoutRows && replayer::reproduces(f.withoutRows->verdict);
-  if (!f.reproduced()) {
+  if (auto why = f.replayBlocked()) {
+    h.evidence.push_back(*why);
+  } else if (!f.reproduced()) {
     h.evidence.push_back("the crash does not reproduce on replay, so its data cannot be tested");
   } else if (!rows.empty() && f.withoutRows && !withoutRowsFails) {
     h.verdict = V::Confirmed;
@@ -95,6 +109,10 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
 
 Hypothesis judgeLossNumerics(const TriageFacts& f) {
   Hypothesis h{"loss-numerics", V::Inconclusive, {}, fmt::format("crashcap bisect ops {}", f.bundle)};
+  if (auto why = f.replayBlocked()) {
+    h.evidence.push_back(*why);
+    return h;
+  }
   const auto* op = f.replay && f.replay->firstNonFiniteOp ? &*f.replay->firstNonFiniteOp : nullptr;
   if (op) {
     int64_t bad = 0;
@@ -160,7 +178,13 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
 
 Hypothesis judgeOptimizerDivergence(const TriageFacts& f) {
   Hypothesis h{"optimizer-divergence", V::Inconclusive, {}, fmt::format("crashcap bisect steps {}", f.bundle)};
+  // The weights are judged up to the failing step: a replay that cannot reach it cannot say.
+  if (auto why = f.replayBlocked()) {
+    h.evidence.push_back(*why);
+    return h;
+  }
   if (!f.steps || f.steps->steps.empty()) return h;
+
   const auto& steps = f.steps->steps;
   const int64_t target = f.steps->target;
   // A step's weight norm is measured after its optimizer step; the failing step stops before it,
@@ -208,7 +232,7 @@ Hypothesis judgeOptimizerDivergence(const TriageFacts& f) {
 Hypothesis judgeDeviceSpecific(const TriageFacts& f) {
   Hypothesis h{"device-specific", V::Inconclusive, {}, fmt::format("crashcap bisect config {}", f.bundle)};
   if (!f.config) {
-    h.evidence.push_back("config bisection did not finish");
+    h.evidence.push_back(f.replayBlocked().value_or("config bisection did not finish"));
     return h;
   }
   const auto& c = *f.config;
@@ -236,7 +260,7 @@ Hypothesis judgeDeviceSpecific(const TriageFacts& f) {
 Hypothesis judgeConfigDependent(const TriageFacts& f) {
   Hypothesis h{"config-dependent", V::Inconclusive, {}, fmt::format("crashcap bisect config {}", f.bundle)};
   if (!f.config) {
-    h.evidence.push_back("config bisection did not finish");
+    h.evidence.push_back(f.replayBlocked().value_or("config bisection did not finish"));
     return h;
   }
   const auto& c = *f.config;
@@ -258,7 +282,10 @@ Hypothesis judgeConfigDependent(const TriageFacts& f) {
 
 Hypothesis judgeNondeterminism(const TriageFacts& f) {
   Hypothesis h{"nondeterminism", V::Inconclusive, {}, fmt::format("crashcap replay {}", f.bundle)};
-  if (!f.replay) return h;
+  if (auto why = f.replayBlocked()) {
+    h.evidence.push_back(*why);
+    return h;
+  }
   const auto& r = *f.replay;
   if (r.verdict == replayer::Verdict::ReproducedBitwise) {
     h.verdict = V::Refuted;

@@ -134,15 +134,18 @@ void LiveWriter::writeRun(const Job& job) {
     run_->writeRecord(job.type, job.meta, job.body.data(), job.body.size(), !job.body.empty());
 }
 
-bool LiveWriter::push(std::vector<Job> jobs) {
+bool LiveWriter::push(std::vector<Job> jobs, Lane lane) {
   uint64_t bytes = 0;
-  for (const auto& j : jobs) bytes += j.bytes();
+  for (auto& j : jobs) {
+    bytes += j.bytes();
+    j.lane = lane;
+  }
   {
     std::lock_guard<std::mutex> lk(mu_);
     // A batch larger than the whole budget (a big model's keyframe) still goes through when
-    // nothing else is queued; otherwise it could never be recorded.
-    if (!closed_ && (queuedBytes_ == 0 || queuedBytes_ + bytes <= options_.queueBytes)) {
-      queuedBytes_ += bytes;
+    // nothing else is queued in its lane; otherwise it could never be recorded.
+    if (!closed_ && fits(bytes, lane)) {
+      queued(lane) += bytes;
       for (auto& j : jobs) queue_.push_back(std::move(j));
       bytes = 0;
     }
@@ -150,6 +153,11 @@ bool LiveWriter::push(std::vector<Job> jobs) {
   if (bytes) {
     countDrop(jobs.size(), bytes);
     std::lock_guard<std::mutex> lk(statsMu_);
+    for (const auto& j : jobs)
+      if (j.commitsStep) {
+        if (stats_.lostSteps.size() < formats::kMaxListedLostSteps) stats_.lostSteps.push_back(j.step);
+        ++stats_.lostStepCount;
+      }
     if (stats_.warnings.empty() || stats_.warnings.back().rfind("queue full", 0) != 0) {
       auto w = fmt::format("queue full: the writer is {} MiB behind; records are dropped until it catches up",
                            options_.queueBytes >> 20);
@@ -162,9 +170,32 @@ bool LiveWriter::push(std::vector<Job> jobs) {
   return true;
 }
 
-bool LiveWriter::wouldAccept(uint64_t bytes) const {
+bool LiveWriter::wouldAccept(uint64_t bytes, Lane lane) const {
   std::lock_guard<std::mutex> lk(mu_);
-  return !closed_ && (queuedBytes_ == 0 || queuedBytes_ + bytes <= options_.queueBytes);
+  return !closed_ && fits(bytes, lane);
+}
+
+void LiveWriter::skipKeyframe(int64_t step, uint64_t bytes) {
+  std::lock_guard<std::mutex> lk(statsMu_);
+  if (stats_.keyframesSkipped++ == 0) {
+    auto w = fmt::format("keyframe of step {} skipped ({} MiB): the writer has not finished the last keyframe yet; "
+                         "every step is kept, and the next step tries again (keyframes skipped are counted in "
+                         "the run status)",
+                         step, bytes >> 20);
+    stats_.warnings.push_back(w);
+    if (!options_.quiet) std::fprintf(stderr, "crashcap: warning: %s\n", w.c_str());
+  }
+}
+
+void LiveWriter::fillStatus(formats::RunStatusData& status) const {
+  auto s = stats();
+  status.droppedRecords = s.droppedRecords;
+  status.droppedBytes = s.droppedBytes;
+  status.warnings = s.warnings;
+  status.segmentsDeleted = s.segmentsDeleted;
+  status.lostSteps = s.lostSteps;
+  status.lostStepCount = s.lostStepCount;
+  status.keyframesSkipped = s.keyframesSkipped;
 }
 
 void LiveWriter::countDrop(uint64_t records, uint64_t bytes) {
@@ -235,7 +266,7 @@ void LiveWriter::loop() {
       }
       job = std::move(queue_.front());
       queue_.pop_front();
-      queuedBytes_ -= job.bytes();
+      dequeued(job);
       busy_ = true;
     }
     try {
@@ -443,7 +474,7 @@ void LiveWriter::handleCrash() {
       if (queue_.empty()) break;
       job = std::move(queue_.front());
       queue_.pop_front();
-      queuedBytes_ -= job.bytes();
+      dequeued(job);
     }
     if (std::chrono::steady_clock::now() > deadline) {
       countDrop(1, job.bytes());
@@ -452,16 +483,10 @@ void LiveWriter::handleCrash() {
     process(job);
   }
   formats::RunStatusData status;
-  {
-    auto s = stats();
-    status.state = "crashed";
-    status.stepsBegun = stepsBegun.load();
-    status.lastStep = currentStep.load();
-    status.droppedRecords = s.droppedRecords;
-    status.droppedBytes = s.droppedBytes;
-    status.warnings = s.warnings;
-    status.segmentsDeleted = s.segmentsDeleted;
-  }
+  status.state = "crashed";
+  status.stepsBegun = stepsBegun.load();
+  status.lastStep = currentStep.load();
+  fillStatus(status);
   // The crash goes into the live segment first: if sealing cannot finish, `crashcap seal`
   // still finds it.
   bool inSegment = false;
@@ -519,11 +544,7 @@ void LiveWriter::close(formats::RunStatusData status) {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (needNewRecording_) return;  // a crash sealed everything and nothing came after
-  auto s = stats();
-  status.droppedRecords = s.droppedRecords;
-  status.droppedBytes = s.droppedBytes;
-  status.warnings = s.warnings;
-  status.segmentsDeleted = s.segmentsDeleted;
+  fillStatus(status);
   // With the live segment broken (disk full, file-size limit) the status goes into a new,
   // small segment, so the drops are on record once space returns.
   for (int attempt = 0; attempt < 2; ++attempt) {

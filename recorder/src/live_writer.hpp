@@ -36,6 +36,17 @@ struct TensorJob {
   std::function<bool()> wait;
 };
 
+/// Where a job waits in the writer's queue. The queue is one FIFO (the writer keeps the order),
+/// but steps and keyframes are admitted against separate budgets, so a keyframe larger than the
+/// budget, or one still being written, never crowds a step out: what does not fit in the
+/// keyframe lane is skipped, never a step.
+enum class Lane {
+  Step,      ///< batches, generator states, fingerprints, the run's small records: queueBytes
+  Keyframe,  ///< keyframes: queueBytes (an empty lane takes one of any size)
+  Program,   ///< the step program's archive, once per run: always admitted, so the first
+             ///< keyframe never waits behind it and the steps before it are kept
+};
+
 struct Job {
   enum class Kind { Tensor, Record, StartSegment, RunRecord, RunTensor };
   Kind kind = Kind::Record;
@@ -44,6 +55,7 @@ struct Job {
   std::vector<uint8_t> meta, body; ///< Record, RunRecord
   int64_t step = -1;               ///< StartSegment: its keyframe step; Record: the step it commits
   bool commitsStep = false;        ///< a step_begin: once written, the step reached the OS
+  Lane lane{};                     ///< the lane it was admitted in (set by push)
   uint64_t bytes() const { return tensor.size + meta.size() + body.size(); }
 };
 
@@ -68,6 +80,9 @@ struct LiveWriterStats {
   uint64_t droppedBytes = 0;
   uint64_t segmentsDeleted = 0;
   uint64_t segments = 0;
+  std::vector<int64_t> lostSteps;   ///< steps whose step_begin could not be queued (first kMaxListedLostSteps)
+  uint64_t lostStepCount = 0;
+  uint64_t keyframesSkipped = 0;
   bool degraded = false;
   std::vector<std::string> warnings;
 };
@@ -79,16 +94,22 @@ class LiveWriter {
   explicit LiveWriter(LiveWriterOptions options);
   ~LiveWriter();  ///< stops the thread after draining (no status record: call close first)
 
-  /// Queues jobs all-or-nothing: when they do not fit the queue budget they are dropped and
-  /// counted, and false is returned. Never blocks on I/O.
-  bool push(std::vector<Job> jobs);
+  /// Queues jobs all-or-nothing in `lane`: when they do not fit that lane's budget (queueBytes;
+  /// a lane that is empty takes anything) they are dropped and counted, a step they begin is
+  /// remembered as lost, and false is returned. Never blocks on I/O.
+  bool push(std::vector<Job> jobs, Lane lane = Lane::Step);
   /// The newest step whose step_begin record (and so its batch) reached the OS; -1 none.
   int64_t writtenThrough() const { return writtenThrough_.load(std::memory_order_acquire); }
   /// Counts records the producer decided not to write.
   void countDrop(uint64_t records, uint64_t bytes);
-  /// Whether push() of `bytes` would be accepted now (the queue is empty, or they fit), so a
-  /// producer can skip making copies that would be dropped.
-  bool wouldAccept(uint64_t bytes) const;
+  /// Whether push() of `bytes` into `lane` would be accepted now (the lane is empty, or they
+  /// fit), so a producer can skip making copies that would be dropped.
+  bool wouldAccept(uint64_t bytes, Lane lane) const;
+  /// Counts a keyframe not taken at `step` (its `bytes` did not fit the keyframe lane); the first
+  /// one warns.
+  void skipKeyframe(int64_t step, uint64_t bytes);
+  /// The writer's counts in a run_status record (state, stepsBegun and lastStep are the caller's).
+  void fillStatus(formats::RunStatusData& status) const;
 
   /// Where the training is (read by the crash path).
   std::atomic<int64_t> currentStep{-1};
@@ -139,7 +160,13 @@ class LiveWriter {
   std::condition_variable cv_;
   std::condition_variable idle_;
   std::deque<Job> queue_;
-  uint64_t queuedBytes_ = 0;
+  uint64_t queuedBytes_[3] = {0, 0, 0};  ///< per Lane
+  uint64_t& queued(Lane lane) { return queuedBytes_[static_cast<int>(lane)]; }
+  uint64_t queued(Lane lane) const { return queuedBytes_[static_cast<int>(lane)]; }
+  void dequeued(const Job& job) { queued(job.lane) -= job.bytes(); }
+  bool fits(uint64_t bytes, Lane lane) const {
+    return lane == Lane::Program || queued(lane) == 0 || queued(lane) + bytes <= options_.queueBytes;
+  }
   bool busy_ = false;
   bool stop_ = false;
   bool closed_ = false;

@@ -253,10 +253,11 @@ struct Recorder::Impl {
     return jobs;
   }
 
-  std::vector<Job> stepJobs(int64_t step, const Batch& batch) {
+  std::vector<Job> stepJobs(int64_t step, int64_t previousStep, const Batch& batch) {
     std::vector<Job> jobs;
     formats::StepBeginData begin;
     begin.step = step;
+    begin.previousStep = previousStep;
     begin.timeNs = formats::unixTimeNs();
     begin.keyframe = lastKeyframe;
     begin.learningRates = learningRates();
@@ -421,7 +422,9 @@ void Recorder::setProgram(const torch::jit::Module& module, std::vector<std::str
   a.tensor.data = bytes->data();
   a.tensor.size = bytes->size();
   a.tensor.owner = bytes;
-  m.writer->push({std::move(a), Impl::recordJob(program, Job::Kind::RunRecord)});
+  // The archive is as large as the weights: its own lane, so it neither crowds out a step nor
+  // makes the first keyframe wait.
+  m.writer->push({std::move(a), Impl::recordJob(program, Job::Kind::RunRecord)}, detail::Lane::Program);
 }
 
 void Recorder::setModel(std::vector<std::pair<std::string, at::Tensor>> parameters,
@@ -471,6 +474,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
     throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
                          fmt::format("beginStep({}) after step {}: steps must increase", step, m.lastStep));
   if (m.pendingCrash) m.sealCrash(std::move(*m.pendingCrash));
+  const int64_t previousStep = m.lastStep;  // -1 before the first step
   m.lastStep = step;
   m.stepStartNs = formats::unixTimeNs();
   if (!m.writer) return StepGuard(this, step);
@@ -479,18 +483,21 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
   m.writeEnvironment();
   m.writer->currentStep.store(step, std::memory_order_relaxed);
   m.writer->stepsBegun.fetch_add(1, std::memory_order_relaxed);
+  // A keyframe goes in the keyframe lane and the step in the step lane: a keyframe that does not
+  // fit is skipped (and tried again at the next step), and the step is kept either way.
   if (m.keyframeDue || step - m.lastKeyframe >= m.policy.keyframeEvery) {
-    if (!m.writer->wouldAccept(m.keyframeBytes())) {
-      // The writer is behind: do not copy the model just to drop it; try at the next step.
-      m.writer->countDrop(1, m.keyframeBytes());
+    const uint64_t bytes = m.keyframeBytes();
+    if (!m.writer->wouldAccept(bytes, detail::Lane::Keyframe)) {
+      // The writer is still writing the last keyframe: do not copy the model just to drop it.
+      m.writer->skipKeyframe(step, bytes);
       m.keyframeDue = true;
-    } else if (m.writer->push(m.keyframeJobs(step))) {
+    } else if (m.writer->push(m.keyframeJobs(step), detail::Lane::Keyframe)) {
       m.lastKeyframe = step;
       m.keyframeDue = false;
       ++m.keyframes;
     }
   }
-  m.writer->push(m.stepJobs(step, batch));
+  m.writer->push(m.stepJobs(step, previousStep, batch));
   m.setPhase(Phase::Forward);
   return StepGuard(this, step);
 }
@@ -553,6 +560,9 @@ RecorderStats Recorder::stats() const {
   s.droppedRecords = w.droppedRecords;
   s.droppedBytes = w.droppedBytes;
   s.segmentsDeleted = w.segmentsDeleted;
+  s.lostSteps = w.lostSteps;
+  s.lostStepCount = w.lostStepCount;
+  s.keyframesSkipped = w.keyframesSkipped;
   s.degraded = w.degraded;
   s.warnings.insert(s.warnings.end(), w.warnings.begin(), w.warnings.end());
   return s;

@@ -37,12 +37,14 @@ const char* verdictName(Verdict verdict) {
     case Verdict::Reproduced: return "reproduced";
     case Verdict::Diverged: return "diverged";
     case Verdict::NotReproduced: return "not-reproduced";
+    case Verdict::RecordingIncomplete: return "recording-incomplete";
   }
   return "not-reproduced";
 }
 
 std::optional<Verdict> parseVerdict(const std::string& text) {
-  for (auto v : {Verdict::ReproducedBitwise, Verdict::Reproduced, Verdict::Diverged, Verdict::NotReproduced})
+  for (auto v : {Verdict::ReproducedBitwise, Verdict::Reproduced, Verdict::Diverged, Verdict::NotReproduced,
+                 Verdict::RecordingIncomplete})
     if (text == verdictName(v)) return v;
   return std::nullopt;
 }
@@ -412,7 +414,9 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
   std::map<int64_t, const formats::StepEndData*> ends;
   for (const auto& b : view.stepBegins) begins[b.step] = &b;
   for (const auto& e : view.stepEnds) ends[e.step] = &e;
-  if (!begins.count(target))
+  const std::vector<int64_t> lost = formats::lostSteps(view);
+  const bool targetLost = std::binary_search(lost.begin(), lost.end(), target);
+  if (!begins.count(target) && !targetLost)
     throw Error(ErrorCode::NotFound,
                 fmt::format("step {} is not in {} (it holds steps {}..{})", target, bundle, view.stepBegins.front().step,
                             view.stepBegins.back().step));
@@ -425,6 +429,11 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
                 "retention may have deleted it; record with a larger retainSegments");
   result.step = target;
   result.keyframe = keyframe->step;
+  // A step the recording lost cannot be replayed, and every step after it would start from the
+  // wrong state: replay stops before the first lost step of the window and says so.
+  for (int64_t s : lost)
+    if (s >= keyframe->step && s <= target) result.lostSteps.push_back(s);
+  const int64_t stopBefore = result.lostSteps.empty() ? target + 1 : result.lostSteps.front();
   if (view.crash && view.crash->step == target) result.recordedError = view.crash->error;
 
   // Where and how: the recorded device, dtype and settings unless the options say otherwise.
@@ -493,7 +502,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
 
   // Replay keyframe..target.
   auto t1 = Clock::now();
-  for (auto it = begins.lower_bound(keyframe->step); it != begins.end() && it->first <= target; ++it) {
+  for (auto it = begins.lower_bound(keyframe->step); it != begins.end() && it->first < stopBefore; ++it) {
     const int64_t s = it->first;
     const auto& begin = *it->second;
     StepReplay r;
@@ -587,6 +596,10 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
     if (s < target && !result.divergedAt && departs) result.divergedAt = s;
   }
   result.replayMs = msSince(t1);
+  if (!result.lostSteps.empty()) {
+    result.verdict = Verdict::RecordingIncomplete;
+    return result;
+  }
 
   // The verdict, against what the recording says happened at the target.
   const StepReplay& last = result.steps.back();

@@ -22,12 +22,12 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   auto path = dir.file("r.ccap");
   StepProgramData program{"torchscript", {"image", "label"}, {"w", "b"}, {"bn.running_mean"}, "program/ts", "cpu"};
   OptimizerSpecData spec{"adam", {{{"w", "b"}, {{"lr", 1e-3}, {"beta1", 0.9}}}}, 1.5, 2};
-  StepBeginData begin{7, {"steps/7/batch/image"}, {"steps/7/rng/cpu"}, {0.25}, 123, 5};
+  StepBeginData begin{7, {"steps/7/batch/image"}, {"steps/7/rng/cpu"}, {0.25}, 123, 5, 6};
   StepEndData end{7, std::nan(""), 3.5, true, true, 999};
   KeyframeData kf{5, {"keyframes/5/parameters/w"}, {}, {"keyframes/5/optimizer/w/exp_avg"}, {{"w/step", 5}}};
   OpTraceData ops{{{41, "aten::div", "forward", 17, 7, 1234, {{"float32", {8, 1}}, {"scalar", {}}}}}, 42, 256};
   CrashData crash{"nonfinite", 7, "forward", "non-finite loss", "NonFiniteError", 0, "", {"#0 f", "#1 g"}, 5, 42, 43};
-  RunStatusData status{"crashed", 8, 7, 2, 100, {"queue full"}, 1};
+  RunStatusData status{"crashed", 8, 7, 2, 100, {"queue full"}, 1, {3, 4}, 2, 1};
   bool seal = GENERATE(true, false);
   {
     auto w = BundleWriter::create(path);
@@ -56,6 +56,7 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   REQUIRE(v.stepBegins.size() == 1);
   CHECK(v.stepBegins[0].keyframe == 5);
   CHECK(v.stepBegins[0].learningRates == std::vector<double>{0.25});
+  CHECK(v.stepBegins[0].previousStep == 6);
   REQUIRE(v.stepEnds.size() == 1);
   CHECK(std::isnan(v.stepEnds[0].loss));
   CHECK(v.stepEnds[0].nonFinite);
@@ -69,6 +70,9 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   CHECK(v.crash->thread == 43);
   REQUIRE(v.status);
   CHECK(v.status->warnings == std::vector<std::string>{"queue full"});
+  CHECK(v.status->lostSteps == std::vector<int64_t>{3, 4});
+  CHECK(v.status->lostStepCount == 2);
+  CHECK(v.status->keyframesSkipped == 1);
   if (seal) CHECK(verifyBundle(path).ok());
 }
 
@@ -76,6 +80,8 @@ TEST_CASE("recorder record decoders refuse broken invariants", "[formats][record
   CHECK_THROWS_AS(decodeStepBegin(encodeMeta(StepBeginData{-1, {}, {}, {}, 0, -1})), Error);
   CHECK_THROWS_AS(decodeStepBegin(encodeMeta(StepBeginData{3, {}, {}, {}, 0, 4})), Error);   // keyframe after step
   CHECK_THROWS_AS(decodeStepBegin(encodeMeta(StepBeginData{3, {""}, {}, {}, 0, 0})), Error);  // empty tensor name
+  CHECK_THROWS_AS(decodeStepBegin(encodeMeta(StepBeginData{3, {}, {}, {}, 0, 0, 3})), Error);  // previous step not before it
+  CHECK_THROWS_AS(decodeStepBegin(encodeMeta(StepBeginData{3, {}, {}, {}, 0, 0, -3})), Error);
   CHECK_THROWS_AS(decodeKeyframe(encodeMeta(KeyframeData{-5, {}, {}, {}, {}})), Error);
   CHECK_THROWS_AS(decodeOptimizerSpec(encodeMeta(OptimizerSpecData{"sgd", {}, -1, 2})), Error);
   CHECK_THROWS_AS(decodeCrash({1, 2, 3}), Error);  // not a Cap'n Proto message
@@ -86,6 +92,30 @@ TEST_CASE("recorder record decoders refuse broken invariants", "[formats][record
     CHECK(e.code() == ErrorCode::Corrupt);
     CHECK(e.message().find("step -2") != std::string::npos);
   }
+}
+
+TEST_CASE("lostSteps finds what the recorder dropped inside the retained window, not what retention deleted",
+          "[formats][records]") {
+  auto begin = [](int64_t step, int64_t previous) { return StepBeginData{step, {}, {}, {}, 0, -1, previous}; };
+  BundleRecords r;
+  r.keyframes = {KeyframeData{10, {}, {}, {}, {}}, KeyframeData{14, {}, {}, {}, {}}};
+  // 8 and 9 precede the earliest keyframe (retention deleted them); 12 and 14 were dropped.
+  r.stepBegins = {begin(10, 9), begin(11, 10), begin(13, 12), begin(15, 14), begin(16, 15)};
+  CHECK(lostSteps(r) == std::vector<int64_t>{12, 14});
+  // Steps that skip numbers on purpose are not lost: previousStep says what came before.
+  r.stepBegins = {begin(10, 8), begin(14, 10), begin(20, 14)};
+  CHECK(lostSteps(r).empty());
+  // Bundles from before previousStep existed (-2) only lose keyframe steps and listed ones.
+  r.stepBegins = {begin(10, -2), begin(13, -2)};
+  r.status = RunStatusData{};
+  r.status->lostSteps = {17, 11};
+  CHECK(lostSteps(r) == std::vector<int64_t>{11, 14, 17});
+  // The step the process crashed in began, even when its records did not reach the file.
+  r.crash = CrashData{};
+  r.crash->step = 18;
+  CHECK(lostSteps(r) == std::vector<int64_t>{11, 14, 17, 18});
+  r.crash->step = 13;  // recorded: not lost
+  CHECK(lostSteps(r) == std::vector<int64_t>{11, 14, 17});
 }
 
 TEST_CASE("a damaged recorder record is reported and the rest still reads", "[formats][records]") {

@@ -225,7 +225,7 @@ TEST_CASE("loss-numerics is inconclusive when a setting or device change makes t
   nothing.bundle = kBundle;
   auto n = judgeLossNumerics(nothing);
   CHECK(n.verdict == V::Inconclusive);
-  CHECK(n.evidence.empty());
+  CHECK(n.evidence == std::vector<std::string>{"replay did not run"});
 }
 
 TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigate][triage]") {
@@ -377,6 +377,41 @@ TEST_CASE("nondeterminism is refuted by a bitwise replay, confirmed by a diverge
   auto k = judgeNondeterminism(f);
   CHECK(k.verdict == V::Inconclusive);
   CHECK(k.evidence.at(0) == "replay verdict reproduced");
+}
+
+TEST_CASE("no rule reads a replay that could not reach the failing step as a finding", "[investigate][triage]") {
+  // The recording lost step 5 between keyframe 4 and the failing step 6: replay stopped at 4.
+  auto f = reproducedAt6();
+  f.replay->verdict = Verdict::RecordingIncomplete;
+  f.replay->lostSteps = {5};
+  f.replay->steps.resize(1);
+  f.steps = StepBisection{};
+  f.steps->fromKeyframe = 4;
+  f.steps->target = 6;
+  f.steps->lostSteps = {5};
+  f.steps->steps = f.replay->steps;
+  const std::string why =
+      "the recording lost step 5 of the replay window (keyframe 4 to step 6): replay cannot test the failing step, "
+      "which says nothing about the training";
+  REQUIRE(f.replayBlocked() == why);
+  for (const auto& h : judge(f)) {
+    INFO(h.id);
+    CHECK(h.verdict == V::Inconclusive);
+    REQUIRE(!h.evidence.empty());
+    CHECK(h.evidence.front() == why);
+  }
+  CHECK_FALSE(findCulprit(f, judge(f)).rows);
+
+  // A replay that did not run at all says why, rather than "does not reproduce".
+  TriageFacts none;
+  none.bundle = kBundle;
+  none.replayOutcome = "failed: step 6 is not in crash.ccap";
+  for (const auto& h : judge(none)) {
+    INFO(h.id);
+    CHECK(h.verdict == V::Inconclusive);
+    REQUIRE(!h.evidence.empty());
+    CHECK(h.evidence.front() == "replay could not run (failed: step 6 is not in crash.ccap), so nothing was tested");
+  }
 }
 
 TEST_CASE("the rule table judges every hypothesis once, in the order the table prints", "[investigate][triage]") {

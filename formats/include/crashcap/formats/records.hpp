@@ -55,6 +55,9 @@ struct StepBeginData {
   std::vector<double> learningRates;    ///< per parameter group
   int64_t timeNs = 0;
   int64_t keyframe = -1;                ///< newest keyframe at or before this step
+  /// The step the process began before this one: -1 none (the first), -2 unknown (an older
+  /// bundle). A previous step the bundle lacks, inside its retained window, was lost.
+  int64_t previousStep = -2;
 };
 
 /// Type 8: a step's fingerprints.
@@ -121,7 +124,12 @@ struct RunStatusData {
   uint64_t droppedBytes = 0;
   std::vector<std::string> warnings;
   uint64_t segmentsDeleted = 0;
+  std::vector<int64_t> lostSteps;       ///< steps whose records were dropped, ascending (the first 4096)
+  uint64_t lostStepCount = 0;           ///< all of them
+  uint64_t keyframesSkipped = 0;        ///< keyframes not taken: the writer was still writing the last
 };
+/// The most lost steps a run_status record lists.
+inline constexpr size_t kMaxListedLostSteps = 4096;
 
 /// Type 13: what `crashcap run` saw of one run of the supervised command.
 struct SupervisionData {
@@ -279,5 +287,12 @@ struct BundleRecords {
 
 /// Reads every recorder record of `reader`.
 BundleRecords readRecords(const BundleReader& reader);
+
+/// The steps the recording lost, ascending: those the run status lists (the writer could not
+/// queue them), a previous step (StepBeginData::previousStep) at or after the earliest retained
+/// keyframe that has no step_begin, and a keyframe's own step, the crash's step or the run
+/// status's last step without one. Steps before the
+/// earliest keyframe were deleted by the retention budget, not lost.
+std::vector<int64_t> lostSteps(const BundleRecords& records);
 
 }  // namespace crashcap::formats

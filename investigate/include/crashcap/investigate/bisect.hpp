@@ -22,7 +22,8 @@ struct StepBisection {
   int64_t target = -1;
   std::optional<replayer::FirstFailure> firstFailure;
   std::optional<int64_t> divergedAt;
-  std::vector<replayer::StepReplay> steps;  ///< fromKeyframe..target
+  std::vector<int64_t> lostSteps;           ///< steps the recording lost: the replay stops before the first
+  std::vector<replayer::StepReplay> steps;  ///< fromKeyframe..target (or the first lost step)
 };
 StepBisection bisectSteps(const std::string& bundle, int64_t step = -1);
 
@@ -79,6 +80,7 @@ struct SampleBisection {
   std::optional<std::vector<int64_t>> datasetIndices;
   int replays = 0;
   int replayBound = 0;                           ///< singleRowBound(batchSize)
+  std::vector<int64_t> lostSteps;                ///< the recording lost these: the step cannot be reached
   std::vector<std::pair<std::vector<int64_t>, Trial>> trials;
 };
 SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner);

@@ -13,13 +13,14 @@ namespace crashcap::investigate {
 
 /// `crashcap replay --json`. Keys: verdict, step, keyframe, error, recorded_error, diverged_at,
 /// first_nonfinite_op, steps [{step, loss, grad_norm, recorded_loss, recorded_grad_norm, bitwise,
-/// error, lr, weight_norm, weights_finite}], steps_replayed, batch_size, rows, load_ms, replay_ms,
-/// device, recorded_device, dtype, settings, recorded_settings, same_setup, threads.
+/// error, lr, weight_norm, weights_finite}], steps_replayed, batch_size, rows, lost_steps (verdict
+/// "recording-incomplete": the steps of the window the recording lost), load_ms, replay_ms, device,
+/// recorded_device, dtype, settings, recorded_settings, same_setup, threads.
 nlohmann::json toJson(const replayer::ReplayResult& r);
 replayer::ReplayResult replayResultFromJson(const nlohmann::json& j);
 
 /// `crashcap bisect steps --json`. Keys: kind "steps", from_keyframe, target, first_failing_step,
-/// reason, diverged_at, steps (as in replay).
+/// reason, diverged_at, lost_steps, steps (as in replay; they stop before the first lost step).
 nlohmann::json toJson(const StepBisection& b);
 StepBisection stepBisectionFromJson(const nlohmann::json& j);
 
@@ -30,8 +31,8 @@ nlohmann::json toJson(const OpBisection& b);
 OpBisection opBisectionFromJson(const nlohmann::json& j);
 
 /// `crashcap bisect samples --json`. Keys: kind "samples", step, batch_size, reproduced, rows,
-/// dataset_indices, replays, replay_bound_single_row, experiments [{rows, fails, outcome,
-/// seconds, command}].
+/// dataset_indices, replays, replay_bound_single_row, lost_steps (non-empty: the step cannot be
+/// reached, nothing was bisected), experiments [{rows, fails, outcome, seconds, command}].
 nlohmann::json toJson(const SampleBisection& b);
 SampleBisection sampleBisectionFromJson(const nlohmann::json& j);
 

@@ -58,6 +58,7 @@ struct LossClasses {
 struct TriageFacts {
   std::string bundle;
   std::optional<replayer::ReplayResult> replay;      ///< the failing step, as recorded
+  std::string replayOutcome;                         ///< the replay experiment's outcome when it gave no result
   std::optional<StepBisection> steps;
   std::optional<SampleBisection> samples;
   std::optional<replayer::ReplayResult> withoutRows; ///< the failing step without the culprit rows
@@ -72,6 +73,10 @@ struct TriageFacts {
   std::vector<int64_t> culpritRows() const;
   /// The failing step (-1 unknown).
   int64_t step() const { return replay ? replay->step : -1; }
+  /// Why replay could not test the failing step at all (it did not run, or the recording lost a
+  /// step on the way), as evidence; nullopt when it could. A rule that needs the failing step
+  /// says this instead of reading an absence of failure as a finding.
+  std::optional<std::string> replayBlocked() const;
 };
 
 // The rules, one per hypothesis.

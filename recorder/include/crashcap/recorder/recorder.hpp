@@ -59,7 +59,13 @@ struct Policy {
   bool checkGradients = true;           ///< a non-finite gradient norm is non-finite too
   int zstdLevel = 1;                    ///< 0 stores raw
   unsigned compressionThreads = 0;      ///< extra threads for zstd; 0 = the writer thread itself
-  uint64_t queueBytes = 512ull << 20;   ///< copies waiting for the disk beyond this are dropped
+  /// The writer's queue budget, once for steps and once for keyframes. Step records (batches,
+  /// generator states, fingerprints) beyond it are dropped and the step is counted as lost; a
+  /// keyframe beyond it is skipped and tried again at the next step, and the step is kept. An
+  /// empty lane takes one item of any size, so a keyframe larger than the budget is still
+  /// recorded. The step program's archive (once per run) is always taken. Memory held by the
+  /// queue: up to queueBytes of steps plus queueBytes (or one larger keyframe) of keyframes.
+  uint64_t queueBytes = 512ull << 20;
   uint64_t syncEveryBytes = 64ull << 20;  ///< fdatasync cadence of the writer thread
   double crashDrainSeconds = 10;        ///< how long the crash path may spend draining
   bool crashGuard = true;               ///< install signal and std::terminate handlers
@@ -93,6 +99,13 @@ struct RecorderStats {
   uint64_t droppedRecords = 0;          ///< records that could not be written (queue or disk full)
   uint64_t droppedBytes = 0;
   uint64_t segmentsDeleted = 0;         ///< by the retention budget
+  /// Steps whose records could not be queued (the writer was behind on steps): replay cannot
+  /// cross them, and says so. The first formats::kMaxListedLostSteps; lostStepCount counts all.
+  std::vector<int64_t> lostSteps;
+  uint64_t lostStepCount = 0;
+  /// Keyframes not taken because the last one was still being written (each is tried again at
+  /// the next step; the steps themselves are kept).
+  uint64_t keyframesSkipped = 0;
   int64_t writtenThrough = -1;          ///< newest step whose batch reached the OS
   bool degraded = false;                ///< a write failed; see warnings
   bool recording = false;               ///< false when the directory could not be used at all

@@ -19,8 +19,13 @@ enum class Verdict {
   Reproduced,         ///< the same class of failure came back; numbers or setup differ
   Diverged,           ///< a step before the target departs from the recording (nondeterminism)
   NotReproduced,      ///< the target step runs without the recorded failure
+  /// The recording lost a step between the keyframe and the target (its records were dropped):
+  /// replay stops before it, since every later step would start from the wrong state. Says
+  /// nothing about the training; ReplayResult::lostSteps names the steps.
+  RecordingIncomplete,
 };
-/// "reproduced-bitwise", "reproduced", "diverged", "not-reproduced": the CLI's and JSON's words.
+/// "reproduced-bitwise", "reproduced", "diverged", "not-reproduced", "recording-incomplete": the
+/// CLI's and JSON's words.
 const char* verdictName(Verdict verdict);
 /// The inverse of verdictName; nullopt for any other text.
 std::optional<Verdict> parseVerdict(const std::string& text);
@@ -119,6 +124,8 @@ struct ReplayResult {
   bool sameSetup = true;
   int64_t batchSize = 0;         ///< rows of the target step's batch (dim 0 of its first input)
   std::vector<int64_t> rows;     ///< the batch rows the target step kept (ReplayOptions::rows); empty: all
+  /// Steps from the keyframe to the target that the recording lost (Verdict::RecordingIncomplete).
+  std::vector<int64_t> lostSteps;
 };
 
 /// Replays `bundle`. Throws crashcap::Error (NotFound: no such step or keyframe; Unsupported:

@@ -14,6 +14,7 @@
 #include <torch/optim.h>
 
 #include <algorithm>
+#include <climits>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -420,10 +421,18 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
     throw Error(ErrorCode::NotFound,
                 fmt::format("step {} is not in {} (it holds steps {}..{})", target, bundle, view.stepBegins.front().step,
                             view.stepBegins.back().step));
+  // From the earliest keyframe (bisect steps follows the weights as far back as they go), but
+  // not across a step the recording lost when a later keyframe avoids it.
+  int64_t notBefore = INT64_MIN;
+  if (options.fromEarliestKeyframe)
+    for (int64_t s : lost)
+      if (s < target) notBefore = std::max(notBefore, s + 1);
   const formats::KeyframeData* keyframe = nullptr;
-  for (const auto& k : view.keyframes)
-    if (k.step <= target && (!keyframe || (options.fromEarliestKeyframe ? k.step < keyframe->step : k.step > keyframe->step)))
-      keyframe = &k;
+  for (int pass = 0; pass < 2 && !keyframe; ++pass, notBefore = INT64_MIN)
+    for (const auto& k : view.keyframes)
+      if (k.step <= target && k.step >= notBefore &&
+          (!keyframe || (options.fromEarliestKeyframe ? k.step < keyframe->step : k.step > keyframe->step)))
+        keyframe = &k;
   if (!keyframe)
     throw Error(ErrorCode::NotFound, fmt::format("no keyframe at or before step {} in {}", target, bundle),
                 "retention may have deleted it; record with a larger retainSegments");

@@ -20,7 +20,79 @@ namespace crashcap::investigate {
 
 using nlohmann::json;
 
-std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows) {
+namespace {
+
+bool integerDtype(const std::string& dtype) { return dtype.rfind("int", 0) == 0 || dtype.rfind("uint", 0) == 0; }
+
+int64_t elements(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape) n *= d;
+  return n;
+}
+
+/// The index domain one recorded op call declares, if it is an op with one.
+std::optional<IndexDomain> domainOf(const formats::OpData& op) {
+  const auto& in = op.inputs;
+  if (in.size() < 2) return std::nullopt;
+  IndexDomain d;
+  d.op = op.name;
+  // aten::embedding(weight [V, D], indices), aten::embedding_bag(weight, indices, offsets, ...)
+  if (op.name.find("embedding") != std::string::npos && op.name.find("backward") == std::string::npos &&
+      in[0].shape.size() == 2 && integerDtype(in[1].dtype)) {
+    d.size = in[0].shape[0];
+    d.indexShape = in[1].shape;
+    d.sourceShape = in[0].shape;
+    return d;
+  }
+  // aten::nll_loss*(logits [N, C, ...], target): also what cross_entropy calls.
+  if ((op.name.find("nll_loss") != std::string::npos || op.name.find("cross_entropy") != std::string::npos) &&
+      op.name.find("backward") == std::string::npos && in[0].shape.size() >= 2 && integerDtype(in[1].dtype)) {
+    d.size = in[0].shape[1];
+    d.indexShape = in[1].shape;
+    d.sourceShape = in[0].shape;
+    d.negativesAllowed = true;  // ignore_index, -100 by default
+    return d;
+  }
+  return std::nullopt;
+}
+
+/// The largest finite magnitude in `t`, 0 when none.
+double largestMagnitude(const inspect::TensorStats& st) {
+  double m = 0;
+  if (st.min) m = std::max(m, std::abs(*st.min));
+  if (st.max) m = std::max(m, std::abs(*st.max));
+  return m;
+}
+
+/// How many times every other row's largest magnitude a row must reach to be an outlier.
+constexpr double kOutlierFactor = 100;
+
+}  // namespace
+
+std::string IndexDomain::describe() const {
+  if (negativesAllowed)
+    return fmt::format("the loss ({}) sees {} classes (logits [{}])", op, size, fmt::join(sourceShape, ","));
+  return fmt::format("the embedding ({}) has {} rows (table [{}])", op, size, fmt::join(sourceShape, ","));
+}
+
+std::vector<IndexDomain> findIndexDomains(const std::string& bundle) {
+  auto reader = formats::BundleReader::open(bundle);
+  auto records = formats::readRecords(*reader);
+  std::vector<IndexDomain> out;
+  if (!records.opTrace) return out;
+  const auto& ops = records.opTrace->ops;
+  // The newest call of each op: the one the failing step ran.
+  for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
+    auto d = domainOf(*it);
+    if (!d) continue;
+    bool seen = std::any_of(out.begin(), out.end(), [&](const IndexDomain& o) { return o.op == d->op; });
+    if (!seen) out.push_back(*d);
+  }
+  return out;
+}
+
+std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows,
+                                        const std::vector<IndexDomain>& domains) {
   std::vector<RowFinding> out;
   auto reader = formats::BundleReader::open(bundle);
   const std::string prefix = formats::batchTensorName(step, "");
@@ -28,41 +100,68 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   for (const auto& info : reader->tensors()) {
     if (info.name.rfind(prefix, 0) != 0 || info.name == index) continue;
     auto t = inspect::loadTensor(*reader, info.name);  // once per tensor, not per culprit row
+    if (t.shape.empty() || t.shape[0] == 0) continue;
+    const int64_t batch = t.shape[0];
+    const bool floating = formats::isFloating(t.dtype) || formats::isComplex(t.dtype);
+    const bool integer = !floating && t.dtype != formats::DType::Bool;
+    // Every row's statistics: a culprit row is judged against the batch's other rows.
+    std::vector<inspect::TensorStats> stats;
+    for (int64_t r = 0; r < batch; ++r) stats.push_back(inspect::computeStats(inspect::applySlice(t, inspect::parseSlice(std::to_string(r)))));
+    // The domains that apply to this tensor: an op's index input of the same shape (or element
+    // count, when the program flattens it).
+    std::vector<const IndexDomain*> applicable;
+    if (integer)
+      for (const auto& d : domains)
+        if (d.indexShape == t.shape || elements(d.indexShape) == elements(t.shape)) applicable.push_back(&d);
     for (int64_t r : rows) {
-      if (t.shape.empty() || t.shape[0] <= r) continue;
-      auto row = inspect::applySlice(t, inspect::parseSlice(std::to_string(r)));
-      auto st = inspect::computeStats(row);
+      if (r < 0 || r >= batch) continue;
+      const auto& st = stats[r];
       RowFinding f;
       f.row = r;
       f.tensor = info.name;
+      f.oneElement = st.count == 1;
+      double othersMax = 0;
+      bool othersAllZero = true;
+      for (int64_t o = 0; o < batch; ++o) {
+        if (std::find(rows.begin(), rows.end(), o) != rows.end()) continue;
+        othersMax = std::max(othersMax, largestMagnitude(stats[o]));
+        othersAllZero = othersAllZero && stats[o].zeroCount == stats[o].count;
+      }
       if (st.nanCount || st.posInfCount || st.negInfCount) {
         f.kind = RowFinding::Kind::NonFinite;
         f.nanCount = st.nanCount;
         f.infCount = st.posInfCount + st.negInfCount;
-      } else if (st.count > 0 && st.zeroCount == st.count) {
-        f.kind = RowFinding::Kind::AllZeros;
-      } else if (!formats::isFloating(t.dtype) && !formats::isComplex(t.dtype) && row.numel() == 1 && st.max) {
-        f.kind = RowFinding::Kind::Value;
-        f.value = static_cast<int64_t>(*st.max);
-      } else {
+        out.push_back(f);
         continue;
       }
-      out.push_back(f);
+      bool found = false;
+      for (const IndexDomain* d : applicable) {
+        if (!st.max || !st.min) break;
+        std::optional<double> bad;
+        if (*st.max >= static_cast<double>(d->size)) bad = *st.max;
+        else if (*st.min < 0 && !d->negativesAllowed) bad = *st.min;
+        if (!bad) continue;
+        f.kind = RowFinding::Kind::OutOfDomain;
+        f.value = *bad;
+        f.domain = *d;
+        out.push_back(f);
+        found = true;
+        break;
+      }
+      if (found) continue;
+      const double magnitude = largestMagnitude(st);
+      if (floating && othersMax > 0 && magnitude > kOutlierFactor * othersMax) {
+        f.kind = RowFinding::Kind::Outlier;
+        f.value = magnitude;
+        f.othersMax = othersMax;
+        out.push_back(f);
+      } else if (st.count > 1 && st.zeroCount == st.count && !othersAllZero) {
+        f.kind = RowFinding::Kind::AllZeros;
+        out.push_back(f);
+      }
     }
   }
   return out;
-}
-
-std::optional<LossClasses> findLossClasses(const std::string& bundle) {
-  auto reader = formats::BundleReader::open(bundle);
-  auto records = formats::readRecords(*reader);
-  if (!records.opTrace) return std::nullopt;
-  const auto& ops = records.opTrace->ops;
-  // The newest classification loss: the one the failing step ran.
-  for (auto it = ops.rbegin(); it != ops.rend(); ++it)
-    if (it->name.find("nll_loss") != std::string::npos && !it->inputs.empty() && it->inputs[0].shape.size() == 2)
-      return LossClasses{it->inputs[0].shape[1], it->inputs[0].shape};
-  return std::nullopt;
 }
 
 Triage runTriage(const std::string& bundle, const TriageOptions& options) {
@@ -90,7 +189,7 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
     if (!rows.empty() && !rest.empty())
       f.withoutRows = run("without-rows", replayArgs(bundle, f.step(), {"--rows", fmt::format("{}", fmt::join(rest, ","))}),
                           replayResultFromJson);
-    if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows);
+    if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
   }
   // Ops and settings are tested at the failing step: pointless when replay cannot reach it.
   if (!f.replayBlocked()) {
@@ -98,9 +197,8 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
     f.config = run("bisect-config", {"bisect", "config", bundle, "--json", "--timeout", timeout}, configBisectionFromJson,
                    formats::torch::settingNames().size() + replayer::availableDevices().size() + 1);
   }
-  f.lossClasses = findLossClasses(bundle);
   t.hypotheses = judge(f);
-  t.culprit = findCulprit(f, t.hypotheses);
+  t.culprit = findCulprit(f);
   t.experiments = runner.log();
   return t;
 }

@@ -43,10 +43,25 @@ std::string rowFindingText(const RowFinding& r) {
   switch (r.kind) {
     case RowFinding::Kind::NonFinite:
       return fmt::format("row {} of {} holds {} NaN and {} Inf values", r.row, r.tensor, r.nanCount, r.infCount);
-    case RowFinding::Kind::AllZeros: return fmt::format("row {} of {} is all zeros", r.row, r.tensor);
-    case RowFinding::Kind::Value: return fmt::format("row {} of {} is {}", r.row, r.tensor, r.value);
+    case RowFinding::Kind::OutOfDomain: {
+      const IndexDomain& d = *r.domain;
+      return fmt::format("row {} of {} {} {:.0f}, outside 0..{}: {}", r.row, r.tensor, r.oneElement ? "is" : "holds",
+                         r.value, d.size - 1, d.describe());
+    }
+    case RowFinding::Kind::Outlier:
+      return fmt::format("row {} of {} reaches {:.3g} in magnitude, while the batch's other rows stay within {:.3g}", r.row,
+                         r.tensor, r.value, r.othersMax);
+    case RowFinding::Kind::AllZeros:
+      return fmt::format("row {} of {} is all zeros, unlike the batch's other rows", r.row, r.tensor);
   }
   return "";
+}
+
+/// "step 6 fails with batch row [3] alone and passes without it (7 replays)".
+std::string triggerText(const TriageFacts& f) {
+  const auto rows = f.culpritRows();
+  return fmt::format("step {} fails with batch row{} [{}] alone and passes without {} ({} replays)", f.step(),
+                     rows.size() == 1 ? "" : "s", joinRows(rows), rows.size() == 1 ? "it" : "them", f.samples->replays + 1);
 }
 
 }  // namespace
@@ -76,6 +91,14 @@ std::vector<int64_t> TriageFacts::culpritRows() const {
   return samples && samples->reproduced ? samples->rows : std::vector<int64_t>{};
 }
 
+bool TriageFacts::rowsTrigger() const {
+  return !culpritRows().empty() && withoutRows && !replayer::reproduces(withoutRows->verdict);
+}
+
+bool TriageFacts::rowsInvalid() const {
+  return std::any_of(rowFindings.begin(), rowFindings.end(), [](const RowFinding& r) { return r.invalid(); });
+}
+
 Hypothesis judgeInvalidData(const TriageFacts& f) {
   Hypothesis h{"invalid-data", V::Inconclusive, {}, fmt::format("crashcap bisect samples {}", f.bundle)};
   const auto rows = f.culpritRows();
@@ -84,19 +107,23 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     h.evidence.push_back(*why);
   } else if (!f.reproduced()) {
     h.evidence.push_back("the crash does not reproduce on replay, so its data cannot be tested");
-  } else if (!rows.empty() && f.withoutRows && !withoutRowsFails) {
-    h.verdict = V::Confirmed;
-    h.evidence.push_back(fmt::format("step {} fails with batch row{} [{}] alone and passes without {} ({} replays)",
-                                     f.step(), rows.size() == 1 ? "" : "s", joinRows(rows),
-                                     rows.size() == 1 ? "it" : "them", f.samples->replays + 1));
+  } else if (f.rowsTrigger()) {
+    // The rows trigger the failure; they are invalid data only when they hold an invalid value.
+    h.evidence.push_back(triggerText(f));
     if (f.samples->datasetIndices)
       h.evidence.push_back(fmt::format("dataset index {} (the batch's {} tensor)", joinRows(*f.samples->datasetIndices),
                                        formats::kDatasetIndexName));
-    for (const auto& r : f.rowFindings) h.evidence.push_back(rowFindingText(r));
-    if (f.lossClasses)
-      h.evidence.push_back(fmt::format("the loss sees {} classes (logits [{}]), so valid labels are 0..{}",
-                                       f.lossClasses->classes, fmt::join(f.lossClasses->logitsShape, ","),
-                                       f.lossClasses->classes - 1));
+    for (const auto& r : f.rowFindings)
+      if (r.invalid()) h.evidence.push_back(rowFindingText(r));
+    if (f.rowsInvalid()) {
+      h.verdict = V::Confirmed;
+    } else {
+      h.evidence.push_back(fmt::format(
+          "but no value in {} is invalid: all finite, within the other rows' range and inside every index domain the "
+          "ops saw, so the rows are an input the step cannot handle rather than bad data",
+          rows.size() == 1 ? "it" : "them"));
+      for (const auto& r : f.rowFindings) h.evidence.push_back(rowFindingText(r));
+    }
   } else if (withoutRowsFails) {
     h.verdict = V::Refuted;
     h.evidence.push_back(fmt::format("step {} still fails without rows [{}]: no particular sample is needed", f.step(),
@@ -126,14 +153,21 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
     }
     std::string where = fmt::format("{} ({}, step {})", op->name, op->phase, f.step());
     if (bad == 0 && largest > 1e15) {
-      // Overflow of values that were already running away is divergence, not the loss's arithmetic.
+      // Overflow of values that were already huge: they came from the data or from weights
+      // running away, not from the loss's arithmetic.
       h.verdict = V::Refuted;
-      h.evidence.push_back(
-          fmt::format("{} overflows on inputs as large as {:.3g}: the values were already diverging", where, largest));
+      h.evidence.push_back(fmt::format("{} overflows on inputs as large as {:.3g}: {}", where, largest,
+                                       f.rowsTrigger() && f.rowsInvalid() ? "the culprit rows' values carry them there"
+                                                                          : "the values were already diverging"));
     } else if (bad == 0) {
       h.verdict = V::Confirmed;
       h.evidence.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));
       if (reachesZero) h.evidence.push_back(fmt::format("an input of {} reaches 0 (a division or log of zero?)", op->name));
+      if (f.rowsTrigger() && !f.rowsInvalid())
+        h.evidence.push_back(fmt::format("batch row{} [{}] trigger{} it with values in range: the loss cannot handle a "
+                                         "legitimate edge case of its input",
+                                         f.culpritRows().size() == 1 ? "" : "s", joinRows(f.culpritRows()),
+                                         f.culpritRows().size() == 1 ? "s" : ""));
     } else {
       h.verdict = V::Refuted;
       h.evidence.push_back(
@@ -204,19 +238,32 @@ Hypothesis judgeOptimizerDivergence(const TriageFacts& f) {
                                      target));
     return h;
   }
-  double lr0 = steps.front().learningRate, lrMax = lr0;
-  int64_t lrStep = -1;
+  // The learning-rate jump that precedes the divergence: the largest step-to-step increase at or
+  // before the first step whose update takes the weights past twice their first norm (a warm-up's
+  // small increases before it are not the cause).
+  int64_t onset = target;
   for (const auto& s : steps)
-    if (s.learningRate > lrMax) {
-      lrMax = s.learningRate;
-      if (lrStep < 0) lrStep = s.step;
+    if (s.weightNorm && (!std::isfinite(*s.weightNorm) || *s.weightNorm > 2 * *w0)) {
+      onset = s.step;
+      break;
     }
+  struct Jump {
+    double from = 0, to = 0;
+    int64_t step = -1;
+  };
+  std::optional<Jump> jump;
+  for (size_t i = 1; i < steps.size() && steps[i].step <= onset; ++i) {
+    double from = steps[i - 1].learningRate, to = steps[i].learningRate;
+    if (!(to > from) || !(from > 0)) continue;
+    if (!jump || to / from >= jump->to / jump->from) jump = Jump{from, to, steps[i].step};
+  }
   if (!std::isfinite(*wMax) || *wMax > 100 * *w0) {
     h.verdict = V::Confirmed;
     h.evidence.push_back(fmt::format("the weight norm grows from {:.4g} to {:.4g} over steps {}..{} before step {} fails",
                                      *w0, *wMax, steps.front().step, target - 1, target));
-    if (lrStep >= 0)
-      h.evidence.push_back(fmt::format("the learning rate jumps from {:.4g} to {:.4g} from step {} on", lr0, lrMax, lrStep));
+    if (jump)
+      h.evidence.push_back(fmt::format("the learning rate jumps from {:.4g} to {:.4g} at step {}, before the weights run away",
+                                       jump->from, jump->to, jump->step));
     if (const auto& first = f.steps->firstFailure)
       h.evidence.push_back(
           fmt::format("first step whose loss, gradients or weights go non-finite: {} ({})", first->step, first->reason));
@@ -318,14 +365,11 @@ std::vector<Hypothesis> judge(const TriageFacts& facts) {
   return out;
 }
 
-Culprit findCulprit(const TriageFacts& f, const std::vector<Hypothesis>& hypotheses) {
+Culprit findCulprit(const TriageFacts& f) {
   Culprit c;
   if (f.step() >= 0) c.step = f.step();
-  // Rows are a culprit only when the data hypothesis holds (any single row fails a diverged run).
-  bool dataConfirmed = std::any_of(hypotheses.begin(), hypotheses.end(), [](const Hypothesis& h) {
-    return h.id == "invalid-data" && h.verdict == V::Confirmed;
-  });
-  if (dataConfirmed) {
+  // Rows are a culprit only when they trigger the failure (any single row fails a diverged run).
+  if (f.rowsTrigger()) {
     if (auto rows = f.culpritRows(); !rows.empty()) c.rows = rows;
     if (f.samples) c.datasetIndices = f.samples->datasetIndices;
   }

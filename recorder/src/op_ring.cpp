@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "crashcap/cupti/tracer.hpp"
+#include "crashcap/formats/torch/op_values.hpp"
 #include "live_writer.hpp"
 
 namespace crashcap::recorder::detail {
@@ -100,7 +101,7 @@ void record(const at::RecordFunction& fn, bool backward) {
   e.inputCount = 0;
   // Inputs: check everything before touching it (a callback must never throw: LibTorch
   // would catch it and log a backtrace per op).
-  auto inputs = fn.inputs();
+  auto inputs = formats::torch::opArguments(fn);
   for (size_t k = 0; k < inputs.size() && e.inputCount < kMaxInputs; ++k) {
     const c10::IValue& v = inputs[k];
     InputSlot& s = e.inputs[e.inputCount++];

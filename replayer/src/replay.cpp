@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/record_function.h>
 #include <fmt/format.h>
@@ -25,6 +26,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
+#include "crashcap/formats/torch/op_values.hpp"
 #include "crashcap/formats/torch/optimizer.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
@@ -160,7 +162,7 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
   ctx->outer = tDepth++ == 0;
   if (!gProbe->found) {
     try {
-      eachTensor(fn.inputs(), [&](const at::Tensor& t) {
+      eachTensor(formats::torch::opArguments(fn), [&](const at::Tensor& t) {
         if (t.defined() && ctx->tensors.size() < 8) ctx->tensors.push_back(t);
       });
     } catch (...) {
@@ -224,7 +226,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
       std::string phase = tBackwardDepth > 0 || engine ? "backward" : "forward";
       if (!gProbe->found && !allocates(fn.name()) && !movesOnly(fn.name())) {
         bool bad = false;
-        eachTensor(fn.outputs(), [&](const at::Tensor& t) { bad = bad || nonFinite(t); });
+        eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) { bad = bad || nonFinite(t); });
         if (bad) {
           NonFiniteOp op;
           op.name = name;
@@ -233,7 +235,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
           op.index = index;
           if (call)
             for (const auto& t : call->tensors) op.inputs.push_back(statsOf(t));
-          eachTensor(fn.outputs(), [&](const at::Tensor& t) {
+          eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) {
             if (t.defined() && op.outputs.size() < 8) op.outputs.push_back(statsOf(t));
           });
           gProbe->found = std::move(op);
@@ -241,7 +243,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
       }
       if (call && call->outer && (gProbe->capture || gProbe->reference)) {
         at::Tensor first;
-        eachTensor(fn.outputs(), [&](const at::Tensor& t) {
+        eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) {
           if (!first.defined() && t.defined() && t.is_floating_point()) first = t;
         });
         if (gProbe->capture) {
@@ -598,6 +600,10 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
     } catch (const std::exception& e) {
       r.error = formats::torch::errorMessage(e);  // as the recorder kept it: no C++ backtrace
     }
+    // A training under autocast leaves its autocast region every step, which drops the cache of
+    // weights cast to the lower precision; replay does the same, or every later step would run
+    // on the first step's casts of weights that have since been updated.
+    at::autocast::clear_cache();
     if (s == target && probe.found) result.firstNonFiniteOp = probe.found;
     result.steps.push_back(r);
     // Only the same setup can be held to the recording's bits; any setup to its errors.

@@ -65,12 +65,21 @@ TEST_CASE("triage: an out-of-range label is invalid data, with the label and the
   CHECK(evidenceHas(h, "dataset index 197"));  // step 6, batch 32, row 5
 }
 
-TEST_CASE("triage: a Dice epsilon of zero is loss numerics, at the dividing op", "[investigate][triage][e2e]") {
+TEST_CASE("triage: a Dice epsilon of zero is loss numerics, at the dividing op, triggered by rows that are not invalid",
+          "[investigate][triage][e2e]") {
+  // Row 2's masks are all "don't care": a legitimate image the loss divides 0 by 0 on.
   auto j = triage("crashcap-sample-seg", "dice-eps0", 6, 2);
   INFO(j.dump(2));
-  CHECK(hypothesis(j, "loss-numerics")["verdict"] == "confirmed");
+  const auto& numerics = hypothesis(j, "loss-numerics");
+  CHECK(numerics["verdict"] == "confirmed");
+  CHECK(evidenceHas(numerics, "aten::div"));
+  CHECK(evidenceHas(numerics, "the loss cannot handle a legitimate edge case"));
+  const auto& data = hypothesis(j, "invalid-data");
+  CHECK(data["verdict"] != "confirmed");
+  CHECK(evidenceHas(data, "step 6 fails with batch row [2] alone and passes without it"));
   CHECK(j["culprit"]["op"] == "aten::div");
   CHECK(j["culprit"]["step"] == 6);
+  CHECK(j["culprit"]["rows"] == json::array({2}));
 }
 
 TEST_CASE("triage: a learning-rate blow-up is optimizer divergence, and not the data", "[investigate][triage][e2e]") {

@@ -33,24 +33,37 @@ struct Hypothesis {
   std::string rerun;                       ///< the crashcap command behind the evidence
 };
 
-/// Something odd in one culprit row of one batch tensor.
+/// The values an op accepts in an index input, read from the op trace: an embedding's rows, a
+/// classification loss's classes. Valid values are 0..size-1.
+struct IndexDomain {
+  std::string op;                          ///< "aten::embedding"
+  int64_t size = 0;
+  std::vector<int64_t> indexShape;         ///< the shape of the op's index input
+  std::vector<int64_t> sourceShape;        ///< the table's or the logits' shape
+  bool negativesAllowed = false;           ///< a loss's ignore_index is negative; an embedding's ids are not
+  /// "the embedding has 32 rows (table [32,8])", "the loss sees 10 classes (logits [32,10])".
+  std::string describe() const;
+};
+
+/// Something in one culprit row of one batch tensor, judged against the op's domain and the
+/// batch's other rows: ordinary values are never findings.
 struct RowFinding {
   enum class Kind {
-    NonFinite,  ///< holds NaN or Inf values (nanCount, infCount)
-    AllZeros,   ///< every element is zero
-    Value,      ///< a one-element integer row: its value (a label, a token id)
+    NonFinite,    ///< holds NaN or Inf values (nanCount, infCount)
+    OutOfDomain,  ///< an integer value outside an op's IndexDomain (value, domain)
+    Outlier,      ///< its largest magnitude (value) far beyond every other row's (othersMax)
+    AllZeros,     ///< every element is zero where the other rows are not: a trait, not invalid
   };
   int64_t row = 0;
   std::string tensor;                      ///< the bundle's tensor name, "steps/6/batch/label"
-  Kind kind = Kind::Value;
+  Kind kind = Kind::NonFinite;
   uint64_t nanCount = 0, infCount = 0;
-  int64_t value = 0;
-};
-
-/// The number of classes a classification loss saw, from the op trace.
-struct LossClasses {
-  int64_t classes = 0;
-  std::vector<int64_t> logitsShape;
+  double value = 0;
+  double othersMax = 0;
+  std::optional<IndexDomain> domain;
+  bool oneElement = false;                 ///< the row is a single value (a label), not a vector
+  /// A value the training cannot have meant: non-finite, outside an op's domain, a far outlier.
+  bool invalid() const { return kind != Kind::AllZeros; }
 };
 
 /// Everything the rules judge from. Each experiment's result is absent when it did not run or
@@ -65,12 +78,15 @@ struct TriageFacts {
   std::optional<OpBisection> ops;
   std::optional<ConfigBisection> config;
   std::vector<RowFinding> rowFindings;               ///< of the culprit rows
-  std::optional<LossClasses> lossClasses;
 
   /// The replay brought the recorded failure back.
   bool reproduced() const { return replay && replayer::reproduces(replay->verdict); }
   /// The culprit rows sample bisection found (empty when it found none or did not run).
   std::vector<int64_t> culpritRows() const;
+  /// The culprit rows trigger the failure: it needs them and goes away without them.
+  bool rowsTrigger() const;
+  /// Whether any finding in the culprit rows is an invalid value.
+  bool rowsInvalid() const;
   /// The failing step (-1 unknown).
   int64_t step() const { return replay ? replay->step : -1; }
   /// Why replay could not test the failing step at all (it did not run, or the recording lost a
@@ -103,15 +119,15 @@ const std::vector<TriageRule>& triageRules();
 /// Every rule applied to `facts`, in table order.
 std::vector<Hypothesis> judge(const TriageFacts& facts);
 
-/// Where the failure is: step, rows (only when invalid-data is confirmed: any single row fails a
-/// run that diverged), op, and the changes that make it come or go.
+/// Where the failure is: step, rows (only when they trigger it: needed and sufficient; any single
+/// row fails a run that diverged), op, and the changes that make it come or go.
 struct Culprit {
   std::optional<int64_t> step;
   std::optional<std::vector<int64_t>> rows, datasetIndices;
   std::optional<std::string> op, phase;
   std::optional<std::vector<std::string>> changes;
 };
-Culprit findCulprit(const TriageFacts& facts, const std::vector<Hypothesis>& hypotheses);
+Culprit findCulprit(const TriageFacts& facts);
 
 struct Triage {
   TriageFacts facts;
@@ -128,10 +144,13 @@ struct TriageOptions {
 /// read; a failed experiment is a missing fact, not an error.
 Triage runTriage(const std::string& bundle, const TriageOptions& options = {});
 
-/// What is odd in `rows` of step `step`'s batch (the dataset index tensor excluded).
-std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows);
-/// The classes the newest classification loss in the bundle's op trace saw; nullopt when none.
-std::optional<LossClasses> findLossClasses(const std::string& bundle);
+/// The index domains of the ops in the bundle's op trace (the newest call of each op).
+std::vector<IndexDomain> findIndexDomains(const std::string& bundle);
+/// What is invalid or odd in `rows` of step `step`'s batch (the dataset index tensor excluded):
+/// NaN/Inf, integers outside one of `domains` (matched to the tensor by shape), magnitudes far
+/// beyond every other row's, rows all zeros where the others are not.
+std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows,
+                                        const std::vector<IndexDomain>& domains);
 
 /// `crashcap triage --json`: bundle, reproduced, verdict, step, hypotheses [{id, verdict,
 /// evidence, rerun}], culprit {step, rows, dataset_indices, op, phase, changes}, experiments.

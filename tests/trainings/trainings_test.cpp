@@ -1,0 +1,149 @@
+// What replay, bisect and triage say about trainings that are not the samples (tests/trainings/
+// trainings.cpp): each checks one class of statement that a rule tuned to the samples' models got
+// wrong — an op's own values under the TorchScript interpreter, evidence that names the value
+// outside the failing op's domain and never an ordinary one, a legitimate input the loss cannot
+// handle, the learning-rate jump that precedes divergence, and autocast's cache in replay.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/investigate/bisect.hpp"
+#include "crashcap/replayer/replay.hpp"
+#include "test_support.hpp"
+#include "../investigate/triage_support.hpp"
+
+using namespace crashcap;
+using nlohmann::json;
+using test::evidenceHas;
+using test::hypothesis;
+
+namespace {
+
+/// Runs a training until it fails and returns its crash bundle.
+std::string crashBundle(const test::TempDir& dir, const std::string& training, std::vector<std::string> extra = {}) {
+  std::vector<std::string> args = {test::binPath("crashcap-test-trainings"), "--training", training, "--record",
+                                   dir.path()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  auto r = test::run(args, 300);
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 1);
+  auto bundles = test::bundlesIn(dir.path());
+  REQUIRE(bundles.size() == 1);
+  return bundles[0];
+}
+
+json triage(const std::string& bundle) {
+  auto t = test::run({test::binPath("crashcap"), "triage", bundle, "--json"}, 900);
+  INFO(t.err);
+  REQUIRE(t.exitCode == 0);
+  return json::parse(t.out);
+}
+
+bool anyEvidenceHas(const json& triage, const std::string& text) {
+  for (const auto& h : triage["hypotheses"])
+    if (evidenceHas(h, text)) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST_CASE("an op the TorchScript interpreter calls is seen with its own arguments and results, so bisect ops names "
+          "aten::pow",
+          "[trainings]") {
+  // tanh(h) + pow(h, 2.0): the interpreter keeps tanh's result on its stack while pow runs.
+  test::TempDir dir;
+  auto bundle = crashBundle(dir, "pow-overflow");
+
+  auto r = replayer::replay(bundle);
+  CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);
+  REQUIRE(r.firstNonFiniteOp);
+  CHECK(r.firstNonFiniteOp->name == "aten::pow");
+  CHECK(r.firstNonFiniteOp->inputs.size() == 1);   // pow(Tensor self, Scalar exponent): one tensor
+  CHECK(r.firstNonFiniteOp->outputs.size() == 1);
+  REQUIRE(!r.firstNonFiniteOp->outputs.empty());
+  CHECK(r.firstNonFiniteOp->outputs[0].infCount > 0);
+
+  auto ops = investigate::bisectOps(bundle);
+  REQUIRE(ops.firstDeparting);
+  CHECK(ops.firstDeparting->name == "aten::pow");
+
+  // The recorder's op trace keeps the same: pow's two arguments, not the interpreter's stack.
+  auto reader = formats::BundleReader::open(bundle);
+  auto records = formats::readRecords(*reader);
+  REQUIRE(records.opTrace);
+  int pows = 0;
+  for (const auto& op : records.opTrace->ops)
+    if (op.name == "aten::pow" && op.phase == "forward") {
+      ++pows;
+      REQUIRE(op.inputs.size() == 2);
+      CHECK(op.inputs[0].dtype == "float32");
+      CHECK(op.inputs[0].shape.size() == 2);  // pow(h, 2.0) on [8,16], the loss's square on [8,1]
+      CHECK(op.inputs[1].dtype == "scalar");
+    }
+  CHECK(pows > 0);
+}
+
+TEST_CASE("triage names the far outlier that overflows aten::pow as invalid data", "[trainings][triage]") {
+  test::TempDir dir;
+  auto j = triage(crashBundle(dir, "pow-overflow"));
+  INFO(j.dump(2));
+  const auto& h = hypothesis(j, "invalid-data");
+  CHECK(h["verdict"] == "confirmed");
+  CHECK(evidenceHas(h, "row 3 of steps/6/batch/x reaches 1e+20 in magnitude, while the batch's other rows stay within"));
+  CHECK_FALSE(evidenceHas(h, "batch/y"));  // the targets are ordinary
+  CHECK(hypothesis(j, "loss-numerics")["verdict"] == "refuted");
+  CHECK(evidenceHas(hypothesis(j, "loss-numerics"), "the culprit rows' values carry them there"));
+  CHECK(j["culprit"]["op"] == "aten::pow");
+  CHECK(j["culprit"]["rows"] == json::array({3}));
+}
+
+TEST_CASE("triage names the token id outside the embedding, and no ordinary label", "[trainings][triage]") {
+  test::TempDir dir;
+  auto j = triage(crashBundle(dir, "embedding-oob"));
+  INFO(j.dump(2));
+  const auto& h = hypothesis(j, "invalid-data");
+  CHECK(h["verdict"] == "confirmed");
+  CHECK(evidenceHas(h, "row 3 of steps/6/batch/tokens holds 40, outside 0..31: the embedding (aten::embedding) has 32 "
+                       "rows (table [32,8])"));
+  CHECK_FALSE(anyEvidenceHas(j, "batch/label"));  // binary labels, all zero in row 0: ordinary
+  CHECK(j["culprit"]["rows"] == json::array({3}));
+  CHECK(j["culprit"]["dataset_indices"] == json::array({603}));
+}
+
+TEST_CASE("triage reports rows that trigger a Dice loss's 0/0 as a legitimate input the loss cannot handle",
+          "[trainings][triage]") {
+  test::TempDir dir;
+  auto j = triage(crashBundle(dir, "dice-valid0"));
+  INFO(j.dump(2));
+  const auto& data = hypothesis(j, "invalid-data");
+  CHECK(data["verdict"] != "confirmed");
+  CHECK(evidenceHas(data, "step 6 fails with batch row [3] alone and passes without it"));
+  CHECK(evidenceHas(data, "but no value in it is invalid"));
+  CHECK(evidenceHas(data, "row 3 of steps/6/batch/valid is all zeros, unlike the batch's other rows"));
+  const auto& numerics = hypothesis(j, "loss-numerics");
+  CHECK(numerics["verdict"] == "confirmed");
+  CHECK(evidenceHas(numerics, "aten::div (forward, step 6) turns finite inputs into NaN/Inf"));
+  CHECK(evidenceHas(numerics, "the loss cannot handle a legitimate edge case"));
+  CHECK(j["culprit"]["op"] == "aten::div");
+  CHECK(j["culprit"]["rows"] == json::array({3}));
+}
+
+TEST_CASE("triage names the learning-rate jump before the divergence, not the warm-up, and autocast does not leak "
+          "across replayed steps",
+          "[trainings][triage]") {
+  // Warm-up 0.002 .. 0.01 by step 4, then 100 from step 12; the loss goes non-finite at step 25.
+  // Under autocast, replay without clearing the cache of cast weights ran every step on the first
+  // step's weights, so the step "passed" with torch.autocast=true.
+  test::TempDir dir;
+  auto j = triage(crashBundle(dir, "warmup-jump", {"--steps", "40", "--fault-step", "12", "--keyframe-every", "8"}));
+  INFO(j.dump(2));
+  const auto& h = hypothesis(j, "optimizer-divergence");
+  CHECK(h["verdict"] == "confirmed");
+  CHECK(evidenceHas(h, "the learning rate jumps from 0.01 to 100 at step 12"));
+  CHECK_FALSE(evidenceHas(h, "from 0.002"));
+  CHECK(hypothesis(j, "config-dependent")["verdict"] != "confirmed");
+  CHECK_FALSE(anyEvidenceHas(j, "torch.autocast=true"));
+  CHECK(hypothesis(j, "invalid-data")["verdict"] == "refuted");
+}

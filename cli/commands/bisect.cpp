@@ -7,6 +7,7 @@
 
 #include "../command.hpp"
 #include "../output.hpp"
+#include "damage.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/investigate/bisect.hpp"
 #include "crashcap/investigate/results_json.hpp"
@@ -21,6 +22,7 @@ struct Options {
   double timeout = 300;
   double tolerance = 1e-3;             ///< ops: normalised error allowed against float64
   bool json = false;
+  bool allowDamaged = false;
 };
 
 void printSteps(const investigate::StepBisection& b) {
@@ -95,7 +97,9 @@ void printConfig(const investigate::ConfigBisection& b) {
 }
 
 int bisect(const Options& o) {
+  checkIntact(o.bundle, o.allowDamaged);
   investigate::ExperimentOptions eo;
+  eo.allowDamaged = o.allowDamaged;
   eo.timeoutSeconds = o.timeout;
   eo.progress = !o.json;
   if (o.what == "steps") {
@@ -130,6 +134,7 @@ Command bisectCommand(CLI::App& root) {
   cmd->add_option("--tolerance", o->tolerance, "ops: error allowed against float64, relative to the largest value")
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
+  addAllowDamaged(cmd, o->allowDamaged);
   cmd->footer("steps: replays the retained history from the earliest keyframe; the first step that throws or whose\n"
               "  loss, gradient norm or updated weights go non-finite.\n"
               "ops: the first op whose output goes non-finite, and the first whose output departs from a float64\n"

@@ -5,6 +5,7 @@
 
 #include "../command.hpp"
 #include "../output.hpp"
+#include "damage.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/investigate/results_json.hpp"
@@ -22,6 +23,7 @@ struct Options {
   std::string rows;                    ///< "0,3,5": keep only these rows of the target step's batch
   bool noInstrument = false;
   bool json = false;
+  bool allowDamaged = false;
 };
 
 std::map<std::string, std::string> parseSettings(const std::vector<std::string>& items) {
@@ -92,6 +94,7 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
 }
 
 int replay(const Options& o) {
+  checkIntact(o.bundle, o.allowDamaged);
   replayer::ReplayOptions ro;
   ro.step = o.step;
   ro.instrument = !o.noInstrument;
@@ -117,6 +120,7 @@ Command replayCommand(CLI::App& root) {
       ->check(CLI::IsMember({"float64"}));
   cmd->add_option("--set", o->settings, "SETTING=VALUE instead of the recorded value, e.g. cudnn.benchmark=false (repeatable)");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
+  addAllowDamaged(cmd, o->allowDamaged);
   cmd->add_option("--rows", o->rows, "Keep only these samples of the step's batch, by row: e.g. 0,3 (an experiment)");
   cmd->add_flag("--no-instrument", o->noInstrument, "Skip the per-op NaN/Inf checks (faster)");
   cmd->footer(

@@ -3,6 +3,7 @@
 
 #include "../command.hpp"
 #include "../output.hpp"
+#include "damage.hpp"
 #include "crashcap/investigate/report.hpp"
 
 namespace crashcap::cli {
@@ -13,14 +14,17 @@ struct Options {
   std::string out;
   bool noTriage = false;
   double timeout = 600;
+  bool allowDamaged = false;
 };
 
 int report(const Options& o) {
+  checkIntact(o.bundle, o.allowDamaged);
   std::optional<investigate::Triage> triage;
   if (!o.noTriage) {
     investigate::TriageOptions to;
     to.experiments.timeoutSeconds = o.timeout;
     to.experiments.progress = true;
+    to.experiments.allowDamaged = o.allowDamaged;
     triage = investigate::runTriage(o.bundle, to);
   }
   std::string md = investigate::markdownReport(o.bundle, triage);
@@ -40,6 +44,7 @@ Command reportCommand(CLI::App& root) {
   cmd->add_option("-o,--out", o->out, "Write the report to this file (default: stdout)");
   cmd->add_flag("--no-triage", o->noTriage, "Skip the experiments (faster; no hypothesis table)");
   cmd->add_option("--timeout", o->timeout, "Seconds per triage experiment")->capture_default_str();
+  addAllowDamaged(cmd, o->allowDamaged);
   return {cmd, [o] { return report(*o); }};
 }
 

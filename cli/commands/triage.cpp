@@ -5,6 +5,7 @@
 
 #include "../command.hpp"
 #include "../output.hpp"
+#include "damage.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/investigate/triage.hpp"
@@ -16,6 +17,7 @@ struct Options {
   std::string bundle;
   double timeout = 600;
   bool json = false;
+  bool allowDamaged = false;
 };
 
 std::string rowsText(const std::vector<int64_t>& v) { return fmt::format("[{}]", joinRows(v)); }
@@ -44,7 +46,9 @@ void printTriage(const investigate::Triage& t) {
 }
 
 int triage(const Options& o) {
+  checkIntact(o.bundle, o.allowDamaged);
   investigate::TriageOptions to;
+  to.experiments.allowDamaged = o.allowDamaged;
   to.experiments.timeoutSeconds = o.timeout;
   to.experiments.progress = !o.json;
   auto t = investigate::runTriage(o.bundle, to);
@@ -61,6 +65,7 @@ Command triageCommand(CLI::App& root) {
   cmd->add_option("bundle", o->bundle, "Bundle with a step program")->required();
   cmd->add_option("--timeout", o->timeout, "Seconds per experiment before it is killed")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
+  addAllowDamaged(cmd, o->allowDamaged);
   cmd->footer("Hypotheses: invalid-data, loss-numerics, optimizer-divergence, device-specific, config-dependent,\n"
               "nondeterminism; each confirmed, refuted or inconclusive with its evidence and the command that\n"
               "reruns it. Every experiment runs in a fresh child process with a timeout (docs/REPLAY.md).");

@@ -27,13 +27,14 @@ ExperimentRunner::ExperimentRunner(ExperimentOptions options) : options_(std::mo
 Experiment ExperimentRunner::run(const std::string& name, const std::vector<std::string>& args, double scale) {
   Experiment e;
   e.name = name;
+  std::vector<std::string> argv = args;
+  if (options_.allowDamaged) argv.push_back("--allow-damaged");
   e.command = "crashcap";
-  for (const auto& a : args) e.command += " " + a;
+  for (const auto& a : argv) e.command += " " + a;
   if (options_.progress) {
     std::fprintf(stderr, "  %-15s %s ...", name.c_str(), e.command.c_str());
     std::fflush(stderr);
   }
-  std::vector<std::string> argv = args;
   argv.insert(argv.begin(), options_.executable);
   const double timeout = options_.timeoutSeconds * scale;
   auto child = supervisor::runCaptured(argv, timeout);

@@ -34,6 +34,8 @@ struct ExperimentOptions {
   bool progress = false;              ///< one line per experiment on stderr, when it is a terminal
   /// The crashcap executable the children run; "": this process's own executable.
   std::string executable;
+  /// Pass --allow-damaged to every child: the caller found the bundle damaged and was told to go on.
+  bool allowDamaged = false;
 };
 
 /// Runs experiments one after another and keeps their log. Not thread-safe.

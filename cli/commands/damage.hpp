@@ -1,0 +1,25 @@
+#pragma once
+// The investigation commands (replay, bisect, triage, report) refuse a damaged bundle before any
+// verdict, unless --allow-damaged, and then say on stderr what the verdict stands on.
+
+#include <CLI/CLI.hpp>
+
+#include <iostream>
+#include <string>
+
+#include "crashcap/investigate/intact.hpp"
+
+namespace crashcap::cli {
+
+inline void addAllowDamaged(CLI::App* cmd, bool& allowDamaged) {
+  cmd->add_flag("--allow-damaged", allowDamaged,
+                "Investigate a bundle that `crashcap verify` finds damaged, as it is (what it lost can change the verdict)");
+}
+
+/// Throws crashcap::Error{Corrupt} for a damaged bundle; with `allowDamaged`, warns and goes on.
+inline void checkIntact(const std::string& bundle, bool allowDamaged) {
+  if (auto damage = investigate::requireIntact(bundle, allowDamaged))
+    std::cerr << "crashcap: warning: " << damage->describe(bundle) << " (going on: --allow-damaged)\n";
+}
+
+}  // namespace crashcap::cli

@@ -7,12 +7,11 @@
 // the classifier's dropout, which draws from the global generator on purpose: it is the state
 // a recorder has to capture for a replay to match.
 //
-// Bit-exact replay needs the same execution path as the recording: with the default (profiling)
-// graph executor, a module's calls after its first profiling call run an optimized graph whose
-// autodiff backward can differ in the last bit from the eager backward of the first call (seen
-// in the segmenter's gradients: trained module vs. its freshly loaded copy). Recorder and
-// replayer should both call torch::jit::setGraphExecutorOptimize(false)
-// (<torch/csrc/jit/runtime/graph_executor.h>), so that every call runs the same eager kernels.
+// The samples turn TorchScript's graph executor optimisation off unless --jit-optimize: with it
+// (LibTorch's default), a module's calls after its profiling calls run an optimised graph whose
+// autodiff backward can differ in the last bit from the first call's (seen in the segmenter's
+// gradients). The recorder keeps the setting and replay runs under it, making the profiling
+// calls a run makes before the keyframe's step, so replay is bit for bit either way.
 
 #include <ATen/core/Tensor.h>
 #include <torch/csrc/jit/api/module.h>

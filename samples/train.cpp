@@ -43,7 +43,7 @@ TrainResult train(const TrainOptions& o) {
   // The profiling executor re-optimises the graph after the first calls, and the optimised
   // backward can differ from the first call's in the last bit; replay must compute exactly
   // what the recording did, so the samples run the unoptimised graph (the replayer does too).
-  torch::jit::setGraphExecutorOptimize(false);
+  torch::jit::setGraphExecutorOptimize(o.jitOptimize);
   // The global generator feeds the classifier's dropout; seeding it makes the run repeatable
   // and is the state the recorder captures before each step.
   torch::manual_seed(o.seed);
@@ -126,6 +126,7 @@ int sampleMain(Task task, int argc, char** argv) {
     std::fprintf(to,
                  "usage: %s [--steps N] [--record DIR] [--fault KIND] [--fault-step S] [--fault-row R]\n"
                  "       [--seed N] [--keyframe-every K] [--batch B] [--optimizer sgd|adam] [--threads T]\n"
+                 "       [--jit-optimize]\n"
                  "       [--set SETTING=VALUE]...\n\n"
                  "A small real LibTorch training (%s) that fails for the reasons crashcap exists for.\n"
                  "  --record DIR        record under crashcap's flight recorder (crash bundle lands in DIR;\n"
@@ -134,6 +135,7 @@ int sampleMain(Task task, int argc, char** argv) {
                  "  --fault-step S      step whose batch (or learning rate) goes bad (default 5)\n"
                  "  --fault-row R       batch row that carries the fault (default 0)\n"
                  "  --set S=V           a LibTorch setting for the run, e.g. cudnn.benchmark=true\n"
+                 "  --jit-optimize      leave TorchScript's graph executor optimising (LibTorch's default)\n"
                  "Exit status: 0 trained; 1 the training failed (the fault worked); 2 bad usage.\n",
                  name,
                  task == Task::Seg ? "a DB-style text segmenter, Dice + BCE + L1 loss"
@@ -172,6 +174,8 @@ int sampleMain(Task task, int argc, char** argv) {
         o.optimizer = value();
       } else if (a == "--threads") {
         o.threads = std::stoi(value());
+      } else if (a == "--jit-optimize") {
+        o.jitOptimize = true;
       } else if (a == "--set") {
         auto v = value();
         auto eq = v.find('=');

@@ -25,6 +25,7 @@ struct TrainOptions {
   int64_t batch = 0;               ///< 0: the task's default (8 seg, 32 cls)
   std::string optimizer = "sgd";   ///< "sgd" | "adam"
   int threads = 0;                 ///< 0: LibTorch's default
+  bool jitOptimize = false;        ///< leave TorchScript's graph executor optimising (LibTorch's default)
   /// Settings applied before training (formats/torch/settings.hpp names), e.g.
   /// {"cudnn.benchmark", "true"}: the recording carries them, replay applies them again.
   std::vector<std::pair<std::string, std::string>> settings;

@@ -365,6 +365,7 @@ struct Program {
   std::map<std::string, at::Tensor> params, buffers;
   std::function<std::vector<std::string>(const formats::StepBeginData&)> inputs;
   std::function<at::Tensor(const Batch&)> loss;
+  bool torchScript = false;  ///< run by TorchScript's graph executor (see warmUp)
 };
 using ProgramFactory = std::function<Program(const formats::BundleReader&, const formats::BundleRecords&)>;
 
@@ -379,6 +380,7 @@ Program loadTorchScript(const formats::BundleReader& reader, const formats::Bund
   torch::jit::Module module = torch::jit::load(in);
   module.train();
   Program p;
+  p.torchScript = true;
   for (const auto& t : module.named_parameters(true)) p.params[t.name] = t.value;
   for (const auto& t : module.named_buffers(true)) p.buffers[t.name] = t.value;
   std::vector<std::string> names = view.program->inputs;
@@ -482,6 +484,30 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
     if (!params.count(name))
       throw Error(ErrorCode::Corrupt, fmt::format("the recording names parameter '{}', which the model lacks", name));
     ordered.push_back(params[name]);
+  }
+
+  // TorchScript's optimising graph executor runs a program's first calls as profiling runs and
+  // the later ones through the graph it optimised from them, whose arithmetic (fused, reordered)
+  // can differ from the profiling runs' in the last bit. The keyframe's step was not the recorded
+  // run's first call, so replay makes the calls a run makes first: forward and backward on the
+  // keyframe step's batch, before the keyframe is restored (which overwrites what they changed).
+  if (program.torchScript && torch::jit::getGraphExecutorOptimize()) {
+    auto first = begins.lower_bound(keyframe->step);
+    const int64_t calls = std::min<int64_t>(keyframe->step, static_cast<int64_t>(torch::jit::getNumProfiledRuns()) + 1);
+    if (first != begins.end() && first->first < stopBefore) {
+      Batch batch;
+      for (const auto& input : program.inputs(*first->second))
+        batch.emplace_back(input, onDevice(formats::torch::readTensor(*reader, formats::batchTensorName(first->first, input))));
+      testing::setFaultStep(-1);
+      for (int64_t c = 0; c < calls; ++c) {
+        try {
+          program.loss(batch).backward();
+        } catch (const std::exception&) {
+          break;  // the step fails (it is the target): the replay proper reports it
+        }
+      }
+      for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+    }
   }
 
   // Restore the keyframe: weights, buffers, optimizer state.

@@ -3,6 +3,9 @@
 // bisect and triage then say, so that a rule tuned to the samples' models shows up as wrong.
 //
 //   crashcap-test-trainings --training NAME --record DIR [--steps N] [--fault-step S] [--fault-row R]
+//                           [--keyframe-every K] [--jit-optimize]
+// --jit-optimize leaves TorchScript's graph executor optimising (LibTorch's default); without it
+// the trainings turn it off.
 //
 // pow-overflow   regression MLP with a tanh(h) + h^2 feature layer (TorchScript, so the op runs
 //                boxed by the interpreter), MSE, RMSprop; row R of step S's x is 1e20, which
@@ -35,6 +38,7 @@ namespace {
 struct Options {
   std::string training, record;
   int64_t steps = 12, faultStep = 6, faultRow = 3, keyframeEvery = 4;
+  bool jitOptimize = false;  ///< LibTorch's default is true; replay must hold either way
 };
 
 struct Training {
@@ -145,7 +149,7 @@ def forward(self, x: Tensor) -> Tensor:
 int usage(std::FILE* to, int code) {
   std::fprintf(to,
                "usage: crashcap-test-trainings --training pow-overflow|embedding-oob|dice-valid0|warmup-jump\n"
-               "       --record DIR [--steps N] [--fault-step S] [--fault-row R] [--keyframe-every K]\n");
+               "       --record DIR [--steps N] [--fault-step S] [--fault-row R] [--keyframe-every K] [--jit-optimize]\n");
   return code;
 }
 
@@ -167,13 +171,14 @@ int main(int argc, char** argv) {
       else if (a == "--fault-step") o.faultStep = std::stoll(value());
       else if (a == "--fault-row") o.faultRow = std::stoll(value());
       else if (a == "--keyframe-every") o.keyframeEvery = std::stoll(value());
+      else if (a == "--jit-optimize") o.jitOptimize = true;
       else throw std::invalid_argument("unknown option " + a);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "crashcap-test-trainings: %s\n", e.what());
     return usage(stderr, 2);
   }
-  torch::jit::setGraphExecutorOptimize(false);
+  torch::jit::setGraphExecutorOptimize(o.jitOptimize);
   torch::manual_seed(7);
   Training t;
   if (o.training == "pow-overflow") t = powOverflow(o);

@@ -9,9 +9,11 @@
 #include <c10/core/impl/VirtualGuardImpl.h>
 #include <c10/util/Exception.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <torch/csrc/api/include/torch/version.h>
 #include <torch/csrc/jit/api/module.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
+#include <torch/nn/module.h>
 #include <torch/optim.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -444,13 +446,45 @@ void Recorder::setModel(std::vector<std::pair<std::string, at::Tensor>> paramete
   m.writer->push({Impl::recordJob(program, Job::Kind::RunRecord)});
 }
 
+void Recorder::setModel(const torch::OrderedDict<std::string, at::Tensor>& parameters,
+                        const torch::OrderedDict<std::string, at::Tensor>& buffers) {
+  auto pairs = [](const torch::OrderedDict<std::string, at::Tensor>& items) {
+    std::vector<std::pair<std::string, at::Tensor>> out;
+    for (const auto& item : items) out.emplace_back(item.key(), item.value());
+    return out;
+  };
+  setModel(pairs(parameters), pairs(buffers));
+}
+
+void Recorder::setModel(const torch::nn::Module& module) {
+  setModel(module.named_parameters(true), module.named_buffers(true));
+}
+
 void Recorder::setOptimizer(torch::optim::Optimizer& optimizer, Recipe recipe) {
   auto& m = *impl_;
+  std::unordered_map<const void*, std::string> names;
+  for (const auto& [n, t] : m.parameters) names[t.unsafeGetTensorImpl()] = n;
+  // Every tensor the optimizer updates must be one the keyframes hold, or replay would restore
+  // weights without their optimizer state (or miss weights): a setup error, said now.
+  size_t group = 0;
+  for (const auto& g : optimizer.param_groups()) {
+    size_t index = 0;
+    for (const auto& p : g.params()) {
+      if (!names.count(p.unsafeGetTensorImpl()))
+        throw crashcap::Error(
+            crashcap::ErrorCode::InvalidArgument,
+            fmt::format("the optimizer's parameter {} of group {} (shape [{}]) is not among the {} parameters given to {}",
+                        index, group, fmt::join(p.sizes(), ","), m.parameters.size(),
+                        m.parameters.empty() ? "setProgram or setModel (neither was called)" : "setProgram or setModel"),
+            "give setModel the tensors the optimizer was built from (module.named_parameters(), not copies made by "
+            ".clone() or .to()), and call setProgram or setModel before setOptimizer");
+      ++index;
+    }
+    ++group;
+  }
   m.optimizer = &optimizer;
   m.recipe = recipe;
   if (!m.writer) return;
-  std::unordered_map<const void*, std::string> names;
-  for (const auto& [n, t] : m.parameters) names[t.unsafeGetTensorImpl()] = n;
   size_t unnamed = 0;
   auto spec = formats::torch::describeOptimizer(
       optimizer,
@@ -461,10 +495,6 @@ void Recorder::setOptimizer(torch::optim::Optimizer& optimizer, Recipe recipe) {
       unnamed);
   spec.gradClipNorm = recipe.gradClipNorm;
   spec.gradClipNormType = recipe.gradClipNormType;
-  if (unnamed)
-    m.warn(fmt::format("{} optimizer parameters are not among the program's parameters; their state is not "
-                       "recorded (call setProgram or setModel first)",
-                       unnamed));
   m.writer->push({Impl::recordJob(spec, Job::Kind::RunRecord)});
 }
 

@@ -36,13 +36,6 @@ torch::Tensor loss(Net& net, const torch::Tensor& x, const torch::Tensor& y) {
   return torch::nn::functional::cross_entropy(net->forward(x), y);
 }
 
-template <typename Map>
-std::vector<std::pair<std::string, at::Tensor>> named(const Map& items) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& i : items) out.emplace_back(i.key(), i.value());
-  return out;
-}
-
 /// Trains with the recorder until step 6's batch, whose row 2 holds a NaN, stops it.
 std::string recordCrash(const test::TempDir& dir) {
   torch::manual_seed(7);
@@ -51,7 +44,7 @@ std::string recordCrash(const test::TempDir& dir) {
   recorder::Policy policy;
   policy.keyframeEvery = 4;
   recorder::Recorder rec(dir.path(), policy);
-  rec.setModel(named(net->named_parameters()), named(net->named_buffers()));
+  rec.setModel(*net);  // the module as it comes
   rec.setOptimizer(opt);
   try {
     for (int64_t step = 0; step < 10; ++step) {
@@ -123,7 +116,7 @@ TEST_CASE("an error thrown from C++ replays as its message, without LibTorch's b
     recorder::Policy policy;
     policy.keyframeEvery = 2;
     recorder::Recorder rec(dir.path(), policy);
-    rec.setModel(named(net->named_parameters()), named(net->named_buffers()));
+    rec.setModel(net->named_parameters(), net->named_buffers());
     rec.setOptimizer(opt);
     try {
       for (int64_t step = 0; step < 8; ++step) {
@@ -151,4 +144,35 @@ TEST_CASE("an error thrown from C++ replays as its message, without LibTorch's b
   CHECK(r.error == "label 99 is out of range for 3 classes");
   CHECK(r.error.find("frame #") == std::string::npos);
   CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);
+}
+
+TEST_CASE("setModel refuses an optimizer that updates tensors it was not given", "[replayer][module]") {
+  test::TempDir dir;
+  Net net;
+  recorder::Policy policy;
+  policy.quiet = true;
+  {
+    // Copies of the weights: a keyframe would hold tensors the training never updates.
+    std::vector<std::pair<std::string, at::Tensor>> copies;
+    for (const auto& p : net->named_parameters()) copies.emplace_back(p.key(), p.value().clone());
+    torch::optim::Adam opt(net->parameters(), torch::optim::AdamOptions(1e-3).amsgrad(true));
+    recorder::Recorder rec(dir.path(), policy);
+    rec.setModel(copies, {});
+    try {
+      rec.setOptimizer(opt);
+      FAIL("setOptimizer accepted an optimizer over other tensors");
+    } catch (const crashcap::Error& e) {
+      CHECK(e.code() == ErrorCode::InvalidArgument);
+      CHECK(std::string(e.what()).find("the optimizer's parameter 0 of group 0 (shape [16,12]) is not among the 6 "
+                                       "parameters given to setProgram or setModel") != std::string::npos);
+      CHECK(e.hint().find("not copies") != std::string::npos);
+    }
+  }
+  {
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    recorder::Recorder rec(dir.path(), policy);
+    CHECK_THROWS_AS(rec.setOptimizer(opt), crashcap::Error);  // no setModel at all
+    rec.setModel(*net);
+    CHECK_NOTHROW(rec.setOptimizer(opt));
+  }
 }

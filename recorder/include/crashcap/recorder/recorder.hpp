@@ -31,6 +31,13 @@
 #include <utility>
 #include <vector>
 
+namespace torch {
+template <typename Key, typename Value>
+class OrderedDict;
+}
+namespace torch::nn {
+class Module;
+}
 namespace torch::jit {
 struct Module;
 }
@@ -153,10 +160,17 @@ class Recorder {
   /// The TorchScript step program; `inputs` name forward's batch arguments in order. Its
   /// parameters and buffers are what keyframes hold. The module is shared, not copied.
   void setProgram(const torch::jit::Module& module, std::vector<std::string> inputs);
-  /// Without a step program (a torch::nn::Module): the named tensors keyframes hold.
+  /// Without a step program (a torch::nn::Module): the named tensors keyframes hold, as the
+  /// module gives them (named_parameters(), named_buffers()), the module itself, or a list.
+  /// They must be the tensors the optimizer updates (setOptimizer checks), not copies.
+  void setModel(const torch::nn::Module& module);
+  void setModel(const torch::OrderedDict<std::string, at::Tensor>& parameters,
+                const torch::OrderedDict<std::string, at::Tensor>& buffers);
   void setModel(std::vector<std::pair<std::string, at::Tensor>> parameters,
                 std::vector<std::pair<std::string, at::Tensor>> buffers);
   /// The optimizer (must outlive the recorder) and the recipe. Call after setProgram/setModel.
+  /// Throws crashcap::Error{InvalidArgument} when the optimizer updates a tensor that is not
+  /// among the program's or model's parameters (a keyframe could not restore its state).
   void setOptimizer(torch::optim::Optimizer& optimizer, Recipe recipe = {});
 
   /// Records step `step`'s batch (copied now), generator states and learning rates, and a

@@ -15,6 +15,9 @@
 // dice-valid0    per-pixel model with a Dice loss over "valid" pixels and no epsilon, Adam; row R of
 //                step S has no valid pixel, so its Dice term divides 0 by 0 (a legitimate input
 //                the loss cannot handle: every value is in range).
+// gaussian-nll   heteroscedastic regression: a Gaussian negative log-likelihood whose variance is
+//                the model's raw output clamped at 0, RMSprop; row R of step S has features that
+//                drive its variance to 0 (log 0 and a division by 0 on in-range data).
 // warmup-jump    autoencoder on Nesterov SGD with a linear warm-up to 0.01 by step 4, then a
 //                schedule bug sets the rate to 100 from step S on; the weights run away.
 //
@@ -129,6 +132,30 @@ def forward(self, x: Tensor, mask: Tensor, valid: Tensor) -> Tensor:
   return t;
 }
 
+Training gaussianNll(const Options& o) {
+  Training t;
+  addParameter(t.module, "w", torch::randn({6, 2}) * 0.2);
+  addParameter(t.module, "b", torch::tensor({0.0, 1.0}));
+  t.module.define(R"(
+def forward(self, x: Tensor, y: Tensor) -> Tensor:
+    out = torch.matmul(x, self.w) + self.b
+    mean = out[:, 0]
+    var = torch.clamp(out[:, 1], min=0.0)
+    return torch.mean(0.5 * torch.log(var) + (y - mean) ** 2 / (2.0 * var))
+)");
+  t.inputs = {"x", "y"};
+  t.optimizer = std::make_unique<torch::optim::RMSprop>(parameters(t.module), torch::optim::RMSpropOptions(1e-3));
+  at::Tensor w = t.module.attr("w").toTensor();
+  t.batch = [o, w](int64_t step) {
+    auto x = torch::randn({8, 6}) * 0.5;
+    auto y = torch::randn({8});
+    // Features of ordinary size whose signs oppose the variance weights: its variance clamps to 0.
+    if (step == o.faultStep) x[o.faultRow] = -1.5 * torch::sign(w.detach().select(1, 1));
+    return std::vector<at::Tensor>{x, y};
+  };
+  return t;
+}
+
 Training warmupJump(const Options& o) {
   Training t;
   addParameter(t.module, "enc", torch::randn({16, 4}) * 0.3);
@@ -148,7 +175,8 @@ def forward(self, x: Tensor) -> Tensor:
 
 int usage(std::FILE* to, int code) {
   std::fprintf(to,
-               "usage: crashcap-test-trainings --training pow-overflow|embedding-oob|dice-valid0|warmup-jump\n"
+               "usage: crashcap-test-trainings --training pow-overflow|embedding-oob|dice-valid0|gaussian-nll|\n"
+               "       warmup-jump\n"
                "       --record DIR [--steps N] [--fault-step S] [--fault-row R] [--keyframe-every K] [--jit-optimize]\n");
   return code;
 }
@@ -185,6 +213,7 @@ int main(int argc, char** argv) {
   else if (o.training == "embedding-oob") t = embeddingOob(o);
   else if (o.training == "dice-valid0") t = diceValid0(o);
   else if (o.training == "warmup-jump") t = warmupJump(o);
+  else if (o.training == "gaussian-nll") t = gaussianNll(o);
   else return usage(stderr, 2);
 
   recorder::Policy policy;

@@ -3,6 +3,7 @@
 // wrong — an op's own values under the TorchScript interpreter, evidence that names the value
 // outside the failing op's domain and never an ordinary one, a legitimate input the loss cannot
 // handle, the learning-rate jump that precedes divergence, and autocast's cache in replay.
+// And TorchScript's optimising graph executor (LibTorch's default) under replay.
 #include <catch2/catch.hpp>
 
 #include <nlohmann/json.hpp>
@@ -130,6 +131,22 @@ TEST_CASE("triage reports rows that trigger a Dice loss's 0/0 as a legitimate in
   CHECK(j["culprit"]["rows"] == json::array({3}));
 }
 
+TEST_CASE("triage reports in-range features that drive a Gaussian NLL's variance to 0 as an edge case of the loss, "
+          "at aten::log",
+          "[trainings][triage]") {
+  test::TempDir dir;
+  auto j = triage(crashBundle(dir, "gaussian-nll"));
+  INFO(j.dump(2));
+  CHECK(hypothesis(j, "invalid-data")["verdict"] != "confirmed");
+  const auto& numerics = hypothesis(j, "loss-numerics");
+  CHECK(numerics["verdict"] == "confirmed");
+  CHECK(evidenceHas(numerics, "aten::log (forward, step 6) turns finite inputs into NaN/Inf"));
+  CHECK(evidenceHas(numerics, "an input of aten::log reaches 0"));
+  CHECK(evidenceHas(numerics, "batch row [3] triggers it with values in range"));
+  CHECK(hypothesis(j, "optimizer-divergence")["verdict"] == "refuted");
+  CHECK(j["culprit"]["rows"] == json::array({3}));
+}
+
 TEST_CASE("triage names the learning-rate jump before the divergence, not the warm-up, and autocast does not leak "
           "across replayed steps",
           "[trainings][triage]") {
@@ -146,4 +163,16 @@ TEST_CASE("triage names the learning-rate jump before the divergence, not the wa
   CHECK(hypothesis(j, "config-dependent")["verdict"] != "confirmed");
   CHECK_FALSE(anyEvidenceHas(j, "torch.autocast=true"));
   CHECK(hypothesis(j, "invalid-data")["verdict"] == "refuted");
+}
+
+TEST_CASE("every training replays bit for bit with TorchScript's graph executor optimising", "[trainings]") {
+  for (const char* training : {"pow-overflow", "embedding-oob", "dice-valid0", "gaussian-nll"}) {
+    DYNAMIC_SECTION(training) {
+      test::TempDir dir;
+      auto bundle = crashBundle(dir, training, {"--jit-optimize", "--steps", "16", "--fault-step", "10"});
+      auto r = replayer::replay(bundle);
+      CHECK(r.keyframe == 8);
+      CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);
+    }
+  }
 }

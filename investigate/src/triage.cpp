@@ -175,6 +175,23 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
   Triage t;
   TriageFacts& f = t.facts;
   f.bundle = bundle;
+  {
+    auto reader = formats::BundleReader::open(bundle);
+    auto records = formats::readRecords(*reader);
+    if (records.crash) f.crashStep = records.crash->step;
+    if (records.program && records.program->format != "torchscript") {
+      // Every experiment is a replay from the command line, which needs the step program: say
+      // so once instead of running each to the same failure.
+      f.replayOutcome = fmt::format(
+          "the recording has no TorchScript step program (format '{}': Recorder::setModel), which the command line "
+          "cannot replay yet; replay it from C++ with crashcap::replayer::replay(bundle, model, stepFunction), "
+          "crashcap/replayer/replay_module.hpp",
+          records.program->format);
+      t.hypotheses = judge(f);
+      t.culprit = findCulprit(f);
+      return t;
+    }
+  }
   f.replay = run("reproduce", {"replay", bundle, "--json"}, replayResultFromJson);
   if (!f.replay) f.replayOutcome = runner.log().back().outcome;
   f.steps = run("bisect-steps", {"bisect", "steps", bundle, "--json"}, stepBisectionFromJson);

@@ -367,7 +367,7 @@ std::vector<Hypothesis> judge(const TriageFacts& facts) {
 
 Culprit findCulprit(const TriageFacts& f) {
   Culprit c;
-  if (f.step() >= 0) c.step = f.step();
+  if (f.step() >= 0) c.step = f.step();  // replayed, or as recorded when replay could not run
   // Rows are a culprit only when they trigger the failure (any single row fails a diverged run).
   if (f.rowsTrigger()) {
     if (auto rows = f.culpritRows(); !rows.empty()) c.rows = rows;

@@ -18,6 +18,8 @@
 // gaussian-nll   heteroscedastic regression: a Gaussian negative log-likelihood whose variance is
 //                the model's raw output clamped at 0, RMSprop; row R of step S has features that
 //                drive its variance to 0 (log 0 and a division by 0 on in-range data).
+// module-amsgrad a torch::nn::Module MLP (LayerNorm, GELU, dropout) recorded with setModel, AMSGrad
+//                Adam, cross-entropy; row R of step S's x holds a NaN.
 // warmup-jump    autoencoder on Nesterov SGD with a linear warm-up to 0.01 by step 4, then a
 //                schedule bug sets the rate to 100 from step S on; the weights run away.
 //
@@ -46,6 +48,8 @@ struct Options {
 
 struct Training {
   torch::jit::Module module{"Training"};
+  std::shared_ptr<torch::nn::Module> model;  ///< set: recorded with setModel, not setProgram
+  std::function<at::Tensor(const std::vector<at::Tensor>&)> loss;  ///< set with `model`
   std::vector<std::string> inputs;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::function<std::vector<at::Tensor>(int64_t step)> batch;
@@ -173,10 +177,43 @@ def forward(self, x: Tensor) -> Tensor:
   return t;
 }
 
+/// A torch::nn::Module training recorded with setModel (no TorchScript program).
+struct MlpImpl : torch::nn::Module {
+  MlpImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(10, 32));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})));
+    drop = register_module("drop", torch::nn::Dropout(0.1));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 4));
+  }
+  torch::Tensor forward(torch::Tensor x) { return fc2(drop(torch::gelu(norm(fc1(x))))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+  torch::nn::Dropout drop{nullptr};
+};
+TORCH_MODULE(Mlp);
+
+Training moduleAmsgrad(const Options& o) {
+  Training t;
+  Mlp net;
+  t.model = net.ptr();
+  t.inputs = {"x", "y"};
+  t.optimizer = std::make_unique<torch::optim::Adam>(net->parameters(), torch::optim::AdamOptions(1e-3).amsgrad(true));
+  t.loss = [net](const std::vector<at::Tensor>& b) mutable {
+    return torch::nn::functional::cross_entropy(net->forward(b[0]), b[1]);
+  };
+  t.batch = [o](int64_t step) {
+    auto x = torch::randn({8, 10});
+    auto y = torch::randint(0, 4, {8});
+    if (step == o.faultStep) x[o.faultRow][2] = std::nan("");
+    return std::vector<at::Tensor>{x, y};
+  };
+  return t;
+}
+
 int usage(std::FILE* to, int code) {
   std::fprintf(to,
                "usage: crashcap-test-trainings --training pow-overflow|embedding-oob|dice-valid0|gaussian-nll|\n"
-               "       warmup-jump\n"
+               "       warmup-jump|module-amsgrad\n"
                "       --record DIR [--steps N] [--fault-step S] [--fault-row R] [--keyframe-every K] [--jit-optimize]\n");
   return code;
 }
@@ -214,12 +251,20 @@ int main(int argc, char** argv) {
   else if (o.training == "dice-valid0") t = diceValid0(o);
   else if (o.training == "warmup-jump") t = warmupJump(o);
   else if (o.training == "gaussian-nll") t = gaussianNll(o);
+  else if (o.training == "module-amsgrad") t = moduleAmsgrad(o);
   else return usage(stderr, 2);
 
   recorder::Policy policy;
   policy.keyframeEvery = o.keyframeEvery;
   recorder::Recorder rec(o.record, policy);
-  rec.setProgram(t.module, t.inputs);
+  if (t.model) {
+    rec.setModel(*t.model);
+  } else {
+    rec.setProgram(t.module, t.inputs);
+    t.loss = [&t](const std::vector<at::Tensor>& b) {
+      return t.module.forward(std::vector<c10::IValue>(b.begin(), b.end())).toTensor();
+    };
+  }
   rec.setOptimizer(*t.optimizer);
   int64_t step = 0;
   try {
@@ -232,7 +277,7 @@ int main(int argc, char** argv) {
       named.emplace_back(formats::kDatasetIndexName, torch::arange(step * 100, step * 100 + batch[0].size(0)));
       auto guard = rec.beginStep(step, named);
       t.optimizer->zero_grad();
-      auto loss = t.module.forward(std::vector<c10::IValue>(batch.begin(), batch.end())).toTensor();
+      auto loss = t.loss(batch);
       loss.backward();
       guard.end(loss);
       t.optimizer->step();

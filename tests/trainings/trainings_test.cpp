@@ -176,3 +176,21 @@ TEST_CASE("every training replays bit for bit with TorchScript's graph executor 
     }
   }
 }
+
+TEST_CASE("triage of a setModel recording says replay could not run and why, with the recorded step", "[trainings][triage]") {
+  test::TempDir dir;
+  auto j = triage(crashBundle(dir, "module-amsgrad"));
+  INFO(j.dump(2));
+  CHECK(j["reproduced"] == false);
+  CHECK(j["step"] == 6);
+  CHECK(j["culprit"]["step"] == 6);
+  CHECK(j["experiments"].empty());  // each would fail the same way
+  for (const auto& h : j["hypotheses"]) {
+    INFO(h["id"]);
+    CHECK(h["verdict"] == "inconclusive");
+    CHECK(h["evidence"][0].get<std::string>().rfind(
+              "replay could not run (the recording has no TorchScript step program (format 'module': Recorder::setModel)",
+              0) == 0);
+    CHECK_FALSE(evidenceHas(h, "does not reproduce"));
+  }
+}

@@ -71,7 +71,8 @@ struct RowFinding {
 struct TriageFacts {
   std::string bundle;
   std::optional<replayer::ReplayResult> replay;      ///< the failing step, as recorded
-  std::string replayOutcome;                         ///< the replay experiment's outcome when it gave no result
+  std::string replayOutcome;                         ///< why replay gave no result (the experiment's outcome)
+  int64_t crashStep = -1;                            ///< the recorded crash's step (-1: none recorded)
   std::optional<StepBisection> steps;
   std::optional<SampleBisection> samples;
   std::optional<replayer::ReplayResult> withoutRows; ///< the failing step without the culprit rows
@@ -87,8 +88,8 @@ struct TriageFacts {
   bool rowsTrigger() const;
   /// Whether any finding in the culprit rows is an invalid value.
   bool rowsInvalid() const;
-  /// The failing step (-1 unknown).
-  int64_t step() const { return replay ? replay->step : -1; }
+  /// The failing step: the replayed one, else the recorded crash's (-1 unknown).
+  int64_t step() const { return replay ? replay->step : crashStep; }
   /// Why replay could not test the failing step at all (it did not run, or the recording lost a
   /// step on the way), as evidence; nullopt when it could. A rule that needs the failing step
   /// says this instead of reading an absence of failure as a finding.

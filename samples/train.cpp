@@ -40,9 +40,8 @@ TrainResult train(const TrainOptions& o) {
   for (const auto& [name, value] : o.settings) formats::torch::applySetting(name, value);
   // Tests only: CRASHCAP_FAULT_INJECT makes a chosen op misbehave under a chosen condition.
   testing::installFaultInjection();
-  // The profiling executor re-optimises the graph after the first calls, and the optimised
-  // backward can differ from the first call's in the last bit; replay must compute exactly
-  // what the recording did, so the samples run the unoptimised graph (the replayer does too).
+  // The samples run TorchScript's unoptimised graph unless --jit-optimize; the recording keeps
+  // the setting and replay follows it either way (docs/REPLAY.md, "TorchScript's graph executor").
   torch::jit::setGraphExecutorOptimize(o.jitOptimize);
   // The global generator feeds the classifier's dropout; seeding it makes the run repeatable
   // and is the state the recorder captures before each step.

@@ -9,6 +9,7 @@
 #include <cmath>
 
 #include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/inspect/host_tensor.hpp"
@@ -50,7 +51,7 @@ std::optional<IndexDomain> domainOf(const formats::OpData& op) {
     d.size = in[0].shape[1];
     d.indexShape = in[1].shape;
     d.sourceShape = in[0].shape;
-    d.negativesAllowed = true;  // ignore_index, -100 by default
+    d.ignoreIndex = -100;  // the loss's ignore_index: PyTorch's default (the op trace keeps no scalar values)
     return d;
   }
   return std::nullopt;
@@ -64,13 +65,24 @@ double largestMagnitude(const inspect::TensorStats& st) {
   return m;
 }
 
+/// The first value of `row` outside `d` (a loss's ignore_index is inside), nullopt when none.
+std::optional<double> firstOutside(const inspect::HostTensor& row, const IndexDomain& d) {
+  const uint64_t n = row.numel();
+  for (uint64_t i = 0; i < n; ++i) {
+    double v = row.at(i);
+    if (v >= static_cast<double>(d.size)) return v;
+    if (v < 0 && !(d.ignoreIndex && v == static_cast<double>(*d.ignoreIndex))) return v;
+  }
+  return std::nullopt;
+}
+
 /// How many times every other row's largest magnitude a row must reach to be an outlier.
 constexpr double kOutlierFactor = 100;
 
 }  // namespace
 
 std::string IndexDomain::describe() const {
-  if (negativesAllowed)
+  if (ignoreIndex)
     return fmt::format("the loss ({}) sees {} classes (logits [{}])", op, size, fmt::join(sourceShape, ","));
   return fmt::format("the embedding ({}) has {} rows (table [{}])", op, size, fmt::join(sourceShape, ","));
 }
@@ -81,11 +93,13 @@ std::vector<IndexDomain> findIndexDomains(const std::string& bundle) {
   std::vector<IndexDomain> out;
   if (!records.opTrace) return out;
   const auto& ops = records.opTrace->ops;
-  // The newest call of each op: the one the failing step ran.
+  // Every distinct domain, newest first (several embedding tables: tokens, positions, segments).
   for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
     auto d = domainOf(*it);
     if (!d) continue;
-    bool seen = std::any_of(out.begin(), out.end(), [&](const IndexDomain& o) { return o.op == d->op; });
+    bool seen = std::any_of(out.begin(), out.end(), [&](const IndexDomain& o) {
+      return o.op == d->op && o.sourceShape == d->sourceShape && o.indexShape == d->indexShape;
+    });
     if (!seen) out.push_back(*d);
   }
   return out;
@@ -97,6 +111,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   auto reader = formats::BundleReader::open(bundle);
   const std::string prefix = formats::batchTensorName(step, "");
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
+  auto isCulprit = [&](int64_t r) { return std::find(rows.begin(), rows.end(), r) != rows.end(); };
   for (const auto& info : reader->tensors()) {
     if (info.name.rfind(prefix, 0) != 0 || info.name == index) continue;
     auto t = inspect::loadTensor(*reader, info.name);  // once per tensor, not per culprit row
@@ -104,15 +119,25 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
     const int64_t batch = t.shape[0];
     const bool floating = formats::isFloating(t.dtype) || formats::isComplex(t.dtype);
     const bool integer = !floating && t.dtype != formats::DType::Bool;
-    // Every row's statistics: a culprit row is judged against the batch's other rows.
+    // Every row and its statistics: a culprit row is judged against the batch's other rows.
+    std::vector<inspect::HostTensor> rowTensors;
     std::vector<inspect::TensorStats> stats;
-    for (int64_t r = 0; r < batch; ++r) stats.push_back(inspect::computeStats(inspect::applySlice(t, inspect::parseSlice(std::to_string(r)))));
-    // The domains that apply to this tensor: an op's index input of the same shape (or element
-    // count, when the program flattens it).
+    for (int64_t r = 0; r < batch; ++r) {
+      rowTensors.push_back(inspect::applySlice(t, inspect::parseSlice(std::to_string(r))));
+      stats.push_back(inspect::computeStats(rowTensors.back()));
+    }
+    // The domains that apply to this tensor: an op's index input of its shape (or element count,
+    // when the program flattens it) that every other row of the batch fits. Two tables indexed
+    // by same-shaped tensors (user and item ids) are told apart by the rows that work.
     std::vector<const IndexDomain*> applicable;
     if (integer)
-      for (const auto& d : domains)
-        if (d.indexShape == t.shape || elements(d.indexShape) == elements(t.shape)) applicable.push_back(&d);
+      for (const auto& d : domains) {
+        if (d.indexShape != t.shape && elements(d.indexShape) != elements(t.shape)) continue;
+        bool othersFit = true;
+        for (int64_t o = 0; o < batch && othersFit; ++o)
+          if (!isCulprit(o)) othersFit = !firstOutside(rowTensors[o], d);
+        if (othersFit) applicable.push_back(&d);
+      }
     for (int64_t r : rows) {
       if (r < 0 || r >= batch) continue;
       const auto& st = stats[r];
@@ -123,7 +148,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       double othersMax = 0;
       bool othersAllZero = true;
       for (int64_t o = 0; o < batch; ++o) {
-        if (std::find(rows.begin(), rows.end(), o) != rows.end()) continue;
+        if (isCulprit(o)) continue;
         othersMax = std::max(othersMax, largestMagnitude(stats[o]));
         othersAllZero = othersAllZero && stats[o].zeroCount == stats[o].count;
       }
@@ -136,17 +161,14 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       }
       bool found = false;
       for (const IndexDomain* d : applicable) {
-        if (!st.max || !st.min) break;
-        std::optional<double> bad;
-        if (*st.max >= static_cast<double>(d->size)) bad = *st.max;
-        else if (*st.min < 0 && !d->negativesAllowed) bad = *st.min;
-        if (!bad) continue;
-        f.kind = RowFinding::Kind::OutOfDomain;
-        f.value = *bad;
-        f.domain = *d;
-        out.push_back(f);
-        found = true;
-        break;
+        if (auto bad = firstOutside(rowTensors[r], *d)) {
+          f.kind = RowFinding::Kind::OutOfDomain;
+          f.value = *bad;
+          f.domain = *d;
+          out.push_back(f);
+          found = true;
+          break;
+        }
       }
       if (found) continue;
       const double magnitude = largestMagnitude(st);
@@ -175,18 +197,22 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
   Triage t;
   TriageFacts& f = t.facts;
   f.bundle = bundle;
-  {
-    auto reader = formats::BundleReader::open(bundle);
-    auto records = formats::readRecords(*reader);
-    if (records.crash) f.crashStep = records.crash->step;
-    if (records.program && records.program->format != "torchscript") {
+  std::optional<formats::BundleRecords> records;
+  try {
+    records = formats::readRecords(*formats::BundleReader::open(bundle));
+  } catch (const Error&) {
+    // A bundle too damaged to read (investigated with --allow-damaged): the experiments say what fails.
+  }
+  if (records) {
+    if (records->crash) f.crashStep = records->crash->step;
+    if (records->program && records->program->format != "torchscript") {
       // Every experiment is a replay from the command line, which needs the step program: say
       // so once instead of running each to the same failure.
       f.replayOutcome = fmt::format(
           "the recording has no TorchScript step program (format '{}': Recorder::setModel), which the command line "
           "cannot replay yet; replay it from C++ with crashcap::replayer::replay(bundle, model, stepFunction), "
           "crashcap/replayer/replay_module.hpp",
-          records.program->format);
+          records->program->format);
       t.hypotheses = judge(f);
       t.culprit = findCulprit(f);
       return t;

@@ -119,8 +119,8 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
       h.verdict = V::Confirmed;
     } else {
       h.evidence.push_back(fmt::format(
-          "but no value in {} is invalid: all finite, within the other rows' range and inside every index domain the "
-          "ops saw, so the rows are an input the step cannot handle rather than bad data",
+          "but nothing in {} was found invalid (no NaN/Inf, no magnitude 100x beyond the other rows', no index outside "
+          "a domain the op trace shows), so the rows look like an input the step cannot handle rather than bad data",
           rows.size() == 1 ? "it" : "them"));
       for (const auto& r : f.rowFindings) h.evidence.push_back(rowFindingText(r));
     }

@@ -488,13 +488,20 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
 
   // TorchScript's optimising graph executor runs a program's first calls as profiling runs and
   // the later ones through the graph it optimised from them, whose arithmetic (fused, reordered)
-  // can differ from the profiling runs' in the last bit. The keyframe's step was not the recorded
-  // run's first call, so replay makes the calls a run makes first: forward and backward on the
-  // keyframe step's batch, before the keyframe is restored (which overwrites what they changed).
+  // can differ from the profiling runs' in the last bit. Replay makes the calls the recorded
+  // process made before the keyframe's step (one per step; as many as the executor profiles
+  // before it optimises): forward and backward on the keyframe step's batch, before the keyframe
+  // is restored (which overwrites weights, buffers and gradients), with autocast's cache dropped
+  // after them. The process's first step is the one whose previous step is -1; when the window no
+  // longer holds it, the process made more calls than the executor profiles.
   if (program.torchScript && torch::jit::getGraphExecutorOptimize()) {
+    const int64_t profiling = static_cast<int64_t>(torch::jit::getNumProfiledRuns()) + 1;
+    int64_t calls = profiling;
+    for (auto b = begins.begin(); b != begins.end() && b->first <= keyframe->step; ++b)
+      if (b->second->previousStep == -1)
+        calls = std::min<int64_t>(profiling, std::distance(b, begins.lower_bound(keyframe->step)));
     auto first = begins.lower_bound(keyframe->step);
-    const int64_t calls = std::min<int64_t>(keyframe->step, static_cast<int64_t>(torch::jit::getNumProfiledRuns()) + 1);
-    if (first != begins.end() && first->first < stopBefore) {
+    if (calls > 0 && first != begins.end() && first->first < stopBefore) {
       Batch batch;
       for (const auto& input : program.inputs(*first->second))
         batch.emplace_back(input, onDevice(formats::torch::readTensor(*reader, formats::batchTensorName(first->first, input))));
@@ -507,6 +514,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
         }
       }
       for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+      at::autocast::clear_cache();  // the casts of the weights before the keyframe restore
     }
   }
 

@@ -65,7 +65,7 @@ int main(int argc, char** argv) {
   if (dir.empty() || steps < 1) return usage(stderr);
 
   torch::set_num_threads(1);
-  torch::jit::setGraphExecutorOptimize(false);  // replay runs the unoptimised graph too
+  torch::jit::setGraphExecutorOptimize(false);  // as the samples; replay follows the recorded setting
   torch::manual_seed(2026);
   auto model = makeModel();
   std::vector<at::Tensor> params;

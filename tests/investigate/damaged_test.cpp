@@ -65,7 +65,8 @@ TEST_CASE("a bundle cut at any record boundary is found damaged, and replay, bis
     INFO("cut at byte " << cuts[i]);
     cutCopy(bytes, cuts[i], cut);
     for (std::vector<std::string> args : {std::vector<std::string>{"replay", cut}, {"replay", cut, "--json"},
-                                          {"bisect", "steps", cut}, {"bisect", "samples", cut}, {"triage", cut}}) {
+                                          {"bisect", "steps", cut}, {"bisect", "samples", cut}, {"triage", cut},
+                                          {"report", cut}}) {
       args.insert(args.begin(), test::binPath("crashcap"));
       auto r = test::run(args, 120);
       INFO(args[1] << " " << args[2] << ": " << r.out << r.err);
@@ -81,6 +82,22 @@ TEST_CASE("a bundle cut at any record boundary is found damaged, and replay, bis
   cutCopy(bytes, cuts[cuts.size() / 2], cut);
   auto r = test::run({test::binPath("crashcap"), "replay", cut, "--allow-damaged"}, 300);
   INFO(r.out << r.err);
+  CHECK(r.exitCode == 0);
   CHECK(r.err.find("is damaged") != std::string::npos);
   CHECK(r.err.find("going on: --allow-damaged") != std::string::npos);
+  CHECK(r.out.find("verdict  ") != std::string::npos);
+
+  // What `crashcap recover` keeps of it passes verify, but has lost the crash record: still refused.
+  const std::string recovered = dir.file("recovered.ccap");
+  auto rec = test::run({test::binPath("crashcap"), "recover", cut, recovered}, 120);
+  INFO(rec.out << rec.err);
+  REQUIRE(rec.exitCode == 0);
+  CHECK(test::run({test::binPath("crashcap"), "verify", recovered}, 120).exitCode == 0);
+  auto again = test::run({test::binPath("crashcap"), "replay", recovered}, 120);
+  INFO(again.out << again.err);
+  CHECK(again.exitCode == 2);
+  CHECK(again.err.find("recovered from a damaged file") != std::string::npos);
+
+  // The intact bundle is not refused.
+  CHECK(test::run({test::binPath("crashcap"), "replay", bundle}, 300).exitCode == 0);
 }

@@ -5,6 +5,10 @@
 
 #include <cmath>
 
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/records.hpp"
+#include "test_support.hpp"
+
 #include "crashcap/investigate/triage.hpp"
 
 using namespace crashcap;
@@ -130,6 +134,7 @@ TEST_CASE("invalid-data is confirmed when the failure needs the rows and goes aw
   RowFinding nan;
   nan.row = 3;
   nan.tensor = "steps/6/batch/image";
+  nan.kind = RowFinding::Kind::NonFinite;
   nan.nanCount = 64;
   f.rowFindings = {nan};
   auto h = judgeInvalidData(f);
@@ -156,7 +161,7 @@ TEST_CASE("invalid-data names a value outside the failing op's domain, and the d
   auto f = reproducedAt6();
   f.samples = samplesFound({5});
   f.withoutRows = replayOf(Verdict::NotReproduced);
-  f.rowFindings = {outOfDomain(5, "steps/6/batch/label", 10, IndexDomain{"aten::nll_loss", 10, {32}, {32, 10}, true}, true)};
+  f.rowFindings = {outOfDomain(5, "steps/6/batch/label", 10, IndexDomain{"aten::nll_loss", 10, {32}, {32, 10}, -100}, true)};
   auto h = judgeInvalidData(f);
   CHECK(h.verdict == V::Confirmed);
   CHECK(has(h, "row 5 of steps/6/batch/label is 10, outside 0..9: the loss (aten::nll_loss) sees 10 classes (logits [32,10])"));
@@ -164,7 +169,7 @@ TEST_CASE("invalid-data names a value outside the failing op's domain, and the d
   auto g = reproducedAt6();
   g.samples = samplesFound({4});
   g.withoutRows = replayOf(Verdict::NotReproduced);
-  g.rowFindings = {outOfDomain(4, "steps/6/batch/tokens", 40, IndexDomain{"aten::embedding", 32, {8, 12}, {32, 8}, false}, false)};
+  g.rowFindings = {outOfDomain(4, "steps/6/batch/tokens", 40, IndexDomain{"aten::embedding", 32, {8, 12}, {32, 8}, std::nullopt}, false)};
   auto k = judgeInvalidData(g);
   CHECK(k.verdict == V::Confirmed);
   CHECK(has(k, "row 4 of steps/6/batch/tokens holds 40, outside 0..31: the embedding (aten::embedding) has 32 rows (table [32,8])"));
@@ -185,7 +190,7 @@ TEST_CASE("rows that trigger the failure with values in range are not invalid da
   auto h = judgeInvalidData(f);
   CHECK(h.verdict == V::Inconclusive);
   CHECK(h.evidence.at(0) == "step 6 fails with batch row [2] alone and passes without it (7 replays)");
-  CHECK(has(h, "but no value in it is invalid"));
+  CHECK(has(h, "but nothing in it was found invalid"));
   CHECK(has(h, "row 2 of steps/6/batch/valid is all zeros, unlike the batch's other rows"));
   auto n = judgeLossNumerics(f);
   CHECK(n.verdict == V::Confirmed);
@@ -515,4 +520,45 @@ TEST_CASE("the culprit names rows only when they trigger the failure", "[investi
   auto d = findCulprit(f);
   CHECK_FALSE(d.rows);
   CHECK_FALSE(d.datasetIndices);
+}
+
+namespace {
+
+void writeInts(formats::BundleWriter& w, const std::string& name, const std::vector<int64_t>& values) {
+  w.writeTensor(formats::batchTensorName(6, name), formats::DType::Int64, {static_cast<int64_t>(values.size())},
+                values.data(), values.size() * sizeof(int64_t));
+}
+
+}  // namespace
+
+TEST_CASE("row findings judge an index against the domain its tensor's other rows fit, and a loss's ignore_index is "
+          "inside",
+          "[investigate][triage]") {
+  test::TempDir dir;
+  const std::string bundle = dir.file("batch.ccap");
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    writeInts(*w, "user", {1, 4, 9, 5, 0, 2, 7, 3});           // row 3 ordinary
+    writeInts(*w, "item", {10, 99, 42, 150, 7, 88, 61, 0});   // row 3 outside the item table
+    writeInts(*w, "label", {2, -100, 0, -1, 1, -100, 2, 0});  // -100 ignored, row 3's -1 is not
+    w->seal();
+  }
+  // Two embedding tables indexed by same-shaped tensors, and a loss.
+  const std::vector<IndexDomain> domains = {
+      {"aten::embedding", 10, {8}, {10, 4}, std::nullopt},
+      {"aten::embedding", 120, {8}, {120, 4}, std::nullopt},
+      {"aten::nll_loss", 3, {8}, {8, 3}, -100},
+  };
+  auto findings = findRowOddities(bundle, 6, {3}, domains);
+  REQUIRE(findings.size() == 2);
+  CHECK(findings[0].tensor == "steps/6/batch/item");
+  CHECK(findings[0].kind == RowFinding::Kind::OutOfDomain);
+  CHECK(findings[0].value == 150);
+  CHECK(findings[0].domain->size == 120);  // not the user table, which item's other rows do not fit
+  CHECK(findings[1].tensor == "steps/6/batch/label");
+  CHECK(findings[1].value == -1);
+  CHECK(findings[1].domain->op == "aten::nll_loss");
+
+  // A row whose values are all ordinary gives nothing.
+  CHECK(findRowOddities(bundle, 6, {0}, domains).empty());
 }

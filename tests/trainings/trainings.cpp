@@ -3,7 +3,7 @@
 // bisect and triage then say, so that a rule tuned to the samples' models shows up as wrong.
 //
 //   crashcap-test-trainings --training NAME --record DIR [--steps N] [--fault-step S] [--fault-row R]
-//                           [--keyframe-every K] [--jit-optimize]
+//                           [--keyframe-every K] [--jit-optimize] [--first-step S]
 // --jit-optimize leaves TorchScript's graph executor optimising (LibTorch's default); without it
 // the trainings turn it off.
 //
@@ -44,6 +44,7 @@ struct Options {
   std::string training, record;
   int64_t steps = 12, faultStep = 6, faultRow = 3, keyframeEvery = 4;
   bool jitOptimize = false;  ///< LibTorch's default is true; replay must hold either way
+  int64_t firstStep = 0;     ///< a training resumed from a checkpoint starts later
 };
 
 struct Training {
@@ -105,8 +106,10 @@ def forward(self, tokens: Tensor, label: Tensor) -> Tensor:
   t.batch = [o](int64_t step) {
     auto tokens = torch::randint(0, 32, {8, 12});
     auto label = torch::randint(0, 2, {8}).to(torch::kFloat);
-    label[0] = 0;  // ordinary binary labels, including all-zero ones
-    if (step == o.faultStep) tokens[o.faultRow][5] = 40;
+    if (step == o.faultStep) {
+      tokens[o.faultRow][5] = 40;
+      label[o.faultRow] = 0;  // an ordinary binary label on the culprit row: not a finding
+    }
     return std::vector<at::Tensor>{tokens, label};
   };
   return t;
@@ -214,7 +217,8 @@ int usage(std::FILE* to, int code) {
   std::fprintf(to,
                "usage: crashcap-test-trainings --training pow-overflow|embedding-oob|dice-valid0|gaussian-nll|\n"
                "       warmup-jump|module-amsgrad\n"
-               "       --record DIR [--steps N] [--fault-step S] [--fault-row R] [--keyframe-every K] [--jit-optimize]\n");
+               "       --record DIR [--steps N] [--fault-step S] [--fault-row R] [--keyframe-every K] [--jit-optimize]\n"
+               "       [--first-step S]\n");
   return code;
 }
 
@@ -237,6 +241,7 @@ int main(int argc, char** argv) {
       else if (a == "--fault-row") o.faultRow = std::stoll(value());
       else if (a == "--keyframe-every") o.keyframeEvery = std::stoll(value());
       else if (a == "--jit-optimize") o.jitOptimize = true;
+      else if (a == "--first-step") o.firstStep = std::stoll(value());
       else throw std::invalid_argument("unknown option " + a);
     }
   } catch (const std::exception& e) {
@@ -268,7 +273,7 @@ int main(int argc, char** argv) {
   rec.setOptimizer(*t.optimizer);
   int64_t step = 0;
   try {
-    for (; step < o.steps; ++step) {
+    for (step = o.firstStep; step < o.firstStep + o.steps; ++step) {
       auto batch = t.batch(step);
       if (t.learningRate)
         for (auto& g : t.optimizer->param_groups()) g.options().set_lr(t.learningRate(step));

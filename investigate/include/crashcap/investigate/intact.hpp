@@ -19,10 +19,16 @@ struct BundleDamage {
 };
 
 /// The damage in `bundle` (formats::verifyBundle), nullopt when it is whole. A file too damaged
-/// to be read as a bundle at all is damage too (its one problem says why).
+/// to be read as a bundle at all is damage too (its one problem says why); a file that is not a
+/// bundle, was made by a newer crashcap or is beyond the reader's limits is an error as it is.
 std::optional<BundleDamage> findDamage(const std::string& bundle);
 
-/// Throws crashcap::Error{Corrupt} describing the damage when `bundle` is damaged and
+/// A bundle `crashcap recover` wrote from a damaged file (it passes verify) that has no crash
+/// record: damage too, for a replay, which would take an earlier step for the failure.
+std::optional<BundleDamage> findRecoveredLoss(const std::string& bundle);
+
+/// Throws crashcap::Error{Corrupt} describing the damage (findDamage, then findRecoveredLoss)
+/// when `bundle` is damaged and
 /// `allowDamaged` is false; returns the damage (or nullopt) otherwise.
 std::optional<BundleDamage> requireIntact(const std::string& bundle, bool allowDamaged);
 

@@ -40,7 +40,9 @@ struct IndexDomain {
   int64_t size = 0;
   std::vector<int64_t> indexShape;         ///< the shape of the op's index input
   std::vector<int64_t> sourceShape;        ///< the table's or the logits' shape
-  bool negativesAllowed = false;           ///< a loss's ignore_index is negative; an embedding's ids are not
+  /// A loss's ignore_index, a value outside 0..size-1 that it skips (the op trace keeps no scalar
+  /// values: PyTorch's default, -100, is assumed); none for an embedding.
+  std::optional<int64_t> ignoreIndex;
   /// "the embedding has 32 rows (table [32,8])", "the loss sees 10 classes (logits [32,10])".
   std::string describe() const;
 };

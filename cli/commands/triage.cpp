@@ -68,7 +68,12 @@ Command triageCommand(CLI::App& root) {
   addAllowDamaged(cmd, o->allowDamaged);
   cmd->footer("Hypotheses: invalid-data, loss-numerics, optimizer-divergence, device-specific, config-dependent,\n"
               "nondeterminism; each confirmed, refuted or inconclusive with its evidence and the command that\n"
-              "reruns it. Every experiment runs in a fresh child process with a timeout (docs/REPLAY.md).");
+              "reruns it. Every experiment runs in a fresh child process with a timeout (docs/REPLAY.md).\n"
+              "Rows that the failure needs, and without which it goes away, are its trigger (the culprit's rows).\n"
+              "They are invalid data only when they hold an invalid value: NaN/Inf, an index outside the domain\n"
+              "an op in the trace declares (an embedding's rows, a loss's classes), or a magnitude 100x beyond\n"
+              "the other rows'. Trigger rows in range are an input the loss cannot handle (loss-numerics).\n"
+              "A bundle that verify finds damaged is refused before any experiment (--allow-damaged).");
   return {cmd, [o] { return triage(*o); }, &o->json};
 }
 

@@ -72,7 +72,8 @@ Command triageCommand(CLI::App& root) {
               "Rows that the failure needs, and without which it goes away, are its trigger (the culprit's rows).\n"
               "They are invalid data only when they hold an invalid value: NaN/Inf, an index outside the domain\n"
               "an op in the trace declares (an embedding's rows, a loss's classes), or a magnitude 100x beyond\n"
-              "the other rows'. Trigger rows in range are an input the loss cannot handle (loss-numerics).\n"
+              "the other rows' (in the row, or in one feature of a [rows, features] tensor). Trigger rows in\n"
+              "range are an input the loss cannot handle (loss-numerics).\n"
               "A bundle that verify finds damaged is refused before any experiment (--allow-damaged).");
   return {cmd, [o] { return triage(*o); }, &o->json};
 }

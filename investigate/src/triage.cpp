@@ -79,6 +79,36 @@ std::optional<double> firstOutside(const inspect::HostTensor& row, const IndexDo
 /// How many times every other row's largest magnitude a row must reach to be an outlier.
 constexpr double kOutlierFactor = 100;
 
+/// For a [rows, features] tensor: the feature of row `r` that is furthest beyond the other rows'
+/// largest magnitude in that feature (by kOutlierFactor or more), as an Outlier finding (row
+/// and tensor left to the caller). A feature of small scale hides in a row-wide maximum.
+template <typename IsCulprit>
+std::optional<RowFinding> columnOutlier(const inspect::HostTensor& t, int64_t r, const IsCulprit& isCulprit) {
+  if (t.shape.size() != 2 || formats::isComplex(t.dtype)) return std::nullopt;
+  const int64_t rows = t.shape[0], features = t.shape[1];
+  std::optional<RowFinding> best;
+  double bestRatio = kOutlierFactor;
+  for (int64_t j = 0; j < features; ++j) {
+    double others = 0;
+    for (int64_t o = 0; o < rows; ++o) {
+      if (isCulprit(o)) continue;
+      double v = std::abs(t.at(static_cast<uint64_t>(o * features + j)));
+      if (std::isfinite(v)) others = std::max(others, v);
+    }
+    double mine = std::abs(t.at(static_cast<uint64_t>(r * features + j)));
+    if (others > 0 && std::isfinite(mine) && mine > bestRatio * others) {
+      bestRatio = mine / others;
+      RowFinding f;
+      f.kind = RowFinding::Kind::Outlier;
+      f.value = mine;
+      f.othersMax = others;
+      f.column = j;
+      best = f;
+    }
+  }
+  return best;
+}
+
 }  // namespace
 
 std::string IndexDomain::describe() const {
@@ -177,6 +207,10 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
         f.value = magnitude;
         f.othersMax = othersMax;
         out.push_back(f);
+      } else if (auto column = floating ? columnOutlier(t, r, isCulprit) : std::nullopt) {
+        out.push_back(*column);
+        out.back().row = r;
+        out.back().tensor = info.name;
       } else if (st.count > 1 && st.zeroCount == st.count && !othersAllZero) {
         f.kind = RowFinding::Kind::AllZeros;
         out.push_back(f);

@@ -49,6 +49,10 @@ std::string rowFindingText(const RowFinding& r) {
                          r.value, d.size - 1, d.describe());
     }
     case RowFinding::Kind::Outlier:
+      if (r.column >= 0)
+        return fmt::format("row {} of {} reaches {:.3g} in magnitude in feature {}, while the batch's other rows stay "
+                           "within {:.3g} there",
+                           r.row, r.tensor, r.value, r.column, r.othersMax);
       return fmt::format("row {} of {} reaches {:.3g} in magnitude, while the batch's other rows stay within {:.3g}", r.row,
                          r.tensor, r.value, r.othersMax);
     case RowFinding::Kind::AllZeros:

@@ -562,3 +562,34 @@ TEST_CASE("row findings judge an index against the domain its tensor's other row
   // A row whose values are all ordinary gives nothing.
   CHECK(findRowOddities(bundle, 6, {0}, domains).empty());
 }
+
+TEST_CASE("row findings find a feature far beyond its scale in the other rows, which a row-wide maximum hides",
+          "[investigate][triage]") {
+  test::TempDir dir;
+  const std::string bundle = dir.file("batch.ccap");
+  // Feature 0 is of scale 10, feature 1 of scale 0.001; row 2's feature 1 is 0.9 (150x).
+  std::vector<float> x;
+  for (int r = 0; r < 6; ++r) {
+    x.push_back(static_cast<float>(10 - r));
+    x.push_back(r == 2 ? 0.9f : 0.001f * static_cast<float>(r + 1));
+  }
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    w->writeTensor(formats::batchTensorName(6, "x"), formats::DType::Float32, {6, 2}, x.data(), x.size() * sizeof(float));
+    w->seal();
+  }
+  auto findings = findRowOddities(bundle, 6, {2}, {});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].kind == RowFinding::Kind::Outlier);
+  CHECK(findings[0].column == 1);
+  CHECK(findings[0].invalid());
+  auto f = reproducedAt6();
+  f.samples = samplesFound({2});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.rowFindings = findings;
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "row 2 of steps/6/batch/x reaches 0.9 in magnitude in feature 1, while the batch's other rows stay within "
+               "0.006 there"));
+  CHECK(findRowOddities(bundle, 6, {3}, {}).empty());  // an ordinary row
+}

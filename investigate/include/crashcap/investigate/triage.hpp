@@ -53,7 +53,8 @@ struct RowFinding {
   enum class Kind {
     NonFinite,    ///< holds NaN or Inf values (nanCount, infCount)
     OutOfDomain,  ///< an integer value outside an op's IndexDomain (value, domain)
-    Outlier,      ///< its largest magnitude (value) far beyond every other row's (othersMax)
+    Outlier,      ///< its largest magnitude (value) far beyond every other row's (othersMax), in the
+                  ///< whole row or in one feature (column)
     AllZeros,     ///< every element is zero where the other rows are not: a trait, not invalid
   };
   int64_t row = 0;
@@ -62,6 +63,7 @@ struct RowFinding {
   uint64_t nanCount = 0, infCount = 0;
   double value = 0;
   double othersMax = 0;
+  int64_t column = -1;                     ///< Outlier in one feature of a [rows, features] tensor
   std::optional<IndexDomain> domain;
   bool oneElement = false;                 ///< the row is a single value (a label), not a vector
   /// A value the training cannot have meant: non-finite, outside an op's domain, a far outlier.

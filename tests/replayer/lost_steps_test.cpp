@@ -42,13 +42,6 @@ torch::Tensor loss(Wide& net, const torch::Tensor& x, const torch::Tensor& y) {
   return torch::nn::functional::cross_entropy(net->forward(x), y);
 }
 
-template <typename Map>
-std::vector<std::pair<std::string, at::Tensor>> named(const Map& items) {
-  std::vector<std::pair<std::string, at::Tensor>> out;
-  for (const auto& i : items) out.emplace_back(i.key(), i.value());
-  return out;
-}
-
 /// Trains with `policy` until step 10's batch, whose row 3 holds a NaN, stops it; returns the
 /// bundle and the recorder's stats at the end.
 std::pair<std::string, recorder::RecorderStats> recordCrash(const test::TempDir& dir, const recorder::Policy& policy) {
@@ -56,7 +49,7 @@ std::pair<std::string, recorder::RecorderStats> recordCrash(const test::TempDir&
   Wide net;
   torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.01).momentum(0.9));
   recorder::Recorder rec(dir.path(), policy);
-  rec.setModel(named(net->named_parameters()), named(net->named_buffers()));
+  rec.setModel(*net);
   rec.setOptimizer(opt);
   try {
     for (int64_t step = 0; step < 14; ++step) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <fmt/format.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -50,10 +51,21 @@ ChildProcess ChildProcess::start(const std::vector<std::string>& argv, const Opt
   int out[2], err[2], status[2];
   if (::pipe2(out, O_CLOEXEC) != 0 || ::pipe2(err, O_CLOEXEC) != 0 || ::pipe2(status, O_CLOEXEC) != 0)
     throw Error(ErrorCode::Io, fmt::format("pipe: {}", std::strerror(errno)));
+  const char* dir = options.workingDirectory.empty() ? nullptr : options.workingDirectory.c_str();
+  const pid_t parent = ::getpid();
   pid_t pid = ::fork();
   if (pid < 0) throw Error(ErrorCode::Io, fmt::format("fork: {}", std::strerror(errno)));
   if (pid == 0) {
     if (options.ownProcessGroup) ::setpgid(0, 0);
+    if (options.dieWithParent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      if (::getppid() != parent) ::_exit(127);  // the parent died before the request took hold
+    }
+    if (dir && ::chdir(dir) != 0) {
+      int e = errno;
+      (void)!::write(status[1], &e, sizeof e);
+      ::_exit(127);
+    }
     sigset_t none;
     sigemptyset(&none);
     sigprocmask(SIG_SETMASK, &none, nullptr);
@@ -78,6 +90,9 @@ ChildProcess ChildProcess::start(const std::vector<std::string>& argv, const Opt
     ::waitpid(pid, &ignored, 0);
     ::close(out[0]);
     ::close(err[0]);
+    if (dir && ::access(dir, X_OK) != 0)
+      throw Error(ErrorCode::NotFound, fmt::format("cannot run '{}' in {}: {}", argv[0], dir, std::strerror(e)),
+                  "the working directory must exist");
     throw Error(ErrorCode::NotFound, fmt::format("cannot run '{}': {}", argv[0], std::strerror(e)),
                 "check the command exists and is executable (a bare name is searched in PATH)");
   }
@@ -159,10 +174,14 @@ int ChildProcess::exitCode() const { return WIFEXITED(status_) ? WEXITSTATUS(sta
 int ChildProcess::termSignal() const { return WIFSIGNALED(status_) ? WTERMSIG(status_) : 0; }
 
 CapturedRun runCaptured(const std::vector<std::string>& argv, double timeoutSeconds) {
+  return runCaptured(argv, timeoutSeconds, {});
+}
+
+CapturedRun runCaptured(const std::vector<std::string>& argv, double timeoutSeconds, const ChildProcess::Options& options) {
   CapturedRun r;
   auto t0 = Clock::now();
   auto deadline = t0 + std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeoutSeconds));
-  auto child = ChildProcess::start(argv, {});
+  auto child = ChildProcess::start(argv, options);
   auto capture = [&](int stream, const char* data, size_t size) { (stream == 1 ? r.out : r.err).append(data, size); };
   while (child.outputOpen() || !child.exited()) {
     // A grandchild may hold the pipes open after the child is gone: give it a moment, not more.

@@ -3,8 +3,12 @@
 #include <catch2/catch.hpp>
 
 #include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
+#include <string>
 
 #include "crashcap/formats/error.hpp"
 #include "crashcap/supervisor/child_process.hpp"
@@ -71,4 +75,59 @@ TEST_CASE("environment entries given to a child replace the inherited ones", "[s
   CHECK(out == "given new\n");
   CHECK(child.exitCode() == 0);
   unsetenv("CRASHCAP_CHILD_TEST");
+}
+
+TEST_CASE("a child runs in the working directory it is given, and a missing one is NotFound", "[supervisor][child]") {
+  ChildProcess::Options o;
+  o.workingDirectory = "/usr";
+  auto r = runCaptured({"/bin/sh", "-c", "pwd"}, 30, o);
+  CHECK(r.out == "/usr\n");
+  o.workingDirectory = "/nonexistent/crashcap-dir";
+  try {
+    runCaptured({"/bin/sh", "-c", "pwd"}, 30, o);
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::NotFound);
+    CHECK_THAT(e.what(), Catch::Contains("/nonexistent/crashcap-dir"));
+  }
+}
+
+namespace {
+/// Alive and not a zombie.
+bool running(pid_t pid) {
+  FILE* f = std::fopen(("/proc/" + std::to_string(pid) + "/stat").c_str(), "r");
+  if (!f) return false;
+  char state = 0;
+  int ignored = std::fscanf(f, "%*d %*s %c", &state);
+  std::fclose(f);
+  return ignored == 1 && state != 'Z' && state != 'X';
+}
+}  // namespace
+
+TEST_CASE("a child started with dieWithParent does not outlive the process that started it", "[supervisor][child]") {
+  int fds[2];
+  REQUIRE(::pipe(fds) == 0);
+  pid_t helper = ::fork();
+  REQUIRE(helper >= 0);
+  if (helper == 0) {  // the parent that dies: starts a long child and is killed outright
+    ChildProcess::Options o;
+    o.dieWithParent = true;
+    auto child = ChildProcess::start({"/bin/sleep", "60"}, o);
+    pid_t pid = child.pid();
+    (void)!::write(fds[1], &pid, sizeof pid);
+    ::pause();
+    ::_exit(0);
+  }
+  ::close(fds[1]);
+  pid_t grandchild = 0;
+  REQUIRE(::read(fds[0], &grandchild, sizeof grandchild) == sizeof grandchild);
+  ::close(fds[0]);
+  REQUIRE(running(grandchild));
+  ::kill(helper, SIGKILL);  // no destructor runs: only the kernel can end the child now
+  int status = 0;
+  ::waitpid(helper, &status, 0);
+  auto t0 = std::chrono::steady_clock::now();
+  while (running(grandchild) && std::chrono::steady_clock::now() - t0 < std::chrono::seconds(10))
+    ::usleep(20000);
+  CHECK_FALSE(running(grandchild));
 }

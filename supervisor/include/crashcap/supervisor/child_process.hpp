@@ -23,6 +23,11 @@ class ChildProcess {
     /// The child leads a process group of its own, and signal() reaches the whole group (its
     /// workers too).
     bool ownProcessGroup = false;
+    /// The child's working directory; "": this process's.
+    std::string workingDirectory;
+    /// The child is killed (SIGKILL) when this process dies, however it dies: a helper that must
+    /// not outlive the command that started it (a replay child under an experiment's timeout).
+    bool dieWithParent = false;
   };
   /// Receives output as it arrives: `stream` is 1 (stdout) or 2 (stderr).
   using OutputHandler = std::function<void(int stream, const char* data, size_t size)>;
@@ -77,5 +82,6 @@ struct CapturedRun {
 /// Runs `argv` to its end with its output captured, killing it after `timeoutSeconds`. Throws as
 /// ChildProcess::start does.
 CapturedRun runCaptured(const std::vector<std::string>& argv, double timeoutSeconds);
+CapturedRun runCaptured(const std::vector<std::string>& argv, double timeoutSeconds, const ChildProcess::Options& options);
 
 }  // namespace crashcap::supervisor

@@ -112,12 +112,15 @@ struct Entry {
 # The archive holds every weight, so it is stored as a uint8 tensor (chunked like any other,
 # no size limit), written before this record. No body.
 struct StepProgram {
-  format @0 :Text;              # "torchscript"
+  format @0 :Text;              # "torchscript"; "module": no archive (Recorder::setModel), the
+                                # program's own step function replays it
   inputs @1 :List(Text);        # forward's batch arguments, in order; each a batch tensor name
   parameters @2 :List(Text);    # trainable parameters by name, in module order
   buffers @3 :List(Text);       # buffers by name, in module order
   archive @4 :Text;             # name of the uint8 [n] tensor holding the archive ("program/torchscript")
   device @5 :Text;              # where the parameters lived: "cpu", "cuda:0", ... ("" in older bundles: unknown)
+  servesReplay @6 :Bool;        # format "module": the program gave its step function (Recorder::setStep),
+                                # so re-running its command line in replay mode replays it
 }
 
 # Record type 6. The optimizer and the recipe replay follows:

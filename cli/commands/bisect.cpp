@@ -11,6 +11,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/investigate/bisect.hpp"
 #include "crashcap/investigate/results_json.hpp"
+#include "replays.hpp"
 
 namespace crashcap::cli {
 namespace {
@@ -84,9 +85,11 @@ void printConfig(const investigate::ConfigBisection& b) {
                            baseFails ? "fails" : "passes");
   std::cout << fmt::format("  {:<48} {:<10} {}\n", "change", "outcome", "rerun");
   auto row = [&](const std::string& change, const investigate::ConfigTrial& t) {
-    std::string outcome = t.fails ? "fails" : t.outcome == "ok" ? "passes" : t.outcome;
+    std::string outcome = t.fails ? "fails" : !t.otherFailure.empty() ? "breaks" : t.outcome == "ok" ? "passes" : t.outcome;
     std::cout << fmt::format("  {:<48} {:<10} {}{}\n", change, outcome, t.command,
-                             t.fails != baseFails ? "   <- changes the outcome" : "");
+                             !t.otherFailure.empty() ? fmt::format("   <- another failure ({}): says nothing here", t.otherFailure)
+                             : t.fails != baseFails  ? "   <- changes the outcome"
+                                                     : "");
   };
   for (const auto& f : b.flips) row(fmt::format("{}={} (was {})", f.setting, f.value, f.recorded), f);
   for (const auto& d : b.devices) row("device " + d.device, d);
@@ -128,7 +131,7 @@ Command bisectCommand(CLI::App& root) {
   cmd->add_option("what", o->what, "steps | ops | samples | config")
       ->required()
       ->check(CLI::IsMember({"samples", "steps", "ops", "config"}));
-  cmd->add_option("bundle", o->bundle, "Bundle with a step program")->required();
+  cmd->add_option("bundle", o->bundle, "Crash bundle with a step program, or made with setModel + setStep")->required();
   cmd->add_option("--step", o->step, "Step to bisect (default: the crash's step)");
   cmd->add_option("--timeout", o->timeout, "Seconds per experiment before it is killed")->capture_default_str();
   cmd->add_option("--tolerance", o->tolerance, "ops: error allowed against float64, relative to the largest value")
@@ -145,8 +148,8 @@ Command bisectCommand(CLI::App& root) {
               "  cudnn.deterministic, cudnn.allow_tf32, cuda.matmul.allow_tf32, torch.deterministic_algorithms,\n"
               "  torch.autocast, torch.threads flipped, and on each other device here.\n"
               "Experiments of samples and config are `crashcap replay` child processes with a timeout, so a crash\n"
-              "or hang is a result, not the end.");
-  return {cmd, [o] { return bisect(*o); }, &o->json};
+              "or hang is a result, not the end. A setModel recording replays in its own program (see replay --help).");
+  return {cmd, [o] { return endingLikeTheProgram([&] { return bisect(*o); }); }, &o->json};
 }
 
 }  // namespace

@@ -8,7 +8,9 @@
 #include "damage.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/torch/settings.hpp"
+#include "crashcap/investigate/replays.hpp"
 #include "crashcap/investigate/results_json.hpp"
+#include "replays.hpp"
 #include "crashcap/replayer/replay.hpp"
 
 namespace crashcap::cli {
@@ -102,7 +104,7 @@ int replay(const Options& o) {
   ro.dtype = o.dtype;
   ro.settings = parseSettings(o.settings);
   if (!o.rows.empty()) ro.rows = parseRows(o.rows);
-  auto r = replayer::replay(o.bundle, ro);
+  auto r = investigate::replay(o.bundle, ro);
   if (o.json)
     printJson(investigate::toJson(r));
   else
@@ -113,7 +115,7 @@ int replay(const Options& o) {
 Command replayCommand(CLI::App& root) {
   auto o = std::make_shared<Options>();
   auto* cmd = root.add_subcommand("replay", torchCommandSummary("replay"));
-  cmd->add_option("bundle", o->bundle, "Bundle with a step program (crash-*.ccap)")->required();
+  cmd->add_option("bundle", o->bundle, "Crash bundle (crash-*.ccap) with a step program, or made with setModel + setStep")->required();
   cmd->add_option("--step", o->step, "Step to reproduce (default: the crash's step)");
   cmd->add_option("--device", o->device, "Where to replay: cpu, cuda:K (default: the recorded device when here, else cpu)");
   cmd->add_option("--dtype", o->dtype, "float64: replay in double precision (the reference of bisect ops)")
@@ -130,8 +132,11 @@ Command replayCommand(CLI::App& root) {
       "Verdicts: reproduced-bitwise, reproduced (same error class, numbers differ), diverged (an earlier step\n"
       "departs from the recording: nondeterminism), not-reproduced. Bits are compared only in the recorded\n"
       "setup (device, dtype, settings); with --device, --dtype or --set only the failure is compared.\n"
+      "A TorchScript recording (setProgram) replays inside crashcap. A setModel recording replays inside its own\n"
+      "program: crashcap runs the recorded command line again, in the recorded directory, in replay mode, where\n"
+      "the Recorder runs the step function given to setStep and ends the program before its training loop.\n"
       "Example: crashcap replay crash.ccap --set cudnn.benchmark=false --json");
-  return {cmd, [o] { return replay(*o); }, &o->json};
+  return {cmd, [o] { return endingLikeTheProgram([&] { return replay(*o); }); }, &o->json};
 }
 
 }  // namespace

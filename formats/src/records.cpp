@@ -99,6 +99,7 @@ std::vector<uint8_t> encodeMeta(const StepProgramData& v) {
   setTexts(r.initBuffers(v.buffers.size()), v.buffers);
   r.setArchive(v.archive);
   r.setDevice(v.device);
+  r.setServesReplay(v.servesReplay);
   return toBytes(b);
 }
 
@@ -226,6 +227,7 @@ StepProgramData decodeStepProgram(const std::vector<uint8_t>& meta, const Reader
     v.buffers = texts(r.getBuffers(), kNameBytes, "step program buffer");
     v.archive = text(r.getArchive(), kNameBytes, "step program archive");
     v.device = text(r.getDevice(), 64, "step program device");
+    v.servesReplay = r.getServesReplay();
     return v;
   });
 }

@@ -55,7 +55,8 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                     {"device", v.program->device},
                     {"inputs", v.program->inputs},
                     {"parameters", v.program->parameters.size()},
-                    {"buffers", v.program->buffers.size()}};
+                    {"buffers", v.program->buffers.size()},
+                    {"serves_replay", v.program->servesReplay}};
   else
     j["program"] = nullptr;
   if (v.optimizer) {
@@ -236,9 +237,11 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
       s += fmt::format("program    torchscript forward({}) -> loss; {} parameters, {} buffers\n", inputs,
                        str(j["program"]["parameters"]), str(j["program"]["buffers"]));
     else
-      s += fmt::format("program    {} (no step program: replay from C++ with your step function); {} parameters, "
-                       "{} buffers\n",
-                       str(j["program"]["format"]), str(j["program"]["parameters"]), str(j["program"]["buffers"]));
+      s += fmt::format("program    {} ({}); {} parameters, {} buffers\n", str(j["program"]["format"]),
+                       j["program"]["serves_replay"] == true
+                           ? "no step program: the recorded command line replays it, through its setStep"
+                           : "no step program and no setStep: replay from C++ with your step function",
+                       str(j["program"]["parameters"]), str(j["program"]["buffers"]));
   }
   if (!j["optimizer"].is_null()) {
     std::string opts;

@@ -12,6 +12,7 @@
 #include "crashcap/inspect/host_tensor.hpp"
 #include "crashcap/inspect/slice.hpp"
 #include "crashcap/inspect/stats.hpp"
+#include "crashcap/investigate/replays.hpp"
 #include "crashcap/investigate/results_json.hpp"
 
 namespace crashcap::investigate {
@@ -35,7 +36,7 @@ StepBisection bisectSteps(const std::string& bundle, int64_t step) {
   ro.step = step;
   ro.instrument = false;
   ro.fromEarliestKeyframe = true;
-  auto r = replayer::replay(bundle, ro);
+  auto r = investigate::replay(bundle, ro);
   StepBisection b;
   b.fromKeyframe = r.keyframe;
   b.target = r.step;
@@ -49,7 +50,7 @@ StepBisection bisectSteps(const std::string& bundle, int64_t step) {
 OpBisection bisectOps(const std::string& bundle, int64_t step, double tolerance) {
   replayer::ReplayOptions ro;
   ro.step = step;
-  auto c = replayer::compareWithReference(bundle, ro, tolerance);
+  auto c = investigate::compareWithReference(bundle, ro, tolerance);
   auto side = [](const replayer::ReplayResult& r) {
     return ReplaySide{r.verdict, r.device, r.dtype, lastLine(r.error), r.firstNonFiniteOp};
   };
@@ -151,11 +152,11 @@ std::optional<std::vector<int64_t>> datasetIndices(const std::string& bundle, in
 }
 
 SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner) {
-  // The whole-batch replay, in this process, tells the step and the batch size.
+  // The whole-batch replay, from this process, tells the step and the batch size.
   replayer::ReplayOptions first;
   first.step = step;
   first.instrument = false;
-  auto base = replayer::replay(bundle, first);
+  auto base = investigate::replay(bundle, first);
   SampleBisection b;
   b.step = base.step;
   b.batchSize = base.batchSize;
@@ -206,6 +207,14 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
     t.seconds = e.seconds;
     t.outcome = e.outcome;
     t.fails = replayFails(e, &t.error);
+    if (e.output && !t.fails) {
+      auto r = replayResultFromJson(*e.output);
+      for (const auto& s : r.steps)
+        if (!s.error.empty()) {
+          t.otherFailure = fmt::format("step {} throws: {}", s.step, lastLine(s.error));
+          break;
+        }
+    }
     return t;
   };
   for (const auto& name : formats::torch::settingNames()) {
@@ -216,14 +225,14 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
     t.setting = name;
     t.recorded = it->second;
     t.value = flipped;
-    if (t.fails != b.baseline.fails) b.changesOutcome.push_back(fmt::format("{}={}", name, flipped));
+    if (t.fails != b.baseline.fails && t.otherFailure.empty()) b.changesOutcome.push_back(fmt::format("{}={}", name, flipped));
     b.flips.push_back(t);
   }
   for (const auto& device : replayer::availableDevices()) {
     if (device == base.device) continue;
     ConfigTrial t = trial(runner.run("device " + device, replayArgs(bundle, step, {"--device", device})));
     t.device = device;
-    if (t.fails != b.baseline.fails) b.changesOutcome.push_back("device=" + device);
+    if (t.fails != b.baseline.fails && t.otherFailure.empty()) b.changesOutcome.push_back("device=" + device);
     b.devices.push_back(t);
   }
   b.experiments = runner.log();

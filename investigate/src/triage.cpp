@@ -15,6 +15,7 @@
 #include "crashcap/inspect/host_tensor.hpp"
 #include "crashcap/inspect/slice.hpp"
 #include "crashcap/inspect/stats.hpp"
+#include "crashcap/investigate/replays.hpp"
 #include "crashcap/investigate/results_json.hpp"
 
 namespace crashcap::investigate {
@@ -240,16 +241,16 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
   if (records) {
     if (records->crash) f.crashStep = records->crash->step;
     if (records->program && records->program->format != "torchscript") {
-      // Every experiment is a replay from the command line, which needs the step program: say
-      // so once instead of running each to the same failure.
-      f.replayOutcome = fmt::format(
-          "the recording has no TorchScript step program (format '{}': Recorder::setModel), which the command line "
-          "cannot replay yet; replay it from C++ with crashcap::replayer::replay(bundle, model, stepFunction), "
-          "crashcap/replayer/replay_module.hpp",
-          records->program->format);
-      t.hypotheses = judge(f);
-      t.culprit = findCulprit(f);
-      return t;
+      // A setModel recording replays in its own program, which needs its step function and its
+      // command line: when one is missing, every experiment would fail the same way; say it once.
+      try {
+        replayRoute(bundle);
+      } catch (const Error& e) {
+        f.replayOutcome = e.message();
+        t.hypotheses = judge(f);
+        t.culprit = findCulprit(f);
+        return t;
+      }
     }
   }
   f.replay = run("reproduce", {"replay", bundle, "--json"}, replayResultFromJson);

@@ -22,18 +22,19 @@ const char* describe(bool fails) { return fails ? "fails" : "runs clean"; }
 std::optional<std::string> deviceChange(const ConfigBisection& c) {
   std::vector<std::string> differ;
   for (const auto& d : c.devices)
-    if (d.fails != c.baseline.fails) differ.push_back(d.device);
+    if (d.fails != c.baseline.fails && d.otherFailure.empty()) differ.push_back(d.device);
   if (differ.empty()) return std::nullopt;
   return fmt::format("the step {} on {} and {} on {}", describe(c.baseline.fails), c.baseline.device,
                      describe(!c.baseline.fails), fmt::join(differ, ", "));
 }
 
 /// Which single setting flips make the step's outcome differ from the baseline's, as evidence;
-/// nullopt when none does.
+/// nullopt when none does. A flip that breaks the replay another way changes nothing here.
 std::optional<std::string> settingChange(const ConfigBisection& c) {
   std::vector<std::string> changes;
   for (const auto& f : c.flips)
-    if (f.fails != c.baseline.fails) changes.push_back(fmt::format("{}={} (recorded {})", f.setting, f.value, f.recorded));
+    if (f.fails != c.baseline.fails && f.otherFailure.empty())
+      changes.push_back(fmt::format("{}={} (recorded {})", f.setting, f.value, f.recorded));
   if (changes.empty()) return std::nullopt;
   return fmt::format("the step {} as recorded and {} with {}", describe(c.baseline.fails), describe(!c.baseline.fails),
                      fmt::join(changes, "; "));
@@ -319,8 +320,14 @@ Hypothesis judgeConfigDependent(const TriageFacts& f) {
     h.verdict = V::Confirmed;
     h.evidence.push_back(*change);
   } else if (c.baseline.fails && !c.flips.empty()) {
-    h.verdict = V::Refuted;
-    h.evidence.push_back(fmt::format("the step fails under each of {} single-setting changes", c.flips.size()));
+    std::vector<std::string> other;
+    for (const auto& t : c.flips)
+      if (!t.otherFailure.empty()) other.push_back(fmt::format("{}={} ({})", t.setting, t.value, t.otherFailure));
+    if (other.size() < c.flips.size()) h.verdict = V::Refuted;
+    h.evidence.push_back(fmt::format("the step fails under each of {} single-setting changes", c.flips.size() - other.size()));
+    if (!other.empty())
+      h.evidence.push_back(fmt::format("{} break{} the replay another way, which says nothing about this failure",
+                                       fmt::join(other, "; "), other.size() == 1 ? "s" : ""));
   } else {
     h.evidence.push_back("no single setting change makes the step fail");
   }

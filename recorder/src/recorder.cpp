@@ -36,6 +36,7 @@
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
+#include "crashcap/replayer/program_replay.hpp"
 #include "crashcap/recorder/environment.hpp"
 #include "live_writer.hpp"
 #include "crashcap/cupti/trace_file.hpp"
@@ -81,6 +82,12 @@ struct Recorder::Impl {
   std::vector<std::string> inputs;
   torch::optim::Optimizer* optimizer = nullptr;
   Recipe recipe;
+  StepFunction step;
+  /// setModel's program record, written at the first step (when setStep has had its chance).
+  std::optional<formats::StepProgramData> moduleProgram;
+  bool moduleProgramWritten = false;
+  /// This process was started to serve a replay (replayer/program_replay.hpp): nothing is recorded.
+  std::optional<replayer::ReplayRequest> replayRequest;
 
   int64_t lastStep = -1;
   int64_t lastKeyframe = -1;
@@ -99,6 +106,22 @@ struct Recorder::Impl {
   std::vector<std::string> warnings;
 
   bool recording() const { return writer != nullptr; }
+
+  /// In a process started to serve a replay: serves it once the model and the step function are
+  /// both known, and ends the process (the training loop after this point is not the replay's).
+  void serveWhenReady() {
+    if (!replayRequest || !step || !moduleProgram) return;
+    bool written = replayer::serveReplayRequest(*replayRequest, parameters, buffers, step);
+    std::fflush(stdout);
+    std::exit(written ? 0 : 1);
+  }
+
+  void writeModuleProgram() {
+    if (!writer || !moduleProgram || moduleProgramWritten) return;
+    moduleProgram->servesReplay = static_cast<bool>(step);
+    writer->push({recordJob(*moduleProgram, Job::Kind::RunRecord)});
+    moduleProgramWritten = true;
+  }
 
   void setPhase(Phase p) {
     if (writer) writer->phase.store(static_cast<int>(p), std::memory_order_relaxed);
@@ -334,6 +357,14 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
   if (impl_->policy.keyframeEvery < 1)
     throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
                          fmt::format("keyframeEvery is {}; it must be >= 1", impl_->policy.keyframeEvery));
+  try {
+    impl_->replayRequest = replayer::replayRequestOfThisProcess();
+  } catch (const crashcap::Error& e) {
+    // Started by crashcap replay, but its request is unreadable: there is nowhere to answer.
+    std::fprintf(stderr, "crashcap: error: %s\n", e.what());
+    std::exit(2);
+  }
+  if (impl_->replayRequest) return;  // serving a replay: no recording, no crash guard, no observers
   detail::LiveWriterOptions wo;
   wo.outputDir = impl_->outputDir;
   wo.zstdLevel = policy.zstdLevel;
@@ -401,6 +432,7 @@ Recorder::~Recorder() {
 void Recorder::setProgram(const torch::jit::Module& module, std::vector<std::string> inputs) {
   auto& m = *impl_;
   m.module = module;
+  m.moduleProgram.reset();
   m.inputs = inputs;
   m.parameters.clear();
   m.buffers.clear();
@@ -434,16 +466,34 @@ void Recorder::setModel(std::vector<std::pair<std::string, at::Tensor>> paramete
   auto& m = *impl_;
   m.parameters = std::move(parameters);
   m.buffers = std::move(buffers);
-  if (!m.writer) return;
   // No program to store: the record names the state (and its order, which the gradient norm
-  // used) so that a C++ replay with the user's step function can restore it.
+  // used) so that a replay with the user's step function can restore it. It is written at the
+  // first step, when it can say whether the program serves replays (setStep).
   formats::StepProgramData program;
   program.format = "module";
   program.archive.clear();
   for (const auto& [n, t] : m.parameters) program.parameters.push_back(n);
   for (const auto& [n, t] : m.buffers) program.buffers.push_back(n);
   program.device = m.parameters.empty() ? "cpu" : m.parameters.front().second.device().str();
-  m.writer->push({Impl::recordJob(program, Job::Kind::RunRecord)});
+  m.moduleProgram = std::move(program);
+  m.moduleProgramWritten = false;
+  if (m.lastStep >= 0) m.writeModuleProgram();
+  m.serveWhenReady();
+}
+
+void Recorder::setStep(StepFunction step) {
+  auto& m = *impl_;
+  if (!step) throw crashcap::Error(crashcap::ErrorCode::InvalidArgument, "setStep was given an empty function");
+  if (m.module)
+    throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
+                         "setStep is for a model given to setModel; a TorchScript step program (setProgram) is its own step",
+                         "drop the setStep call, or record with setModel instead of setProgram");
+  m.step = std::move(step);
+  if (m.lastStep >= 0 && m.moduleProgramWritten) {
+    m.moduleProgramWritten = false;  // the record written at the first step said "no step function"
+    m.writeModuleProgram();
+  }
+  m.serveWhenReady();
 }
 
 void Recorder::setModel(const torch::OrderedDict<std::string, at::Tensor>& parameters,
@@ -504,6 +554,18 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
     throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
                          fmt::format("beginStep({}) after step {}: steps must increase", step, m.lastStep));
   if (m.pendingCrash) m.sealCrash(std::move(*m.pendingCrash));
+  if (m.replayRequest) {
+    // Serving a replay, the program reached its training loop: it never gave its step function.
+    replayer::ReplayOutcome outcome;
+    outcome.error = crashcap::Error(
+        crashcap::ErrorCode::Unsupported,
+        fmt::format("the program began step {} without calling Recorder::setStep, so crashcap cannot run its step", step),
+        m.moduleProgram ? "call rec.setStep(...) with the step's forward and loss after setModel, before the training loop"
+                        : "record with setModel and setStep (or setProgram), before the training loop");
+    bool written = replayer::writeReplayOutcome(*m.replayRequest, outcome);
+    std::fflush(stdout);
+    std::exit(written ? 3 : 1);
+  }
   const int64_t previousStep = m.lastStep;  // -1 before the first step
   m.lastStep = step;
   m.stepStartNs = formats::unixTimeNs();
@@ -511,6 +573,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
   at::NoGradGuard noGrad;
   at::DisableRecordFunctionGuard notAnOp;  // the recorder's own copies are not the training's ops
   m.writeEnvironment();
+  m.writeModuleProgram();
   m.writer->currentStep.store(step, std::memory_order_relaxed);
   m.writer->stepsBegun.fetch_add(1, std::memory_order_relaxed);
   // A keyframe goes in the keyframe lane and the step in the step lane: a keyframe that does not

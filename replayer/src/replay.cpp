@@ -373,8 +373,9 @@ using ProgramFactory = std::function<Program(const formats::BundleReader&, const
 Program loadTorchScript(const formats::BundleReader& reader, const formats::BundleRecords& view) {
   if (view.program->format != "torchscript")
     throw Error(ErrorCode::Unsupported, fmt::format("the recording has no TorchScript step program (format '{}')", view.program->format),
-                "it was recorded with Recorder::setModel: replay it from C++ with replayer::replay(bundle, model, "
-                "stepFunction) (crashcap/replayer/replay_module.hpp)");
+                "it was recorded with Recorder::setModel: replay it with the model and its step function, "
+                "replayer::replay(bundle, model, step) (crashcap/replayer/replay_module.hpp), or with `crashcap replay` "
+                "when the program gave its step to Recorder::setStep");
   auto archive = reader.readTensor(reader.get(view.program->archive));
   std::istringstream in(std::string(archive.begin(), archive.end()));
   torch::jit::Module module = torch::jit::load(in);
@@ -406,7 +407,7 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
   auto view = formats::readRecords(*reader);
   if (!view.program)
     throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
-                "record with Recorder::setProgram (TorchScript) or Recorder::setModel (then replay from C++)");
+                "record with Recorder::setProgram (TorchScript), or Recorder::setModel with Recorder::setStep");
   if (!view.optimizer) throw Error(ErrorCode::Unsupported, fmt::format("{} has no optimizer spec", bundle));
   if (view.stepBegins.empty()) throw Error(ErrorCode::NotFound, fmt::format("{} holds no recorded steps", bundle));
   if (!options.dtype.empty() && options.dtype != "float64")
@@ -690,34 +691,68 @@ ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {
   return replayWith(bundle, options, probe, loadTorchScript);
 }
 
-ReplayResult replay(const std::string& bundle, torch::nn::Module& model, const StepFunction& step,
-                    const ReplayOptions& options) {
-  auto makeProgram = [&](const formats::BundleReader&, const formats::BundleRecords& view) {
-    Program p;
-    for (const auto& t : model.named_parameters(true)) p.params[t.key()] = t.value();
-    for (const auto& t : model.named_buffers(true)) p.buffers[t.key()] = t.value();
+namespace {
+
+/// The program of a setModel recording: the caller's named tensors and step function. Each call
+/// first puts the tensors back into the dtype and onto the device they had when the factory was
+/// made, so that a second replay (the ops bisection's) does not start from the first one's
+/// float64 widening.
+/// Where a named tensor started: its dtype and device.
+struct Origin {
+  at::Tensor tensor;
+  c10::ScalarType dtype;
+  c10::Device device;
+};
+std::vector<Origin> originsOf(const NamedTensors& parameters, const NamedTensors& buffers) {
+  std::vector<Origin> origins;
+  for (const auto* list : {&parameters, &buffers})
+    for (const auto& [name, t] : *list) origins.push_back({t, t.scalar_type(), t.device()});
+  return origins;
+}
+void putBack(const std::vector<Origin>& origins) {
+  at::NoGradGuard noGrad;
+  for (const auto& o : origins)
+    if (o.tensor.scalar_type() != o.dtype || o.tensor.device() != o.device) {
+      o.tensor.mutable_grad() = at::Tensor();
+      o.tensor.set_data(o.tensor.to(o.device, o.dtype));
+    }
+}
+
+ProgramFactory namedProgram(const std::string& bundle, const NamedTensors& parameters, const NamedTensors& buffers,
+                            const StepFunction& step) {
+  auto origins = originsOf(parameters, buffers);
+  return [=](const formats::BundleReader&, const formats::BundleRecords& view) {
     if (view.program->format != "module")
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("{} was recorded with a step program ({}): replay it with replay(bundle)", bundle,
                               view.program->format));
-    model.train();
+    putBack(origins);
+    Program p;
+    for (const auto& [name, t] : parameters) p.params[name] = t;
+    for (const auto& [name, t] : buffers) p.buffers[name] = t;
     p.inputs = [](const formats::StepBeginData& begin) {
       std::vector<std::string> names;
       const std::string prefix = formats::batchTensorName(begin.step, "");
       for (const auto& full : begin.batch) names.push_back(full.substr(prefix.size()));
       return names;
     };
-    p.loss = [&](const Batch& batch) {
+    p.loss = [step](const Batch& batch) {
       std::map<std::string, at::Tensor> named(batch.begin(), batch.end());
       return step(named);
     };
     return p;
   };
-  Probe probe;
-  return replayWith(bundle, options, probe, makeProgram);
 }
 
-ReferenceComparison compareWithReference(const std::string& bundle, ReplayOptions options, double tolerance) {
+NamedTensors namedState(const torch::OrderedDict<std::string, at::Tensor>& items) {
+  NamedTensors out;
+  for (const auto& item : items) out.emplace_back(item.key(), item.value());
+  return out;
+}
+
+/// Ops bisection over any program: the float64 reference first, then the replay compared with it.
+ReferenceComparison compareWith(const std::string& bundle, ReplayOptions options, double tolerance,
+                                const ProgramFactory& makeProgram) {
   ReferenceComparison c;
   c.tolerance = tolerance;
   std::vector<OuterOutput> outputs;
@@ -727,16 +762,43 @@ ReferenceComparison compareWithReference(const std::string& bundle, ReplayOption
     ro.dtype.clear();
     Probe probe;
     probe.capture = &outputs;
-    c.reference = replayWith(bundle, ro, probe, loadTorchScript, /*wideAtTarget=*/true);
+    c.reference = replayWith(bundle, ro, probe, makeProgram, /*wideAtTarget=*/true);
   }
   Probe probe;
   probe.reference = &outputs;
   probe.tolerance = tolerance;
-  c.replay = replayWith(bundle, options, probe, loadTorchScript);
+  c.replay = replayWith(bundle, options, probe, makeProgram);
   c.opsCompared = probe.compared;
   c.firstDeparting = probe.departing;
   c.stoppedBecause = probe.stopped;
   return c;
+}
+
+}  // namespace
+
+ReplayResult replay(const std::string& bundle, const NamedTensors& parameters, const NamedTensors& buffers,
+                    const StepFunction& step, const ReplayOptions& options) {
+  Probe probe;
+  return replayWith(bundle, options, probe, namedProgram(bundle, parameters, buffers, step));
+}
+
+ReplayResult replay(const std::string& bundle, torch::nn::Module& model, const StepFunction& step,
+                    const ReplayOptions& options) {
+  model.train();
+  return replay(bundle, namedState(model.named_parameters(true)), namedState(model.named_buffers(true)), step, options);
+}
+
+ReferenceComparison compareWithReference(const std::string& bundle, const NamedTensors& parameters,
+                                         const NamedTensors& buffers, const StepFunction& step, ReplayOptions options,
+                                         double tolerance) {
+  const auto origins = originsOf(parameters, buffers);
+  auto c = compareWith(bundle, std::move(options), tolerance, namedProgram(bundle, parameters, buffers, step));
+  putBack(origins);
+  return c;
+}
+
+ReferenceComparison compareWithReference(const std::string& bundle, ReplayOptions options, double tolerance) {
+  return compareWith(bundle, std::move(options), tolerance, loadTorchScript);
 }
 
 }  // namespace crashcap::replayer

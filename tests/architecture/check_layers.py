@@ -19,7 +19,7 @@ ALLOWED = {
     "cupti": {"formats"},
     "recorder_core": {"formats", "cupti"},
     "fault_injection": {"formats", "formats_torch"},
-    "recorder": {"recorder_core", "formats_torch", "formats", "cupti"},
+    "recorder": {"recorder_core", "formats_torch", "formats", "cupti", "replayer"},
     "supervisor": {"recorder_core", "cupti", "formats"},
     "replayer": {"formats", "formats_torch", "fault_injection"},
     "investigate": {"replayer", "supervisor", "inspect", "formats_torch", "formats"},

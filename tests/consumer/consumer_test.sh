@@ -55,6 +55,22 @@ verdictOf() { json "$work/triage.json" "[h['verdict'] for h in d['hypotheses'] i
 [ "$(json "$work/triage.json" 'd["culprit"]["dataset_indices"]')" = "[147]" ] || fail "dataset index is not 147"
 [ "$(json "$work/triage.json" 'd["culprit"]["step"]')" = 9 ] || fail "culprit step is not 9"
 
+echo "== a torch::nn::Module training (setModel + setStep): the installed crashcap runs it again to replay"
+set +e
+"$train" --record "$work/module" --inf-at 9 --module >/dev/null 2>"$work/module.err"
+rc=$?
+set -e
+[ "$rc" -eq 1 ] || { cat "$work/module.err"; fail "the faulty module run exited $rc, expected 1"; }
+mod=("$work"/module/crash-*.ccap)
+[ "${#mod[@]}" -eq 1 ] && [ -f "${mod[0]}" ] || fail "module run: expected one bundle, found: ${mod[*]}"
+(cd / && "$cc" replay "${mod[0]}" --json) >"$work/module-replay.json" || true
+[ "$(json "$work/module-replay.json" 'd["verdict"]')" = reproduced-bitwise ] \
+  || { cat "$work/module-replay.json"; fail "module replay is not reproduced-bitwise"; }
+"$cc" triage "${mod[0]}" --json >"$work/module-triage.json" 2>/dev/null || true
+mverdict() { json "$work/module-triage.json" "[h['verdict'] for h in d['hypotheses'] if h['id']=='$1'][0]"; }
+[ "$(mverdict invalid-data)" = confirmed ] || { cat "$work/module-triage.json"; fail "module: invalid-data is not confirmed"; }
+[ "$(json "$work/module-triage.json" 'd["culprit"]["rows"]')" = "[3]" ] || fail "module: culprit rows are not [3]"
+
 echo "== under the installed crashcap run (the recorder writes into CRASHCAP_DIR)"
 set +e
 "$cc" run --dir "$work/supervised" -- "$train" --inf-at 9 >/dev/null 2>"$work/run.err"

@@ -3,9 +3,11 @@
 // docs/RECORDING.md. A regression MLP (linear, layer norm, GELU, MSE) trained with AdamW on
 // synthetic data; with --inf-at STEP, row 3 of that step's features holds an Inf, as a corrupt
 // record from a data pipeline would. The consumer test installs crashcap, builds this, lets it
-// crash, and triages the bundle with the installed `crashcap`.
+// crash, and triages the bundle with the installed `crashcap`. With --module the same regressor is
+// a torch::nn::Module recorded with setModel and setStep, which crashcap replays by running this
+// program again.
 //
-//   consumer-train --record DIR [--steps N] [--inf-at STEP]
+//   consumer-train --record DIR [--steps N] [--inf-at STEP] [--module]
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -42,31 +44,60 @@ def forward(self, features: Tensor, targets: Tensor) -> Tensor:
   return m;
 }
 
+struct RegressorImpl : torch::nn::Module {
+  RegressorImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(16, 32));
+    norm = register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})));
+    fc2 = register_module("fc2", torch::nn::Linear(32, 1));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return fc2(torch::gelu(norm(fc1(x)))); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::LayerNorm norm{nullptr};
+};
+TORCH_MODULE(Regressor);
+
 }  // namespace
 
 int main(int argc, char** argv) {
   std::string dir;
   int64_t steps = 24, infAt = -1;
+  bool module = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--record") && i + 1 < argc) dir = argv[++i];
     else if (!std::strcmp(argv[i], "--steps") && i + 1 < argc) steps = std::atoll(argv[++i]);
     else if (!std::strcmp(argv[i], "--inf-at") && i + 1 < argc) infAt = std::atoll(argv[++i]);
+    else if (!std::strcmp(argv[i], "--module")) module = true;
     else {
-      std::fprintf(stderr, "usage: consumer-train --record DIR [--steps N] [--inf-at STEP]\n");
+      std::fprintf(stderr, "usage: consumer-train --record DIR [--steps N] [--inf-at STEP] [--module]\n");
       return 2;
     }
   }
   torch::jit::setGraphExecutorOptimize(false);  // docs/RECORDING.md: bitwise replay
   torch::manual_seed(1);
   auto program = makeProgram();
+  Regressor net;
   std::vector<at::Tensor> params;
-  for (const auto& p : program.parameters()) params.push_back(p);
+  if (module)
+    params = net->parameters();
+  else
+    for (const auto& p : program.parameters()) params.push_back(p);
   torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.01));
+  auto lossOf = [&](const at::Tensor& features, const at::Tensor& targets) {
+    return module ? torch::mse_loss(net->forward(features), targets)
+                  : program.forward({features, targets}).toTensor();
+  };
 
   crashcap::recorder::Policy policy;
   policy.keyframeEvery = 4;
   crashcap::recorder::Recorder rec(dir, policy);
-  rec.setProgram(program, {"features", "targets"});
+  if (module) {
+    rec.setModel(*net);
+    rec.setStep([&](const std::map<std::string, at::Tensor>& batch) {
+      return lossOf(batch.at("features"), batch.at("targets"));
+    });
+  } else {
+    rec.setProgram(program, {"features", "targets"});
+  }
   rec.setOptimizer(optimizer);
 
   const int64_t batch = 16;
@@ -80,7 +111,7 @@ int main(int argc, char** argv) {
                                         {"targets", targets},
                                         {"index", torch::arange(step * batch, (step + 1) * batch)}});
       optimizer.zero_grad();
-      auto loss = program.forward({features, targets}).toTensor();
+      auto loss = lossOf(features, targets);
       loss.backward();
       guard.end(loss);
       optimizer.step();

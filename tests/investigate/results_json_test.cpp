@@ -1,5 +1,8 @@
 // The child-process boundary: what an experiment prints with --json reads back as the same
 // struct, non-finite numbers included, and a result with a missing key is an error naming it.
+// LibTorch first: its glog CHECK gives way to Catch's.
+#include "crashcap/replayer/program_replay.hpp"
+
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -140,6 +143,7 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   d.device = "cuda:0";
   d.fails = true;
   d.outcome = "child killed by signal 11";
+  d.otherFailure = "step 4 throws: no kernel";
   c.devices = {d};
   c.changesOutcome = {"torch.threads=1"};
   auto cb = configBisectionFromJson(toJson(c));
@@ -152,6 +156,8 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   REQUIRE(cb.devices.size() == 1);
   CHECK(cb.devices[0].device == "cuda:0");
   CHECK(cb.devices[0].fails);
+  CHECK(cb.devices[0].otherFailure == "step 4 throws: no kernel");
+  CHECK(cb.flips[0].otherFailure.empty());
   CHECK(cb.changesOutcome == c.changesOutcome);
 
   StepBisection st;
@@ -175,6 +181,66 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   CHECK_FALSE(obb.firstDeparting);
   REQUIRE(obb.reference.firstNonFiniteOp);
   CHECK(obb.reference.firstNonFiniteOp->name == "aten::div");
+}
+
+TEST_CASE("a replay request and the program's outcome read back from their JSON", "[investigate][json]") {
+  replayer::ReplayRequest q;
+  q.bundle = "/runs/crash.ccap";
+  q.options.step = 6;
+  q.options.instrument = false;
+  q.options.settings = {{"torch.autocast", "true"}};
+  q.options.rows = {0, 3};
+  q.options.fromEarliestKeyframe = true;
+  q.compare = true;
+  q.tolerance = 1e-4;
+  q.resultPath = "/tmp/x/result.json";
+  auto qb = replayer::replayRequestFromJson(json::parse(toJson(q).dump()));
+  CHECK(qb.bundle == q.bundle);
+  CHECK(qb.options.step == 6);
+  CHECK_FALSE(qb.options.instrument);
+  CHECK(qb.options.settings == q.options.settings);
+  CHECK(qb.options.rows == q.options.rows);
+  CHECK(qb.options.fromEarliestKeyframe);
+  CHECK(qb.compare);
+  CHECK(qb.tolerance == 1e-4);
+  CHECK(qb.resultPath == q.resultPath);
+
+  replayer::ReplayOutcome replayed;
+  replayed.replay = sampleReplay();
+  auto rb = replayer::replayOutcomeFromJson(json::parse(toJson(replayed).dump()));
+  REQUIRE(rb.replay);
+  CHECK(rb.replay->step == 6);
+  CHECK_FALSE(rb.comparison);
+  CHECK_FALSE(rb.error);
+
+  replayer::ReplayOutcome compared;
+  compared.comparison = replayer::ReferenceComparison{};
+  compared.comparison->replay = sampleReplay();
+  compared.comparison->reference = sampleReplay();
+  compared.comparison->opsCompared = 12;
+  replayer::DepartingOp op;
+  op.name = "aten::pow";
+  op.phase = "forward";
+  op.index = 4;
+  op.error = INFINITY;
+  op.elements = 2;
+  compared.comparison->firstDeparting = op;
+  auto cb = replayer::replayOutcomeFromJson(json::parse(toJson(compared).dump()));
+  REQUIRE(cb.comparison);
+  CHECK(cb.comparison->opsCompared == 12);
+  REQUIRE(cb.comparison->firstDeparting);
+  CHECK(cb.comparison->firstDeparting->name == "aten::pow");
+  CHECK(std::isinf(cb.comparison->firstDeparting->error));
+
+  replayer::ReplayOutcome failed;
+  failed.error = Error(ErrorCode::NotFound, "step 99 is not in B", "it holds steps 0..6");
+  failed.error->with("while replaying");
+  auto eb = replayer::replayOutcomeFromJson(json::parse(toJson(failed).dump()));
+  REQUIRE(eb.error);
+  CHECK(eb.error->code() == ErrorCode::NotFound);
+  CHECK(eb.error->message() == "step 99 is not in B");
+  CHECK(eb.error->hint() == "it holds steps 0..6");
+  CHECK(eb.error->context() == std::vector<std::string>{"while replaying"});
 }
 
 TEST_CASE("a result without a key it needs is an error that names the key", "[investigate][json]") {

@@ -426,6 +426,23 @@ TEST_CASE("config-dependent is confirmed by a single setting flip that changes t
   CHECK(g.evidence.at(0) == "the step fails under each of 2 single-setting changes");
 }
 
+TEST_CASE("a setting flip that breaks the replay another way does not confirm config-dependent, and is named as such",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  auto breaks = flip("torch.autocast", "false", "true", false);
+  breaks.otherFailure = "step 4 throws: expected scalar type BFloat16 but found Float";
+  f.config = configOf(true, {breaks, flip("torch.threads", "1", "2", true)});
+  auto h = judgeConfigDependent(f);
+  CHECK(h.verdict == V::Refuted);
+  CHECK(h.evidence.at(0) == "the step fails under each of 1 single-setting changes");
+  CHECK(h.evidence.at(1) ==
+        "torch.autocast=true (step 4 throws: expected scalar type BFloat16 but found Float) breaks the replay another "
+        "way, which says nothing about this failure");
+
+  f.config = configOf(true, {breaks});
+  CHECK(judgeConfigDependent(f).verdict == V::Inconclusive);
+}
+
 TEST_CASE("config-dependent is inconclusive when the step passes and no flip makes it fail, and notes CPU replays of "
           "GPU recordings",
           "[investigate][triage]") {

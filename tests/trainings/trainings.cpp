@@ -3,9 +3,10 @@
 // bisect and triage then say, so that a rule tuned to the samples' models shows up as wrong.
 //
 //   crashcap-test-trainings --training NAME --record DIR [--steps N] [--fault-step S] [--fault-row R]
-//                           [--keyframe-every K] [--jit-optimize] [--first-step S]
+//                           [--keyframe-every K] [--jit-optimize] [--first-step S] [--no-step-function]
 // --jit-optimize leaves TorchScript's graph executor optimising (LibTorch's default); without it
-// the trainings turn it off.
+// the trainings turn it off. The setModel trainings give the Recorder their step function
+// (setStep), which lets crashcap replay them from the command line, unless --no-step-function.
 //
 // pow-overflow   regression MLP with a tanh(h) + h^2 feature layer (TorchScript, so the op runs
 //                boxed by the interpreter), MSE, RMSprop; row R of step S's x is 1e20, which
@@ -20,6 +21,9 @@
 //                drive its variance to 0 (log 0 and a division by 0 on in-range data).
 // module-amsgrad a torch::nn::Module MLP (LayerNorm, GELU, dropout) recorded with setModel, AMSGrad
 //                Adam, cross-entropy; row R of step S's x holds a NaN.
+// module-batchnorm a torch::nn::Module with batch norm (buffers) recorded with setModel's named
+//                tensors, momentum SGD with gradient clipping, nll_loss over 5 classes; row R of
+//                step S's label is 7, and nll_loss throws.
 // warmup-jump    autoencoder on Nesterov SGD with a linear warm-up to 0.01 by step 4, then a
 //                schedule bug sets the rate to 100 from step S on; the weights run away.
 //
@@ -29,6 +33,7 @@
 #include <torch/torch.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
 #include <memory>
 #include <string>
@@ -44,6 +49,7 @@ struct Options {
   std::string training, record;
   int64_t steps = 12, faultStep = 6, faultRow = 3, keyframeEvery = 4;
   bool jitOptimize = false;  ///< LibTorch's default is true; replay must hold either way
+  bool stepFunction = true;  ///< setModel trainings give the Recorder their step (setStep)
   int64_t firstStep = 0;     ///< a training resumed from a checkpoint starts later
 };
 
@@ -55,6 +61,8 @@ struct Training {
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   std::function<std::vector<at::Tensor>(int64_t step)> batch;
   std::function<double(int64_t step)> learningRate;  ///< null: constant
+  double clipNorm = 0;  ///< the training clips its gradients' total norm to this (0: no)
+  bool namedTensors = false;  ///< setModel(named_parameters(), named_buffers()) instead of setModel(module)
 };
 
 std::vector<at::Tensor> parameters(const torch::jit::Module& m) {
@@ -213,12 +221,44 @@ Training moduleAmsgrad(const Options& o) {
   return t;
 }
 
+/// A torch::nn::Module with batch norm (buffers), recorded with setModel's named tensors, on
+/// momentum SGD with gradient clipping; a class label beyond the classes makes nll_loss throw.
+struct BnNetImpl : torch::nn::Module {
+  BnNetImpl() {
+    fc1 = register_module("fc1", torch::nn::Linear(6, 16));
+    bn = register_module("bn", torch::nn::BatchNorm1d(16));
+    fc2 = register_module("fc2", torch::nn::Linear(16, 5));
+  }
+  torch::Tensor forward(torch::Tensor x) { return torch::log_softmax(fc2(torch::relu(bn(fc1(x)))), 1); }
+  torch::nn::Linear fc1{nullptr}, fc2{nullptr};
+  torch::nn::BatchNorm1d bn{nullptr};
+};
+TORCH_MODULE(BnNet);
+
+Training moduleBatchnorm(const Options& o) {
+  Training t;
+  BnNet net;
+  t.model = net.ptr();
+  t.namedTensors = true;
+  t.clipNorm = 1.0;
+  t.inputs = {"features", "label"};
+  t.optimizer = std::make_unique<torch::optim::SGD>(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9));
+  t.loss = [net](const std::vector<at::Tensor>& b) mutable { return torch::nll_loss(net->forward(b[0]), b[1]); };
+  t.batch = [o](int64_t step) {
+    auto x = torch::randn({12, 6}) * 2 + 1;
+    auto y = torch::randint(0, 5, {12});
+    if (step == o.faultStep) y[o.faultRow] = 7;
+    return std::vector<at::Tensor>{x, y};
+  };
+  return t;
+}
+
 int usage(std::FILE* to, int code) {
   std::fprintf(to,
                "usage: crashcap-test-trainings --training pow-overflow|embedding-oob|dice-valid0|gaussian-nll|\n"
-               "       warmup-jump|module-amsgrad\n"
+               "       warmup-jump|module-amsgrad|module-batchnorm\n"
                "       --record DIR [--steps N] [--fault-step S] [--fault-row R] [--keyframe-every K] [--jit-optimize]\n"
-               "       [--first-step S]\n");
+               "       [--first-step S] [--no-step-function]\n");
   return code;
 }
 
@@ -242,12 +282,15 @@ int main(int argc, char** argv) {
       else if (a == "--keyframe-every") o.keyframeEvery = std::stoll(value());
       else if (a == "--jit-optimize") o.jitOptimize = true;
       else if (a == "--first-step") o.firstStep = std::stoll(value());
+      else if (a == "--no-step-function") o.stepFunction = false;
       else throw std::invalid_argument("unknown option " + a);
     }
   } catch (const std::exception& e) {
     std::fprintf(stderr, "crashcap-test-trainings: %s\n", e.what());
     return usage(stderr, 2);
   }
+  // A program that no longer gives its step function, for the test of what replay then says.
+  if (std::getenv("CRASHCAP_TEST_SKIP_SET_STEP")) o.stepFunction = false;
   torch::jit::setGraphExecutorOptimize(o.jitOptimize);
   torch::manual_seed(7);
   Training t;
@@ -257,20 +300,32 @@ int main(int argc, char** argv) {
   else if (o.training == "warmup-jump") t = warmupJump(o);
   else if (o.training == "gaussian-nll") t = gaussianNll(o);
   else if (o.training == "module-amsgrad") t = moduleAmsgrad(o);
+  else if (o.training == "module-batchnorm") t = moduleBatchnorm(o);
   else return usage(stderr, 2);
 
   recorder::Policy policy;
   policy.keyframeEvery = o.keyframeEvery;
   recorder::Recorder rec(o.record, policy);
   if (t.model) {
-    rec.setModel(*t.model);
+    if (t.namedTensors)
+      rec.setModel(t.model->named_parameters(), t.model->named_buffers());
+    else
+      rec.setModel(*t.model);
+    if (o.stepFunction)
+      rec.setStep([&t](const std::map<std::string, at::Tensor>& b) {
+        std::vector<at::Tensor> batch;
+        for (const auto& name : t.inputs) batch.push_back(b.at(name));
+        return t.loss(batch);
+      });
   } else {
     rec.setProgram(t.module, t.inputs);
     t.loss = [&t](const std::vector<at::Tensor>& b) {
       return t.module.forward(std::vector<c10::IValue>(b.begin(), b.end())).toTensor();
     };
   }
-  rec.setOptimizer(*t.optimizer);
+  recorder::Recipe recipe;
+  recipe.gradClipNorm = t.clipNorm;
+  rec.setOptimizer(*t.optimizer, recipe);
   int64_t step = 0;
   try {
     for (step = o.firstStep; step < o.firstStep + o.steps; ++step) {
@@ -285,6 +340,7 @@ int main(int argc, char** argv) {
       auto loss = t.loss(batch);
       loss.backward();
       guard.end(loss);
+      if (t.clipNorm > 0) torch::nn::utils::clip_grad_norm_(t.optimizer->parameters(), t.clipNorm);
       t.optimizer->step();
       std::printf("step %lld loss %.6g\n", static_cast<long long>(step), loss.item<double>());
     }

@@ -30,6 +30,9 @@ struct StepProgramData {
   std::vector<std::string> buffers;     ///< buffers, module order
   std::string archive = "program/torchscript";
   std::string device;                   ///< the parameters' device: "cpu", "cuda:0"; "" unknown
+  /// Format "module": the recording's own program replays it (it gave the Recorder its step
+  /// function), re-run from the environment record's command line and working directory.
+  bool servesReplay = false;
 };
 
 struct ParamGroupData {

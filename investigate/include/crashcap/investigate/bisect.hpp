@@ -98,6 +98,10 @@ struct ConfigTrial {
   bool fails = false;
   std::string outcome;                           ///< the experiment's
   std::string error;                             ///< last line of the replay's error
+  /// The change breaks the replay another way (a step throws another error, "step 4 throws:
+  /// expected scalar type BFloat16 but found Float"): the trial says nothing about the recorded
+  /// failure, and does not count as changing the outcome. "" otherwise.
+  std::string otherFailure;
   std::string command;
   double seconds = 0;
 };

@@ -1,23 +1,19 @@
 #pragma once
 // The child-process boundary: every result an experiment prints with --json, written and read
-// back here and nowhere else, so the JSON a script sees and the struct a rule reads cannot drift
-// apart. Non-finite numbers are written as the strings "nan", "inf", "-inf" (JSON has none).
-// Readers throw Error{Corrupt} naming the key that is missing or has the wrong type.
+// back here (replays: crashcap/replayer/replay_json.hpp) and nowhere else, so the JSON a script
+// sees and the struct a rule reads cannot drift apart. Non-finite numbers are written as the
+// strings "nan", "inf", "-inf" (JSON has none). Readers throw Error{Corrupt} naming the key that
+// is missing or has the wrong type.
 
 #include <nlohmann/json.hpp>
 
 #include "crashcap/investigate/bisect.hpp"
-#include "crashcap/replayer/replay.hpp"
+#include "crashcap/replayer/replay_json.hpp"
 
 namespace crashcap::investigate {
 
-/// `crashcap replay --json`. Keys: verdict, step, keyframe, error, recorded_error, diverged_at,
-/// first_nonfinite_op, steps [{step, loss, grad_norm, recorded_loss, recorded_grad_norm, bitwise,
-/// error, lr, weight_norm, weights_finite}], steps_replayed, batch_size, rows, lost_steps (verdict
-/// "recording-incomplete": the steps of the window the recording lost), load_ms, replay_ms, device,
-/// recorded_device, dtype, settings, recorded_settings, same_setup, threads.
-nlohmann::json toJson(const replayer::ReplayResult& r);
-replayer::ReplayResult replayResultFromJson(const nlohmann::json& j);
+using replayer::replayResultFromJson;
+using replayer::toJson;
 
 /// `crashcap bisect steps --json`. Keys: kind "steps", from_keyframe, target, first_failing_step,
 /// reason, diverged_at, lost_steps, steps (as in replay; they stop before the first lost step).
@@ -37,17 +33,9 @@ nlohmann::json toJson(const SampleBisection& b);
 SampleBisection sampleBisectionFromJson(const nlohmann::json& j);
 
 /// `crashcap bisect config --json`. Keys: kind "config", step, baseline {device,
-/// recorded_device, settings, fails, error, command}, flips [{setting, recorded, value, fails,
+/// recorded_device, settings, fails, error, command}, flips [{setting, recorded, value, fails, other_failure,
 /// outcome, error, command, seconds}], devices [{device, ...}], changes_outcome, experiments.
 nlohmann::json toJson(const ConfigBisection& b);
 ConfigBisection configBisectionFromJson(const nlohmann::json& j);
-
-/// A number as JSON: finite as is, NaN and infinities as "nan", "inf", "-inf".
-nlohmann::json number(double v);
-/// The inverse of number().
-double numberFrom(const nlohmann::json& j);
-
-nlohmann::json toJson(const replayer::ValueStats& v);
-nlohmann::json toJson(const std::optional<replayer::NonFiniteOp>& op);
 
 }  // namespace crashcap::investigate

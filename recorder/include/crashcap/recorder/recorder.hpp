@@ -8,7 +8,8 @@
 // degrades the recording and never the training.
 //
 //   crashcap::recorder::Recorder rec("runs/crashes");
-//   rec.setProgram(module, {"image", "label"});     // the TorchScript step program
+//   rec.setProgram(module, {"image", "label"});     // the TorchScript step program, or
+//   // rec.setModel(*net); rec.setStep([&](const auto& b) { return loss_of(net, b); });
 //   rec.setOptimizer(optimizer);
 //   for (int64_t step = 0; step < steps; ++step) {
 //     auto guard = rec.beginStep(step, {{"image", image}, {"label", label}});
@@ -25,6 +26,8 @@
 
 #include <cstdint>
 #include <exception>
+#include <functional>
+#include <map>
 #include <memory>
 #include <stdexcept>
 #include <string>
@@ -88,6 +91,11 @@ struct Recipe {
 
 /// Named batch tensors, in the step program's input order.
 using Batch = std::vector<std::pair<std::string, at::Tensor>>;
+
+/// The forward and loss of one step of a setModel training, for a batch named as beginStep was
+/// given it; backward, clipping and the optimizer step are the recipe's. The same type as
+/// crashcap::replayer::StepFunction.
+using StepFunction = std::function<at::Tensor(const std::map<std::string, at::Tensor>& batch)>;
 
 /// Thrown by StepGuard::end when the loss (or the gradient norm) is NaN or Inf under
 /// NonFinitePolicy::Raise.
@@ -168,6 +176,14 @@ class Recorder {
                 const torch::OrderedDict<std::string, at::Tensor>& buffers);
   void setModel(std::vector<std::pair<std::string, at::Tensor>> parameters,
                 std::vector<std::pair<std::string, at::Tensor>> buffers);
+  /// With setModel: the step's forward and loss, which lets `crashcap replay`, `bisect` and
+  /// `triage` replay the recording from the command line. They run this program again, with its
+  /// recorded command line and working directory, in replay mode: there the Recorder records
+  /// nothing, and the call that completes setModel + setStep (whichever comes second) replays the
+  /// requested steps with this function, hands the result to crashcap and ends the process, so it
+  /// must come before the training loop. Call it before the first step; the function must
+  /// compute what the loop computes (same modules, same loss), reading only the batch it is given.
+  void setStep(StepFunction step);
   /// The optimizer (must outlive the recorder) and the recipe. Call after setProgram/setModel.
   /// Throws crashcap::Error{InvalidArgument} when the optimizer updates a tensor that is not
   /// among the program's or model's parameters (a keyframe could not restore its state).

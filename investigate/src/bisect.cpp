@@ -207,6 +207,7 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
     t.seconds = e.seconds;
     t.outcome = e.outcome;
     t.fails = replayFails(e, &t.error);
+    if (!e.output && !t.fails) t.otherFailure = e.outcome;  // a timeout, or the replay could not run
     if (e.output && !t.fails) {
       auto r = replayResultFromJson(*e.output);
       for (const auto& s : r.steps)

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <csignal>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -12,6 +13,7 @@
 #include <sstream>
 
 #include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/signal_name.hpp"
@@ -62,6 +64,20 @@ RecordedProgram recordedProgram(const std::string& bundle) {
   p.commandLine = env->commandLine;
   p.cwd = env->fact("process.cwd");
   if (p.cwd.empty() || p.cwd == "unknown") p.cwd.clear();
+  std::error_code ec;
+  if (!p.cwd.empty() && !fs::is_directory(p.cwd, ec))
+    throw Error(ErrorCode::NotFound,
+                fmt::format("the directory the program ran in, {}, is not here, so crashcap cannot run it again", p.cwd),
+                "replay where the training ran, with its program and files where they were");
+  const std::string& exe = p.commandLine.front();
+  if (exe.find('/') != std::string::npos) {
+    fs::path path = fs::path(exe).is_absolute() || p.cwd.empty() ? fs::path(exe) : fs::path(p.cwd) / exe;
+    if (!fs::exists(path, ec))
+      throw Error(ErrorCode::NotFound,
+                  fmt::format("the recorded program {} is not there any more, so crashcap cannot run it again",
+                              path.string()),
+                  "replay where the training ran, with the program built as it was when it recorded");
+  }
   return p;
 }
 
@@ -70,7 +86,8 @@ class ScratchDir {
  public:
   ScratchDir() {
     const char* tmp = std::getenv("TMPDIR");
-    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/crashcap-replay-XXXXXX";
+    // Absolute: the program runs in another directory.
+    std::string templ = fs::absolute(std::string(tmp && *tmp ? tmp : "/tmp")).string() + "/crashcap-replay-XXXXXX";
     if (!::mkdtemp(templ.data()))
       throw Error(ErrorCode::Io, fmt::format("cannot create a directory for the replay request: {}", std::strerror(errno)));
     path_ = templ;
@@ -105,12 +122,14 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
   {
     std::ofstream out(requestPath);
     out << replayer::toJson(request).dump();
+    out.close();
     if (!out) throw Error(ErrorCode::Io, fmt::format("cannot write the replay request {}", requestPath));
   }
   supervisor::ChildProcess::Options options;
   options.environment = {std::string(replayer::kReplayRequestVariable) + "=" + requestPath};
   options.workingDirectory = program.cwd;
   options.dieWithParent = true;  // an experiment's timeout kills this process; the program goes with it
+  options.noInput = true;        // a replay never waits for a terminal
   const std::string shown = fmt::format("{}", fmt::join(program.commandLine, " "));
   supervisor::CapturedRun run;
   try {
@@ -122,12 +141,33 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
   if (in) {
     std::stringstream text;
     text << in.rdbuf();
+    nlohmann::json j;
     try {
-      return replayer::replayOutcomeFromJson(nlohmann::json::parse(text.str()));
+      j = nlohmann::json::parse(text.str());
     } catch (const nlohmann::json::exception& e) {
       throw Error(ErrorCode::Corrupt, fmt::format("the program's replay result is not JSON: {}", e.what()));
     }
+    const std::string theirs = j.is_object() && j.contains("crashcap_version") && j["crashcap_version"].is_string()
+                                   ? j["crashcap_version"].get<std::string>()
+                                   : "an unknown version";
+    try {
+      return replayer::replayOutcomeFromJson(j);
+    } catch (Error& e) {
+      if (theirs != formats::toolVersion())
+        throw Error(e.code(),
+                    fmt::format("{} (the program was built with crashcap {}, this is crashcap {})", e.message(), theirs,
+                                formats::toolVersion()),
+                    "rebuild the training against this crashcap, or replay with the crashcap it was built with");
+      throw;
+    }
   }
+  if (run.exitCode == -SIGKILL)
+    // Not the failure in another form: something outside killed it (the kernel's OOM killer, most
+    // likely, since every replay starts the whole program again).
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("the recorded program ({}) was killed (SIGKILL) while it replayed {}: out of memory?{}", shown,
+                            bundle, lastLines(run.err, 12)),
+                "free memory, or replay on a machine with as much as the training had");
   if (run.exitCode < 0)
     throw ProgramKilled(-run.exitCode,
                         fmt::format("the recorded program ({}) died of {} while it replayed {}{}", shown,

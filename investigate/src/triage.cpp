@@ -246,7 +246,7 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
       try {
         replayRoute(bundle);
       } catch (const Error& e) {
-        f.replayOutcome = e.message();
+        f.replayOutcome = e.message() + (e.hint().empty() ? "" : "; " + e.hint());
         t.hypotheses = judge(f);
         t.culprit = findCulprit(f);
         return t;

@@ -323,8 +323,10 @@ Hypothesis judgeConfigDependent(const TriageFacts& f) {
     std::vector<std::string> other;
     for (const auto& t : c.flips)
       if (!t.otherFailure.empty()) other.push_back(fmt::format("{}={} ({})", t.setting, t.value, t.otherFailure));
-    if (other.size() < c.flips.size()) h.verdict = V::Refuted;
-    h.evidence.push_back(fmt::format("the step fails under each of {} single-setting changes", c.flips.size() - other.size()));
+    if (other.size() < c.flips.size()) {
+      h.verdict = V::Refuted;
+      h.evidence.push_back(fmt::format("the step fails under each of {} single-setting changes", c.flips.size() - other.size()));
+    }
     if (!other.empty())
       h.evidence.push_back(fmt::format("{} break{} the replay another way, which says nothing about this failure",
                                        fmt::join(other, "; "), other.size() == 1 ? "s" : ""));

@@ -112,8 +112,10 @@ struct Recorder::Impl {
   void serveWhenReady() {
     if (!replayRequest || !step || !moduleProgram) return;
     bool written = replayer::serveReplayRequest(*replayRequest, parameters, buffers, step);
-    std::fflush(stdout);
-    std::exit(written ? 0 : 1);
+    // _Exit: no static destructors while the program's other threads (loader, device) still run,
+    // where one could hang after the answer is already written.
+    std::fflush(nullptr);
+    std::_Exit(written ? 0 : 1);
   }
 
   void writeModuleProgram() {
@@ -362,8 +364,11 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
   } catch (const crashcap::Error& e) {
     // Started by crashcap replay, but its request is unreadable: there is nowhere to answer.
     std::fprintf(stderr, "crashcap: error: %s\n", e.what());
-    std::exit(2);
+    std::fflush(nullptr);
+    std::_Exit(2);
   }
+  // The request is this process's alone: a program it starts records as usual.
+  if (impl_->replayRequest) ::unsetenv(replayer::kReplayRequestVariable);
   if (impl_->replayRequest) return;  // serving a replay: no recording, no crash guard, no observers
   detail::LiveWriterOptions wo;
   wo.outputDir = impl_->outputDir;
@@ -488,11 +493,13 @@ void Recorder::setStep(StepFunction step) {
     throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
                          "setStep is for a model given to setModel; a TorchScript step program (setProgram) is its own step",
                          "drop the setStep call, or record with setModel instead of setProgram");
+  if (m.lastStep >= 0)
+    throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
+                         fmt::format("setStep after step {} began: a replay of this program would reach its training "
+                                     "loop before it",
+                                     m.lastStep),
+                         "call setStep after setModel and before the first beginStep");
   m.step = std::move(step);
-  if (m.lastStep >= 0 && m.moduleProgramWritten) {
-    m.moduleProgramWritten = false;  // the record written at the first step said "no step function"
-    m.writeModuleProgram();
-  }
   m.serveWhenReady();
 }
 
@@ -563,8 +570,8 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
         m.moduleProgram ? "call rec.setStep(...) with the step's forward and loss after setModel, before the training loop"
                         : "record with setModel and setStep (or setProgram), before the training loop");
     bool written = replayer::writeReplayOutcome(*m.replayRequest, outcome);
-    std::fflush(stdout);
-    std::exit(written ? 3 : 1);
+    std::fflush(nullptr);
+    std::_Exit(written ? 3 : 1);
   }
   const int64_t previousStep = m.lastStep;  // -1 before the first step
   m.lastStep = step;

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/replayer/replay_json.hpp"
 
 namespace crashcap::replayer {
@@ -17,7 +18,8 @@ using nlohmann::json;
 using namespace json_fields;
 
 json toJson(const ReplayRequest& r) {
-  return {{"bundle", r.bundle},
+  return {{"crashcap_version", formats::toolVersion()},
+          {"bundle", r.bundle},
           {"options", toJson(r.options)},
           {"compare", r.compare},
           {"tolerance", r.tolerance},
@@ -48,6 +50,9 @@ std::optional<ReplayRequest> replayRequestOfThisProcess() {
     return replayRequestFromJson(json::parse(text.str()));
   } catch (const json::exception& e) {
     throw Error(ErrorCode::Corrupt, fmt::format("the replay request {} is not JSON: {}", path, e.what()));
+  } catch (Error& e) {
+    throw e.with(fmt::format("while reading the replay request {} (this program is built with crashcap {})", path,
+                             formats::toolVersion()));
   }
 }
 
@@ -62,15 +67,19 @@ ErrorCode errorCodeNamed(const std::string& name) {
 }  // namespace
 
 json toJson(const ReplayOutcome& o) {
-  if (o.replay) return {{"replay", toJson(*o.replay)}};
-  if (o.comparison) return {{"comparison", toJson(*o.comparison)}};
-  if (o.error)
-    return {{"error",
-             {{"code", std::string(errorCodeName(o.error->code()))},
-              {"message", o.error->message()},
-              {"hint", o.error->hint()},
-              {"context", o.error->context()}}}};
-  throw Error(ErrorCode::Internal, "an empty replay outcome");
+  json j = {{"crashcap_version", formats::toolVersion()}};
+  if (o.replay)
+    j["replay"] = toJson(*o.replay);
+  else if (o.comparison)
+    j["comparison"] = toJson(*o.comparison);
+  else if (o.error)
+    j["error"] = {{"code", std::string(errorCodeName(o.error->code()))},
+                  {"message", o.error->message()},
+                  {"hint", o.error->hint()},
+                  {"context", o.error->context()}};
+  else
+    throw Error(ErrorCode::Internal, "an empty replay outcome");
+  return j;
 }
 
 ReplayOutcome replayOutcomeFromJson(const json& j) {

@@ -791,10 +791,17 @@ ReplayResult replay(const std::string& bundle, torch::nn::Module& model, const S
 ReferenceComparison compareWithReference(const std::string& bundle, const NamedTensors& parameters,
                                          const NamedTensors& buffers, const StepFunction& step, ReplayOptions options,
                                          double tolerance) {
-  const auto origins = originsOf(parameters, buffers);
-  auto c = compareWith(bundle, std::move(options), tolerance, namedProgram(bundle, parameters, buffers, step));
-  putBack(origins);
-  return c;
+  // The model ends as it began, however the comparison ends.
+  struct PutBack {
+    std::vector<Origin> origins;
+    ~PutBack() {
+      try {
+        putBack(origins);
+      } catch (...) {
+      }
+    }
+  } restore{originsOf(parameters, buffers)};
+  return compareWith(bundle, std::move(options), tolerance, namedProgram(bundle, parameters, buffers, step));
 }
 
 ReferenceComparison compareWithReference(const std::string& bundle, ReplayOptions options, double tolerance) {

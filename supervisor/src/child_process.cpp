@@ -61,6 +61,13 @@ ChildProcess ChildProcess::start(const std::vector<std::string>& argv, const Opt
       ::prctl(PR_SET_PDEATHSIG, SIGKILL);
       if (::getppid() != parent) ::_exit(127);  // the parent died before the request took hold
     }
+    if (options.noInput) {
+      int null = ::open("/dev/null", O_RDONLY);
+      if (null >= 0) {
+        ::dup2(null, 0);
+        ::close(null);
+      }
+    }
     if (dir && ::chdir(dir) != 0) {
       int e = errno;
       (void)!::write(status[1], &e, sizeof e);

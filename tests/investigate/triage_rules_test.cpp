@@ -440,7 +440,9 @@ TEST_CASE("a setting flip that breaks the replay another way does not confirm co
         "way, which says nothing about this failure");
 
   f.config = configOf(true, {breaks});
-  CHECK(judgeConfigDependent(f).verdict == V::Inconclusive);
+  auto g = judgeConfigDependent(f);
+  CHECK(g.verdict == V::Inconclusive);
+  CHECK(g.evidence.at(0).rfind("torch.autocast=true (step 4 throws", 0) == 0);
 }
 
 TEST_CASE("config-dependent is inconclusive when the step passes and no flip makes it fail, and notes CPU replays of "

@@ -2,6 +2,7 @@
 // gives the model and a step function; the engine restores the keyframe into it and reproduces
 // the crash bit for bit.
 // LibTorch first: glog's CHECK must not replace Catch's.
+#include <torch/script.h>
 #include <torch/torch.h>
 #undef CHECK
 #include <catch2/catch.hpp>
@@ -174,5 +175,35 @@ TEST_CASE("setModel refuses an optimizer that updates tensors it was not given",
     CHECK_THROWS_AS(rec.setOptimizer(opt), crashcap::Error);  // no setModel at all
     rec.setModel(*net);
     CHECK_NOTHROW(rec.setOptimizer(opt));
+  }
+}
+
+TEST_CASE("setStep is refused after the first step, and on a TorchScript program", "[replayer][module]") {
+  test::TempDir dir;
+  Net net;
+  recorder::Policy policy;
+  policy.quiet = true;
+  auto step = [&](const std::map<std::string, at::Tensor>& b) { return loss(net, b.at("x"), b.at("y")); };
+  {
+    recorder::Recorder rec(dir.path(), policy);
+    rec.setModel(*net);
+    torch::optim::SGD opt(net->parameters(), torch::optim::SGDOptions(0.1));
+    rec.setOptimizer(opt);
+    { auto guard = rec.beginStep(0, {{"x", torch::randn({4, 12})}, {"y", torch::zeros({4}, torch::kLong)}}); }
+    // A replay of this program would reach its loop before setStep: refused, not recorded as replayable.
+    try {
+      rec.setStep(step);
+      FAIL("setStep after a step was accepted");
+    } catch (const crashcap::Error& e) {
+      CHECK(e.code() == ErrorCode::InvalidArgument);
+      CHECK_THAT(e.what(), Catch::Contains("setStep after step 0 began"));
+    }
+  }
+  {
+    torch::jit::Module m("M");
+    m.register_parameter("w", torch::ones({2}), false);
+    recorder::Recorder rec(dir.path(), policy);
+    rec.setProgram(m, {"x"});
+    CHECK_THROWS_AS(rec.setStep(step), crashcap::Error);
   }
 }

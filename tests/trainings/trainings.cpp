@@ -32,6 +32,7 @@
 #include <torch/script.h>
 #include <torch/torch.h>
 
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -313,6 +314,8 @@ int main(int argc, char** argv) {
       rec.setModel(*t.model);
     if (o.stepFunction)
       rec.setStep([&t](const std::map<std::string, at::Tensor>& b) {
+        // The step dies of a signal, for the test of what replay then says (only replays call this).
+        if (const char* sig = std::getenv("CRASHCAP_TEST_SIGNAL_IN_STEP")) std::raise(std::atoi(sig));
         std::vector<at::Tensor> batch;
         for (const auto& name : t.inputs) batch.push_back(b.at(name));
         return t.loss(batch);

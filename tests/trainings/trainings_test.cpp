@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <csignal>
 #include <cstdio>
 
 #include "crashcap/formats/bundle_reader.hpp"
@@ -293,7 +294,8 @@ TEST_CASE("a setModel recording without a step function: replay and triage say w
   }
 }
 
-TEST_CASE("a program that no longer gives its step function, or is gone, is named in replay's error", "[trainings]") {
+TEST_CASE("a program that no longer gives its step function, dies of a signal or is gone: replay says which",
+          "[trainings]") {
   test::TempDir dir;
   // A copy of the training program, so that it can be removed after it recorded.
   const std::string program = dir.path() + "/training-copy";
@@ -311,10 +313,23 @@ TEST_CASE("a program that no longer gives its step function, or is gone, is name
   CHECK(skipped.exitCode != 0);
   CHECK_THAT(skipped.err, Catch::Contains("the program began step 0 without calling Recorder::setStep"));
 
+  // The program dies of a signal while it replays: crashcap replay ends by the same signal, as an
+  // in-process replay would; SIGKILL comes from outside and is an error.
+  auto segv = test::run({"/usr/bin/env", "CRASHCAP_TEST_SIGNAL_IN_STEP=11", test::binPath("crashcap"), "replay",
+                         bundles[0]},
+                        300);
+  CHECK(segv.exitCode == -SIGSEGV);
+  CHECK_THAT(segv.err, Catch::Contains("died of SIGSEGV while it replayed"));
+  auto killed = test::run({"/usr/bin/env", "CRASHCAP_TEST_SIGNAL_IN_STEP=9", test::binPath("crashcap"), "replay",
+                           bundles[0]},
+                          300);
+  CHECK(killed.exitCode > 0);
+  CHECK_THAT(killed.err, Catch::Contains("was killed (SIGKILL) while it replayed"));
+
   REQUIRE(std::remove(program.c_str()) == 0);
   auto gone = test::run({test::binPath("crashcap"), "replay", bundles[0]}, 120);
   CHECK(gone.exitCode != 0);
-  CHECK_THAT(gone.err, Catch::Contains("cannot run '" + program + "'"));
+  CHECK_THAT(gone.err, Catch::Contains("the recorded program " + program + " is not there any more"));
 }
 
 TEST_CASE("a training resumed at step 100 replays bit for bit from its first step with the graph executor optimising",

@@ -14,6 +14,7 @@ namespace crashcap::investigate {
 
 /// The recorded program died of a signal while it replayed: the failure under test in another
 /// form (a segfault where the recording saw an exception), as when an in-process replay dies.
+/// SIGKILL is not one (something outside killed it, the OOM killer most likely): an Error.
 class ProgramKilled : public std::runtime_error {
  public:
   ProgramKilled(int signal, const std::string& what) : std::runtime_error(what), signal_(signal) {}

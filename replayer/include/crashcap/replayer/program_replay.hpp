@@ -31,7 +31,8 @@ struct ReplayRequest {
   double tolerance = 1e-3;   ///< of the comparison
   std::string resultPath;    ///< where the program writes its result (absolute)
 };
-/// Keys: bundle, options (toJson(ReplayOptions)), compare, tolerance, result_path.
+/// Keys: crashcap_version (of the writer), bundle, options (toJson(ReplayOptions)), compare,
+/// tolerance, result_path.
 nlohmann::json toJson(const ReplayRequest& r);
 ReplayRequest replayRequestFromJson(const nlohmann::json& j);
 
@@ -45,7 +46,8 @@ struct ReplayOutcome {
   std::optional<ReferenceComparison> comparison;
   std::optional<Error> error;
 };
-/// Keys: "replay" | "comparison" | "error" {code (errorCodeName), message, hint, context}.
+/// Keys: crashcap_version (of the program), and "replay" | "comparison" | "error" {code
+/// (errorCodeName), message, hint, context}.
 nlohmann::json toJson(const ReplayOutcome& o);
 ReplayOutcome replayOutcomeFromJson(const nlohmann::json& j);
 

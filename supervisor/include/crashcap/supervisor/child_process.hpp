@@ -25,9 +25,14 @@ class ChildProcess {
     bool ownProcessGroup = false;
     /// The child's working directory; "": this process's.
     std::string workingDirectory;
-    /// The child is killed (SIGKILL) when this process dies, however it dies: a helper that must
-    /// not outlive the command that started it (a replay child under an experiment's timeout).
+    /// The child is killed (SIGKILL) when the thread that started it ends, which for a start from
+    /// the main thread is when this process dies, however it dies: a helper that must not outlive
+    /// the command that started it (a replay child under an experiment's timeout). The child's own
+    /// children are not covered.
     bool dieWithParent = false;
+    /// The child reads /dev/null, not this process's standard input: a helper that must not wait
+    /// for a terminal.
+    bool noInput = false;
   };
   /// Receives output as it arrives: `stream` is 1 (stdout) or 2 (stderr).
   using OutputHandler = std::function<void(int stream, const char* data, size_t size)>;

@@ -113,14 +113,28 @@ struct Entry {
 # no size limit), written before this record. No body.
 struct StepProgram {
   format @0 :Text;              # "torchscript"; "module": no archive (Recorder::setModel), the
-                                # program's own step function replays it
+                                # program's own step function replays it; "python": a Python training
+                                # (the crashcap Python package), replayed by its own loop
   inputs @1 :List(Text);        # forward's batch arguments, in order; each a batch tensor name
   parameters @2 :List(Text);    # trainable parameters by name, in module order
   buffers @3 :List(Text);       # buffers by name, in module order
   archive @4 :Text;             # name of the uint8 [n] tensor holding the archive ("program/torchscript")
   device @5 :Text;              # where the parameters lived: "cpu", "cuda:0", ... ("" in older bundles: unknown)
   servesReplay @6 :Bool;        # format "module": the program gave its step function (Recorder::setStep),
-                                # so re-running its command line in replay mode replays it
+                                # so re-running its command line in replay mode replays it; format
+                                # "python": always (the Python loop is its own replay)
+  sources @7 :List(SourceFile); # format "python": the program's own source files (not installed
+                                # packages), each stored as a uint8 tensor, so replay can tell a
+                                # changed script and a bug report carries the code
+}
+
+struct SourceFile {
+  path @0 :Text;                # as the program imported it: relative to the working directory
+                                # when inside it, else absolute
+  sha256 @1 :Text;              # hex digest of the file's bytes when recorded
+  bytes @2 :UInt64;
+  tensor @3 :Text;              # the uint8 [bytes] tensor holding them ("program/sources/<path>");
+                                # "" when the file was too large to keep (its hash still is)
 }
 
 # Record type 6. The optimizer and the recipe replay follows:
@@ -157,6 +171,8 @@ struct StepBegin {
                                 # -2 unknown (written before the field existed). A previousStep that
                                 # the bundle has no step_begin for, inside the retained window, is a
                                 # step the recorder lost. Invariant: -2 <= previousStep < step.
+  structure @7 :Text;           # how the batch tensors nest (Python: tuples, lists, dicts), JSON
+                                # (docs/FORMAT.md); "" a flat set of named tensors. At most 64 KiB.
 }
 
 # Record type 8. A step ended normally (the guard's end(loss) ran). No body.
@@ -177,6 +193,10 @@ struct Keyframe {
   buffers @2 :List(Text);
   optimizerState @3 :List(Text);
   optimizerScalars @4 :List(Number);   # "<parameter>/step" for Adam-like optimizers
+  documents @5 :List(Text);     # names of uint8 tensors holding JSON documents of state that is not
+                                # tensors ("keyframes/<step>/documents/optimizer": a Python
+                                # optimizer's state_dict with its tensors referenced by name;
+                                # ".../scheduler", ".../grad_scaler")
 }
 
 # Record type 10. The ring of the last ATen ops the recorder saw before a crash (or at

@@ -100,6 +100,13 @@ std::vector<uint8_t> encodeMeta(const StepProgramData& v) {
   r.setArchive(v.archive);
   r.setDevice(v.device);
   r.setServesReplay(v.servesReplay);
+  auto sources = r.initSources(v.sources.size());
+  for (unsigned i = 0; i < v.sources.size(); ++i) {
+    sources[i].setPath(v.sources[i].path);
+    sources[i].setSha256(v.sources[i].sha256);
+    sources[i].setBytes(v.sources[i].bytes);
+    sources[i].setTensor(v.sources[i].tensor);
+  }
   return toBytes(b);
 }
 
@@ -128,6 +135,7 @@ std::vector<uint8_t> encodeMeta(const StepBeginData& v) {
   r.setTimeNs(v.timeNs);
   r.setKeyframe(v.keyframe);
   r.setPreviousStep(v.previousStep);
+  r.setStructure(v.structure);
   return toBytes(b);
 }
 
@@ -151,6 +159,7 @@ std::vector<uint8_t> encodeMeta(const KeyframeData& v) {
   setTexts(r.initBuffers(v.buffers.size()), v.buffers);
   setTexts(r.initOptimizerState(v.optimizerState.size()), v.optimizerState);
   setNumbers(r.initOptimizerScalars(v.optimizerScalars.size()), v.optimizerScalars);
+  setTexts(r.initDocuments(v.documents.size()), v.documents);
   return toBytes(b);
 }
 
@@ -228,6 +237,15 @@ StepProgramData decodeStepProgram(const std::vector<uint8_t>& meta, const Reader
     v.archive = text(r.getArchive(), kNameBytes, "step program archive");
     v.device = text(r.getDevice(), 64, "step program device");
     v.servesReplay = r.getServesReplay();
+    checkCount(r.getSources(), "step program sources");
+    for (auto f : r.getSources()) {
+      SourceFileData d;
+      d.path = text(f.getPath(), 4096, "source file path");
+      d.sha256 = text(f.getSha256(), 64, "source file sha256");
+      d.bytes = f.getBytes();
+      d.tensor = text(f.getTensor(), kNameBytes, "source file tensor");
+      v.sources.push_back(std::move(d));
+    }
     return v;
   });
 }
@@ -269,6 +287,7 @@ StepBeginData decodeStepBegin(const std::vector<uint8_t>& meta, const ReaderLimi
     if (v.previousStep < -2 || v.previousStep >= v.step)
       throw Error(ErrorCode::Corrupt, fmt::format("step_begin of step {} names previous step {}: expected -2..{}",
                                                   v.step, v.previousStep, v.step - 1));
+    v.structure = text(r.getStructure(), 64 << 10, "step_begin batch structure");
     return v;
   });
 }
@@ -294,6 +313,7 @@ KeyframeData decodeKeyframe(const std::vector<uint8_t>& meta, const ReaderLimits
     v.buffers = names(r.getBuffers(), "keyframe buffer");
     v.optimizerState = names(r.getOptimizerState(), "keyframe optimizer state");
     v.optimizerScalars = numbers(r.getOptimizerScalars(), "keyframe optimizer scalar");
+    v.documents = names(r.getDocuments(), "keyframe document");
     return v;
   });
 }

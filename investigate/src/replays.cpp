@@ -30,6 +30,7 @@ namespace fs = std::filesystem;
 struct RecordedProgram {
   std::vector<std::string> commandLine;
   std::string cwd;
+  std::vector<std::string> environment;  ///< NAME=VALUE the program needs again
 };
 
 RecordedProgram recordedProgram(const std::string& bundle) {
@@ -38,7 +39,8 @@ RecordedProgram recordedProgram(const std::string& bundle) {
   if (!view.program)
     throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
                 "record with Recorder::setProgram (TorchScript) or Recorder::setModel with Recorder::setStep");
-  if (view.program->format != "module")
+  const bool python = view.program->format == "python";
+  if (view.program->format != "module" && !python)
     throw Error(ErrorCode::Internal, fmt::format("{} holds a {} step program, which replays in crashcap", bundle,
                                                  view.program->format));
   if (!view.program->servesReplay)
@@ -62,6 +64,11 @@ RecordedProgram recordedProgram(const std::string& bundle) {
                 "pass secrets to the training through the environment or a file, not its arguments");
   RecordedProgram p;
   p.commandLine = env->commandLine;
+  // A Python program runs again under the interpreter that recorded it, not whichever python3
+  // comes first on this PATH (which may lack torch, or be another version).
+  if (python && !env->fact("python.executable").empty()) p.commandLine.front() = env->fact("python.executable");
+  // And finds its modules (crashcap's among them) where it found them.
+  if (python && !env->fact("python.pythonpath").empty()) p.environment.push_back("PYTHONPATH=" + env->fact("python.pythonpath"));
   p.cwd = env->fact("process.cwd");
   if (p.cwd.empty() || p.cwd == "unknown") p.cwd.clear();
   std::error_code ec;
@@ -126,7 +133,8 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
     if (!out) throw Error(ErrorCode::Io, fmt::format("cannot write the replay request {}", requestPath));
   }
   supervisor::ChildProcess::Options options;
-  options.environment = {std::string(replayer::kReplayRequestVariable) + "=" + requestPath};
+  options.environment = program.environment;
+  options.environment.push_back(std::string(replayer::kReplayRequestVariable) + "=" + requestPath);
   options.workingDirectory = program.cwd;
   options.dieWithParent = true;  // an experiment's timeout kills this process; the program goes with it
   options.noInput = true;        // a replay never waits for a terminal
@@ -176,8 +184,8 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
               fmt::format("the recorded program ({}, in {}) exited with status {} without replaying{}", shown,
                           program.cwd.empty() ? "this directory" : program.cwd, run.exitCode,
                           lastLines(run.err.empty() ? run.out : run.err, 12)),
-              "it must be the program that made the recording, built the same way, and construct its Recorder and "
-              "call setModel and setStep as it did then");
+              "it must be the program that made the recording, built the same way, and construct its Recorder as "
+              "it did then (C++: setModel and setStep; Python: crashcap.Recorder before its training loop)");
 }
 
 }  // namespace
@@ -185,7 +193,7 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
 std::string replayRoute(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);
   auto view = formats::readRecords(*reader);
-  if (view.program && view.program->format == "module") {
+  if (view.program && (view.program->format == "module" || view.program->format == "python")) {
     recordedProgram(bundle);  // says what is missing
     return "program";
   }

@@ -140,14 +140,32 @@ void finish(const at::RecordFunction& fn) {
   if (e.committed.load(std::memory_order_acquire) == index + 1) e.endNs.store(monotonicNs(), std::memory_order_relaxed);
 }
 
-void onOpEnd(const at::RecordFunction& fn, at::ObserverContext*) { finish(fn); }
+/// "autograd::engine::evaluate_function: X": the scope the autograd engine wraps around each
+/// node. It is wider than the node's own (BACKWARD_FUNCTION) scope: the engine also accumulates
+/// and checks the node's gradients inside it (aten::add_, aten::to, aten::sum_to_size), and those
+/// ops are backward ops too.
+bool isEngineScope(const at::RecordFunction& fn) {
+  const char* name = fn.name();
+  return name && std::strncmp(name, "autograd::engine::", 18) == 0;
+}
+thread_local int tEngineDepth = 0;
+
+void onOpEnd(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (isEngineScope(fn) && tEngineDepth > 0) --tEngineDepth;
+  finish(fn);
+}
 
 std::unique_ptr<at::ObserverContext> onOp(const at::RecordFunction& fn) {
-  // The autograd engine wraps each node in an "autograd::engine::evaluate_function: X" scope
-  // of its own; it belongs to the backward pass too.
-  const char* name = fn.name();
-  bool engine = name && std::strncmp(name, "autograd::engine::", 18) == 0;
-  record(fn, tBackwardDepth > 0 || engine);
+  bool engine = isEngineScope(fn);
+  if (engine) {
+    ++tEngineDepth;
+    if (gPhase) {
+      // The first autograd node of a step moves the step from forward to backward.
+      int expected = static_cast<int>(Phase::Forward);
+      gPhase->compare_exchange_strong(expected, static_cast<int>(Phase::Backward), std::memory_order_relaxed);
+    }
+  }
+  record(fn, tBackwardDepth > 0 || tEngineDepth > 0);
   return nullptr;
 }
 

@@ -18,6 +18,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -81,6 +82,9 @@ struct Recorder::Impl {
   std::optional<torch::jit::Module> module;
   std::vector<std::string> inputs;
   torch::optim::Optimizer* optimizer = nullptr;
+  /// A training in another language (setForeign): its optimizer and generators are read through it.
+  std::optional<ForeignTraining> foreign;
+  std::vector<std::string> foreignFailed;  ///< callbacks that threw (each warned about once)
   Recipe recipe;
   StepFunction step;
   /// setModel's program record, written at the first step (when setStep has had its chance).
@@ -121,8 +125,48 @@ struct Recorder::Impl {
   void writeModuleProgram() {
     if (!writer || !moduleProgram || moduleProgramWritten) return;
     moduleProgram->servesReplay = static_cast<bool>(step);
-    writer->push({recordJob(*moduleProgram, Job::Kind::RunRecord)});
+    std::vector<Job> jobs;
+    if (foreign) {
+      // A foreign training replays itself: its own loop is the step function.
+      moduleProgram->format = foreign->format;
+      moduleProgram->servesReplay = true;
+      moduleProgram->sources.clear();
+      for (auto& [file, contents] : foreign->sources) {
+        formats::SourceFileData d = file;
+        d.tensor.clear();
+        if (!contents.empty()) {
+          d.tensor = "program/sources/" + file.path;
+          auto bytes = std::make_shared<std::string>(std::move(contents));
+          Job a;
+          a.kind = Job::Kind::RunTensor;
+          a.tensor.name = d.tensor;
+          a.tensor.dtype = formats::DType::UInt8;
+          a.tensor.shape = {static_cast<int64_t>(bytes->size())};
+          a.tensor.data = bytes->data();
+          a.tensor.size = bytes->size();
+          a.tensor.owner = bytes;
+          jobs.push_back(std::move(a));
+        }
+        moduleProgram->sources.push_back(std::move(d));
+      }
+    }
+    jobs.push_back(recordJob(*moduleProgram, Job::Kind::RunRecord));
+    writer->push(std::move(jobs), detail::Lane::Program);
     moduleProgramWritten = true;
+  }
+
+  /// Calls a foreign training's callback; one that throws is warned about once and gives nothing.
+  template <typename Fn>
+  auto foreignCall(const char* what, Fn&& fn) -> decltype(fn()) {
+    try {
+      return fn();
+    } catch (const std::exception& e) {
+      if (std::find(foreignFailed.begin(), foreignFailed.end(), what) == foreignFailed.end()) {
+        foreignFailed.push_back(what);
+        warn(fmt::format("could not read the training's {}: {}; recording goes on without it", what, e.what()));
+      }
+      return {};
+    }
   }
 
   void setPhase(Phase p) {
@@ -225,11 +269,15 @@ struct Recorder::Impl {
     fact("recorder.keyframe_every", std::to_string(policy.keyframeEvery));
     fact("recorder.op_trace_depth", std::to_string(policy.opTraceDepth));
     fact("recorder.nonfinite", policy.nonFinite == NonFinitePolicy::Raise ? "raise" : "record");
+    if (foreign)
+      for (const auto& [key, value] : foreign->facts) env.facts.emplace_back(key, value);
     writer->push({recordJob(env, Job::Kind::RunRecord)});
   }
 
-  std::vector<double> learningRates() const {
+  std::vector<double> learningRates() {
     std::vector<double> out;
+    if (foreign && foreign->learningRates)
+      return foreignCall("learning rates", [&] { return foreign->learningRates(); });
     if (optimizer)
       for (const auto& g : optimizer->param_groups()) out.push_back(g.options().get_lr());
     return out;
@@ -243,7 +291,7 @@ struct Recorder::Impl {
     };
     for (const auto& [n, t] : parameters) add(t);
     for (const auto& [n, t] : buffers) add(t);
-    if (optimizer) {
+    if (optimizer || foreign) {
       // Adam-like optimizers keep about two tensors per parameter.
       uint64_t params = bytes;
       bytes += 2 * params;
@@ -276,14 +324,32 @@ struct Recorder::Impl {
         if (state.step) kf.optimizerScalars.emplace_back(name + "/step", static_cast<double>(*state.step));
       }
     }
+    if (foreign && foreign->keyframe) {
+      auto extra = foreignCall("optimizer and scheduler state", [&] { return foreign->keyframe(step); });
+      for (const auto& [name, t] : extra.optimizerState) add("optimizer", name, t, kf.optimizerState);
+      for (auto& [name, json] : extra.documents) {
+        auto full = formats::keyframeTensorName(step, "documents", name);
+        auto bytes = std::make_shared<std::string>(std::move(json));
+        detail::TensorJob t;
+        t.name = full;
+        t.dtype = formats::DType::UInt8;
+        t.shape = {static_cast<int64_t>(bytes->size())};
+        t.data = bytes->data();
+        t.size = bytes->size();
+        t.owner = bytes;
+        jobs.push_back(tensorJob(std::move(t)));
+        kf.documents.push_back(full);
+      }
+    }
     jobs.push_back(recordJob(kf));
     return jobs;
   }
 
-  std::vector<Job> stepJobs(int64_t step, int64_t previousStep, const Batch& batch) {
+  std::vector<Job> stepJobs(int64_t step, int64_t previousStep, const Batch& batch, std::string structure) {
     std::vector<Job> jobs;
     formats::StepBeginData begin;
     begin.step = step;
+    begin.structure = std::move(structure);
     begin.previousStep = previousStep;
     begin.timeNs = formats::unixTimeNs();
     begin.keyframe = lastKeyframe;
@@ -323,6 +389,14 @@ struct Recorder::Impl {
         }
       }
     }
+    if (foreign && foreign->generators)
+      for (const auto& [device, state] : foreignCall("generator states", [&] { return foreign->generators(); })) {
+        auto full = formats::rngTensorName(step, device);
+        if (auto job = hostCopy(full, state)) {
+          jobs.push_back(tensorJob(std::move(*job)));
+          begin.rng.push_back(full);
+        }
+      }
     Job commit = recordJob(begin);
     commit.step = step;
     commit.commitsStep = true;
@@ -555,7 +629,30 @@ void Recorder::setOptimizer(torch::optim::Optimizer& optimizer, Recipe recipe) {
   m.writer->push({Impl::recordJob(spec, Job::Kind::RunRecord)});
 }
 
-StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
+void Recorder::setForeign(ForeignTraining training) {
+  auto& m = *impl_;
+  if (!m.moduleProgram)
+    throw crashcap::Error(crashcap::ErrorCode::InvalidArgument, "setForeign before setModel",
+                         "give the model's named parameters and buffers to setModel first");
+  if (m.optimizer)
+    throw crashcap::Error(crashcap::ErrorCode::InvalidArgument, "setForeign after setOptimizer: a training has one optimizer");
+  std::unordered_map<std::string, bool> known;
+  for (const auto& [n, t] : m.parameters) known[n] = true;
+  for (size_t g = 0; g < training.optimizer.groups.size(); ++g)
+    for (const auto& name : training.optimizer.groups[g].parameters)
+      if (!known.count(name))
+        throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
+                             fmt::format("the optimizer's parameter '{}' of group {} is not among the {} parameters given "
+                                         "to setModel",
+                                         name, g, m.parameters.size()));
+  formats::OptimizerSpecData spec = training.optimizer;
+  m.foreign = std::move(training);
+  if (m.writer) m.writer->push({Impl::recordJob(spec, Job::Kind::RunRecord)});
+}
+
+StepGuard Recorder::beginStep(int64_t step, const Batch& batch) { return beginStep(step, batch, std::string()); }
+
+StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string structure) {
   auto& m = *impl_;
   if (step <= m.lastStep)
     throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
@@ -597,7 +694,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) {
       ++m.keyframes;
     }
   }
-  m.writer->push(m.stepJobs(step, previousStep, batch));
+  m.writer->push(m.stepJobs(step, previousStep, batch, std::move(structure)));
   m.setPhase(Phase::Forward);
   return StepGuard(this, step);
 }
@@ -616,6 +713,17 @@ std::string Recorder::fail(const std::exception& error) {
   crash.error = c.error;
   crash.errorType = c.errorType;
   if (!c.stack.empty()) crash.stack = c.stack;
+  return m.sealCrash(std::move(crash));
+}
+
+std::string Recorder::fail(const Failure& failure) {
+  auto& m = *impl_;
+  if (failure.kind == "nonfinite" && m.crashRecordedStep == m.lastStep && !m.pendingCrash) return m.lastCrashBundle;
+  formats::CrashData crash = m.pendingCrash ? *m.pendingCrash : m.crashHere("exception", m.lastStep);
+  crash.kind = failure.kind;
+  crash.error = failure.error;
+  crash.errorType = failure.errorType;
+  if (!failure.stack.empty()) crash.stack = failure.stack;
   return m.sealCrash(std::move(crash));
 }
 

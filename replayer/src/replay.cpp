@@ -1,5 +1,6 @@
 #include "crashcap/replayer/replay.hpp"
 #include "crashcap/replayer/replay_module.hpp"
+#include "crashcap/replayer/driven_replay.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -83,6 +84,7 @@ struct Probe {
 Probe* gProbe = nullptr;
 thread_local bool tInside = false;
 thread_local int tBackwardDepth = 0;
+thread_local int tEngineDepth = 0;  ///< open autograd::engine:: scopes
 thread_local int tDepth = 0;  ///< op nesting, counted from the step or from the autograd node
 thread_local std::vector<int> tSavedDepth;
 
@@ -158,6 +160,7 @@ struct OpCall : at::ObserverContext {
 
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
   if (tInside || !gProbe) return nullptr;
+  if (fn.name() && std::strncmp(fn.name(), "autograd::engine::", 18) == 0) ++tEngineDepth;
   auto ctx = std::make_unique<OpCall>();
   ctx->outer = tDepth++ == 0;
   if (!gProbe->found) {
@@ -222,8 +225,11 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
     try {
       uint64_t index = gProbe->ops++;
       const char* name = fn.name() ? fn.name() : "?";
+      // The engine's "autograd::engine::evaluate_function: X" scope is wider than the node's own:
+      // the gradient accumulation and checks inside it are backward ops too.
       bool engine = std::strncmp(name, "autograd::engine::", 18) == 0;
-      std::string phase = tBackwardDepth > 0 || engine ? "backward" : "forward";
+      if (engine && tEngineDepth > 0) --tEngineDepth;
+      std::string phase = tBackwardDepth > 0 || tEngineDepth > 0 || engine ? "backward" : "forward";
       if (!gProbe->found && !allocates(fn.name()) && !movesOnly(fn.name())) {
         bool bad = false;
         eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) { bad = bad || nonFinite(t); });
@@ -292,6 +298,7 @@ class ProbeScope {
     gProbe = nullptr;
     tDepth = 0;
     tBackwardDepth = 0;
+    tEngineDepth = 0;
     tSavedDepth.clear();
   }
 
@@ -394,135 +401,123 @@ Program loadTorchScript(const formats::BundleReader& reader, const formats::Bund
   return p;
 }
 
+/// One replay's plan and its running state, whoever drives the steps: the engine's own loop
+/// (replayWith) or the recorded program's loop (DrivenReplay, a Python training). It opens the
+/// bundle, chooses the target and the keyframe, applies the device, dtype and settings, hands out
+/// each step's inputs, keeps each step's fingerprints, and concludes the verdict.
+///
 /// `wideAtTarget`: the steps before the target run as recorded, then the state is widened to
 /// float64 for the target step alone (the reference of ops bisection: same starting point,
 /// only the target step's arithmetic differs).
-ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options, Probe& probe, const ProgramFactory& makeProgram,
-                        bool wideAtTarget = false) {
+struct Run {
+  std::string bundle;
+  ReplayOptions options;
+  bool wideAtTarget = false;
   ReplayResult result;
-  result.rows = options.rows;
-  auto t0 = Clock::now();
-  testing::installFaultInjection();
-  auto reader = formats::BundleReader::open(bundle);
-  auto view = formats::readRecords(*reader);
-  if (!view.program)
-    throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
-                "record with Recorder::setProgram (TorchScript), or Recorder::setModel with Recorder::setStep");
-  if (!view.optimizer) throw Error(ErrorCode::Unsupported, fmt::format("{} has no optimizer spec", bundle));
-  if (view.stepBegins.empty()) throw Error(ErrorCode::NotFound, fmt::format("{} holds no recorded steps", bundle));
-  if (!options.dtype.empty() && options.dtype != "float64")
-    throw Error(ErrorCode::InvalidArgument, fmt::format("dtype '{}' is not one replay knows", options.dtype),
-                "replay as recorded (no --dtype) or in --dtype float64");
-
-  int64_t target = options.step;
-  if (target < 0) target = view.crash && view.crash->step >= 0 ? view.crash->step : view.stepBegins.back().step;
+  Clock::time_point t0 = Clock::now(), t1;
+  std::unique_ptr<formats::BundleReader> reader;
+  formats::BundleRecords view;
   std::map<int64_t, const formats::StepBeginData*> begins;
   std::map<int64_t, const formats::StepEndData*> ends;
-  for (const auto& b : view.stepBegins) begins[b.step] = &b;
-  for (const auto& e : view.stepEnds) ends[e.step] = &e;
-  const std::vector<int64_t> lost = formats::lostSteps(view);
-  const bool targetLost = std::binary_search(lost.begin(), lost.end(), target);
-  if (!begins.count(target) && !targetLost)
-    throw Error(ErrorCode::NotFound,
-                fmt::format("step {} is not in {} (it holds steps {}..{})", target, bundle, view.stepBegins.front().step,
-                            view.stepBegins.back().step));
-  // From the earliest keyframe (bisect steps follows the weights as far back as they go), but
-  // not across a step the recording lost when a later keyframe avoids it.
-  int64_t notBefore = INT64_MIN;
-  if (options.fromEarliestKeyframe)
-    for (int64_t s : lost)
-      if (s < target) notBefore = std::max(notBefore, s + 1);
   const formats::KeyframeData* keyframe = nullptr;
-  for (int pass = 0; pass < 2 && !keyframe; ++pass, notBefore = INT64_MIN)
-    for (const auto& k : view.keyframes)
-      if (k.step <= target && k.step >= notBefore &&
-          (!keyframe || (options.fromEarliestKeyframe ? k.step < keyframe->step : k.step > keyframe->step)))
-        keyframe = &k;
-  if (!keyframe)
-    throw Error(ErrorCode::NotFound, fmt::format("no keyframe at or before step {} in {}", target, bundle),
-                "retention may have deleted it; record with a larger retainSegments");
-  result.step = target;
-  result.keyframe = keyframe->step;
-  // A step the recording lost cannot be replayed, and every step after it would start from the
-  // wrong state: replay stops before the first lost step of the window and says so.
-  for (int64_t s : lost)
-    if (s >= keyframe->step && s <= target) result.lostSteps.push_back(s);
-  const int64_t stopBefore = result.lostSteps.empty() ? target + 1 : result.lostSteps.front();
-  if (view.crash && view.crash->step == target) result.recordedError = view.crash->error;
+  int64_t target = -1;
+  int64_t stopBefore = 0;
+  Placement placement;
+  bool wide = false;
 
-  // Where and how: the recorded device, dtype and settings unless the options say otherwise.
-  result.recordedDevice = view.program->device;
-  Placement placement = place(options.device, result.recordedDevice);
-  result.device = placement.name;
-  bool wide = options.dtype == "float64";
-  result.dtype = wide ? "float64" : wideAtTarget ? "float64 (target step)" : "as-recorded";
-  auto env = reader->environment();
-  for (const auto& name : formats::torch::settingNames())
-    if (env && !env->fact(name).empty()) result.recordedSettings[name] = env->fact(name);
-  result.settings = result.recordedSettings;
-  for (const auto& [name, value] : options.settings) result.settings[name] = value;
-  for (const auto& [name, value] : result.settings) formats::torch::applySetting(name, value);
-  result.threads = at::get_num_threads();
-  torch::jit::setGraphExecutorOptimize(env && env->fact("torch.jit.graph_executor_optimize") == "true");
-  result.sameSetup = !wide && !wideAtTarget && result.settings == result.recordedSettings &&
-                     result.device == (result.recordedDevice.empty() ? "cpu" : result.recordedDevice);
-  testing::setFaultDevice(result.device);
-  auto onDevice = [&](at::Tensor t) {
+  Run(std::string bundlePath, ReplayOptions opts, bool wideTarget)
+      : bundle(std::move(bundlePath)), options(std::move(opts)), wideAtTarget(wideTarget) {
+    result.rows = options.rows;
+    testing::installFaultInjection();
+    reader = formats::BundleReader::open(bundle);
+    view = formats::readRecords(*reader);
+    if (!view.program)
+      throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
+                  "record with Recorder::setProgram (TorchScript), or Recorder::setModel with Recorder::setStep");
+    if (!view.optimizer) throw Error(ErrorCode::Unsupported, fmt::format("{} has no optimizer spec", bundle));
+    if (view.stepBegins.empty()) throw Error(ErrorCode::NotFound, fmt::format("{} holds no recorded steps", bundle));
+    if (!options.dtype.empty() && options.dtype != "float64")
+      throw Error(ErrorCode::InvalidArgument, fmt::format("dtype '{}' is not one replay knows", options.dtype),
+                  "replay as recorded (no --dtype) or in --dtype float64");
+
+    target = options.step;
+    if (target < 0) target = view.crash && view.crash->step >= 0 ? view.crash->step : view.stepBegins.back().step;
+    for (const auto& b : view.stepBegins) begins[b.step] = &b;
+    for (const auto& e : view.stepEnds) ends[e.step] = &e;
+    const std::vector<int64_t> lost = formats::lostSteps(view);
+    const bool targetLost = std::binary_search(lost.begin(), lost.end(), target);
+    if (!begins.count(target) && !targetLost)
+      throw Error(ErrorCode::NotFound,
+                  fmt::format("step {} is not in {} (it holds steps {}..{})", target, bundle, view.stepBegins.front().step,
+                              view.stepBegins.back().step));
+    // From the earliest keyframe (bisect steps follows the weights as far back as they go), but
+    // not across a step the recording lost when a later keyframe avoids it.
+    int64_t notBefore = INT64_MIN;
+    if (options.fromEarliestKeyframe)
+      for (int64_t s : lost)
+        if (s < target) notBefore = std::max(notBefore, s + 1);
+    for (int pass = 0; pass < 2 && !keyframe; ++pass, notBefore = INT64_MIN)
+      for (const auto& k : view.keyframes)
+        if (k.step <= target && k.step >= notBefore &&
+            (!keyframe || (options.fromEarliestKeyframe ? k.step < keyframe->step : k.step > keyframe->step)))
+          keyframe = &k;
+    if (!keyframe)
+      throw Error(ErrorCode::NotFound, fmt::format("no keyframe at or before step {} in {}", target, bundle),
+                  "retention may have deleted it; record with a larger retainSegments");
+    result.step = target;
+    result.keyframe = keyframe->step;
+    // A step the recording lost cannot be replayed, and every step after it would start from the
+    // wrong state: replay stops before the first lost step of the window and says so.
+    for (int64_t s : lost)
+      if (s >= keyframe->step && s <= target) result.lostSteps.push_back(s);
+    stopBefore = result.lostSteps.empty() ? target + 1 : result.lostSteps.front();
+    if (view.crash && view.crash->step == target) result.recordedError = view.crash->error;
+
+    // Where and how: the recorded device, dtype and settings unless the options say otherwise.
+    result.recordedDevice = view.program->device;
+    placement = place(options.device, result.recordedDevice);
+    result.device = placement.name;
+    wide = options.dtype == "float64";
+    result.dtype = wide ? "float64" : wideAtTarget ? "float64 (target step)" : "as-recorded";
+    auto env = reader->environment();
+    for (const auto& name : formats::torch::settingNames())
+      if (env && !env->fact(name).empty()) result.recordedSettings[name] = env->fact(name);
+    result.settings = result.recordedSettings;
+    for (const auto& [name, value] : options.settings) result.settings[name] = value;
+    for (const auto& [name, value] : result.settings) formats::torch::applySetting(name, value);
+    result.threads = at::get_num_threads();
+    torch::jit::setGraphExecutorOptimize(env && env->fact("torch.jit.graph_executor_optimize") == "true");
+    result.sameSetup = !wide && !wideAtTarget && result.settings == result.recordedSettings &&
+                       result.device == (result.recordedDevice.empty() ? "cpu" : result.recordedDevice);
+    testing::setFaultDevice(result.device);
+  }
+
+  at::Tensor onDevice(const at::Tensor& t) const {
     if (wide && t.is_floating_point()) return t.to(placement.device, at::kDouble);
     return t.to(placement.device);
-  };
+  }
 
-  Program program = makeProgram(*reader, view);
-  auto& params = program.params;
-  auto& buffers = program.buffers;
-  {
-    at::NoGradGuard noGrad;  // move the module's state where it runs; the handles stay
+  /// The steps replayed, keyframe to target (or to the first lost step).
+  std::vector<int64_t> steps() const {
+    std::vector<int64_t> out;
+    for (auto it = begins.lower_bound(keyframe->step); it != begins.end() && it->first < stopBefore; ++it)
+      out.push_back(it->first);
+    return out;
+  }
+
+  /// Moves the model's named state where it runs (the handles stay) and restores the keyframe's
+  /// weights and buffers into it. Returns the parameters in the recorder's order, which its
+  /// gradient norm used.
+  std::vector<at::Tensor> restoreModel(std::map<std::string, at::Tensor>& params, std::map<std::string, at::Tensor>& buffers) {
+    at::NoGradGuard noGrad;
     for (auto* state : {&params, &buffers})
       for (auto& [name, t] : *state) t.set_data(onDevice(t));
-  }
-  std::vector<at::Tensor> ordered;  // the recorder's order, which its gradient norm used
-  for (const auto& name : view.program->parameters) {
-    if (!params.count(name))
-      throw Error(ErrorCode::Corrupt, fmt::format("the recording names parameter '{}', which the model lacks", name));
-    ordered.push_back(params[name]);
-  }
-
-  // TorchScript's optimising graph executor runs a program's first calls as profiling runs and
-  // the later ones through the graph it optimised from them, whose arithmetic (fused, reordered)
-  // can differ from the profiling runs' in the last bit. Replay makes the calls the recorded
-  // process made before the keyframe's step (one per step; as many as the executor profiles
-  // before it optimises): forward and backward on the keyframe step's batch, before the keyframe
-  // is restored (which overwrites weights, buffers and gradients), with autocast's cache dropped
-  // after them. The process's first step is the one whose previous step is -1; when the window no
-  // longer holds it, the process made more calls than the executor profiles.
-  if (program.torchScript && torch::jit::getGraphExecutorOptimize()) {
-    const int64_t profiling = static_cast<int64_t>(torch::jit::getNumProfiledRuns()) + 1;
-    int64_t calls = profiling;
-    for (auto b = begins.begin(); b != begins.end() && b->first <= keyframe->step; ++b)
-      if (b->second->previousStep == -1)
-        calls = std::min<int64_t>(profiling, std::distance(b, begins.lower_bound(keyframe->step)));
-    auto first = begins.lower_bound(keyframe->step);
-    if (calls > 0 && first != begins.end() && first->first < stopBefore) {
-      Batch batch;
-      for (const auto& input : program.inputs(*first->second))
-        batch.emplace_back(input, onDevice(formats::torch::readTensor(*reader, formats::batchTensorName(first->first, input))));
-      testing::setFaultStep(-1);
-      for (int64_t c = 0; c < calls; ++c) {
-        try {
-          program.loss(batch).backward();
-        } catch (const std::exception&) {
-          break;  // the step fails (it is the target): the replay proper reports it
-        }
-      }
-      for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
-      at::autocast::clear_cache();  // the casts of the weights before the keyframe restore
+    std::vector<at::Tensor> ordered;
+    for (const auto& name : view.program->parameters) {
+      if (!params.count(name))
+        throw Error(ErrorCode::Corrupt, fmt::format("the recording names parameter '{}', which the model lacks", name));
+      ordered.push_back(params[name]);
     }
-  }
-
-  // Restore the keyframe: weights, buffers, optimizer state.
-  auto optimizer = formats::torch::makeOptimizer(*view.optimizer, params);
-  {
-    at::NoGradGuard noGrad;
     auto restore = [&](const std::string& prefix, std::map<std::string, at::Tensor>& into) {
       for (auto& [name, t] : into) {
         auto full = formats::keyframeTensorName(keyframe->step, prefix, name);
@@ -533,25 +528,19 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
     };
     restore("parameters", params);
     restore("buffers", buffers);
-    std::map<std::string, int64_t> counters;
-    for (const auto& [key, v] : keyframe->optimizerScalars)
-      if (key.size() > 5 && key.substr(key.size() - 5) == "/step") counters[key.substr(0, key.size() - 5)] = int64_t(v);
-    for (const auto& [name, p] : params) {
-      auto get = [&](const char* key) -> at::Tensor {
-        auto full = formats::keyframeTensorName(keyframe->step, "optimizer", name + "/" + key);
-        return reader->find(full) ? formats::torch::readTensor(*reader, full).to(p.device(), p.scalar_type()) : at::Tensor();
-      };
-      formats::torch::restoreParameterState(*optimizer, view.optimizer->kind, p, get, counters[name]);
-    }
+    return ordered;
   }
-  result.loadMs = msSince(t0);
 
-  // Replay keyframe..target.
-  auto t1 = Clock::now();
-  for (auto it = begins.lower_bound(keyframe->step); it != begins.end() && it->first < stopBefore; ++it) {
-    const int64_t s = it->first;
-    const auto& begin = *it->second;
-    StepReplay r;
+  void startSteps() {
+    result.loadMs = msSince(t0);
+    t1 = Clock::now();
+  }
+
+  /// Step `s` begins: its generator states are restored and its batch read (only the chosen rows
+  /// at the target), on the replay's device. `r` gets what the recording says of the step.
+  Batch beginStep(int64_t s, const std::vector<std::string>& inputs, StepReplay& r) {
+    const auto& begin = *begins.at(s);
+    r = StepReplay();
     r.step = s;
     if (auto e = ends.find(s); e != ends.end()) {
       r.recorded = true;
@@ -568,14 +557,12 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
       std::lock_guard<std::mutex> lock(gen->mutex());
       gen->set_state(formats::torch::readTensor(*reader, name));
     }
-    for (size_t g = 0; g < optimizer->param_groups().size() && g < begin.learningRates.size(); ++g)
-      optimizer->param_groups()[g].options().set_lr(begin.learningRates[g]);
     if (!begin.learningRates.empty()) r.learningRate = begin.learningRates[0];
-    Batch inputs;
-    for (const auto& input : program.inputs(begin)) {
+    Batch batch;
+    for (const auto& input : inputs) {
       at::Tensor t = formats::torch::readTensor(*reader, formats::batchTensorName(s, input));
       if (s == target) {
-        if (inputs.empty()) result.batchSize = t.dim() > 0 ? t.size(0) : 0;
+        if (batch.empty()) result.batchSize = t.dim() > 0 ? t.size(0) : 0;
         if (!options.rows.empty() && t.dim() > 0 && t.size(0) == result.batchSize) {
           for (int64_t row : options.rows)
             if (row < 0 || row >= result.batchSize)
@@ -584,18 +571,182 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
           t = t.index_select(0, at::tensor(options.rows, at::kLong));
         }
       }
-      inputs.emplace_back(input, onDevice(t));
+      batch.emplace_back(input, onDevice(t));
     }
-    if (s == target && wideAtTarget && !wide) {
-      wide = true;
-      at::NoGradGuard noGrad;
+    return batch;
+  }
+
+  /// At the target of a reference replay: the state and the batch widened to float64.
+  void widenForTarget(std::map<std::string, at::Tensor>& params, std::map<std::string, at::Tensor>& buffers, Batch& batch) {
+    if (!wideAtTarget || wide) return;
+    wide = true;
+    at::NoGradGuard noGrad;
+    for (auto* state : {&params, &buffers})
+      for (auto& [name, t] : *state) {
+        t.mutable_grad() = at::Tensor();
+        t.set_data(onDevice(t));
+      }
+    for (auto& [name, t] : batch) t = onDevice(t);
+  }
+
+  /// The step's loss and gradient norm after backward, compared with the recording's.
+  static void fingerprint(StepReplay& r, const at::Tensor& loss, const std::vector<at::Tensor>& ordered) {
+    at::NoGradGuard noGrad;
+    at::Tensor l = loss.detach();
+    r.loss = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
+    std::vector<at::Tensor> grads;
+    for (const auto& p : ordered)
+      if (p.grad().defined()) grads.push_back(p.grad().detach());
+    if (!grads.empty()) {
+      r.gradNorm = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
+      r.hasGradNorm = true;
+    }
+    r.bitwise = r.recorded && sameBits(r.loss, r.recordedLoss) && (!r.hasGradNorm || sameBits(r.gradNorm, r.recordedGradNorm));
+  }
+
+  /// The weights after a step's optimizer update.
+  static void afterUpdate(StepReplay& r, const std::vector<at::Tensor>& ordered) {
+    at::NoGradGuard noGrad;
+    std::vector<at::Tensor> weights, wideWeights;
+    for (const auto& p : ordered) {
+      weights.push_back(p.detach());
+      wideWeights.push_back(p.detach().to(at::kDouble));  // float32 squares overflow long before the weights do
+    }
+    r.weightNorm = at::stack(at::_foreach_norm(wideWeights, 2)).norm().item<double>();
+    r.weightsFinite = std::all_of(weights.begin(), weights.end(), [](const at::Tensor& w) { return at::isfinite(w).all().item<bool>(); });
+  }
+
+  /// The step is over (ended, failed, or updated).
+  void endStep(const StepReplay& r, const Probe& probe) {
+    // A training under autocast leaves its autocast region every step, which drops the cache of
+    // weights cast to the lower precision; replay does the same, or every later step would run
+    // on the first step's casts of weights that have since been updated.
+    at::autocast::clear_cache();
+    if (r.step == target && probe.found) result.firstNonFiniteOp = probe.found;
+    result.steps.push_back(r);
+    // Only the same setup can be held to the recording's bits; any setup to its errors.
+    bool departs = !r.error.empty() || (result.sameSetup && r.recorded && !r.bitwise);
+    if (r.step < target && !result.divergedAt && departs) result.divergedAt = r.step;
+  }
+
+  /// The verdict, against what the recording says happened at the target.
+  ReplayResult finish() {
+    result.replayMs = msSince(t1);
+    if (!result.lostSteps.empty()) {
+      result.verdict = Verdict::RecordingIncomplete;
+      return result;
+    }
+    if (result.steps.empty() || result.steps.back().step != target)
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("the replay ended before step {}: the program's loop stopped after {}", target,
+                              result.steps.empty() ? std::string("no step") : fmt::format("step {}", result.steps.back().step)));
+    const StepReplay& last = result.steps.back();
+    bool replayNonFinite = last.error.empty() && (!std::isfinite(last.loss) || (last.hasGradNorm && !std::isfinite(last.gradNorm)));
+    result.error = !last.error.empty() ? last.error
+                   : replayNonFinite   ? fmt::format("non-finite loss at step {}: {}", target, last.loss)
+                                       : "";
+    bool recordedFailure = view.crash && view.crash->step == target;
+    bool allBitwise = true;
+    for (const auto& r : result.steps) allBitwise = allBitwise && (r.bitwise || (!r.recorded && r.step == target));
+    if (result.divergedAt) {
+      result.verdict = Verdict::Diverged;
+    } else if (recordedFailure) {
+      const auto& kind = view.crash->kind;
+      bool sameClass = (kind == "nonfinite" && replayNonFinite) ||
+                       ((kind == "exception" || kind == "terminate") && !last.error.empty());
+      if (!sameClass) {
+        result.verdict = Verdict::NotReproduced;
+      } else {
+        bool sameText = kind == "nonfinite" ? (last.recorded ? last.bitwise : true)
+                                            : lastLine(last.error) == lastLine(view.crash->error);
+        result.verdict = allBitwise && sameText && result.sameSetup ? Verdict::ReproducedBitwise : Verdict::Reproduced;
+      }
+    } else {
+      // No failure recorded here: replay reproduces the recording, or departs from it.
+      if (last.recorded && !last.bitwise && result.sameSetup) result.divergedAt = target;
+      result.verdict = result.divergedAt || !last.error.empty() ? Verdict::Diverged
+                       : result.sameSetup && allBitwise           ? Verdict::ReproducedBitwise
+                                                                  : Verdict::Reproduced;
+      if (!last.error.empty() && !result.divergedAt) result.divergedAt = target;
+    }
+    return result;
+  }
+};
+
+ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options, Probe& probe, const ProgramFactory& makeProgram,
+                        bool wideAtTarget = false) {
+  Run run(bundle, options, wideAtTarget);
+  const auto& view = run.view;
+  auto& reader = run.reader;
+  const auto* keyframe = run.keyframe;
+  Program program = makeProgram(*reader, view);
+  auto& params = program.params;
+  auto& buffers = program.buffers;
+
+  // TorchScript's optimising graph executor runs a program's first calls as profiling runs and
+  // the later ones through the graph it optimised from them, whose arithmetic (fused, reordered)
+  // can differ from the profiling runs' in the last bit. Replay makes the calls the recorded
+  // process made before the keyframe's step (one per step; as many as the executor profiles
+  // before it optimises): forward and backward on the keyframe step's batch, before the keyframe
+  // is restored (which overwrites weights, buffers and gradients), with autocast's cache dropped
+  // after them. The process's first step is the one whose previous step is -1; when the window no
+  // longer holds it, the process made more calls than the executor profiles.
+  if (program.torchScript && torch::jit::getGraphExecutorOptimize()) {
+    {
+      at::NoGradGuard noGrad;  // the warm-up runs where the replay will
       for (auto* state : {&params, &buffers})
-        for (auto& [name, t] : *state) {
-          t.mutable_grad() = at::Tensor();
-          t.set_data(onDevice(t));
-        }
-      for (auto& [name, t] : inputs) t = onDevice(t);
+        for (auto& [name, t] : *state) t.set_data(run.onDevice(t));
     }
+    const int64_t profiling = static_cast<int64_t>(torch::jit::getNumProfiledRuns()) + 1;
+    int64_t calls = profiling;
+    for (auto b = run.begins.begin(); b != run.begins.end() && b->first <= keyframe->step; ++b)
+      if (b->second->previousStep == -1)
+        calls = std::min<int64_t>(profiling, std::distance(b, run.begins.lower_bound(keyframe->step)));
+    auto first = run.begins.lower_bound(keyframe->step);
+    if (calls > 0 && first != run.begins.end() && first->first < run.stopBefore) {
+      Batch batch;
+      for (const auto& input : program.inputs(*first->second))
+        batch.emplace_back(input, run.onDevice(formats::torch::readTensor(*reader, formats::batchTensorName(first->first, input))));
+      testing::setFaultStep(-1);
+      for (int64_t c = 0; c < calls; ++c) {
+        try {
+          program.loss(batch).backward();
+        } catch (const std::exception&) {
+          break;  // the step fails (it is the target): the replay proper reports it
+        }
+      }
+      for (auto& [name, p] : params) p.mutable_grad() = at::Tensor();
+      at::autocast::clear_cache();  // the casts of the weights before the keyframe restore
+    }
+  }
+
+  // Restore the keyframe: weights, buffers, optimizer state.
+  std::vector<at::Tensor> ordered = run.restoreModel(params, buffers);
+  auto optimizer = formats::torch::makeOptimizer(*view.optimizer, params);
+  {
+    at::NoGradGuard noGrad;
+    std::map<std::string, int64_t> counters;
+    for (const auto& [key, v] : keyframe->optimizerScalars)
+      if (key.size() > 5 && key.substr(key.size() - 5) == "/step") counters[key.substr(0, key.size() - 5)] = int64_t(v);
+    for (const auto& [name, p] : params) {
+      auto get = [&](const char* key) -> at::Tensor {
+        auto full = formats::keyframeTensorName(keyframe->step, "optimizer", name + "/" + key);
+        return reader->find(full) ? formats::torch::readTensor(*reader, full).to(p.device(), p.scalar_type()) : at::Tensor();
+      };
+      formats::torch::restoreParameterState(*optimizer, view.optimizer->kind, p, get, counters[name]);
+    }
+  }
+  run.startSteps();
+
+  // Replay keyframe..target.
+  const int64_t target = run.target;
+  for (int64_t s : run.steps()) {
+    const auto& begin = *run.begins.at(s);
+    StepReplay r;
+    Batch inputs = run.beginStep(s, program.inputs(begin), r);
+    for (size_t g = 0; g < optimizer->param_groups().size() && g < begin.learningRates.size(); ++g)
+      optimizer->param_groups()[g].options().set_lr(begin.learningRates[g]);
+    if (s == target) run.widenForTarget(params, buffers, inputs);
     try {
       optimizer->zero_grad();  // the recipe's, not the step program's ops: outside the probe
       if (s == target && (probe.capture || probe.reference))
@@ -605,83 +756,19 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
       at::Tensor loss = program.loss(inputs);
       loss.backward();
       scope.reset();
-      {
-        at::NoGradGuard noGrad;
-        at::Tensor l = loss.detach();
-        r.loss = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
-        std::vector<at::Tensor> grads;
-        for (const auto& p : ordered)
-          if (p.grad().defined()) grads.push_back(p.grad().detach());
-        if (!grads.empty()) {
-          r.gradNorm = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
-          r.hasGradNorm = true;
-        }
-      }
-      r.bitwise = r.recorded && sameBits(r.loss, r.recordedLoss) && (!r.hasGradNorm || sameBits(r.gradNorm, r.recordedGradNorm));
+      Run::fingerprint(r, loss, ordered);
       if (s < target) {
         if (view.optimizer->gradClipNorm > 0)
           torch::nn::utils::clip_grad_norm_(ordered, view.optimizer->gradClipNorm, view.optimizer->gradClipNormType);
         optimizer->step();
-        at::NoGradGuard noGrad;
-        std::vector<at::Tensor> weights, wide;
-        for (const auto& p : ordered) {
-          weights.push_back(p.detach());
-          wide.push_back(p.detach().to(at::kDouble));  // float32 squares overflow long before the weights do
-        }
-        r.weightNorm = at::stack(at::_foreach_norm(wide, 2)).norm().item<double>();
-        r.weightsFinite = std::all_of(weights.begin(), weights.end(),
-                                      [](const at::Tensor& w) { return at::isfinite(w).all().item<bool>(); });
+        Run::afterUpdate(r, ordered);
       }
     } catch (const std::exception& e) {
       r.error = formats::torch::errorMessage(e);  // as the recorder kept it: no C++ backtrace
     }
-    // A training under autocast leaves its autocast region every step, which drops the cache of
-    // weights cast to the lower precision; replay does the same, or every later step would run
-    // on the first step's casts of weights that have since been updated.
-    at::autocast::clear_cache();
-    if (s == target && probe.found) result.firstNonFiniteOp = probe.found;
-    result.steps.push_back(r);
-    // Only the same setup can be held to the recording's bits; any setup to its errors.
-    bool departs = !r.error.empty() || (result.sameSetup && r.recorded && !r.bitwise);
-    if (s < target && !result.divergedAt && departs) result.divergedAt = s;
+    run.endStep(r, probe);
   }
-  result.replayMs = msSince(t1);
-  if (!result.lostSteps.empty()) {
-    result.verdict = Verdict::RecordingIncomplete;
-    return result;
-  }
-
-  // The verdict, against what the recording says happened at the target.
-  const StepReplay& last = result.steps.back();
-  bool replayNonFinite = last.error.empty() && (!std::isfinite(last.loss) || (last.hasGradNorm && !std::isfinite(last.gradNorm)));
-  result.error = !last.error.empty() ? last.error
-                 : replayNonFinite   ? fmt::format("non-finite loss at step {}: {}", target, last.loss)
-                                     : "";
-  bool recordedFailure = view.crash && view.crash->step == target;
-  bool allBitwise = true;
-  for (const auto& r : result.steps) allBitwise = allBitwise && (r.bitwise || (!r.recorded && r.step == target));
-  if (result.divergedAt) {
-    result.verdict = Verdict::Diverged;
-  } else if (recordedFailure) {
-    const auto& kind = view.crash->kind;
-    bool sameClass = (kind == "nonfinite" && replayNonFinite) ||
-                     ((kind == "exception" || kind == "terminate") && !last.error.empty());
-    if (!sameClass) {
-      result.verdict = Verdict::NotReproduced;
-    } else {
-      bool sameText = kind == "nonfinite" ? (last.recorded ? last.bitwise : true)
-                                          : lastLine(last.error) == lastLine(view.crash->error);
-      result.verdict = allBitwise && sameText && result.sameSetup ? Verdict::ReproducedBitwise : Verdict::Reproduced;
-    }
-  } else {
-    // No failure recorded here: replay reproduces the recording, or departs from it.
-    if (last.recorded && !last.bitwise && result.sameSetup) result.divergedAt = target;
-    result.verdict = result.divergedAt || !last.error.empty() ? Verdict::Diverged
-                     : result.sameSetup && allBitwise           ? Verdict::ReproducedBitwise
-                                                                : Verdict::Reproduced;
-    if (!last.error.empty() && !result.divergedAt) result.divergedAt = target;
-  }
-  return result;
+  return run.finish();
 }
 
 }  // namespace
@@ -806,6 +893,118 @@ ReferenceComparison compareWithReference(const std::string& bundle, const NamedT
 
 ReferenceComparison compareWithReference(const std::string& bundle, ReplayOptions options, double tolerance) {
   return compareWith(bundle, std::move(options), tolerance, loadTorchScript);
+}
+
+}  // namespace crashcap::replayer
+
+// ---- A replay driven by the program's own loop ---------------------------------------------
+
+namespace crashcap::replayer {
+
+struct DrivenReplay::Impl {
+  Run run;
+  Probe probe;
+  std::optional<ProbeScope> scope;
+  std::map<std::string, at::Tensor> params, buffers;
+  std::vector<at::Tensor> ordered;
+  std::optional<StepReplay> current;  ///< begun, not yet closed
+  bool ended = false;                 ///< the current step reached endStep
+
+  Impl(const std::string& bundle, const ReplayOptions& options) : run(bundle, options, false) {}
+
+  /// Closes the current step: a step before the target that ended had its optimizer update by now.
+  void close() {
+    if (!current) return;
+    scope.reset();
+    if (ended && current->error.empty() && current->step < run.target) Run::afterUpdate(*current, ordered);
+    run.endStep(*current, probe);
+    current.reset();
+    ended = false;
+  }
+};
+
+DrivenReplay::DrivenReplay(const std::string& bundle, const ReplayOptions& options, const NamedTensors& parameters,
+                           const NamedTensors& buffers)
+    : impl_(std::make_unique<Impl>(bundle, options)) {
+  auto& m = *impl_;
+  const auto& program = *m.run.view.program;
+  if (program.format == "torchscript")
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{} was recorded with a TorchScript step program: replay it with replay(bundle)", bundle));
+  for (const auto& [name, t] : parameters) m.params[name] = t;
+  for (const auto& [name, t] : buffers) m.buffers[name] = t;
+  for (const auto& name : program.buffers)
+    if (!m.buffers.count(name))
+      throw Error(ErrorCode::InvalidArgument, fmt::format("the recording names buffer '{}', which the model lacks", name),
+                  "replay with the program and model that made the recording");
+}
+
+DrivenReplay::~DrivenReplay() = default;
+
+int64_t DrivenReplay::target() const { return impl_->run.target; }
+int64_t DrivenReplay::keyframe() const { return impl_->run.keyframe->step; }
+std::vector<int64_t> DrivenReplay::steps() const { return impl_->run.steps(); }
+const formats::KeyframeData& DrivenReplay::keyframeRecord() const { return *impl_->run.keyframe; }
+const formats::StepProgramData& DrivenReplay::program() const { return *impl_->run.view.program; }
+
+at::Tensor DrivenReplay::readTensor(const std::string& name) const {
+  if (!impl_->run.reader->find(name)) throw Error(ErrorCode::NotFound, fmt::format("{} holds no tensor {}", impl_->run.bundle, name));
+  return formats::torch::readTensor(*impl_->run.reader, name);
+}
+
+void DrivenReplay::restoreModel() {
+  auto& m = *impl_;
+  m.ordered = m.run.restoreModel(m.params, m.buffers);
+  m.run.startSteps();
+}
+
+DrivenReplay::Step DrivenReplay::beginStep(int64_t step) {
+  auto& m = *impl_;
+  m.close();
+  auto it = m.run.begins.find(step);
+  if (it == m.run.begins.end() || step >= m.run.stopBefore)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("step {} is not one this replay runs", step));
+  const auto& begin = *it->second;
+  std::vector<std::string> inputs;
+  const std::string prefix = formats::batchTensorName(step, "");
+  for (const auto& full : begin.batch) inputs.push_back(full.substr(prefix.size()));
+  StepReplay r;
+  Step out;
+  out.batch = m.run.beginStep(step, inputs, r);
+  out.structure = begin.structure;
+  out.learningRates = begin.learningRates;
+  const std::string rngPrefix = formats::rngTensorName(step, "");
+  for (const auto& full : begin.rng) {
+    std::string device = full.substr(rngPrefix.size());
+    if (device != "cpu" && device.rfind("cuda", 0) != 0) out.generators.emplace_back(device, full);
+  }
+  m.current = r;
+  m.ended = false;
+  if (step == m.run.target && m.run.options.instrument) m.scope.emplace(m.probe);
+  return out;
+}
+
+void DrivenReplay::endStep(const at::Tensor& loss) {
+  auto& m = *impl_;
+  if (!m.current || m.ended) return;
+  m.scope.reset();
+  Run::fingerprint(*m.current, loss, m.ordered);
+  m.ended = true;
+  if (m.current->step == m.run.target) m.close();
+}
+
+void DrivenReplay::stepFailed(const std::string& error) {
+  auto& m = *impl_;
+  if (!m.current) return;
+  m.scope.reset();
+  m.current->error = error;
+  m.ended = false;
+  m.close();
+}
+
+ReplayResult DrivenReplay::finish() {
+  impl_->close();
+  return impl_->run.finish();
 }
 
 }  // namespace crashcap::replayer

@@ -23,6 +23,14 @@ class BundleWriter;
 using NumberEntry = std::pair<std::string, double>;
 
 /// Type 5: the TorchScript step program; its archive is the uint8 tensor named `archive`.
+/// A source file of a Python program (StepProgram.sources).
+struct SourceFileData {
+  std::string path;
+  std::string sha256;
+  uint64_t bytes = 0;
+  std::string tensor;                   ///< "" when not kept
+};
+
 struct StepProgramData {
   std::string format = "torchscript";
   std::vector<std::string> inputs;      ///< forward's batch arguments, in order
@@ -33,6 +41,7 @@ struct StepProgramData {
   /// Format "module": the recording's own program replays it (it gave the Recorder its step
   /// function), re-run from the environment record's command line and working directory.
   bool servesReplay = false;
+  std::vector<SourceFileData> sources;  ///< format "python": the program's own source files
 };
 
 struct ParamGroupData {
@@ -61,6 +70,7 @@ struct StepBeginData {
   /// The step the process began before this one: -1 none (the first), -2 unknown (an older
   /// bundle). A previous step the bundle lacks, inside its retained window, was lost.
   int64_t previousStep = -2;
+  std::string structure;                ///< how the batch nests (JSON); "" flat
 };
 
 /// Type 8: a step's fingerprints.
@@ -78,6 +88,7 @@ struct KeyframeData {
   int64_t step = 0;
   std::vector<std::string> parameters, buffers, optimizerState;  ///< tensor names
   std::vector<NumberEntry> optimizerScalars;                     ///< "<parameter>/step"
+  std::vector<std::string> documents;   ///< uint8 tensors holding JSON (keyframes/<step>/documents/<name>)
 };
 
 struct OpInputData {

@@ -34,6 +34,8 @@
 #include <utility>
 #include <vector>
 
+#include "crashcap/formats/records.hpp"
+
 namespace torch {
 template <typename Key, typename Value>
 class OrderedDict;
@@ -96,6 +98,44 @@ using Batch = std::vector<std::pair<std::string, at::Tensor>>;
 /// given it; backward, clipping and the optimizer step are the recipe's. The same type as
 /// crashcap::replayer::StepFunction.
 using StepFunction = std::function<at::Tensor(const std::map<std::string, at::Tensor>& batch)>;
+
+/// Named tensors, as setModel takes them.
+using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+/// What a keyframe holds of a foreign training beyond its weights and buffers.
+struct ForeignKeyframe {
+  /// The optimizer's state tensors, named "<parameter>/<key>" (keyframes/<step>/optimizer/...).
+  NamedTensors optimizerState;
+  /// JSON documents of state that is not tensors, by name: "optimizer" (a state_dict with its
+  /// tensors referred to by name), "scheduler", "grad_scaler" (keyframes/<step>/documents/<name>).
+  std::vector<std::pair<std::string, std::string>> documents;
+};
+
+/// A training the recorder cannot see into, a Python one (the crashcap Python package is its
+/// front end): its optimizer is not a torch::optim::Optimizer, its generators are more than
+/// LibTorch's, and it replays itself. The callbacks run on the training thread, inside
+/// beginStep; one that throws is reported in one warning and what it would have given is left
+/// out, the training goes on.
+struct ForeignTraining {
+  std::string format = "python";                  ///< StepProgram.format
+  /// The program's own source files and their bytes (kept in the bundle as uint8 tensors
+  /// program/sources/<path>; an empty `contents` keeps only the hash).
+  std::vector<std::pair<formats::SourceFileData, std::string>> sources;
+  formats::OptimizerSpecData optimizer;           ///< parameter groups by parameter name
+  std::function<std::vector<double>()> learningRates;   ///< per group, at every step
+  std::function<NamedTensors()> generators;       ///< per step, beyond LibTorch's: "python", "numpy"
+  std::function<ForeignKeyframe(int64_t step)> keyframe;
+  /// Facts for the environment record: "python.executable", "python.version", "python.torch_version".
+  std::vector<std::pair<std::string, std::string>> facts;
+};
+
+/// A failure described by a front end that is not C++ (a Python exception and its traceback).
+struct Failure {
+  std::string kind = "exception";               ///< Crash.kind
+  std::string errorType;                        ///< "ValueError", "torch.cuda.OutOfMemoryError"
+  std::string error;                            ///< the text as the program would print it
+  std::vector<std::string> stack;               ///< innermost first
+};
 
 /// Thrown by StepGuard::end when the loss (or the gradient norm) is NaN or Inf under
 /// NonFinitePolicy::Raise.
@@ -188,16 +228,23 @@ class Recorder {
   /// Throws crashcap::Error{InvalidArgument} when the optimizer updates a tensor that is not
   /// among the program's or model's parameters (a keyframe could not restore its state).
   void setOptimizer(torch::optim::Optimizer& optimizer, Recipe recipe = {});
+  /// Instead of setOptimizer, for a training written in another language (ForeignTraining).
+  /// Call after setModel. The optimizer spec must name only setModel's parameters.
+  void setForeign(ForeignTraining training);
 
   /// Records step `step`'s batch (copied now), generator states and learning rates, and a
   /// keyframe when one is due. Steps must increase.
   StepGuard beginStep(int64_t step, const Batch& batch);
+  /// The same, with the batch's nesting (StepBegin.structure: JSON, "" flat).
+  StepGuard beginStep(int64_t step, const Batch& batch, std::string structure);
 
   /// The exception that ended training: records it as the crash (with the step and phase of
   /// the failed step) and seals the crash bundle. Returns the bundle path ("" when it
   /// could not be sealed). Call from the handler that caught it.
   std::string fail(const std::exception& error);
   std::string fail(std::exception_ptr error);
+  /// A failure a front end describes itself (a Python exception with its traceback).
+  std::string fail(const Failure& failure);
 
   /// Drains and closes the recording (kept on disk for `crashcap seal`). Idempotent.
   void close();

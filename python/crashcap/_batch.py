@@ -1,0 +1,99 @@
+"""A batch as the recorder keeps it: flat named tensors plus the structure they nest in.
+
+A training's batch is a tensor, or tuples, lists and dicts of tensors (and of plain values:
+file names, ids). The recorder stores each tensor under a path name ("image", "0", "inputs/ids")
+and the nesting as JSON (StepBegin.structure in the bundle), from which replay rebuilds a batch of
+the same shape: tuples stay tuples, dicts keep their key order.
+
+Structure nodes:
+  {"tensor": NAME}              a tensor, stored as steps/<step>/batch/NAME
+  {"tuple": [NODE...]}          also named tuples (rebuilt as plain tuples)
+  {"list": [NODE...]}
+  {"dict": [[KEY, NODE]...]}    KEY a string or an integer
+  {"value": V}                  a JSON value (str, int, float, bool, None) kept as is
+  {"opaque": TEXT}              anything else: its type and repr, rebuilt as None
+"""
+
+import json
+import math
+
+import torch
+
+# Longest name part kept from a dict key; the bundle's names are at most 1024 bytes.
+_MAX_PART = 100
+
+
+def _part(key):
+    text = str(key)
+    text = "".join(c if c.isprintable() and c != "/" else "_" for c in text) or "_"
+    return text[:_MAX_PART]
+
+
+def flatten(batch):
+    """(tensors, structure): tensors as [(name, tensor)], structure as JSON text ("" when the
+    batch is a flat dict of tensors with plain string keys, the C++ recorder's form)."""
+    tensors = []
+    used = set()
+
+    def name_for(path):
+        name = "/".join(path) if path else "batch"
+        candidate, k = name, 1
+        while candidate in used:
+            candidate = f"{name}~{k}"
+            k += 1
+        used.add(candidate)
+        return candidate
+
+    def walk(value, path):
+        if isinstance(value, torch.Tensor):
+            name = name_for(path)
+            tensors.append((name, value))
+            return {"tensor": name}
+        if isinstance(value, dict):
+            items = []
+            for key, sub in value.items():
+                plain_key = key if isinstance(key, (str, int)) and not isinstance(key, bool) else str(key)
+                items.append([plain_key, walk(sub, path + [_part(key)])])
+            return {"dict": items}
+        if isinstance(value, tuple):
+            return {"tuple": [walk(sub, path + [str(i)]) for i, sub in enumerate(value)]}
+        if isinstance(value, list):
+            # A long list of plain values (file names) is one value, not a node per element.
+            return {"list": [walk(sub, path + [str(i)]) for i, sub in enumerate(value)]}
+        if value is None or isinstance(value, (str, bool, int)):
+            return {"value": value}
+        if isinstance(value, float):
+            return {"value": value} if math.isfinite(value) else {"opaque": f"float {value!r}"}
+        return {"opaque": f"{type(value).__module__}.{type(value).__qualname__}: {repr(value)[:200]}"}
+
+    root = walk(batch, [])
+    flat = "dict" in root and all(
+        isinstance(k, str) and "tensor" in node and node["tensor"] == k for k, node in root["dict"])
+    structure = "" if flat else json.dumps(root, separators=(",", ":"))
+    if len(structure) > 60_000:
+        # StepBegin.structure holds at most 64 KiB: keep the tensors, say what was dropped.
+        structure = json.dumps({"opaque": f"a batch structure of {len(structure)} bytes (too large to keep)"})
+    return tensors, structure
+
+
+def rebuild(structure, tensors):
+    """The batch from its structure and {name: tensor}. Tensors the structure names but
+    `tensors` lacks become None."""
+    if not structure:
+        return dict(tensors)
+    root = json.loads(structure)
+
+    def build(node):
+        if "tensor" in node:
+            return tensors.get(node["tensor"])
+        if "tuple" in node:
+            return tuple(build(n) for n in node["tuple"])
+        if "list" in node:
+            return [build(n) for n in node["list"]]
+        if "dict" in node:
+            return {key: build(n) for key, n in node["dict"]}
+        if "value" in node:
+            return node["value"]
+        return None
+
+    return build(root)

@@ -1,0 +1,238 @@
+"""crashcap.Recorder: the flight recorder for a PyTorch training written in Python."""
+
+import atexit
+import contextlib
+import os
+import sys
+import threading
+import traceback
+import weakref
+
+import torch
+
+from . import _batch, _native, _state
+
+NonFiniteError = _native.NonFiniteError
+Error = _native.Error
+
+_active = None  # the Recorder whose crashes sys.excepthook records (one per process)
+
+
+def _exception_type_name(exc):
+    t = type(exc)
+    return t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+
+
+def _describe(exc):
+    """(kind, type, text, stack) of an exception, as the crash record keeps it: the text as
+    Python prints its last line, the traceback innermost frame first."""
+    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    frames = traceback.extract_tb(exc.__traceback__)
+    stack = [f'File "{f.filename}", line {f.lineno}, in {f.name}' + (f": {f.line}" if f.line else "")
+             for f in reversed(frames)]
+    kind = "nonfinite" if isinstance(exc, NonFiniteError) else "exception"
+    return kind, _exception_type_name(exc), text, stack[:128]
+
+
+def _excepthook(kind, value, tb):
+    rec = _active() if _active is not None else None
+    if rec is not None and isinstance(value, Exception):
+        try:
+            rec.fail(value)
+        except Exception as e:  # the hook must still report the training's own error
+            print(f"crashcap: could not record the crash: {e}", file=sys.stderr)
+    _previous_excepthook(kind, value, tb)
+
+
+_previous_excepthook = sys.excepthook
+
+
+class Recorder:
+    """Records a Python training: every step's batch, generator states and learning rates,
+    keyframes of the weights, buffers and optimizer state, the last ATen ops, and the crash,
+    sealed into ``<directory>/crash-<time>-<pid>.ccap`` when the training fails.
+
+    ::
+
+        rec = crashcap.Recorder("runs/crashes", model=model, optimizer=optimizer)
+        for step, batch in rec.steps(loader):
+            loss = loss_fn(model(batch["image"]), batch["label"])
+            loss.backward()
+            rec.end(loss)                 # raises crashcap.NonFiniteError on a NaN/Inf loss
+            optimizer.step()
+            optimizer.zero_grad()
+
+    When ``crashcap replay`` runs the program again to replay a recording, the same code replays
+    it: ``steps()`` yields the recorded batches from the keyframe on instead of the loader's, and
+    the process ends after the replayed step (``crashcap.replaying()`` is True there).
+
+    directory: where crash bundles go ("" or None: $CRASHCAP_DIR, which ``crashcap run`` sets).
+    model: the torch.nn.Module trained; optimizer: its torch.optim optimizer (any class).
+    scheduler, grad_scaler: kept in keyframes when given.
+    keyframe_every, retain_segments, retain_bytes, op_trace_depth, nonfinite ("raise" |
+    "record"), check_gradients, zstd_level, queue_bytes, crash_guard, kernel_trace, quiet: the
+    recorder's policy (docs/RECORDING.md).
+    """
+
+    def __init__(self, directory=None, model=None, optimizer=None, *, scheduler=None, grad_scaler=None, **policy):
+        global _active
+        if not isinstance(model, torch.nn.Module):
+            raise TypeError("crashcap.Recorder needs model=<the torch.nn.Module being trained>")
+        if optimizer is None or not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "state_dict"):
+            raise TypeError("crashcap.Recorder needs optimizer=<its torch.optim optimizer>")
+        known = {"keyframe_every", "retain_segments", "retain_bytes", "op_trace_depth", "nonfinite", "check_gradients",
+                 "zstd_level", "queue_bytes", "crash_guard", "kernel_trace", "all_environment_variables", "quiet"}
+        unknown = sorted(set(policy) - known)
+        if unknown:
+            raise TypeError(f"crashcap.Recorder got unknown options {unknown}; known: {sorted(known)}")
+        self.model, self.optimizer, self.scheduler, self.grad_scaler = model, optimizer, scheduler, grad_scaler
+        self._names = _state.parameter_names(model, optimizer)  # raises when the optimizer is not the model's
+        self._step = None            # the native step in flight
+        self._step_index = None
+        self._next_step = 0
+        self._failed = set()         # ids of exceptions already recorded
+        self._closed = False
+        from . import _replay
+        request = _replay.take_request()
+        self._replay = _replay.Driver(request, self) if request is not None else None
+        if self._replay is not None:
+            self._native = None
+            return
+        self._native = _native.Recorder(directory or "", policy)
+        self._native.set_model(list(model.named_parameters()), list(model.named_buffers()))
+        kind, groups = _state.optimizer_spec(optimizer, self._names)
+        self._native.set_foreign(_state.program_sources(), kind, groups, self._learning_rates,
+                                 _state.python_generators, self._keyframe, _state.program_facts())
+        if _active is None or _active() is None:
+            _active = weakref.ref(self)
+            sys.excepthook = _excepthook
+        atexit.register(self.close)
+
+    # ---- callbacks of the native recorder ----------------------------------------------------
+
+    def _learning_rates(self):
+        return _state.learning_rates(self.optimizer)
+
+    def _keyframe(self, step):
+        tensors, optimizer_doc = _state.optimizer_keyframe(self.optimizer, self._names)
+        documents = [("optimizer", optimizer_doc)]
+        for name, obj in (("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler)):
+            if obj is not None:
+                doc = _state.state_document(obj)
+                if doc is not None:
+                    documents.append((name, doc))
+        return tensors, documents
+
+    # ---- the loop ----------------------------------------------------------------------------
+
+    def steps(self, loader, start=None):
+        """Yields (step, batch) for each batch of `loader`, recording the batch before the step
+        runs. Steps count on from the last one (or from `start`). In a replay, yields the
+        recorded steps instead, without iterating the loader."""
+        if self._replay is not None:
+            yield from self._replay.steps()
+            return
+        if start is not None:
+            self._next_step = int(start)
+        # A step whose code raises stays in flight (its phase is the crash's); the next step, the
+        # loop's end or close() finishes it.
+        for batch in loader:
+            step = self._next_step
+            self.begin(step, batch)
+            yield step, batch
+            self._finish_step()
+
+    @contextlib.contextmanager
+    def step(self, step, batch=None, **named):
+        """``with rec.step(i, image=x, label=y):`` records step `i`'s batch (a tensor, or tuples,
+        lists and dicts of them, or keyword tensors) for a loop that does not iterate a loader;
+        an exception leaving the block is recorded as the crash."""
+        if batch is None:
+            batch = named
+        elif named:
+            raise TypeError("rec.step takes a batch or keyword tensors, not both")
+        if self._replay is not None:
+            with self._replay.step(step, batch):
+                yield
+            return
+        self.begin(step, batch)
+        try:
+            yield
+        except BaseException as e:
+            if isinstance(e, Exception):
+                self.fail(e)
+            raise
+        finally:
+            self._finish_step()
+
+    def begin(self, step, batch):
+        """Records step `step`'s batch, generator states and learning rates (and a keyframe when
+        one is due). steps() and step() call it; call it yourself only for a loop they do not fit."""
+        self._finish_step()
+        tensors, structure = _batch.flatten(batch)
+        self._step = self._native.begin_step(int(step), tensors, structure)
+        self._step_index = int(step)
+        self._next_step = int(step) + 1
+
+    def end(self, loss):
+        """After loss.backward(), before optimizer.step(): records the loss and the gradient norm.
+        Raises crashcap.NonFiniteError when either is NaN/Inf (nonfinite="raise")."""
+        if self._replay is not None:
+            return self._replay.end(loss)
+        if self._step is not None:
+            self._step.end(loss)
+
+    def _finish_step(self):
+        if self._step is not None:
+            self._step.finish()
+            self._step = None
+
+    # ---- failure and the end -----------------------------------------------------------------
+
+    def fail(self, exc=None):
+        """Records `exc` (default: the exception being handled) as the crash and seals the bundle.
+        Returns its path ("" when none could be sealed)."""
+        if exc is None:
+            exc = sys.exc_info()[1]
+        if exc is None:
+            raise ValueError("rec.fail() outside an except block needs the exception")
+        if self._replay is not None:
+            return self._replay.fail(exc)
+        if id(exc) in self._failed or self._native is None:
+            return self._native.crash_bundle() if self._native else ""
+        self._failed.add(id(exc))
+        kind, type_name, text, stack = _describe(exc)
+        return self._native.fail(kind, type_name, text, stack)
+
+    def close(self):
+        """Drains and closes the recording (kept for ``crashcap seal``). Idempotent; runs at exit."""
+        global _active
+        if self._closed:
+            return
+        self._closed = True
+        self._finish_step()
+        if self._native is not None:
+            self._native.close()
+        if _active is not None and _active() is self:
+            _active = None
+            sys.excepthook = _previous_excepthook
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, value, tb):
+        if isinstance(value, Exception):
+            self.fail(value)
+        self.close()
+        return False
+
+    @property
+    def recording_dir(self):
+        return self._native.recording_dir() if self._native else ""
+
+    @property
+    def crash_bundle(self):
+        return self._native.crash_bundle() if self._native else ""
+
+    def stats(self):
+        return self._native.stats() if self._native else {"recording": False}

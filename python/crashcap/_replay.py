@@ -1,0 +1,164 @@
+"""Replay inside the recorded Python program.
+
+``crashcap replay B`` (and every bisection and triage experiment) runs the recorded command line
+again, in the recorded working directory, with CRASHCAP_REPLAY_REQUEST naming a request. There
+the program's ``crashcap.Recorder`` records nothing: it becomes the replay's driver. Its
+``steps()`` never iterates the loader; it restores the newest keyframe before the target step
+(weights, buffers, the optimizer's state_dict, the scheduler's), then yields the recorded batches
+from the keyframe's step to the target, with each step's generator states (LibTorch's, Python's
+``random``, numpy's) and learning rates restored before it. ``end(loss)`` hands the loss and
+gradient norm to the engine, which compares them with the recording bit for bit and probes the
+target step op by op. After the target step (or the exception that ends a step) the outcome is
+written and the process ends with ``os._exit``: nothing after the loop runs (a ``finally:`` that
+saves a checkpoint must not overwrite the real one with replayed weights), and no
+``except Exception`` can swallow the end.
+"""
+
+import json
+import os
+import sys
+
+from . import _batch, _native, _state
+
+_replaying = False
+
+
+def replaying():
+    """True in a process that ``crashcap replay`` started to replay a recording: skip side effects
+    there (logging services, checkpoint writes)."""
+    return _replaying
+
+
+def take_request():
+    """This process's replay request (parsed JSON with its text), or None."""
+    global _replaying
+    text = _native.take_replay_request()
+    os.environ.pop(_native.REPLAY_REQUEST_VARIABLE, None)  # the C++ side unset it; Python's copy too
+    if text is None:
+        return None
+    _replaying = True
+    return {"text": text, **json.loads(text)}
+
+
+def _end(code):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+class Driver:
+    """The replay, driven by the program's own loop through its Recorder."""
+
+    def __init__(self, request, recorder):
+        self.request = request
+        self.rec = recorder
+        self.session = None
+        self.current = None        # the step in flight
+        self.restored = False
+        self._previous_hook = sys.excepthook
+        sys.excepthook = self._excepthook
+        try:
+            if request.get("compare"):
+                raise _native.Error("ops bisection (a float64 reference) of a Python recording is not built yet")
+            model = recorder.model
+            model.train()
+            self.session = _native.DrivenReplay(request["text"], list(model.named_parameters()),
+                                                list(model.named_buffers()))
+            self._check_sources()
+        except Exception as e:
+            self._refuse(e)
+
+    # ---- failures before the loop ---------------------------------------------------------------
+
+    def _refuse(self, exc):
+        code = getattr(exc, "code", None) or ("invalid-argument" if isinstance(exc, (ValueError, TypeError)) else "internal")
+        message = str(exc) if isinstance(exc, _native.Error) else f"{type(exc).__name__}: {exc}"
+        ok = _native.write_replay_error(self.request["text"], code, message, getattr(exc, "hint", "") or "")
+        _end(3 if ok else 1)
+
+    def _check_sources(self):
+        """The recorded source files must be the ones here, or the replay runs other code."""
+        changed = []
+        for path, sha256, size in self.session.sources():
+            try:
+                with open(path, "rb") as fh:
+                    data = fh.read()
+            except OSError as e:
+                changed.append(f"{path} (cannot be read: {e.strerror})")
+                continue
+            import hashlib
+            if hashlib.sha256(data).hexdigest() != sha256:
+                changed.append(f"{path} (changed since the recording)")
+        if changed and not self.request.get("options", {}).get("allow_changed_sources", False):
+            err = _native.Error("the program's source differs from the recording's: " + "; ".join(changed))
+            err.code = "invalid-argument"
+            err.hint = "restore the recorded sources (`crashcap export B --sources DIR` keeps them), or replay with --allow-changed-source"
+            raise err
+
+    # ---- the loop ---------------------------------------------------------------------------
+
+    def _restore(self):
+        """The keyframe: weights and buffers (the engine), the optimizer and scheduler (here)."""
+        if self.restored:
+            return
+        self.restored = True
+        s = self.session
+        s.restore_model()
+        docs = {name.rsplit("/", 1)[-1]: name for name in s.keyframe_documents()}
+        if "optimizer" in docs:
+            prefix = f"keyframes/{s.keyframe}/optimizer/"
+            _state.restore_optimizer(self.rec.optimizer, s.read_text(docs["optimizer"]).decode(),
+                                     lambda name: s.read_tensor(prefix + name))
+        for name, obj in (("scheduler", self.rec.scheduler), ("grad_scaler", self.rec.grad_scaler)):
+            if obj is not None and name in docs:
+                _state.restore_document(obj, s.read_text(docs[name]).decode())
+
+    def _begin(self, step):
+        batch, structure, lrs, generators = self.session.begin_step(step)
+        self.current = step
+        groups = self.rec.optimizer.param_groups
+        for group, lr in zip(groups, lrs):
+            group["lr"] = lr
+        for device, name in generators:
+            if device == "python":
+                _state.restore_python_generator(self.session.read_tensor(name))
+            elif device == "numpy":
+                _state.restore_numpy_generator(self.session.read_tensor(name))
+        return batch, structure
+
+    def steps(self):
+        try:
+            self._restore()
+            steps = self.session.steps()
+        except Exception as e:
+            self._refuse(e)
+        for step in steps:
+            try:
+                batch, structure = self._begin(step)
+                batch = _batch.rebuild(structure, dict(batch))
+            except Exception as e:
+                self._refuse(e)
+            yield step, batch
+        self._finish()
+
+    def end(self, loss):
+        if self.current is None:
+            return
+        self.session.end_step(loss)
+        if self.current == self.session.target:
+            self._finish()
+
+    def fail(self, exc):
+        if self.current is not None:
+            text = "".join(__import__("traceback").format_exception_only(type(exc), exc)).strip()
+            self.session.step_failed(text)
+        self._finish()
+
+    def _excepthook(self, kind, value, tb):
+        if self.session is not None and isinstance(value, Exception):
+            self.fail(value)
+        self._previous_hook(kind, value, tb)
+
+    def _finish(self):
+        ok = self.session.finish_and_write()
+        _end(0 if ok else 1)

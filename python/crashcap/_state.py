@@ -1,0 +1,247 @@
+"""The parts of a Python training's state that are not its weights, as the recorder keeps them.
+
+- The optimizer's ``state_dict()``: its tensors go into the keyframe under the parameter's name
+  (``keyframes/<step>/optimizer/<parameter>/<key>``), everything else into a JSON document that
+  refers to them (``keyframes/<step>/documents/optimizer``). Any ``torch.optim`` optimizer, custom
+  ones included, round-trips through ``load_state_dict``.
+- An LR scheduler's and a GradScaler's ``state_dict()``: JSON documents.
+- Python's ``random`` and numpy's global generator: int64 tensors beside LibTorch's generator
+  states (``steps/<step>/rng/python``, ``.../rng/numpy``).
+- The program's own source files, hashed (and kept when small).
+"""
+
+import hashlib
+import json
+import math
+import os
+import random
+import struct
+import sys
+import sysconfig
+
+import torch
+
+# ---- JSON with tensors referred to by name --------------------------------------------------
+
+
+def _encode(value, name, tensors):
+    """`value` as JSON; tensors are appended to `tensors` under `name` and referred to."""
+    if isinstance(value, torch.Tensor):
+        tensors.append((name, value))
+        return {"$tensor": name}
+    if isinstance(value, bool) or value is None or isinstance(value, (str, int)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else {"$float": repr(value)}
+    if isinstance(value, tuple):
+        return {"$tuple": [_encode(v, f"{name}/{i}", tensors) for i, v in enumerate(value)]}
+    if isinstance(value, list):
+        return [_encode(v, f"{name}/{i}", tensors) for i, v in enumerate(value)]
+    if isinstance(value, dict):
+        if all(isinstance(k, str) for k in value):
+            return {k: _encode(v, f"{name}/{k}", tensors) for k, v in value.items()}
+        return {"$dict": [[_encode(k, name, tensors), _encode(v, f"{name}/{k}", tensors)] for k, v in value.items()]}
+    raise TypeError(f"{type(value).__qualname__} at {name}")
+
+
+def _decode(value, read):
+    if isinstance(value, list):
+        return [_decode(v, read) for v in value]
+    if isinstance(value, dict):
+        if "$tensor" in value:
+            return read(value["$tensor"])
+        if "$float" in value:
+            return float(value["$float"])
+        if "$tuple" in value:
+            return tuple(_decode(v, read) for v in value["$tuple"])
+        if "$dict" in value:
+            return {_decode(k, read): _decode(v, read) for k, v in value["$dict"]}
+        return {k: _decode(v, read) for k, v in value.items()}
+    return value
+
+
+def dumps(value):
+    return json.dumps(value, separators=(",", ":"), allow_nan=False)
+
+
+# ---- The optimizer --------------------------------------------------------------------------
+
+
+def parameter_names(model, optimizer):
+    """The model's name for each of the optimizer's parameters, by position in its param_groups
+    (the indices its state_dict uses). Raises ValueError naming the first one the model lacks."""
+    by_id = {id(p): n for n, p in model.named_parameters()}
+    names = []
+    for g, group in enumerate(optimizer.param_groups):
+        for k, p in enumerate(group["params"]):
+            if id(p) not in by_id:
+                raise ValueError(
+                    f"the optimizer's parameter {k} of group {g} (shape {list(p.shape)}) is not a parameter of the "
+                    f"model given to crashcap.Recorder: build the optimizer from model.parameters() of that model "
+                    f"(not copies made by .clone() or .to() after the optimizer was built)")
+            names.append(by_id[id(p)])
+    return names
+
+
+def optimizer_spec(optimizer, names):
+    """(kind, [(parameter names, {option: number})]) for the bundle's optimizer record."""
+    groups, position = [], 0
+    for group in optimizer.param_groups:
+        count = len(group["params"])
+        options = {}
+        for key, value in group.items():
+            if key == "params":
+                continue
+            if isinstance(value, torch.Tensor) and value.numel() == 1:
+                value = value.item()
+            if key == "betas" and isinstance(value, (tuple, list)) and len(value) == 2:
+                options["beta1"], options["beta2"] = float(value[0]), float(value[1])
+            elif isinstance(value, bool):
+                options[key] = 1.0 if value else 0.0
+            elif isinstance(value, (int, float)):
+                options[key] = float(value)
+        groups.append((names[position:position + count], options))
+        position += count
+    return type(optimizer).__name__.lower(), groups
+
+
+def learning_rates(optimizer):
+    return [float(g["lr"]) for g in optimizer.param_groups if "lr" in g]
+
+
+def optimizer_keyframe(optimizer, names):
+    """([(<parameter>/<key>, tensor)], JSON) of the optimizer's state_dict."""
+    state = optimizer.state_dict()
+    tensors = []
+    doc = {"state": [], "param_groups": _encode(state["param_groups"], "groups", tensors)}
+    for index, per_parameter in state["state"].items():
+        name = names[index] if isinstance(index, int) and 0 <= index < len(names) else f"state{index}"
+        doc["state"].append([index, _encode(per_parameter, name, tensors)])
+    return tensors, dumps(doc)
+
+
+def restore_optimizer(optimizer, document, read):
+    doc = json.loads(document)
+    state = {index: _decode(value, read) for index, value in doc["state"]}
+    optimizer.load_state_dict({"state": state, "param_groups": _decode(doc["param_groups"], read)})
+
+
+def state_document(obj):
+    """JSON of a scheduler's or GradScaler's state_dict, or None when it holds what JSON cannot."""
+    try:
+        tensors = []
+        doc = _encode(obj.state_dict(), "state", tensors)
+        return None if tensors else dumps(doc)
+    except TypeError:
+        return None
+
+
+def restore_document(obj, document):
+    obj.load_state_dict(_decode(json.loads(document), lambda name: None))
+
+
+# ---- Python's generators ---------------------------------------------------------------------
+
+
+def _float_bits(x):
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+def _bits_float(b):
+    return struct.unpack("<d", struct.pack("<q", int(b)))[0]
+
+
+def python_generators():
+    """[(name, int64 tensor)]: random's state, and numpy's global one when numpy is imported."""
+    out = []
+    version, words, gauss = random.getstate()
+    out.append(("python", torch.tensor([version, *words, gauss is not None, _float_bits(gauss or 0.0)],
+                                       dtype=torch.int64)))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
+        if kind == "MT19937":
+            out.append(("numpy", torch.cat([torch.from_numpy(keys.astype("int64")),
+                                            torch.tensor([pos, has_gauss, _float_bits(cached)], dtype=torch.int64)])))
+    return out
+
+
+def restore_python_generator(state):
+    v = state.tolist()
+    random.setstate((v[0], tuple(v[1:626]), _bits_float(v[627]) if v[626] else None))
+
+
+def restore_numpy_generator(state):
+    import numpy
+    v = state.tolist()
+    numpy.random.set_state(("MT19937", numpy.array(v[:624], dtype=numpy.uint32), v[624], v[625], _bits_float(v[626])))
+
+
+def program_facts():
+    """Facts for the environment record that only Python knows."""
+    facts = [("python.executable", os.path.realpath(sys.executable)),
+             ("python.version", sys.version.split()[0]),
+             ("python.torch_version", torch.__version__)]
+    # Where the program found its modules: PYTHONPATH, and this package's own directory.
+    package_parent = os.path.dirname(os.path.dirname(os.path.realpath(__file__)))
+    paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if package_parent not in (os.path.realpath(p) for p in paths):
+        paths.append(package_parent)
+    facts.append(("python.pythonpath", os.pathsep.join(paths)))
+    numpy = sys.modules.get("numpy")
+    if numpy is not None:
+        facts.append(("python.numpy_version", numpy.__version__))
+    return facts
+
+
+# ---- The program's own sources ----------------------------------------------------------------
+
+_KEEP_BYTES = 1 << 20        # a file larger than this keeps only its hash
+_KEEP_TOTAL = 16 << 20
+
+
+def _installed_roots():
+    roots = set()
+    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
+        path = sysconfig.get_paths().get(key)
+        if path:
+            roots.add(os.path.realpath(path))
+    for path in sys.path:
+        if path and ("site-packages" in path or "dist-packages" in path):
+            roots.add(os.path.realpath(path))
+    for prefix in {sys.prefix, sys.base_prefix, sys.exec_prefix}:
+        roots.add(os.path.realpath(os.path.join(prefix, "lib")))
+    roots.add(os.path.realpath(os.path.dirname(__file__)))  # crashcap itself
+    return roots
+
+
+def _under(path, root):
+    return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
+
+
+def program_sources():
+    """[(path, sha256, bytes, contents or None)] of the program's own source files: the main
+    script and the modules imported from outside installed packages and the standard library."""
+    cwd = os.path.realpath(os.getcwd())
+    installed = _installed_roots()
+    files = []
+    main = sys.modules.get("__main__")
+    if main is not None and getattr(main, "__file__", None):
+        files.append(main.__file__)
+    for module in list(sys.modules.values()):
+        f = getattr(module, "__file__", None)
+        if f and f.endswith(".py"):
+            files.append(f)
+    seen, out, kept = set(), [], 0
+    for f in files:
+        real = os.path.realpath(f)
+        if real in seen or not os.path.isfile(real) or any(_under(real, r) for r in installed):
+            continue
+        seen.add(real)
+        with open(real, "rb") as fh:
+            data = fh.read()
+        path = os.path.relpath(real, cwd) if _under(real, cwd) else real
+        keep = len(data) <= _KEEP_BYTES and kept + len(data) <= _KEEP_TOTAL and len(path) < 900
+        kept += len(data) if keep else 0
+        out.append((path, hashlib.sha256(data).hexdigest(), len(data), data if keep else None))
+    return out

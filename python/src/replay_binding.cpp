@@ -1,0 +1,104 @@
+// crashcap._native's replay side: the request of a process started by `crashcap replay`, and
+// the DrivenReplay a Python training's own loop drives (python/crashcap/_replay.py), which
+// writes the outcome crashcap reads back.
+#include <ATen/ATen.h>
+
+#include "bindings.hpp"
+
+#include <cstdlib>
+
+#include "crashcap/formats/error.hpp"
+#include "crashcap/replayer/driven_replay.hpp"
+#include "crashcap/replayer/program_replay.hpp"
+
+namespace py = pybind11;
+
+namespace crashcap::python {
+namespace {
+
+replayer::ReplayRequest requestFrom(const std::string& json) {
+  return replayer::replayRequestFromJson(nlohmann::json::parse(json));
+}
+
+/// Writes an error outcome for the request; the Python side then ends the process.
+bool writeError(const std::string& request, const std::string& code, const std::string& message, const std::string& hint) {
+  auto o = replayer::replayOutcomeFromJson(
+      nlohmann::json{{"error", {{"code", code}, {"message", message}, {"hint", hint}}}});
+  return replayer::writeReplayOutcome(requestFrom(request), o);
+}
+
+/// The replay and the request it answers.
+class Session {
+ public:
+  Session(const std::string& request, const replayer::DrivenReplay::NamedTensors& params,
+          const replayer::DrivenReplay::NamedTensors& buffers)
+      : request_(requestFrom(request)), replay_(request_.bundle, request_.options, params, buffers) {}
+
+  replayer::DrivenReplay& replay() { return replay_; }
+
+  /// Concludes the replay and writes its outcome (a verdict, or the error that stopped it).
+  bool finishAndWrite() {
+    replayer::ReplayOutcome o;
+    try {
+      o.replay = replay_.finish();
+    } catch (const Error& e) {
+      o = {};
+      o.error = e;
+    } catch (const std::exception& e) {
+      o = {};
+      o.error = Error(ErrorCode::Internal, std::string("replay in the program failed: ") + e.what());
+    }
+    return replayer::writeReplayOutcome(request_, o);
+  }
+
+ private:
+  replayer::ReplayRequest request_;
+  replayer::DrivenReplay replay_;
+};
+
+}  // namespace
+
+void bindReplay(py::module_& m) {
+  m.attr("REPLAY_REQUEST_VARIABLE") = replayer::kReplayRequestVariable;
+  // The request as JSON text, or None when this process serves no replay. The variable is
+  // removed, so that processes the program starts record as usual.
+  m.def("take_replay_request", []() -> py::object {
+    auto request = replayer::replayRequestOfThisProcess();
+    ::unsetenv(replayer::kReplayRequestVariable);
+    if (!request) return py::none();
+    return py::str(replayer::toJson(*request).dump());
+  });
+  m.def("write_replay_error", &writeError, py::arg("request"), py::arg("code"), py::arg("message"), py::arg("hint") = "");
+
+  py::class_<Session>(m, "DrivenReplay")
+      .def(py::init<const std::string&, const replayer::DrivenReplay::NamedTensors&,
+                    const replayer::DrivenReplay::NamedTensors&>(),
+           py::arg("request"), py::arg("parameters"), py::arg("buffers"))
+      .def_property_readonly("target", [](Session& s) { return s.replay().target(); })
+      .def_property_readonly("keyframe", [](Session& s) { return s.replay().keyframe(); })
+      .def("steps", [](Session& s) { return s.replay().steps(); })
+      .def("keyframe_documents", [](Session& s) { return s.replay().keyframeRecord().documents; })
+      .def("sources",
+           [](Session& s) {
+             py::list out;
+             for (const auto& f : s.replay().program().sources) out.append(py::make_tuple(f.path, f.sha256, f.bytes));
+             return out;
+           })
+      .def("read_tensor", [](Session& s, const std::string& name) { return s.replay().readTensor(name); })
+      .def("read_text",
+           [](Session& s, const std::string& name) {
+             at::Tensor t = s.replay().readTensor(name).contiguous();
+             return py::bytes(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.numel()));
+           })
+      .def("restore_model", [](Session& s) { s.replay().restoreModel(); })
+      .def("begin_step",
+           [](Session& s, int64_t step) {
+             auto st = s.replay().beginStep(step);
+             return py::make_tuple(st.batch, st.structure, st.learningRates, st.generators);
+           })
+      .def("end_step", [](Session& s, const at::Tensor& loss) { s.replay().endStep(loss); })
+      .def("step_failed", [](Session& s, const std::string& error) { s.replay().stepFailed(error); })
+      .def("finish_and_write", [](Session& s) { return s.finishAndWrite(); });
+}
+
+}  // namespace crashcap::python

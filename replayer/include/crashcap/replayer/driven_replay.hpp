@@ -1,0 +1,79 @@
+#pragma once
+// A replay driven by the recorded program's own training loop: a Python training, whose
+// forward, loss, backward, gradient clipping and optimizer are the program's code, not a step
+// function the engine can call. The engine plans the replay as replay() does (target, keyframe,
+// device, settings), restores the keyframe's weights and buffers into the program's model, hands
+// out each step's batch, generator states and learning rates, compares each step's loss and
+// gradient norm with the recording bit for bit, probes the target step op by op (first
+// non-finite op), and concludes the same verdict. The program restores the rest of its state
+// (its optimizer's state_dict, its own generators) from what readTensor gives it.
+//
+//   DrivenReplay r(bundle, options, model_parameters, model_buffers);
+//   r.restoreModel();               // then the program restores its optimizer
+//   for (int64_t s : r.steps()) {
+//     auto step = r.beginStep(s);   // the program sets its learning rates, feeds step.batch
+//     ... forward, loss, backward ...   (an exception: r.stepFailed(text); stop)
+//     r.endStep(loss);
+//     ... optimizer step (not after the target) ...
+//   }
+//   ReplayResult result = r.finish();
+
+#include <ATen/core/Tensor.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "crashcap/formats/records.hpp"
+#include "crashcap/replayer/replay.hpp"
+
+namespace crashcap::replayer {
+
+class DrivenReplay {
+ public:
+  using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
+
+  /// Opens and plans the replay; applies the recorded (or requested) settings. `parameters` and
+  /// `buffers` are the program's model, which replay moves to its device and overwrites in place.
+  /// Throws crashcap::Error as replay() does.
+  DrivenReplay(const std::string& bundle, const ReplayOptions& options, const NamedTensors& parameters,
+               const NamedTensors& buffers);
+  ~DrivenReplay();
+  DrivenReplay(const DrivenReplay&) = delete;
+  DrivenReplay& operator=(const DrivenReplay&) = delete;
+
+  int64_t target() const;
+  int64_t keyframe() const;
+  /// The steps to run, keyframe to target (fewer when the recording lost a step).
+  std::vector<int64_t> steps() const;
+  const formats::KeyframeData& keyframeRecord() const;
+  const formats::StepProgramData& program() const;
+  /// A tensor of the bundle as recorded, on the CPU.
+  at::Tensor readTensor(const std::string& name) const;
+
+  /// Restores the keyframe's weights and buffers into the model.
+  void restoreModel();
+
+  struct Step {
+    NamedTensors batch;                  ///< by batch name, on the replay's device, rows chosen at the target
+    std::string structure;               ///< StepBegin.structure
+    std::vector<double> learningRates;   ///< per parameter group
+    std::vector<std::pair<std::string, std::string>> generators;  ///< (device, tensor name) beyond LibTorch's
+  };
+  /// Step `step` begins: LibTorch's generators are restored (the program restores the others);
+  /// at the target the op probe starts.
+  Step beginStep(int64_t step);
+  /// After the step's backward: its loss and gradient norm are compared with the recording's.
+  void endStep(const at::Tensor& loss);
+  /// The step threw: `error` as the program would print it.
+  void stepFailed(const std::string& error);
+  /// The verdict. Throws Error{Unsupported} when the program's loop stopped before the target.
+  ReplayResult finish();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace crashcap::replayer

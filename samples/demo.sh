@@ -47,6 +47,21 @@ show "$CC" report "$(ls "$WORK"/cls/crash-*.ccap)" -o "$WORK/bug-report.md"
 printf '\033[2m(the first lines of the report, ready to paste into a bug tracker)\033[0m\n'
 sed -n '/^## Summary/,/^## Steps/p' "$WORK/bug-report.md"
 
+step "7b. A PyTorch training written in Python: recorded by the crashcap package, replayed in its own loop"
+PYDIR=$(cd "$BIN/../python" 2>/dev/null && pwd || true)
+if [ -n "$PYDIR" ] && [ -f "$PYDIR/crashcap/__init__.py" ]; then
+  echo "   A classifier trained from a DataLoader with 2 augmenting workers, dropout and a cosine schedule;"
+  echo "   at step 19 (epoch 1) sample 3 of the batch is corrupt. Keyframes every 10 steps: the newest is in epoch 0."
+  expect_fail env PYTHONPATH="$PYDIR" /usr/bin/python3 "$(dirname "$0")/python/train.py" --steps 40 --record "$WORK/py" \
+    --fault nan-sample --fault-step 19 --fault-row 3 --keyframe-every 10
+  pybundle=$(ls "$WORK"/py/crash-*.ccap)
+  show "$CC" inspect "$pybundle"
+  show "$CC" replay "$pybundle"
+  show "$CC" triage "$pybundle"
+else
+  echo "   (skipped: this build has no Python package; configure with -DCRASHCAP_WITH_PYTHON=ON to see why)"
+fi
+
 step "8. SIGKILL (the OOM killer, a scheduler): nothing in the process can react, yet what reached the disk is kept"
 "$BIN/crashcap-sample-seg" --steps 100000 --record "$WORK/killed" --keyframe-every 10 > /dev/null &
 pid=$!

@@ -138,6 +138,7 @@ Command bisectCommand(CLI::App& root) {
       ->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
   addAllowDamaged(cmd, o->allowDamaged);
+  addAllowChangedSource(cmd);
   cmd->footer("steps: replays the retained history from the earliest keyframe; the first step that throws or whose\n"
               "  loss, gradient norm or updated weights go non-finite.\n"
               "ops: the first op whose output goes non-finite, and the first whose output departs from a float64\n"

@@ -17,6 +17,7 @@ struct Options {
   std::string bundle;
   bool trace = false;
   size_t launches = inspect::TraceReportOptions{}.lastLaunches;
+  size_t ops = inspect::StoryOptions{}.lastOps;
   ReadOptions read;
 };
 
@@ -42,11 +43,13 @@ int inspectStory(const Options& o) {
   auto reader = formats::BundleReader::open(o.bundle, o.read.limits(), progressPrinter("scanning"));
   endProgress();
   if (o.trace) return inspectTrace(o, *reader);
+  inspect::StoryOptions so;
+  so.lastOps = o.ops;
   if (o.read.json) {
-    printJson(inspect::storyJson(*reader));
+    printJson(inspect::storyJson(*reader, so));
     return kExitOk;
   }
-  std::cout << inspect::storyText(*reader);
+  std::cout << inspect::storyText(*reader, so);
   // The story has no room for the GPU side; say that there is one and where to read it.
   for (const auto& t : formats::readRecords(*reader).kernelTraces) {
     // The error that poisoned the context is the failure; a soft one may have come first.
@@ -68,6 +71,8 @@ Command inspectCommand(CLI::App& root) {
   auto* traceFlag = cmd->add_flag("--trace", o->trace,
                                   "The kernel trace instead: per traced process the first CUDA error (kernel, op), the "
                                   "last launches, kernels per op");
+  cmd->add_option("--ops", o->ops, "How many of the last ops before the crash to list (the ring holds up to 256 by default)")
+      ->capture_default_str();
   cmd->add_option("--launches", o->launches, "With --trace: how many of the last launches to list")
       ->capture_default_str()
       ->needs(traceFlag);

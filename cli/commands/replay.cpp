@@ -68,6 +68,7 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
     std::cout << fmt::format("  not the recorded setup (recorded on {}; {}): only the failure is compared, not the bits\n",
                              r.recordedDevice.empty() ? "an unknown device" : r.recordedDevice,
                              settingsText(r.settings, r.recordedSettings));
+  for (const auto& n : r.notes) std::cout << fmt::format("  note: {}\n", n);
   for (const auto& s : r.steps) {
     std::cout << fmt::format("  step {:<5} loss {:<14} grad norm {:<14} {}", s.step, fmt::format("{:.7g}", s.loss),
                              s.hasGradNorm ? fmt::format("{:.7g}", s.gradNorm) : "-",
@@ -123,6 +124,7 @@ Command replayCommand(CLI::App& root) {
   cmd->add_option("--set", o->settings, "SETTING=VALUE instead of the recorded value, e.g. cudnn.benchmark=false (repeatable)");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
   addAllowDamaged(cmd, o->allowDamaged);
+  addAllowChangedSource(cmd);
   cmd->add_option("--rows", o->rows, "Keep only these samples of the step's batch, by row: e.g. 0,3 (an experiment)");
   cmd->add_flag("--no-instrument", o->noInstrument, "Skip the per-op NaN/Inf checks (faster)");
   cmd->footer(

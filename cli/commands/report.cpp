@@ -45,6 +45,7 @@ Command reportCommand(CLI::App& root) {
   cmd->add_flag("--no-triage", o->noTriage, "Skip the experiments (faster; no hypothesis table)");
   cmd->add_option("--timeout", o->timeout, "Seconds per triage experiment")->capture_default_str();
   addAllowDamaged(cmd, o->allowDamaged);
+  addAllowChangedSource(cmd);
   return {cmd, [o] { return report(*o); }};
 }
 

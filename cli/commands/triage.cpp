@@ -66,6 +66,7 @@ Command triageCommand(CLI::App& root) {
   cmd->add_option("--timeout", o->timeout, "Seconds per experiment before it is killed")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
   addAllowDamaged(cmd, o->allowDamaged);
+  addAllowChangedSource(cmd);
   cmd->footer("Hypotheses: invalid-data, loss-numerics, optimizer-divergence, device-specific, config-dependent,\n"
               "nondeterminism; each confirmed, refuted or inconclusive with its evidence and the command that\n"
               "reruns it. Every experiment runs in a fresh child process with a timeout (docs/REPLAY.md).\n"

@@ -57,7 +57,12 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                     {"parameters", v.program->parameters.size()},
                     {"buffers", v.program->buffers.size()},
                     {"serves_replay", v.program->servesReplay}};
-  else
+  if (v.program) {
+    json sources = json::array();
+    for (const auto& f : v.program->sources)
+      sources.push_back({{"path", f.path}, {"sha256", f.sha256}, {"bytes", f.bytes}, {"tensor", f.tensor}});
+    j["program"]["sources"] = sources;
+  } else
     j["program"] = nullptr;
   if (v.optimizer) {
     json groups = json::array();
@@ -236,7 +241,14 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
     if (j["program"]["format"] == "torchscript")
       s += fmt::format("program    torchscript forward({}) -> loss; {} parameters, {} buffers\n", inputs,
                        str(j["program"]["parameters"]), str(j["program"]["buffers"]));
-    else
+    else if (j["program"]["format"] == "python") {
+      std::string files;
+      for (const auto& f : j["program"]["sources"]) files += (files.empty() ? "" : ", ") + str(f["path"]);
+      s += fmt::format("program    python (its own loop replays it: the recorded command line is run again); {} "
+                       "parameters, {} buffers\n",
+                       str(j["program"]["parameters"]), str(j["program"]["buffers"]));
+      if (!files.empty()) s += fmt::format("sources    {}\n", files);
+    } else
       s += fmt::format("program    {} ({}); {} parameters, {} buffers\n", str(j["program"]["format"]),
                        j["program"]["serves_replay"] == true
                            ? "no step program: the recorded command line replays it, through its setStep"

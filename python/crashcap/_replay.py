@@ -14,9 +14,12 @@ saves a checkpoint must not overwrite the real one with replayed weights), and n
 ``except Exception`` can swallow the end.
 """
 
+import contextlib
 import json
 import os
 import sys
+
+import torch
 
 from . import _batch, _native, _state
 
@@ -77,23 +80,31 @@ class Driver:
         _end(3 if ok else 1)
 
     def _check_sources(self):
-        """The recorded source files must be the ones here, or the replay runs other code."""
+        """The recorded source files must be the ones here, or the replay runs other code; and the
+        torch the recording ran on is named when this one differs."""
+        import hashlib
         changed = []
         for path, sha256, size in self.session.sources():
             try:
                 with open(path, "rb") as fh:
                     data = fh.read()
             except OSError as e:
-                changed.append(f"{path} (cannot be read: {e.strerror})")
+                changed.append(f"{path} ({e.strerror.lower()})")
                 continue
-            import hashlib
             if hashlib.sha256(data).hexdigest() != sha256:
                 changed.append(f"{path} (changed since the recording)")
         if changed and not self.request.get("options", {}).get("allow_changed_sources", False):
-            err = _native.Error("the program's source differs from the recording's: " + "; ".join(changed))
+            err = _native.Error("the program's source files differ from the recording's: " + "; ".join(changed))
             err.code = "invalid-argument"
-            err.hint = "restore the recorded sources (`crashcap export B --sources DIR` keeps them), or replay with --allow-changed-source"
+            err.hint = ("replay with the sources the recording ran (the bundle keeps them as program/sources/<path>; "
+                        "`crashcap inspect B --json` lists them), or pass --allow-changed-source to replay the changed code")
             raise err
+        for c in changed:
+            self.session.note(f"source file {c}: replayed with --allow-changed-source")
+        import torch
+        recorded = self.session.environment_fact("python.torch_version")
+        if recorded and recorded != torch.__version__:
+            self.session.note(f"torch {torch.__version__} here, {recorded} in the recording")
 
     # ---- the loop ---------------------------------------------------------------------------
 
@@ -140,6 +151,40 @@ class Driver:
                 self._refuse(e)
             yield step, batch
         self._finish()
+
+    @contextlib.contextmanager
+    def step(self, step, batch):
+        """The ``with rec.step(i, ...)`` form: the program makes its own batches, so the steps before
+        the keyframe run as the program runs them (their results are overwritten by the keyframe),
+        and from the keyframe on the recorded batch is copied into the program's tensors in place."""
+        if step < self.session.keyframe:
+            yield
+            return
+        try:
+            if step not in self.session.steps():
+                raise _native.Error(f"step {step} is not among the recorded steps this replay runs "
+                                    f"({self.session.keyframe}..{self.session.target})")
+            self._restore()
+            recorded, _ = self._begin(step)
+            recorded = dict(recorded)
+            tensors, _ = _batch.flatten(batch)
+            with torch.no_grad():
+                for name, t in tensors:
+                    src = recorded.get(name)
+                    if src is None or src.shape != t.shape or src.dtype != t.dtype:
+                        raise _native.Error(
+                            f"the program's batch tensor '{name}' of step {step} is {list(t.shape)} {t.dtype}, the "
+                            f"recording's " + (f"{list(src.shape)} {src.dtype}" if src is not None else "has none") +
+                            ": a `with rec.step()` loop replays only whole, unchanged batches (replay a subset of "
+                            "rows with a loop over rec.steps(loader))")
+                    t.copy_(src)
+        except Exception as e:
+            self._refuse(e)
+        try:
+            yield
+        except Exception as e:
+            self.fail(e)
+            raise
 
     def end(self, loss):
         if self.current is None:

@@ -127,13 +127,22 @@ def restore_optimizer(optimizer, document, read):
 
 
 def state_document(obj):
-    """JSON of a scheduler's or GradScaler's state_dict, or None when it holds what JSON cannot."""
-    try:
-        tensors = []
-        doc = _encode(obj.state_dict(), "state", tensors)
-        return None if tensors else dumps(doc)
-    except TypeError:
+    """JSON of a scheduler's or GradScaler's state_dict. Entries JSON cannot hold (a scheduler's
+    bound methods, lambdas) are left out: load_state_dict keeps the live object's there, which the
+    same program built the same way. None when the state_dict is not a dict."""
+    state = obj.state_dict()
+    if not isinstance(state, dict):
         return None
+    doc = {}
+    for key, value in state.items():
+        tensors = []
+        try:
+            encoded = _encode(value, str(key), tensors)
+        except TypeError:
+            continue
+        if not tensors and isinstance(key, str):
+            doc[key] = encoded
+    return dumps(doc)
 
 
 def restore_document(obj, document):
@@ -221,13 +230,19 @@ def _under(path, root):
 
 def program_sources():
     """[(path, sha256, bytes, contents or None)] of the program's own source files: the main
-    script and the modules imported from outside installed packages and the standard library."""
+    script and the modules it imported from its own directory, the working directory or a
+    PYTHONPATH entry, not from installed packages, the standard library or elsewhere (the
+    system's sitecustomize)."""
     cwd = os.path.realpath(os.getcwd())
     installed = _installed_roots()
     files = []
     main = sys.modules.get("__main__")
-    if main is not None and getattr(main, "__file__", None):
-        files.append(main.__file__)
+    main_file = getattr(main, "__file__", None) if main is not None else None
+    if main_file:
+        files.append(main_file)
+    own = {cwd} | {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    if main_file:
+        own.add(os.path.dirname(os.path.realpath(main_file)))
     for module in list(sys.modules.values()):
         f = getattr(module, "__file__", None)
         if f and f.endswith(".py"):
@@ -236,6 +251,8 @@ def program_sources():
     for f in files:
         real = os.path.realpath(f)
         if real in seen or not os.path.isfile(real) or any(_under(real, r) for r in installed):
+            continue
+        if f is not main_file and not any(_under(real, r) for r in own):
             continue
         seen.add(real)
         with open(real, "rb") as fh:

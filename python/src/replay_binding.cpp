@@ -84,6 +84,8 @@ void bindReplay(py::module_& m) {
              for (const auto& f : s.replay().program().sources) out.append(py::make_tuple(f.path, f.sha256, f.bytes));
              return out;
            })
+      .def("environment_fact", [](Session& s, const std::string& key) { return s.replay().environmentFact(key); })
+      .def("note", [](Session& s, const std::string& text) { s.replay().note(text); })
       .def("read_tensor", [](Session& s, const std::string& name) { return s.replay().readTensor(name); })
       .def("read_text",
            [](Session& s, const std::string& name) {

@@ -14,6 +14,7 @@
 #include <torch/csrc/jit/serialization/import.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim.h>
+#include <torch/version.h>
 
 #include <algorithm>
 #include <climits>
@@ -489,6 +490,12 @@ struct Run {
     torch::jit::setGraphExecutorOptimize(env && env->fact("torch.jit.graph_executor_optimize") == "true");
     result.sameSetup = !wide && !wideAtTarget && result.settings == result.recordedSettings &&
                        result.device == (result.recordedDevice.empty() ? "cpu" : result.recordedDevice);
+    // Another LibTorch computes with other kernels: its bits are not the recording's to match.
+    const std::string recordedTorch = env ? env->fact("torch.version") : "";
+    if (!recordedTorch.empty() && recordedTorch != TORCH_VERSION) {
+      result.notes.push_back(fmt::format("torch {} here, {} in the recording", TORCH_VERSION, recordedTorch));
+      result.sameSetup = false;
+    }
     testing::setFaultDevice(result.device);
   }
 
@@ -946,6 +953,16 @@ int64_t DrivenReplay::keyframe() const { return impl_->run.keyframe->step; }
 std::vector<int64_t> DrivenReplay::steps() const { return impl_->run.steps(); }
 const formats::KeyframeData& DrivenReplay::keyframeRecord() const { return *impl_->run.keyframe; }
 const formats::StepProgramData& DrivenReplay::program() const { return *impl_->run.view.program; }
+
+void DrivenReplay::note(const std::string& text) {
+  impl_->run.result.notes.push_back(text);
+  impl_->run.result.sameSetup = false;
+}
+
+std::string DrivenReplay::environmentFact(const std::string& key) const {
+  auto env = impl_->run.reader->environment();
+  return env ? env->fact(key) : "";
+}
 
 at::Tensor DrivenReplay::readTensor(const std::string& name) const {
   if (!impl_->run.reader->find(name)) throw Error(ErrorCode::NotFound, fmt::format("{} holds no tensor {}", impl_->run.bundle, name));

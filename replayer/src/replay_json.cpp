@@ -234,6 +234,7 @@ json toJson(const ReplayResult& r) {
           {"batch_size", r.batchSize},
           {"rows", r.rows.empty() ? json(nullptr) : json(r.rows)},
           {"lost_steps", r.lostSteps},
+          {"notes", r.notes},
           {"load_ms", r.loadMs},
           {"replay_ms", r.replayMs},
           {"device", r.device},
@@ -258,6 +259,9 @@ ReplayResult replayResultFromJson(const json& j) {
   r.batchSize = integer(j, "batch_size");
   if (!at(j, "rows").is_null()) r.rows = integers(j["rows"], "rows");
   r.lostSteps = integers(at(j, "lost_steps"), "lost_steps");
+  if (j.contains("notes") && j["notes"].is_array())
+    for (const auto& n : j["notes"])
+      if (n.is_string()) r.notes.push_back(n.get<std::string>());
   r.loadMs = real(j, "load_ms");
   r.replayMs = real(j, "replay_ms");
   r.device = text(j, "device");
@@ -273,7 +277,7 @@ ReplayResult replayResultFromJson(const json& j) {
 json toJson(const ReplayOptions& o) {
   return {{"step", o.step},         {"instrument", o.instrument}, {"device", o.device},
           {"dtype", o.dtype},       {"settings", o.settings},     {"rows", o.rows},
-          {"from_earliest_keyframe", o.fromEarliestKeyframe}};
+          {"from_earliest_keyframe", o.fromEarliestKeyframe}, {"allow_changed_sources", o.allowChangedSources}};
 }
 
 ReplayOptions replayOptionsFromJson(const json& j) {
@@ -285,6 +289,7 @@ ReplayOptions replayOptionsFromJson(const json& j) {
   o.settings = stringMap(j, "settings");
   o.rows = integers(at(j, "rows"), "rows");
   o.fromEarliestKeyframe = flag(j, "from_earliest_keyframe");
+  o.allowChangedSources = j.is_object() && j.value("allow_changed_sources", false);  // absent before it existed
   return o;
 }
 

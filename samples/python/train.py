@@ -10,7 +10,7 @@ The faults are the classic ways a training dies, each at one step and batch row:
   nan-sample   the sample's image has a patch of NaN pixels (a corrupt file)
   bad-label    the sample's label is out of range (a labelling bug): cross_entropy raises
   mask-eps0    the sample's valid-pixel mask is empty and the loss divides by its sum with no eps
-  lr-blowup    the schedule multiplies the learning rate by 1e4 from that step on
+  lr-blowup    the schedule runs away: the learning rate grows 1e8-fold each step from that step on
 
     /usr/bin/python3 samples/python/train.py --record runs --steps 40 --fault nan-sample --fault-step 19 --fault-row 3
     crashcap replay runs/crash-*.ccap
@@ -150,7 +150,8 @@ def main(argv=None):
 
     def schedule(s):
         scale = (s + 1) / warmup if s < warmup else 0.5 * (1 + math.cos(math.pi * min(1.0, (s - warmup) / max(1, a.steps))))
-        return scale * (1e4 if a.fault == "lr-blowup" and s >= a.fault_step else 1.0)
+        # lr-blowup: a runaway schedule, the rate multiplied by 1e8 more each step from fault_step on.
+        return scale * (1e8 ** (s - a.fault_step + 1) if a.fault == "lr-blowup" and s >= a.fault_step else 1.0)
 
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
     dataset = Shapes(a.dataset, a.classes, a.fault)

@@ -29,6 +29,11 @@ class ProgramKilled : public std::runtime_error {
 /// is missing when it cannot be replayed from the command line at all.
 std::string replayRoute(const std::string& bundle);
 
+/// From now on, every replay this process runs in a recorded program lets it run source files
+/// that differ from the recorded ones (ReplayOptions::allowChangedSources): the CLI's
+/// --allow-changed-source, which applies to every experiment of a bisection or triage.
+void allowChangedSources(bool allow);
+
 /// Replays `bundle` by its route. Throws crashcap::Error as replayer::replay does (an error the
 /// program hands back keeps its code and hint), Error{Unsupported} when the program cannot be
 /// started or ends without an answer (its exit status and the last lines of its output say why),

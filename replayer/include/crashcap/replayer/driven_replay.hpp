@@ -49,6 +49,11 @@ class DrivenReplay {
   std::vector<int64_t> steps() const;
   const formats::KeyframeData& keyframeRecord() const;
   const formats::StepProgramData& program() const;
+  /// A fact of the recording's environment record ("" when absent).
+  std::string environmentFact(const std::string& key) const;
+  /// Something that differs from the recording (changed sources, another torch): said in the
+  /// result's notes, and the setup is no longer the recorded one (bits are not compared).
+  void note(const std::string& text);
   /// A tensor of the bundle as recorded, on the CPU.
   at::Tensor readTensor(const std::string& name) const;
 

@@ -49,6 +49,9 @@ struct ReplayOptions {
   /// Start from the earliest keyframe in the bundle instead of the newest before the step
   /// (step bisection: the whole retained history).
   bool fromEarliestKeyframe = false;
+  /// A program that replays itself (a Python training) may run even when its source files differ
+  /// from the ones the recording hashed; without it, it refuses and names them.
+  bool allowChangedSources = false;
 };
 
 /// Summary statistics of one op input or output.
@@ -126,6 +129,9 @@ struct ReplayResult {
   std::vector<int64_t> rows;     ///< the batch rows the target step kept (ReplayOptions::rows); empty: all
   /// Steps from the keyframe to the target that the recording lost (Verdict::RecordingIncomplete).
   std::vector<int64_t> lostSteps;
+  /// What differs from the recording beyond device, dtype and settings, in words: another torch
+  /// version, changed source files. Each makes the setup not the recorded one.
+  std::vector<std::string> notes;
 };
 
 /// Replays `bundle`. Throws crashcap::Error (NotFound: no such step or keyframe; Unsupported:

@@ -1,0 +1,50 @@
+"""Shared helpers of the Python tests. ctest runs them with PYTHONPATH=build/python,
+CRASHCAP_BIN=build/bin and CRASHCAP_SOURCE=the source tree (tests/CMakeLists.txt)."""
+
+import glob
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BIN = os.environ.get("CRASHCAP_BIN", "")
+SOURCE = os.environ.get("CRASHCAP_SOURCE", os.path.dirname(os.path.dirname(os.path.dirname(__file__))))
+PYTHON = sys.executable
+SAMPLE = os.path.join(SOURCE, "samples", "python", "train.py")
+TRAININGS = os.path.join(os.path.dirname(__file__), "trainings")
+
+
+def crashcap(*args, cwd=None, check=False, timeout=900):
+    """Runs the crashcap CLI; returns the CompletedProcess (text)."""
+    if not BIN:
+        pytest.skip("CRASHCAP_BIN is not set (ctest sets it)")
+    r = subprocess.run([os.path.join(BIN, "crashcap"), *map(str, args)], cwd=cwd, capture_output=True, text=True,
+                       timeout=timeout)
+    if check and r.returncode != 0:
+        raise AssertionError(f"crashcap {' '.join(map(str, args))} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
+    return r
+
+
+def crashcap_json(*args, cwd=None):
+    r = crashcap(*args[:2], "--json", *args[2:], cwd=cwd)
+    try:
+        return json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise AssertionError(f"crashcap {' '.join(map(str, args))} --json printed no JSON (exit {r.returncode}):\n"
+                             f"{r.stdout}\n{r.stderr}")
+
+
+def run_python(script, *args, cwd, env=None, timeout=600):
+    """Runs a Python training as a user would: the crashcap package on PYTHONPATH."""
+    e = dict(os.environ)
+    e.update(env or {})
+    return subprocess.run([PYTHON, script, *map(str, args)], cwd=cwd, capture_output=True, text=True, env=e,
+                          timeout=timeout)
+
+
+def only_bundle(directory):
+    bundles = glob.glob(os.path.join(str(directory), "crash-*.ccap"))
+    assert len(bundles) == 1, f"expected one crash bundle in {directory}, found {bundles}"
+    return bundles[0]

@@ -1,0 +1,127 @@
+"""The pieces of a Python training's state the recorder keeps, kept and given back exactly."""
+
+import random
+
+import numpy
+import pytest
+import torch
+
+from crashcap import _batch, _state
+
+
+def test_a_nested_batch_is_flattened_to_named_tensors_and_rebuilt_with_its_shape():
+    x, y, ids = torch.randn(4, 3), torch.arange(4), torch.tensor([7, 8, 9, 10])
+    batch = {"inputs": (x, {"ids": ids, "names": ["a", "b"]}), "label": y, 3: [y, None, 1.5]}
+    tensors, structure = _batch.flatten(batch)
+    names = [n for n, _ in tensors]
+    assert names == ["inputs/0", "inputs/1/ids", "label", "3/0"]
+    back = _batch.rebuild(structure, dict(tensors))
+    assert isinstance(back["inputs"], tuple) and back["inputs"][1]["names"] == ["a", "b"]
+    assert back["inputs"][0] is x and back[3][1] is None and back[3][2] == 1.5
+    assert list(back) == ["inputs", "label", 3]
+
+
+def test_a_flat_dict_batch_needs_no_structure_and_a_bare_tensor_is_named_batch():
+    tensors, structure = _batch.flatten({"image": torch.zeros(2), "label": torch.ones(2)})
+    assert structure == "" and [n for n, _ in tensors] == ["image", "label"]
+    tensors, structure = _batch.flatten(torch.zeros(2))
+    assert [n for n, _ in tensors] == ["batch"] and torch.equal(_batch.rebuild(structure, dict(tensors)), torch.zeros(2))
+
+
+def test_keys_that_would_collide_or_break_a_name_get_names_of_their_own():
+    tensors, structure = _batch.flatten({"a/b": torch.zeros(1), "a_b": torch.ones(1)})
+    assert [n for n, _ in tensors] == ["a_b", "a_b~1"]
+    back = _batch.rebuild(structure, dict(tensors))
+    assert torch.equal(back["a/b"], torch.zeros(1)) and torch.equal(back["a_b"], torch.ones(1))
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.BatchNorm1d(8), torch.nn.Linear(8, 2))
+
+
+def _train(model, opt, steps):
+    for _ in range(steps):
+        loss = model(torch.randn(6, 4)).pow(2).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+
+
+class Lion(torch.optim.Optimizer):
+    """A custom optimizer (not in torch.optim) with tensor and plain state."""
+
+    def __init__(self, params, lr=1e-3):
+        super().__init__(params, {"lr": lr, "betas": (0.9, 0.99)})
+
+    @torch.no_grad()
+    def step(self):
+        for g in self.param_groups:
+            for p in g["params"]:
+                s = self.state[p]
+                s.setdefault("m", torch.zeros_like(p))
+                s["count"] = s.get("count", 0) + 1
+                s["m"].mul_(g["betas"][0]).add_(p.grad, alpha=1 - g["betas"][0])
+                p.add_(s["m"].sign(), alpha=-g["lr"])
+
+
+@pytest.mark.parametrize("make", [
+    lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9, nesterov=True),
+    lambda ps: torch.optim.Adam(ps, lr=1e-2, amsgrad=True),
+    lambda ps: torch.optim.AdamW(ps, lr=1e-2),
+    lambda ps: torch.optim.RMSprop(ps, lr=1e-2, centered=True, momentum=0.5),
+    lambda ps: torch.optim.Adagrad(ps, lr=1e-2),
+    lambda ps: Lion(ps),
+], ids=["sgd", "adam-amsgrad", "adamw", "rmsprop", "adagrad", "custom"])
+def test_any_optimizers_state_round_trips_and_the_next_steps_match_bit_for_bit(make):
+    a = _model()
+    opt_a = make(a.parameters())
+    _train(a, opt_a, 3)
+    names = _state.parameter_names(a, opt_a)
+    tensors, doc = _state.optimizer_keyframe(opt_a, names)
+    stored = {n: t.clone() for n, t in tensors}
+    b = _model()
+    b.load_state_dict(a.state_dict())
+    opt_b = make(b.parameters())
+    _state.restore_optimizer(opt_b, doc, lambda n: stored[n])
+    torch.manual_seed(5)
+    _train(a, opt_a, 2)
+    torch.manual_seed(5)
+    _train(b, opt_b, 2)
+    for (n, pa), (_, pb) in zip(a.named_parameters(), b.named_parameters()):
+        assert torch.equal(pa, pb), n
+
+
+def test_an_optimizer_over_parameters_the_model_lacks_is_refused_with_the_parameter_named():
+    model, other = _model(), torch.nn.Linear(3, 3)
+    opt = torch.optim.SGD(list(model.parameters()) + list(other.parameters()), lr=0.1)
+    with pytest.raises(ValueError, match=r"parameter 6 of group 0 \(shape \[3, 3\]\) is not a parameter of the model"):
+        _state.parameter_names(model, opt)
+
+
+def test_python_and_numpy_generators_are_kept_and_restored_exactly():
+    random.seed(3)
+    numpy.random.seed(4)
+    random.gauss(0, 1)  # leaves a cached gaussian in random's state
+    numpy.random.standard_normal()
+    states = dict(_state.python_generators())
+    want = (random.random(), random.gauss(0, 1), numpy.random.rand(), numpy.random.standard_normal())
+    random.seed(99)
+    numpy.random.seed(99)
+    _state.restore_python_generator(states["python"])
+    _state.restore_numpy_generator(states["numpy"])
+    assert (random.random(), random.gauss(0, 1), numpy.random.rand(), numpy.random.standard_normal()) == want
+
+
+def test_a_schedulers_state_is_a_json_document_and_comes_back():
+    opt = torch.optim.SGD(_model().parameters(), lr=0.1)
+    sched = torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1.0, total_steps=50)
+    for _ in range(7):
+        opt.step()
+        sched.step()
+    doc = _state.state_document(sched)
+    assert doc is not None
+    opt2 = torch.optim.SGD(_model().parameters(), lr=0.1)
+    sched2 = torch.optim.lr_scheduler.OneCycleLR(opt2, max_lr=1.0, total_steps=50)
+    _state.restore_document(sched2, doc)
+    assert sched2.last_epoch == sched.last_epoch and sched2.get_last_lr() == sched.get_last_lr()

@@ -14,6 +14,14 @@ from . import _batch, _native, _state
 
 NonFiniteError = _native.NonFiniteError
 Error = _native.Error
+NonFiniteError.__module__ = Error.__module__ = "crashcap"  # as the user imports them
+
+
+def _stack_here():
+    """The Python stack of the training thread, innermost first, without crashcap's own frames."""
+    frames = [f for f in traceback.extract_stack() if os.path.dirname(f.filename) != os.path.dirname(__file__)]
+    return [f'File "{f.filename}", line {f.lineno}, in {f.name}' + (f": {f.line}" if f.line else "")
+            for f in reversed(frames)][:128]
 
 _active = None  # the Recorder whose crashes sys.excepthook records (one per process)
 
@@ -102,7 +110,7 @@ class Recorder:
         self._native.set_model(list(model.named_parameters()), list(model.named_buffers()))
         kind, groups = _state.optimizer_spec(optimizer, self._names)
         self._native.set_foreign(_state.program_sources(), kind, groups, self._learning_rates,
-                                 _state.python_generators, self._keyframe, _state.program_facts())
+                                 _state.python_generators, self._keyframe, _state.program_facts(), _stack_here)
         if _active is None or _active() is None:
             _active = weakref.ref(self)
             sys.excepthook = _excepthook
@@ -115,7 +123,7 @@ class Recorder:
 
     def _keyframe(self, step):
         tensors, optimizer_doc = _state.optimizer_keyframe(self.optimizer, self._names)
-        documents = [("optimizer", optimizer_doc)]
+        documents = [("optimizer", optimizer_doc), ("modules", _state.module_modes(self.model))]
         for name, obj in (("scheduler", self.scheduler), ("grad_scaler", self.grad_scaler)):
             if obj is not None:
                 doc = _state.state_document(obj)

@@ -64,7 +64,6 @@ class Driver:
             if request.get("compare"):
                 raise _native.Error("ops bisection (a float64 reference) of a Python recording is not built yet")
             model = recorder.model
-            model.train()
             self.session = _native.DrivenReplay(request["text"], list(model.named_parameters()),
                                                 list(model.named_buffers()))
             self._check_sources()
@@ -123,6 +122,8 @@ class Driver:
         for name, obj in (("scheduler", self.rec.scheduler), ("grad_scaler", self.rec.grad_scaler)):
             if obj is not None and name in docs:
                 _state.restore_document(obj, s.read_text(docs[name]).decode())
+        if "modules" in docs:
+            _state.restore_module_modes(self.rec.model, s.read_text(docs["modules"]).decode())
 
     def _begin(self, step):
         batch, structure, lrs, generators = self.session.begin_step(step)

@@ -149,6 +149,17 @@ def restore_document(obj, document):
     obj.load_state_dict(_decode(json.loads(document), lambda name: None))
 
 
+def module_modes(model):
+    """JSON: the names of the modules in eval mode (a frozen batch norm in a training model)."""
+    return dumps({"eval": [name for name, m in model.named_modules() if not m.training]})
+
+
+def restore_module_modes(model, document):
+    evaluating = set(json.loads(document).get("eval", []))
+    for name, m in model.named_modules():
+        m.training = name not in evaluating
+
+
 # ---- Python's generators ---------------------------------------------------------------------
 
 

@@ -79,6 +79,7 @@ py::dict statsOf(const rec::RecorderStats& s) {
   d["lost_step_count"] = s.lostStepCount;
   d["keyframes_skipped"] = s.keyframesSkipped;
   d["written_through"] = s.writtenThrough;
+  d["buffer_pool_bytes"] = s.bufferPoolBytes;
   d["degraded"] = s.degraded;
   d["recording"] = s.recording;
   d["warnings"] = s.warnings;
@@ -111,8 +112,10 @@ void bindRecorder(py::module_& m) {
       })
       .def("set_foreign",
            [](rec::Recorder& r, py::list sources, std::string kind, py::list groups, py::object learningRates,
-              py::object generators, py::object keyframe, std::vector<std::pair<std::string, std::string>> facts) {
+              py::object generators, py::object keyframe, std::vector<std::pair<std::string, std::string>> facts,
+              py::object stack) {
              rec::ForeignTraining t;
+             t.stack = fromPython<std::vector<std::string>>(stack);
              t.facts = std::move(facts);
              for (const auto& item : sources) {
                auto s = item.cast<py::tuple>();  // (path, sha256, size, contents: bytes | None)

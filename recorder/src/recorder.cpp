@@ -39,6 +39,7 @@
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/replayer/program_replay.hpp"
 #include "crashcap/recorder/environment.hpp"
+#include "host_pool.hpp"
 #include "live_writer.hpp"
 #include "crashcap/cupti/trace_file.hpp"
 #include "crashcap/cupti/tracer.hpp"
@@ -76,6 +77,8 @@ struct Recorder::Impl {
   std::string outputDir;
   Policy policy;
   std::unique_ptr<detail::LiveWriter> writer;
+  /// Reused host buffers for the copies the writer owns (both lanes' worth stay mapped).
+  std::shared_ptr<detail::HostPool> pool;
   std::string notRecordingReason;
 
   std::vector<std::pair<std::string, at::Tensor>> parameters, buffers;
@@ -198,6 +201,17 @@ struct Recorder::Impl {
     job.dtype = *dtype;
     job.shape.assign(src.sizes().begin(), src.sizes().end());
     at::Tensor host;
+    const uint64_t bytes = static_cast<uint64_t>(src.numel()) * src.element_size();
+    if (src.device().is_cpu() && pool && bytes > 0) {
+      if (auto buffer = pool->acquire(bytes)) {
+        host = at::from_blob(buffer.get(), src.sizes(), src.options().device(at::kCPU));
+        host.copy_(src);
+        job.data = buffer.get();
+        job.size = bytes;
+        job.owner = std::move(buffer);
+        return job;
+      }
+    }
     if (src.device().is_cpu()) {
       host = src.clone(at::MemoryFormat::Contiguous);
     } else {
@@ -454,6 +468,7 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
   wo.syncEveryBytes = policy.syncEveryBytes;
   wo.crashDrainSeconds = policy.crashDrainSeconds;
   wo.quiet = policy.quiet;
+  impl_->pool = detail::HostPool::create(2 * policy.queueBytes);
   try {
     impl_->writer = std::make_unique<detail::LiveWriter>(wo);
   } catch (const std::exception& e) {
@@ -764,6 +779,7 @@ RecorderStats Recorder::stats() const {
   s.recording = true;
   s.stepsBegun = m.writer->stepsBegun.load();
   s.writtenThrough = m.writer->writtenThrough();
+  if (m.pool) s.bufferPoolBytes = m.pool->idleBytes() + m.pool->liveBytes();
   auto w = m.writer->stats();
   s.droppedRecords = w.droppedRecords;
   s.droppedBytes = w.droppedBytes;
@@ -833,6 +849,11 @@ void StepGuard::end(const at::Tensor& loss) {
       crash.error = what;
       crash.errorType = "crashcap::recorder::NonFiniteError";
       crash.stack = detail::currentStack(1);
+      if (m.foreign && m.foreign->stack) {
+        crash.errorType = "NonFiniteError";
+        auto frames = m.foreignCall("stack", [&] { return m.foreign->stack(); });
+        if (!frames.empty()) crash.stack = std::move(frames);
+      }
       m.sealCrash(std::move(crash));
     }
     throw NonFiniteError(step_, what);

@@ -70,3 +70,34 @@ def test_ops_the_autograd_engine_runs_around_a_node_are_recorded_as_backward(tmp
     late_forward = [o["name"] for o in ops[first_backward:] if o["phase"] != "backward"]
     assert late_forward == [], f"ops after backward began but labelled forward: {late_forward}"
     assert any(o["name"] == "aten::add" or o["name"] == "aten::add_" for o in ops[first_backward:])
+
+
+def test_a_module_switched_to_eval_mid_run_replays_in_the_mode_it_had(tmp_path):
+    # Batch norm frozen at step 5; replay starts at keyframe 8, so the loop never sees step 5:
+    # only the recorded train/eval flags put the layer back in eval mode.
+    script = tmp_path / "freeze.py"
+    script.write_text(textwrap.dedent("""
+        import torch, crashcap
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.BatchNorm1d(8), torch.nn.ReLU(),
+                                    torch.nn.Dropout(0.2), torch.nn.Linear(8, 1))
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, keyframe_every=4, quiet=True)
+        model.train()
+        g = torch.Generator().manual_seed(1)
+        batches = [torch.randn(16, 6, generator=g) for _ in range(12)]
+        for step, x in rec.steps(batches):
+            if step == 5:
+                model[1].eval()
+            if step == 10:
+                x[2, 0] = float("nan")
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+    """))
+    r = run_python(str(script), cwd=tmp_path)
+    assert r.returncode != 0
+    replay = crashcap_json("replay", only_bundle(tmp_path / "runs"))
+    assert replay["keyframe"] == 8 and replay["verdict"] == "reproduced-bitwise", replay

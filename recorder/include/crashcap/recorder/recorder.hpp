@@ -125,6 +125,9 @@ struct ForeignTraining {
   std::function<std::vector<double>()> learningRates;   ///< per group, at every step
   std::function<NamedTensors()> generators;       ///< per step, beyond LibTorch's: "python", "numpy"
   std::function<ForeignKeyframe(int64_t step)> keyframe;
+  /// The program's own stack, innermost frame first, for a crash the recorder itself detects
+  /// (a non-finite loss): the Python frames, where the native ones say little.
+  std::function<std::vector<std::string>()> stack;
   /// Facts for the environment record: "python.executable", "python.version", "python.torch_version".
   std::vector<std::pair<std::string, std::string>> facts;
 };
@@ -162,6 +165,9 @@ struct RecorderStats {
   /// the next step; the steps themselves are kept).
   uint64_t keyframesSkipped = 0;
   int64_t writtenThrough = -1;          ///< newest step whose batch reached the OS
+  /// Host memory the recorder's copies hold: reused buffers, in the writer's queue or idle
+  /// (at most 2 x queueBytes idle).
+  uint64_t bufferPoolBytes = 0;
   bool degraded = false;                ///< a write failed; see warnings
   bool recording = false;               ///< false when the directory could not be used at all
   std::vector<std::string> warnings;

@@ -1,0 +1,101 @@
+"""Every way a Python training can die leaves a sealed bundle that says how, and the program's
+own reporting (the traceback, faulthandler) still happens."""
+
+import os
+import signal
+import subprocess
+import textwrap
+import time
+
+import pytest
+
+from conftest import PYTHON, crashcap, crashcap_json, only_bundle
+
+PROLOGUE = """
+import faulthandler, sys, torch, crashcap
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+"""
+LOOP = """
+def batches():
+    while True:
+        yield torch.randn(5, 4)
+for step, x in rec.steps(batches()):
+    loss = model(x).pow(2).mean()
+    if step == 3:
+        FAIL
+    loss.backward()
+    rec.end(loss)
+    opt.step()
+    opt.zero_grad()
+    if step == STOP:
+        break
+"""
+
+
+def run(tmp_path, fail, before="", after="", wait=True, stop=200):
+    code = textwrap.dedent(PROLOGUE) + before + '\nrec = crashcap.Recorder("runs", model=model, optimizer=opt, quiet=True)\n' \
+        + after + textwrap.dedent(LOOP).replace("FAIL", fail).replace("STOP", str(stop))
+    script = tmp_path / "train.py"
+    script.write_text(code)
+    if not wait:
+        return subprocess.Popen([PYTHON, str(script)], cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    return subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+
+
+@pytest.mark.parametrize("order", ["faulthandler first", "faulthandler after"])
+def test_a_segfault_in_native_code_is_sealed_and_faulthandler_still_reports_it(tmp_path, order):
+    enable = "faulthandler.enable()\n"
+    r = run(tmp_path, "import ctypes; ctypes.string_at(0)", before=enable if order == "faulthandler first" else "",
+            after=enable if order == "faulthandler after" else "")
+    assert r.returncode == -signal.SIGSEGV
+    assert "Fatal Python error: Segmentation fault" in r.stderr
+    crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
+    assert crash["kind"] == "signal" and crash["signal_name"] == "SIGSEGV" and crash["step"] == 3
+
+
+def test_an_uncaught_exception_is_sealed_with_its_python_traceback_and_still_printed(tmp_path):
+    r = run(tmp_path, 'raise ValueError("the batch had no labels")')
+    assert r.returncode == 1
+    assert "ValueError: the batch had no labels" in r.stderr and "Traceback" in r.stderr
+    crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
+    assert crash["kind"] == "exception" and crash["step"] == 3 and crash["phase"] == "forward"
+    assert crash["error"] == "ValueError: the batch had no labels" and crash["error_type"] == "ValueError"
+    assert "train.py" in crash["stack"][0] and "raise ValueError" in crash["stack"][0]
+
+
+def test_a_handled_exception_given_to_fail_is_sealed_and_training_goes_on(tmp_path):
+    r = run(tmp_path, textwrap.dedent("""\
+        try:
+                    raise KeyError("shard 7")
+                except KeyError as e:
+                    print("bundle:", rec.fail(e))"""))
+    assert r.returncode == 0, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    assert f"bundle: {os.path.abspath(bundle)}" in r.stdout or "bundle: runs/" in r.stdout
+    crash = crashcap_json("inspect", bundle)["crash"]
+    assert crash["error"] == "KeyError: 'shard 7'" and crash["step"] == 3
+
+
+def test_a_non_finite_loss_is_sealed_with_the_python_stack(tmp_path):
+    r = run(tmp_path, 'loss = loss * float("inf") * 0')
+    assert r.returncode == 1 and "crashcap.NonFiniteError" in r.stderr
+    crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
+    assert crash["kind"] == "nonfinite" and crash["step"] == 3
+    assert any("train.py" in f and "rec.end(loss)" in f for f in crash["stack"]), crash["stack"]
+
+
+def test_after_sigkill_crashcap_seal_keeps_what_reached_the_disk(tmp_path):
+    p = run(tmp_path, "pass", wait=False, stop=10**9)
+    runs = tmp_path / "runs"
+    deadline = time.time() + 120
+    while time.time() < deadline and not any(runs.glob("recording-*/*")):
+        time.sleep(0.2)
+    time.sleep(1.0)
+    p.kill()
+    p.wait()
+    r = crashcap("seal", runs)
+    assert r.returncode == 0, r.stderr
+    story = crashcap_json("inspect", only_bundle(runs))
+    assert story["steps"]["last"] >= 0 and story["program"]["format"] == "python"

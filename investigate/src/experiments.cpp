@@ -6,6 +6,7 @@
 #include <cstdio>
 
 #include "crashcap/formats/error.hpp"
+#include "crashcap/investigate/replays.hpp"
 #include "crashcap/supervisor/child_process.hpp"
 
 namespace crashcap::investigate {
@@ -29,6 +30,7 @@ Experiment ExperimentRunner::run(const std::string& name, const std::vector<std:
   e.name = name;
   std::vector<std::string> argv = args;
   if (options_.allowDamaged) argv.push_back("--allow-damaged");
+  if (options_.allowChangedSources || changedSourcesAllowed()) argv.push_back("--allow-changed-source");
   e.command = "crashcap";
   for (const auto& a : argv) e.command += " " + a;
   if (options_.progress) {

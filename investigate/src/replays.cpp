@@ -194,6 +194,7 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
 }  // namespace
 
 void allowChangedSources(bool allow) { gAllowChangedSources = allow; }
+bool changedSourcesAllowed() { return gAllowChangedSources; }
 
 std::string replayRoute(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);

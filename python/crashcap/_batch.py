@@ -58,7 +58,10 @@ def flatten(batch):
         if isinstance(value, tuple):
             return {"tuple": [walk(sub, path + [str(i)]) for i, sub in enumerate(value)]}
         if isinstance(value, list):
-            # A long list of plain values (file names) is one value, not a node per element.
+            # A list of plain values (file names, ids) is one value, not a node per element.
+            if all(v is None or isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))
+                   for v in value):
+                return {"value": value}
             return {"list": [walk(sub, path + [str(i)]) for i, sub in enumerate(value)]}
         if value is None or isinstance(value, (str, bool, int)):
             return {"value": value}

@@ -52,7 +52,7 @@ def _excepthook(kind, value, tb):
     _previous_excepthook(kind, value, tb)
 
 
-_previous_excepthook = sys.excepthook
+_previous_excepthook = sys.__excepthook__  # the hook crashcap's replaced, set when it is installed
 
 
 class Recorder:
@@ -83,7 +83,7 @@ class Recorder:
     """
 
     def __init__(self, directory=None, model=None, optimizer=None, *, scheduler=None, grad_scaler=None, **policy):
-        global _active
+        global _active, _previous_excepthook
         if not isinstance(model, torch.nn.Module):
             raise TypeError("crashcap.Recorder needs model=<the torch.nn.Module being trained>")
         if optimizer is None or not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "state_dict"):
@@ -98,7 +98,6 @@ class Recorder:
         self._step = None            # the native step in flight
         self._step_index = None
         self._next_step = 0
-        self._failed = set()         # ids of exceptions already recorded
         self._closed = False
         from . import _replay
         request = _replay.take_request()
@@ -113,7 +112,9 @@ class Recorder:
                                  _state.python_generators, self._keyframe, _state.program_facts(), _stack_here)
         if _active is None or _active() is None:
             _active = weakref.ref(self)
-            sys.excepthook = _excepthook
+            if sys.excepthook is not _excepthook:
+                _previous_excepthook = sys.excepthook
+                sys.excepthook = _excepthook
         atexit.register(self.close)
 
     # ---- callbacks of the native recorder ----------------------------------------------------
@@ -206,11 +207,17 @@ class Recorder:
             raise ValueError("rec.fail() outside an except block needs the exception")
         if self._replay is not None:
             return self._replay.fail(exc)
-        if id(exc) in self._failed or self._native is None:
-            return self._native.crash_bundle() if self._native else ""
-        self._failed.add(id(exc))
+        if self._native is None:
+            return ""
+        if getattr(exc, "_crashcap_bundle", None) is not None:  # already recorded (rec.fail, then the hook)
+            return exc._crashcap_bundle
         kind, type_name, text, stack = _describe(exc)
-        return self._native.fail(kind, type_name, text, stack)
+        bundle = self._native.fail(kind, type_name, text, stack)
+        try:
+            exc._crashcap_bundle = bundle
+        except AttributeError:  # an exception type with __slots__: it may be recorded twice
+            pass
+        return bundle
 
     def close(self):
         """Drains and closes the recording (kept for ``crashcap seal``). Idempotent; runs at exit."""
@@ -223,7 +230,8 @@ class Recorder:
             self._native.close()
         if _active is not None and _active() is self:
             _active = None
-            sys.excepthook = _previous_excepthook
+            if sys.excepthook is _excepthook:  # a hook installed after crashcap's stays
+                sys.excepthook = _previous_excepthook
 
     def __enter__(self):
         return self

@@ -29,7 +29,7 @@ _replaying = False
 def replaying():
     """True in a process that ``crashcap replay`` started to replay a recording: skip side effects
     there (logging services, checkpoint writes)."""
-    return _replaying
+    return _replaying or _native.REPLAY_REQUEST_VARIABLE in os.environ
 
 
 def take_request():
@@ -41,6 +41,13 @@ def take_request():
         return None
     _replaying = True
     return {"text": text, **json.loads(text)}
+
+
+def _error(code, message, hint=""):
+    """A crashcap error with its code (formats' errorCodeName) and hint, for the outcome."""
+    err = _native.Error(message)
+    err.code, err.hint = code, hint
+    return err
 
 
 def _end(code):
@@ -58,11 +65,13 @@ class Driver:
         self.session = None
         self.current = None        # the step in flight
         self.restored = False
+        self._pending = None       # steps rec.steps() has still to yield
         self._previous_hook = sys.excepthook
         sys.excepthook = self._excepthook
         try:
             if request.get("compare"):
-                raise _native.Error("ops bisection (a float64 reference) of a Python recording is not built yet")
+                raise _error("unsupported", "ops bisection (a float64 reference) of a Python recording is not built yet",
+                             "crashcap replay B shows the first op whose output goes non-finite")
             model = recorder.model
             self.session = _native.DrivenReplay(request["text"], list(model.named_parameters()),
                                                 list(model.named_buffers()))
@@ -93,11 +102,9 @@ class Driver:
             if hashlib.sha256(data).hexdigest() != sha256:
                 changed.append(f"{path} (changed since the recording)")
         if changed and not self.request.get("options", {}).get("allow_changed_sources", False):
-            err = _native.Error("the program's source files differ from the recording's: " + "; ".join(changed))
-            err.code = "invalid-argument"
-            err.hint = ("replay with the sources the recording ran (the bundle keeps them as program/sources/<path>; "
-                        "`crashcap inspect B --json` lists them), or pass --allow-changed-source to replay the changed code")
-            raise err
+            raise _error("invalid-argument", "the program's source files differ from the recording's: " + "; ".join(changed),
+                         ("replay with the sources the recording ran (the bundle keeps them as program/sources/<path>; "
+                          "`crashcap inspect B --json` lists them), or pass --allow-changed-source to replay the changed code"))
         for c in changed:
             self.session.note(f"source file {c}: replayed with --allow-changed-source")
         import torch
@@ -115,6 +122,9 @@ class Driver:
         s = self.session
         s.restore_model()
         docs = {name.rsplit("/", 1)[-1]: name for name in s.keyframe_documents()}
+        if "optimizer" not in docs:
+            raise _error("not-found", f"keyframe {s.keyframe} holds no optimizer state (the recorder could not read "
+                         f"it; its warning is in `crashcap inspect`): replay would start from a fresh optimizer")
         if "optimizer" in docs:
             prefix = f"keyframes/{s.keyframe}/optimizer/"
             _state.restore_optimizer(self.rec.optimizer, s.read_text(docs["optimizer"]).decode(),
@@ -139,14 +149,21 @@ class Driver:
         return batch, structure
 
     def steps(self):
+        """The recorded steps, keyframe to target. A program that leaves its loop and calls
+        rec.steps() again (once per epoch) goes on where it left off."""
         try:
             self._restore()
-            steps = self.session.steps()
+            if self._pending is None:
+                self._pending = list(self.session.steps())
         except Exception as e:
             self._refuse(e)
-        for step in steps:
+        while self._pending:
+            step = self._pending.pop(0)
             try:
                 batch, structure = self._begin(step)
+                if structure and json.loads(structure).keys() == {"opaque"}:
+                    raise _error("unsupported", f"the batch of step {step} was recorded without its structure "
+                                 f"({json.loads(structure)['opaque']}), so replay cannot rebuild it")
                 batch = _batch.rebuild(structure, dict(batch))
             except Exception as e:
                 self._refuse(e)
@@ -163,8 +180,8 @@ class Driver:
             return
         try:
             if step not in self.session.steps():
-                raise _native.Error(f"step {step} is not among the recorded steps this replay runs "
-                                    f"({self.session.keyframe}..{self.session.target})")
+                raise _error("invalid-argument", f"step {step} is not among the recorded steps this replay runs "
+                             f"({self.session.keyframe}..{self.session.target})")
             self._restore()
             recorded, _ = self._begin(step)
             recorded = dict(recorded)
@@ -173,8 +190,8 @@ class Driver:
                 for name, t in tensors:
                     src = recorded.get(name)
                     if src is None or src.shape != t.shape or src.dtype != t.dtype:
-                        raise _native.Error(
-                            f"the program's batch tensor '{name}' of step {step} is {list(t.shape)} {t.dtype}, the "
+                        raise _error(
+                            "unsupported", f"the program's batch tensor '{name}' of step {step} is {list(t.shape)} {t.dtype}, the "
                             f"recording's " + (f"{list(src.shape)} {src.dtype}" if src is not None else "has none") +
                             ": a `with rec.step()` loop replays only whole, unchanged batches (replay a subset of "
                             "rows with a loop over rec.steps(loader))")
@@ -186,6 +203,8 @@ class Driver:
         except Exception as e:
             self.fail(e)
             raise
+        if step == self.session.target:
+            self._finish()  # the block ended without rec.end(loss): no fingerprint to compare
 
     def end(self, loss):
         if self.current is None:

@@ -37,6 +37,10 @@ def _encode(value, name, tensors):
         return {"$tuple": [_encode(v, f"{name}/{i}", tensors) for i, v in enumerate(value)]}
     if isinstance(value, list):
         return [_encode(v, f"{name}/{i}", tensors) for i, v in enumerate(value)]
+    if type(value).__module__ == "numpy":
+        # numpy scalars and arrays in a custom optimizer's state: as the Python values they hold.
+        if hasattr(value, "tolist"):
+            return _encode(value.tolist(), name, tensors)
     if isinstance(value, dict):
         if all(isinstance(k, str) for k in value):
             return {k: _encode(v, f"{name}/{k}", tensors) for k, v in value.items()}
@@ -199,7 +203,9 @@ def restore_numpy_generator(state):
 
 def program_facts():
     """Facts for the environment record that only Python knows."""
-    facts = [("python.executable", os.path.realpath(sys.executable)),
+    # The path as invoked, not resolved: a virtualenv's bin/python is a link to the base
+    # interpreter, and only through the link does it find the environment's packages.
+    facts = [("python.executable", os.path.abspath(sys.executable)),
              ("python.version", sys.version.split()[0]),
              ("python.torch_version", torch.__version__)]
     # Where the program found its modules: PYTHONPATH, and this package's own directory.

@@ -151,7 +151,8 @@ void bindRecorder(py::module_& m) {
       .def("begin_step",
            [](rec::Recorder& r, int64_t step, rec::Batch batch, std::string structure) {
              return Step(r.beginStep(step, batch, std::move(structure)));
-           })
+           },
+           py::keep_alive<0, 1>())  // a step keeps its Recorder alive
       .def("fail",
            [](rec::Recorder& r, std::string kind, std::string type, std::string error, std::vector<std::string> stack) {
              rec::Failure f;

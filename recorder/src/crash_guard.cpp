@@ -29,6 +29,9 @@ DescribeException gDescribe = nullptr;
 /// Set once a terminal failure (signal or std::terminate) was handed to the writer, so the
 /// SIGABRT that std::terminate raises next does not record a second crash.
 std::atomic<bool> gHandled{false};
+/// The process that installed the guard. A child it forks (a DataLoader worker) inherits the
+/// handlers but not the writer's thread: there the handlers only pass the failure on.
+pid_t gOwnerPid = 0;
 alignas(16) char gAltStack[64 * 1024];
 
 int slotOf(int sig) {
@@ -38,7 +41,7 @@ int slotOf(int sig) {
 }
 
 void onFatalSignal(int sig, siginfo_t* info, void* /*context*/) {
-  if (!gHandled.exchange(true)) {
+  if (::getpid() == gOwnerPid && !gHandled.exchange(true)) {
     if (LiveWriter* w = activeWriter()) {
       void* frames[64];
       int n = backtrace(frames, 64);  // warmed up at install time, so it does not allocate
@@ -56,7 +59,7 @@ void onFatalSignal(int sig, siginfo_t* info, void* /*context*/) {
 }
 
 void onTerminate() {
-  if (!gHandled.exchange(true)) {
+  if (::getpid() == gOwnerPid && !gHandled.exchange(true)) {
     if (LiveWriter* w = activeWriter()) {
       formats::CrashData crash;
       crash.kind = "terminate";
@@ -133,6 +136,7 @@ void installCrashGuard(DescribeException describe) {
   sigemptyset(&sa.sa_mask);
   for (int i = 0; i < kSignalCount; ++i) sigaction(kSignals[i], &sa, &gPrevious[i]);
   gPrevTerminate = std::set_terminate(onTerminate);
+  gOwnerPid = ::getpid();
   gHandled = false;
   gInstalled = true;
 }

@@ -1,6 +1,8 @@
 #include "host_pool.hpp"
 
 #include <cstdlib>
+#include <iterator>
+#include <vector>
 
 namespace crashcap::recorder::detail {
 
@@ -9,21 +11,29 @@ std::shared_ptr<HostPool> HostPool::create(uint64_t idleLimit) {
 }
 
 HostPool::~HostPool() {
-  for (auto& [bytes, p] : idle_) std::free(p);
+  for (auto& i : idle_) std::free(i.p);
 }
 
-std::shared_ptr<void> HostPool::acquire(uint64_t bytes) {
+uint64_t HostPool::sizeClass(uint64_t bytes) {
+  uint64_t power = 1;
+  while (power * 2 <= bytes) power *= 2;
+  const uint64_t step = power / 16 > 64 ? power / 16 : 64;
+  return (bytes + step - 1) / step * step;
+}
+
+std::shared_ptr<void> HostPool::acquire(uint64_t requested) {
+  const uint64_t bytes = sizeClass(requested);
   void* p = nullptr;
   {
     std::lock_guard<std::mutex> lk(mu_);
-    // Exactly this size: a larger buffer would hand the writer stale bytes past the copy's end
-    // only if sizes were mixed up, but it would also keep big buffers busy for small copies.
-    auto it = idle_.find(bytes);
-    if (it != idle_.end()) {
-      p = it->second;
-      idle_.erase(it);
-      idleBytes_ -= bytes;
-    }
+    // The most recently returned buffer of this class: the likeliest to be in cache.
+    for (auto it = idle_.rbegin(); it != idle_.rend(); ++it)
+      if (it->bytes == bytes) {
+        p = it->p;
+        idle_.erase(std::next(it).base());
+        idleBytes_ -= bytes;
+        break;
+      }
     liveBytes_ += bytes;
   }
   if (!p && ::posix_memalign(&p, 64, bytes) != 0) {
@@ -36,15 +46,23 @@ std::shared_ptr<void> HostPool::acquire(uint64_t bytes) {
 }
 
 void HostPool::give(void* p, uint64_t bytes) {
-  std::unique_lock<std::mutex> lk(mu_);
-  liveBytes_ -= bytes;
-  if (idleBytes_ + bytes > idleLimit_) {
-    lk.unlock();
-    std::free(p);
-    return;
+  std::vector<void*> evicted;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    liveBytes_ -= bytes;
+    if (bytes > idleLimit_) {
+      evicted.push_back(p);
+    } else {
+      idle_.push_back({bytes, p});
+      idleBytes_ += bytes;
+      while (idleBytes_ > idleLimit_) {  // the least recently returned go first
+        evicted.push_back(idle_.front().p);
+        idleBytes_ -= idle_.front().bytes;
+        idle_.pop_front();
+      }
+    }
   }
-  idle_.emplace(bytes, p);
-  idleBytes_ += bytes;
+  for (void* q : evicted) std::free(q);
 }
 
 uint64_t HostPool::idleBytes() const {

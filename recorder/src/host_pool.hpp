@@ -4,13 +4,13 @@
 // fault per 4 KiB) and unmapped when the writer frees it (a TLB shootdown on every core): for a
 // batch of a few hundred KiB that costs several times the copy itself, on the training thread.
 // Trainings copy the same sizes every step, so a buffer the writer is done with serves the next
-// copy of its size.
+// copy of its size class (sizes rounded up by at most 1/16, so that a batch padded to a varying
+// length still finds one); idle buffers beyond the limit go, least recently returned first.
 
 #include <cstdint>
-#include <map>
+#include <list>
 #include <memory>
 #include <mutex>
-#include <vector>
 
 namespace crashcap::recorder::detail {
 
@@ -20,7 +20,11 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   static std::shared_ptr<HostPool> create(uint64_t idleLimit);
   ~HostPool();
 
-  /// A buffer of `bytes` (> 0), 64-byte aligned, back in the pool when its last owner lets go.
+  /// The size class of `bytes`: rounded up to a 1/16 step of its power of two (at least 64).
+  static uint64_t sizeClass(uint64_t bytes);
+
+  /// A buffer of at least `bytes` (> 0), 64-byte aligned, back in the pool when its last owner
+  /// lets go.
   /// nullptr when the memory cannot be had.
   std::shared_ptr<void> acquire(uint64_t bytes);
 
@@ -31,9 +35,13 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   explicit HostPool(uint64_t idleLimit) : idleLimit_(idleLimit) {}
   void give(void* p, uint64_t bytes);
 
+  struct Idle {
+    uint64_t bytes;  ///< its size class
+    void* p;
+  };
   uint64_t idleLimit_;
   mutable std::mutex mu_;
-  std::multimap<uint64_t, void*> idle_;
+  std::list<Idle> idle_;  ///< least recently returned first
   uint64_t idleBytes_ = 0, liveBytes_ = 0;
 };
 

@@ -2,10 +2,12 @@
 
 #include <ATen/record_function.h>
 #include <c10/core/ScalarType.h>
+#include <pthread.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <vector>
@@ -150,12 +152,19 @@ bool isEngineScope(const at::RecordFunction& fn) {
 }
 thread_local int tEngineDepth = 0;
 
+/// Set in a child the process forks (a DataLoader worker): the observer's callbacks are inherited
+/// with LibTorch, but the child's ops are not the training's, and cost it nothing here.
+std::atomic<bool> gForkedChild{false};
+void onForkChild() { gForkedChild.store(true, std::memory_order_relaxed); }
+
 void onOpEnd(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (gForkedChild.load(std::memory_order_relaxed)) return;
   if (isEngineScope(fn) && tEngineDepth > 0) --tEngineDepth;
   finish(fn);
 }
 
 std::unique_ptr<at::ObserverContext> onOp(const at::RecordFunction& fn) {
+  if (gForkedChild.load(std::memory_order_relaxed)) return nullptr;
   bool engine = isEngineScope(fn);
   if (engine) {
     ++tEngineDepth;
@@ -170,6 +179,7 @@ std::unique_ptr<at::ObserverContext> onOp(const at::RecordFunction& fn) {
 }
 
 std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction& fn) {
+  if (gForkedChild.load(std::memory_order_relaxed)) return nullptr;
   ++tBackwardDepth;
   if (gPhase) {
     // The first autograd node of a step moves the step from forward to backward.
@@ -181,6 +191,7 @@ std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction& f
 }
 
 void onBackwardEnd(const at::RecordFunction& fn, at::ObserverContext*) {
+  if (gForkedChild.load(std::memory_order_relaxed)) return;
   if (tBackwardDepth > 0) --tBackwardDepth;
   finish(fn);
 }
@@ -212,6 +223,8 @@ bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<in
   if (gRunning || capacity == 0) return false;
   gStep = step;
   gPhase = phase;
+  static bool forkHandler = (pthread_atfork(nullptr, nullptr, &onForkChild), true);
+  (void)forkHandler;
   // A callback still finishing on another thread may hold the previous ring: retire it
   // instead of freeing it (one small ring per restart of the observer).
   static std::vector<std::unique_ptr<Ring>> retired;

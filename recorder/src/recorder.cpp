@@ -77,7 +77,7 @@ struct Recorder::Impl {
   std::string outputDir;
   Policy policy;
   std::unique_ptr<detail::LiveWriter> writer;
-  /// Reused host buffers for the copies the writer owns (both lanes' worth stay mapped).
+  /// Reused host buffers for the copies the writer owns (up to queueBytes of them idle).
   std::shared_ptr<detail::HostPool> pool;
   std::string notRecordingReason;
 
@@ -468,7 +468,7 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
   wo.syncEveryBytes = policy.syncEveryBytes;
   wo.crashDrainSeconds = policy.crashDrainSeconds;
   wo.quiet = policy.quiet;
-  impl_->pool = detail::HostPool::create(2 * policy.queueBytes);
+  impl_->pool = detail::HostPool::create(policy.queueBytes);
   try {
     impl_->writer = std::make_unique<detail::LiveWriter>(wo);
   } catch (const std::exception& e) {

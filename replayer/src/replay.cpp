@@ -549,7 +549,9 @@ struct Run {
     const auto& begin = *begins.at(s);
     r = StepReplay();
     r.step = s;
-    if (auto e = ends.find(s); e != ends.end()) {
+    // A NaN the recorder did not flag as non-finite is a loss it did not read (a device loss is
+    // not synchronised for): unknown, not a fingerprint to match.
+    if (auto e = ends.find(s); e != ends.end() && !(std::isnan(e->second->loss) && !e->second->nonFinite)) {
       r.recorded = true;
       r.recordedLoss = e->second->loss;
       r.recordedGradNorm = e->second->gradNorm;
@@ -641,6 +643,14 @@ struct Run {
     result.replayMs = msSince(t1);
     if (!result.lostSteps.empty()) {
       result.verdict = Verdict::RecordingIncomplete;
+      return result;
+    }
+    // A driven replay stops at the first step that throws: before the target, that is a
+    // departure from the recording (the engine's own loop goes on, and concludes the same).
+    if (!result.steps.empty() && result.steps.back().step < target && !result.steps.back().error.empty()) {
+      result.divergedAt = result.steps.back().step;
+      result.error = result.steps.back().error;
+      result.verdict = Verdict::Diverged;
       return result;
     }
     if (result.steps.empty() || result.steps.back().step != target)

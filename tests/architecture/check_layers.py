@@ -30,7 +30,7 @@ WITHOUT_TORCH = {"formats", "inspect", "cupti", "recorder_core", "supervisor"}
 TORCH_HEADER = re.compile(r'#\s*include\s*[<"](torch/|ATen/|c10/|caffe2/)')
 CRASHCAP_HEADER = re.compile(r'#\s*include\s*"(crashcap/[^"]+)"')
 # The Recorder's own files; the rest of recorder/ is recorder_core.
-RECORDER_FILES = {"recorder.hpp", "recorder.cpp", "op_ring.hpp", "op_ring.cpp", "host_pool.hpp", "host_pool.cpp"}
+RECORDER_FILES = {"recorder.hpp", "recorder.cpp", "op_ring.hpp", "op_ring.cpp"}
 
 
 def library_of_source(rel: pathlib.PurePosixPath):

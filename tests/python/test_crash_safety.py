@@ -99,3 +99,37 @@ def test_after_sigkill_crashcap_seal_keeps_what_reached_the_disk(tmp_path):
     assert r.returncode == 0, r.stderr
     story = crashcap_json("inspect", only_bundle(runs))
     assert story["steps"]["last"] >= 0 and story["program"]["format"] == "python"
+
+
+def test_a_dataloader_worker_that_segfaults_is_the_trainings_error_not_a_crash_of_its_own(tmp_path):
+    # Forked workers inherit the crash guard and the op observer; in a worker they only pass the
+    # failure on, so the one bundle is the training's, with the loader's error.
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import ctypes, torch, crashcap
+        from torch.utils.data import DataLoader, Dataset
+
+        class Data(Dataset):
+            def __len__(self):
+                return 64
+            def __getitem__(self, i):
+                if i == 37:
+                    ctypes.string_at(0)
+                return torch.full((3,), float(i))
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, quiet=True)
+        for step, x in rec.steps(DataLoader(Data(), batch_size=4, num_workers=2)):
+            loss = model(x).mean()
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+    """))
+    r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    assert "DataLoader worker (pid" in r.stderr and "Segmentation fault" in r.stderr
+    crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
+    assert crash["kind"] == "exception" and "DataLoader worker" in crash["error"]

@@ -38,6 +38,7 @@ def test_nested_dict_batches_without_a_dataloader_and_an_embedding_past_its_voca
 
 
 def test_a_with_rec_step_loop_replays_from_its_keyframe_and_refuses_a_subset_of_rows(tmp_path):
+    # with_form.py seeds differently in a replay: the bits can only come from the restore.
     bundle = record("with_form.py", tmp_path, "--fault-step", 14)
     replay = crashcap_json("replay", bundle)
     assert replay["verdict"] == "reproduced-bitwise", replay

@@ -36,6 +36,8 @@ struct ExperimentOptions {
   std::string executable;
   /// Pass --allow-damaged to every child: the caller found the bundle damaged and was told to go on.
   bool allowDamaged = false;
+  /// Pass --allow-changed-source to every child (set from allowChangedSources(), replays.hpp).
+  bool allowChangedSources = false;
 };
 
 /// Runs experiments one after another and keeps their log. Not thread-safe.

@@ -33,6 +33,7 @@ std::string replayRoute(const std::string& bundle);
 /// that differ from the recorded ones (ReplayOptions::allowChangedSources): the CLI's
 /// --allow-changed-source, which applies to every experiment of a bisection or triage.
 void allowChangedSources(bool allow);
+bool changedSourcesAllowed();
 
 /// Replays `bundle` by its route. Throws crashcap::Error as replayer::replay does (an error the
 /// program hands back keeps its code and hint), Error{Unsupported} when the program cannot be

@@ -166,7 +166,7 @@ struct RecorderStats {
   uint64_t keyframesSkipped = 0;
   int64_t writtenThrough = -1;          ///< newest step whose batch reached the OS
   /// Host memory the recorder's copies hold: reused buffers, in the writer's queue or idle
-  /// (at most 2 x queueBytes idle).
+  /// (at most queueBytes idle).
   uint64_t bufferPoolBytes = 0;
   bool degraded = false;                ///< a write failed; see warnings
   bool recording = false;               ///< false when the directory could not be used at all

@@ -15,9 +15,11 @@ saves a checkpoint must not overwrite the real one with replayed weights), and n
 """
 
 import contextlib
+import hashlib
 import json
 import os
 import sys
+import traceback
 
 import torch
 
@@ -90,7 +92,6 @@ class Driver:
     def _check_sources(self):
         """The recorded source files must be the ones here, or the replay runs other code; and the
         torch the recording ran on is named when this one differs."""
-        import hashlib
         changed = []
         for path, sha256, size in self.session.sources():
             try:
@@ -107,7 +108,6 @@ class Driver:
                           "`crashcap inspect B --json` lists them), or pass --allow-changed-source to replay the changed code"))
         for c in changed:
             self.session.note(f"source file {c}: replayed with --allow-changed-source")
-        import torch
         recorded = self.session.environment_fact("python.torch_version")
         if recorded and recorded != torch.__version__:
             self.session.note(f"torch {torch.__version__} here, {recorded} in the recording")
@@ -215,7 +215,7 @@ class Driver:
 
     def fail(self, exc):
         if self.current is not None:
-            text = "".join(__import__("traceback").format_exception_only(type(exc), exc)).strip()
+            text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             self.session.step_failed(text)
         self._finish()
 

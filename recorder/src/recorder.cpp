@@ -139,15 +139,9 @@ struct Recorder::Impl {
         d.tensor.clear();
         if (!contents.empty()) {
           d.tensor = "program/sources/" + file.path;
-          auto bytes = std::make_shared<std::string>(std::move(contents));
           Job a;
           a.kind = Job::Kind::RunTensor;
-          a.tensor.name = d.tensor;
-          a.tensor.dtype = formats::DType::UInt8;
-          a.tensor.shape = {static_cast<int64_t>(bytes->size())};
-          a.tensor.data = bytes->data();
-          a.tensor.size = bytes->size();
-          a.tensor.owner = bytes;
+          a.tensor = bytesTensor(d.tensor, std::make_shared<std::string>(std::move(contents)));
           jobs.push_back(std::move(a));
         }
         moduleProgram->sources.push_back(std::move(d));
@@ -240,6 +234,18 @@ struct Recorder::Impl {
     job.size = static_cast<uint64_t>(owner->numel()) * owner->element_size();
     job.owner = owner;
     return job;
+  }
+
+  /// A uint8 [n] tensor of bytes the job owns (an archive, a source file, a JSON document).
+  static detail::TensorJob bytesTensor(std::string name, std::shared_ptr<std::string> bytes) {
+    detail::TensorJob t;
+    t.name = std::move(name);
+    t.dtype = formats::DType::UInt8;
+    t.shape = {static_cast<int64_t>(bytes->size())};
+    t.data = bytes->data();
+    t.size = bytes->size();
+    t.owner = std::move(bytes);
+    return t;
   }
 
   static Job tensorJob(detail::TensorJob t) {
@@ -343,15 +349,7 @@ struct Recorder::Impl {
       for (const auto& [name, t] : extra.optimizerState) add("optimizer", name, t, kf.optimizerState);
       for (auto& [name, json] : extra.documents) {
         auto full = formats::keyframeTensorName(step, "documents", name);
-        auto bytes = std::make_shared<std::string>(std::move(json));
-        detail::TensorJob t;
-        t.name = full;
-        t.dtype = formats::DType::UInt8;
-        t.shape = {static_cast<int64_t>(bytes->size())};
-        t.data = bytes->data();
-        t.size = bytes->size();
-        t.owner = bytes;
-        jobs.push_back(tensorJob(std::move(t)));
+        jobs.push_back(tensorJob(bytesTensor(full, std::make_shared<std::string>(std::move(json)))));
         kf.documents.push_back(full);
       }
     }
@@ -540,16 +538,10 @@ void Recorder::setProgram(const torch::jit::Module& module, std::vector<std::str
   program.device = m.parameters.empty() ? "cpu" : m.parameters.front().second.device().str();
   std::ostringstream archive;
   module.save(archive);
-  auto bytes = std::make_shared<std::string>(archive.str());
   // The archive holds every weight: it goes in as a chunked uint8 tensor, any size.
   Job a;
   a.kind = Job::Kind::RunTensor;
-  a.tensor.name = program.archive;
-  a.tensor.dtype = formats::DType::UInt8;
-  a.tensor.shape = {static_cast<int64_t>(bytes->size())};
-  a.tensor.data = bytes->data();
-  a.tensor.size = bytes->size();
-  a.tensor.owner = bytes;
+  a.tensor = Impl::bytesTensor(program.archive, std::make_shared<std::string>(archive.str()));
   // The archive is as large as the weights: its own lane, so it neither crowds out a step nor
   // makes the first keyframe wait.
   m.writer->push({std::move(a), Impl::recordJob(program, Job::Kind::RunRecord)}, detail::Lane::Program);

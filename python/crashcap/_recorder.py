@@ -2,6 +2,7 @@
 
 import atexit
 import contextlib
+import functools
 import os
 import sys
 import threading
@@ -53,6 +54,8 @@ def _excepthook(kind, value, tb):
 
 
 _previous_excepthook = sys.__excepthook__  # the hook crashcap's replaced, set when it is installed
+# What sys.excepthook is: _excepthook called from C, tried again when a signal handler raises into it.
+_guarded_excepthook = functools.partial(_native.call_despite_signals, _excepthook)
 
 
 class Recorder:
@@ -112,9 +115,9 @@ class Recorder:
                                  _state.python_generators, self._keyframe, _state.program_facts(), _stack_here)
         if _active is None or _active() is None:
             _active = weakref.ref(self)
-            if sys.excepthook is not _excepthook:
+            if sys.excepthook is not _guarded_excepthook:
                 _previous_excepthook = sys.excepthook
-                sys.excepthook = _excepthook
+                sys.excepthook = _guarded_excepthook
         atexit.register(self.close)
 
     # ---- callbacks of the native recorder ----------------------------------------------------
@@ -230,7 +233,7 @@ class Recorder:
             self._native.close()
         if _active is not None and _active() is self:
             _active = None
-            if sys.excepthook is _excepthook:  # a hook installed after crashcap's stays
+            if sys.excepthook is _guarded_excepthook:  # a hook installed after crashcap's stays
                 sys.excepthook = _previous_excepthook
 
     def __enter__(self):

@@ -89,6 +89,21 @@ py::dict statsOf(const rec::RecorderStats& s) {
 }  // namespace
 
 void bindRecorder(py::module_& m) {
+  // Calls fn(*args), again when a Python signal handler raised into it before it could run (the
+  // DataLoader's SIGCHLD handler raises as soon as a worker dies, which can be the moment the
+  // training's own error reaches sys.excepthook): a pending handler fires at the first bytecode of
+  // a Python function, so only a caller in C can try again. Gives up after three tries.
+  m.def("call_despite_signals", [](py::object fn, py::args args) {
+    for (int attempt = 0;; ++attempt) {
+      try {
+        fn(*args);
+        return;
+      } catch (py::error_already_set&) {
+        if (attempt == 2) throw;
+      }
+    }
+  });
+
   static py::exception<rec::NonFiniteError> nonFinite(m, "NonFiniteError", PyExc_FloatingPointError);
   py::register_exception_translator([](std::exception_ptr p) {
     try {

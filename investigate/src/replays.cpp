@@ -223,10 +223,24 @@ replayer::ReferenceComparison compareWithReference(const std::string& bundle, co
   request.options = options;
   request.compare = true;
   request.tolerance = tolerance;
-  auto outcome = runInProgram(bundle, request);
-  if (outcome.error) throw *outcome.error;
-  if (!outcome.comparison) throw Error(ErrorCode::Corrupt, "the program answered an ops bisection request with no comparison");
-  return *outcome.comparison;
+  auto ask = [&](replayer::ReplayRequest r) {
+    auto outcome = runInProgram(bundle, std::move(r));
+    if (outcome.error) throw *outcome.error;
+    if (!outcome.comparison)
+      throw Error(ErrorCode::Corrupt, "the program answered an ops bisection request with no comparison");
+    return *outcome.comparison;
+  };
+  if (formats::readRecords(*formats::BundleReader::open(bundle)).program->format != "python") return ask(request);
+  // A Python program's loop runs once per process: the reference in one, the replay compared
+  // with it in another, the reference's op outputs handed over in a file.
+  ScratchDir scratch;
+  request.referenceOutputs = scratch.path() + "/reference-outputs.pt";
+  request.side = replayer::ComparisonSide::Reference;
+  replayer::ReferenceComparison reference = ask(request);
+  request.side = replayer::ComparisonSide::Replay;
+  replayer::ReferenceComparison c = ask(request);
+  c.reference = std::move(reference.reference);
+  return c;
 }
 
 }  // namespace crashcap::investigate

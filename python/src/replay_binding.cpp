@@ -27,12 +27,24 @@ bool writeError(const std::string& request, const std::string& code, const std::
   return replayer::writeReplayOutcome(requestFrom(request), o);
 }
 
+/// A Python program's loop runs once per process: an ops bisection asks it for one side at a time.
+replayer::DrivenReplay::Comparison comparisonOf(const replayer::ReplayRequest& request) {
+  if (!request.compare) return {};
+  if (request.side == replayer::ComparisonSide::Both)
+    throw Error(ErrorCode::Unsupported,
+                "an ops bisection of a Python program runs its float64 reference and its replay as two replays, "
+                "and this request asks for both at once",
+                "replay with the crashcap this package was built with");
+  return {request.side, request.referenceOutputs, request.tolerance};
+}
+
 /// The replay and the request it answers.
 class Session {
  public:
   Session(const std::string& request, const replayer::DrivenReplay::NamedTensors& params,
           const replayer::DrivenReplay::NamedTensors& buffers)
-      : request_(requestFrom(request)), replay_(request_.bundle, request_.options, params, buffers) {}
+      : request_(requestFrom(request)),
+        replay_(request_.bundle, request_.options, params, buffers, comparisonOf(request_)) {}
 
   replayer::DrivenReplay& replay() { return replay_; }
 
@@ -40,7 +52,10 @@ class Session {
   bool finishAndWrite() {
     replayer::ReplayOutcome o;
     try {
-      o.replay = replay_.finish();
+      if (request_.compare)
+        o.comparison = replay_.finishComparison();
+      else
+        o.replay = replay_.finish();
     } catch (const Error& e) {
       o = {};
       o.error = e;
@@ -98,6 +113,7 @@ void bindReplay(py::module_& m) {
              auto st = s.replay().beginStep(step);
              return py::make_tuple(st.batch, st.structure, st.learningRates, st.generators);
            })
+      .def("start_probe", [](Session& s) { s.replay().startProbe(); })
       .def("end_step", [](Session& s, const at::Tensor& loss) { s.replay().endStep(loss); })
       .def("step_failed", [](Session& s, const std::string& error) { s.replay().stepFailed(error); })
       .def("finish_and_write", [](Session& s) { return s.finishAndWrite(); });

@@ -23,6 +23,8 @@ json toJson(const ReplayRequest& r) {
           {"options", toJson(r.options)},
           {"compare", r.compare},
           {"tolerance", r.tolerance},
+          {"side", comparisonSideName(r.side)},
+          {"reference_outputs", r.referenceOutputs},
           {"result_path", r.resultPath}};
 }
 
@@ -32,6 +34,8 @@ ReplayRequest replayRequestFromJson(const json& j) {
   r.options = replayOptionsFromJson(at(j, "options"));
   r.compare = flag(j, "compare");
   r.tolerance = real(j, "tolerance");
+  r.side = parseComparisonSide(j.value("side", "both"));  // absent before programs could serve one side
+  r.referenceOutputs = j.value("reference_outputs", "");
   r.resultPath = text(j, "result_path");
   return r;
 }
@@ -123,6 +127,10 @@ bool serveReplayRequest(const ReplayRequest& request, const NamedTensors& parame
                         const StepFunction& step) {
   ReplayOutcome outcome;
   try {
+    if (request.compare && request.side != ComparisonSide::Both)
+      throw Error(ErrorCode::Internal, fmt::format("a C++ program serves both sides of an ops bisection at once, not the {} "
+                                                   "side alone",
+                                                   comparisonSideName(request.side)));
     if (request.compare)
       outcome.comparison = compareWithReference(request.bundle, parameters, buffers, step, request.options, request.tolerance);
     else

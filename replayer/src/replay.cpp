@@ -8,19 +8,24 @@
 #include <ATen/autocast_mode.h>
 #include <ATen/detail/CUDAHooksInterface.h>
 #include <ATen/record_function.h>
+#include <c10/core/DefaultDtype.h>
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <torch/csrc/jit/runtime/graph_executor.h>
 #include <torch/csrc/jit/serialization/import.h>
+#include <torch/csrc/jit/serialization/pickle.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/optim.h>
 #include <torch/version.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <climits>
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <map>
 #include <sstream>
 
@@ -52,6 +57,21 @@ std::optional<Verdict> parseVerdict(const std::string& text) {
                  Verdict::RecordingIncomplete})
     if (text == verdictName(v)) return v;
   return std::nullopt;
+}
+
+const char* comparisonSideName(ComparisonSide side) {
+  switch (side) {
+    case ComparisonSide::Both: return "both";
+    case ComparisonSide::Reference: return "reference";
+    case ComparisonSide::Replay: return "replay";
+  }
+  return "both";
+}
+
+ComparisonSide parseComparisonSide(const std::string& text) {
+  for (auto s : {ComparisonSide::Both, ComparisonSide::Reference, ComparisonSide::Replay})
+    if (text == comparisonSideName(s)) return s;
+  throw Error(ErrorCode::Corrupt, fmt::format("'{}' is not a side of an ops bisection (both, reference, replay)", text));
 }
 
 namespace {
@@ -425,6 +445,7 @@ struct Run {
   int64_t stopBefore = 0;
   Placement placement;
   bool wide = false;
+  std::optional<caffe2::TypeMeta> narrowDefault;  ///< the default dtype before widenForTarget
 
   Run(std::string bundlePath, ReplayOptions opts, bool wideTarget)
       : bundle(std::move(bundlePath)), options(std::move(opts)), wideAtTarget(wideTarget) {
@@ -498,6 +519,12 @@ struct Run {
     }
     testing::setFaultDevice(result.device);
   }
+
+  ~Run() {
+    if (narrowDefault) c10::set_default_dtype(*narrowDefault);
+  }
+  Run(const Run&) = delete;
+  Run& operator=(const Run&) = delete;
 
   at::Tensor onDevice(const at::Tensor& t) const {
     if (wide && t.is_floating_point()) return t.to(placement.device, at::kDouble);
@@ -585,10 +612,13 @@ struct Run {
     return batch;
   }
 
-  /// At the target of a reference replay: the state and the batch widened to float64.
+  /// At the target of a reference replay: the state and the batch widened to float64, and so is
+  /// the default dtype, so that the tensors the step makes itself (a mask, a constant) are too.
   void widenForTarget(std::map<std::string, at::Tensor>& params, std::map<std::string, at::Tensor>& buffers, Batch& batch) {
     if (!wideAtTarget || wide) return;
     wide = true;
+    narrowDefault = c10::get_default_dtype();
+    c10::set_default_dtype(caffe2::TypeMeta::Make<double>());
     at::NoGradGuard noGrad;
     for (auto* state : {&params, &buffers})
       for (auto& [name, t] : *state) {
@@ -631,6 +661,8 @@ struct Run {
     // weights cast to the lower precision; replay does the same, or every later step would run
     // on the first step's casts of weights that have since been updated.
     at::autocast::clear_cache();
+    if (narrowDefault) c10::set_default_dtype(*narrowDefault);
+    narrowDefault.reset();
     if (r.step == target && probe.found) result.firstNonFiniteOp = probe.found;
     result.steps.push_back(r);
     // Only the same setup can be held to the recording's bits; any setup to its errors.
@@ -690,6 +722,46 @@ struct Run {
   }
 };
 
+/// The reference side's outermost-op outputs, handed to the replay side in a file (pickled: a
+/// tuple of names, values and which values are defined).
+void saveOuterOutputs(const std::string& path, const std::vector<OuterOutput>& outputs) {
+  c10::List<std::string> names;
+  c10::List<at::Tensor> values;
+  c10::List<bool> defined;
+  for (const auto& o : outputs) {
+    names.push_back(o.name);
+    values.push_back(o.value.defined() ? o.value : at::empty({0}, at::kDouble));
+    defined.push_back(o.value.defined());
+  }
+  std::vector<char> data = torch::jit::pickle_save(c10::ivalue::Tuple::create({names, values, defined}));
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  out.close();
+  if (!out)
+    throw Error(ErrorCode::Io, fmt::format("cannot write the reference's op outputs to {}: {}", path, std::strerror(errno)),
+                "free disk space in TMPDIR");
+}
+
+std::vector<OuterOutput> loadOuterOutputs(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in)
+    throw Error(ErrorCode::NotFound, fmt::format("cannot read the reference's op outputs {}: {}", path, std::strerror(errno)));
+  std::vector<char> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<OuterOutput> outputs;
+  try {
+    auto tuple = torch::jit::pickle_load(data).toTuple();
+    auto names = tuple->elements().at(0).toList();
+    auto values = tuple->elements().at(1).toList();
+    auto defined = tuple->elements().at(2).toList();
+    if (names.size() != values.size() || names.size() != defined.size()) throw std::runtime_error("lists of unequal length");
+    for (size_t i = 0; i < names.size(); ++i)
+      outputs.push_back({names.get(i).toStringRef(), defined.get(i).toBool() ? values.get(i).toTensor() : at::Tensor()});
+  } catch (const std::exception& e) {
+    throw Error(ErrorCode::Corrupt, fmt::format("the reference's op outputs {} cannot be read: {}", path, e.what()));
+  }
+  return outputs;
+}
+
 ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options, Probe& probe, const ProgramFactory& makeProgram,
                         bool wideAtTarget = false) {
   Run run(bundle, options, wideAtTarget);
@@ -746,6 +818,10 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
     for (const auto& [key, v] : keyframe->optimizerScalars)
       if (key.size() > 5 && key.substr(key.size() - 5) == "/step") counters[key.substr(0, key.size() - 5)] = int64_t(v);
     for (const auto& [name, p] : params) {
+      // A Python optimizer keeps its step counter as a tensor beside the others.
+      if (auto full = formats::keyframeTensorName(keyframe->step, "optimizer", name + "/step");
+          !counters.count(name) && reader->find(full))
+        counters[name] = static_cast<int64_t>(formats::torch::readTensor(*reader, full).item<double>());
       auto get = [&](const char* key) -> at::Tensor {
         auto full = formats::keyframeTensorName(keyframe->step, "optimizer", name + "/" + key);
         return reader->find(full) ? formats::torch::readTensor(*reader, full).to(p.device(), p.scalar_type()) : at::Tensor();
@@ -854,6 +930,14 @@ NamedTensors namedState(const torch::OrderedDict<std::string, at::Tensor>& items
   return out;
 }
 
+/// The options of an ops bisection's reference: on the CPU, from the recorded dtype (the target
+/// step alone is widened).
+ReplayOptions referenceOptions(ReplayOptions options) {
+  options.device = "cpu";
+  options.dtype.clear();
+  return options;
+}
+
 /// Ops bisection over any program: the float64 reference first, then the replay compared with it.
 ReferenceComparison compareWith(const std::string& bundle, ReplayOptions options, double tolerance,
                                 const ProgramFactory& makeProgram) {
@@ -861,9 +945,7 @@ ReferenceComparison compareWith(const std::string& bundle, ReplayOptions options
   c.tolerance = tolerance;
   std::vector<OuterOutput> outputs;
   {
-    ReplayOptions ro = options;
-    ro.device = "cpu";
-    ro.dtype.clear();
+    ReplayOptions ro = referenceOptions(options);
     Probe probe;
     probe.capture = &outputs;
     c.reference = replayWith(bundle, ro, probe, makeProgram, /*wideAtTarget=*/true);
@@ -919,15 +1001,33 @@ ReferenceComparison compareWithReference(const std::string& bundle, ReplayOption
 namespace crashcap::replayer {
 
 struct DrivenReplay::Impl {
+  Comparison comparison;
   Run run;
   Probe probe;
+  std::vector<OuterOutput> outputs;   ///< the reference's (captured, or read for the replay side)
   std::optional<ProbeScope> scope;
   std::map<std::string, at::Tensor> params, buffers;
   std::vector<at::Tensor> ordered;
   std::optional<StepReplay> current;  ///< begun, not yet closed
   bool ended = false;                 ///< the current step reached endStep
 
-  Impl(const std::string& bundle, const ReplayOptions& options) : run(bundle, options, false) {}
+  Impl(const std::string& bundle, const ReplayOptions& options, Comparison c)
+      : comparison(std::move(c)),
+        run(bundle, comparison.side == ComparisonSide::Reference ? referenceOptions(options) : options,
+            comparison.side == ComparisonSide::Reference) {
+    switch (comparison.side) {
+      case ComparisonSide::Both:
+        break;
+      case ComparisonSide::Reference:
+        probe.capture = &outputs;
+        break;
+      case ComparisonSide::Replay:
+        outputs = loadOuterOutputs(comparison.outputs);
+        probe.reference = &outputs;
+        probe.tolerance = comparison.tolerance;
+        break;
+    }
+  }
 
   /// Closes the current step: a step before the target that ended had its optimizer update by now.
   void close() {
@@ -942,7 +1042,11 @@ struct DrivenReplay::Impl {
 
 DrivenReplay::DrivenReplay(const std::string& bundle, const ReplayOptions& options, const NamedTensors& parameters,
                            const NamedTensors& buffers)
-    : impl_(std::make_unique<Impl>(bundle, options)) {
+    : DrivenReplay(bundle, options, parameters, buffers, Comparison()) {}
+
+DrivenReplay::DrivenReplay(const std::string& bundle, const ReplayOptions& options, const NamedTensors& parameters,
+                           const NamedTensors& buffers, Comparison comparison)
+    : impl_(std::make_unique<Impl>(bundle, options, std::move(comparison))) {
   auto& m = *impl_;
   const auto& program = *m.run.view.program;
   if (program.format == "torchscript")
@@ -1005,10 +1109,22 @@ DrivenReplay::Step DrivenReplay::beginStep(int64_t step) {
     std::string device = full.substr(rngPrefix.size());
     if (device != "cpu" && device.rfind("cuda", 0) != 0) out.generators.emplace_back(device, full);
   }
+  if (step == m.run.target) {
+    const bool comparing = m.probe.capture || m.probe.reference;
+    if (comparing) {
+      m.run.widenForTarget(m.params, m.buffers, out.batch);
+      for (auto& [name, p] : m.params) p.mutable_grad() = at::Tensor();  // both sides assign, not accumulate
+    }
+  }
   m.current = r;
   m.ended = false;
-  if (step == m.run.target && m.run.options.instrument) m.scope.emplace(m.probe);
   return out;
+}
+
+void DrivenReplay::startProbe() {
+  auto& m = *impl_;
+  if (!m.current || m.ended || m.current->step != m.run.target || m.scope) return;
+  if (m.run.options.instrument || m.probe.capture || m.probe.reference) m.scope.emplace(m.probe);
 }
 
 void DrivenReplay::endStep(const at::Tensor& loss) {
@@ -1032,6 +1148,25 @@ void DrivenReplay::stepFailed(const std::string& error) {
 ReplayResult DrivenReplay::finish() {
   impl_->close();
   return impl_->run.finish();
+}
+
+ReferenceComparison DrivenReplay::finishComparison() {
+  auto& m = *impl_;
+  if (m.comparison.side == ComparisonSide::Both)
+    throw Error(ErrorCode::Internal, "finishComparison() of a replay that is not a side of an ops bisection");
+  ReferenceComparison c;
+  c.tolerance = m.comparison.tolerance;
+  ReplayResult r = finish();
+  if (m.comparison.side == ComparisonSide::Reference) {
+    saveOuterOutputs(m.comparison.outputs, m.outputs);
+    c.reference = std::move(r);
+  } else {
+    c.replay = std::move(r);
+    c.opsCompared = m.probe.compared;
+    c.firstDeparting = m.probe.departing;
+    c.stoppedBecause = m.probe.stopped;
+  }
+  return c;
 }
 
 }  // namespace crashcap::replayer

@@ -193,8 +193,20 @@ TEST_CASE("a replay request and the program's outcome read back from their JSON"
   q.options.fromEarliestKeyframe = true;
   q.compare = true;
   q.tolerance = 1e-4;
+  q.side = replayer::ComparisonSide::Reference;
+  q.referenceOutputs = "/tmp/x/reference-outputs.pt";
   q.resultPath = "/tmp/x/result.json";
   auto qb = replayer::replayRequestFromJson(json::parse(toJson(q).dump()));
+  CHECK(qb.side == replayer::ComparisonSide::Reference);
+  CHECK(qb.referenceOutputs == q.referenceOutputs);
+  // A request written before a program could serve one side asks for both.
+  auto older = json::parse(toJson(q).dump());
+  older.erase("side");
+  older.erase("reference_outputs");
+  CHECK(replayer::replayRequestFromJson(older).side == replayer::ComparisonSide::Both);
+  auto odd = json::parse(toJson(q).dump());
+  odd["side"] = "sideways";
+  CHECK_THROWS_AS(replayer::replayRequestFromJson(odd), Error);
   CHECK(qb.bundle == q.bundle);
   CHECK(qb.options.step == 6);
   CHECK_FALSE(qb.options.instrument);

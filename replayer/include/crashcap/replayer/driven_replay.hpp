@@ -12,11 +12,18 @@
 //   r.restoreModel();               // then the program restores its optimizer
 //   for (int64_t s : r.steps()) {
 //     auto step = r.beginStep(s);   // the program sets its learning rates, feeds step.batch
+//     r.startProbe();
 //     ... forward, loss, backward ...   (an exception: r.stepFailed(text); stop)
 //     r.endStep(loss);
 //     ... optimizer step (not after the target) ...
 //   }
 //   ReplayResult result = r.finish();
+//
+// Ops bisection (compareWithReference in replay.hpp) runs the program's loop twice, in two
+// processes: a driven replay constructed as the Reference side replays to the target as recorded,
+// runs the target step in float64 on the CPU and writes its op outputs to a file; one constructed
+// as the Replay side reads them and compares the target step's ops with them. finishComparison()
+// gives each side's part of the ReferenceComparison; crashcap joins the two.
 
 #include <ATen/core/Tensor.h>
 
@@ -34,11 +41,21 @@ class DrivenReplay {
  public:
   using NamedTensors = std::vector<std::pair<std::string, at::Tensor>>;
 
+  /// Which side of an ops bisection this replay is; Both (the default) is a plain replay.
+  struct Comparison {
+    ComparisonSide side = ComparisonSide::Both;
+    std::string outputs;      ///< the reference's op outputs: Reference writes the file, Replay reads it
+    double tolerance = 1e-3;  ///< of the Replay side's comparison
+  };
+
   /// Opens and plans the replay; applies the recorded (or requested) settings. `parameters` and
-  /// `buffers` are the program's model, which replay moves to its device and overwrites in place.
-  /// Throws crashcap::Error as replay() does.
+  /// `buffers` are the program's model, which replay moves to its device and overwrites in place
+  /// (the Reference side widens them to float64 at the target step). Throws crashcap::Error as
+  /// replay() does.
   DrivenReplay(const std::string& bundle, const ReplayOptions& options, const NamedTensors& parameters,
                const NamedTensors& buffers);
+  DrivenReplay(const std::string& bundle, const ReplayOptions& options, const NamedTensors& parameters,
+               const NamedTensors& buffers, Comparison comparison);
   ~DrivenReplay();
   DrivenReplay(const DrivenReplay&) = delete;
   DrivenReplay& operator=(const DrivenReplay&) = delete;
@@ -67,14 +84,21 @@ class DrivenReplay {
     std::vector<std::pair<std::string, std::string>> generators;  ///< (device, tensor name) beyond LibTorch's
   };
   /// Step `step` begins: LibTorch's generators are restored (the program restores the others);
-  /// at the target the op probe starts.
+  /// at the target the gradients are cleared when it compares, and the Reference side widens the
+  /// model, the batch and the default dtype to float64.
   Step beginStep(int64_t step);
+  /// The program's own code of the step starts (its batch is in place, its generators restored):
+  /// at the target, the op probe starts here, so that it sees the step's ops and no others.
+  void startProbe();
   /// After the step's backward: its loss and gradient norm are compared with the recording's.
   void endStep(const at::Tensor& loss);
   /// The step threw: `error` as the program would print it.
   void stepFailed(const std::string& error);
   /// The verdict. Throws Error{Unsupported} when the program's loop stopped before the target.
   ReplayResult finish();
+  /// A side of an ops bisection ends: the Reference side writes its op outputs and fills
+  /// `reference`; the Replay side fills `replay` and the comparison. Throws as finish() does.
+  ReferenceComparison finishComparison();
 
  private:
   struct Impl;

@@ -29,10 +29,14 @@ struct ReplayRequest {
   ReplayOptions options;
   bool compare = false;      ///< ops bisection (compareWithReference) instead of a replay
   double tolerance = 1e-3;   ///< of the comparison
+  /// The part of the ops bisection asked for: a module program serves Both in one process; a
+  /// Python program, whose loop runs once per process, one side per request.
+  ComparisonSide side = ComparisonSide::Both;
+  std::string referenceOutputs;  ///< the file the Reference side writes and the Replay side reads
   std::string resultPath;    ///< where the program writes its result (absolute)
 };
 /// Keys: crashcap_version (of the writer), bundle, options (toJson(ReplayOptions)), compare,
-/// tolerance, result_path.
+/// tolerance, side (comparisonSideName; "both" when absent), reference_outputs, result_path.
 nlohmann::json toJson(const ReplayRequest& r);
 ReplayRequest replayRequestFromJson(const nlohmann::json& j);
 

@@ -151,6 +151,15 @@ struct ReferenceComparison {
 };
 ReferenceComparison compareWithReference(const std::string& bundle, ReplayOptions options, double tolerance = 1e-3);
 
+/// Which part of an ops bisection one replay performs. The engine's own loop runs both sides in one
+/// process. A program that drives its own loop (driven_replay.hpp) runs that loop once per
+/// process, so there the float64 reference and the replay compared with it are two replays in two
+/// processes, the reference's op outputs handed from one to the other in a file.
+enum class ComparisonSide { Both, Reference, Replay };
+/// "both", "reference", "replay"; the inverse throws Error{Corrupt} on any other text.
+const char* comparisonSideName(ComparisonSide side);
+ComparisonSide parseComparisonSide(const std::string& text);
+
 /// Devices replay can run on here: "cpu", each "cuda:K", and the fault-injection hook's fake
 /// devices (tests only).
 std::vector<std::string> availableDevices();

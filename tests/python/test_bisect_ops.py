@@ -1,0 +1,89 @@
+"""`crashcap bisect ops` of Python recordings: the program runs twice, once as the float64
+reference (the target step widened) and once as recorded, and the target step's outermost ops
+are compared. Each case checks what the comparison must conclude, not only that it ran."""
+
+import os
+import textwrap
+
+from conftest import SAMPLE, TRAININGS, crashcap_json, only_bundle, run_python
+
+
+def sample_crash(tmp_path, fault, step):
+    r = run_python(SAMPLE, "--record", "runs", "--steps", 30, "--fault", fault, "--fault-step", step, "--fault-row", 3,
+                   "--workers", 2, "--keyframe-every", 10, "--quiet", cwd=tmp_path)
+    assert r.returncode != 0, r.stdout + r.stderr
+    return only_bundle(tmp_path / "runs")
+
+
+def bisect_ops(bundle):
+    ops = crashcap_json("bisect", "ops", bundle)
+    assert ops["replay"]["verdict"] == "reproduced-bitwise", ops
+    assert ops["reference"]["dtype"] == "float64 (target step)", ops
+    return ops
+
+
+def test_a_division_by_an_empty_mask_fails_in_float64_too_and_names_the_division(tmp_path):
+    ops = bisect_ops(sample_crash(tmp_path, "mask-eps0", 19))
+    assert ops["step"] == 19
+    assert ops["first_nonfinite_op"]["name"] == "aten::div", ops["first_nonfinite_op"]
+    assert ops["first_nonfinite_op"]["phase"] == "forward"
+    # 0/0 is NaN in any precision: the arithmetic, not float32, is at fault; the NaN comes at the
+    # same op in both, so no op departs before it.
+    assert ops["fails_in_float64"] is True, ops["reference"]
+    assert ops["first_departing_op"] is None, ops["first_departing_op"]
+    assert ops["stopped_because"] is None, ops["stopped_because"]
+    assert ops["ops_compared"] > 20  # the forward up to the loss, and its backward
+
+
+def test_a_runaway_learning_rate_overflows_float32_only_and_departs_in_the_forward(tmp_path):
+    ops = bisect_ops(sample_crash(tmp_path, "lr-blowup", 15))
+    assert ops["fails_in_float64"] is False, ops["reference"]
+    departing = ops["first_departing_op"]
+    assert departing is not None and departing["phase"] == "forward" and departing["elements"] > 0, ops
+    assert ops["first_nonfinite_op"] is not None
+
+
+def test_an_overflow_only_float32_has_departs_at_the_op_and_float64_runs_clean(tmp_path):
+    # The step makes its own float32 constant (torch.ones): the reference widens the default dtype,
+    # so the constant is float64 there and the matmul with the widened activations runs.
+    script = tmp_path / "overflow.py"
+    script.write_text(textwrap.dedent("""
+        import torch, crashcap
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh())
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, keyframe_every=3, quiet=True)
+        g = torch.Generator().manual_seed(2)
+        batches = [torch.randn(8, 5, generator=g) for _ in range(10)]
+        for step, x in rec.steps(batches):
+            scale = 1e39 if step == 7 else 1.0   # beyond float32's range, well inside float64's
+            loss = (model(x) @ torch.ones(4, 1)).pow(2).mean() * scale
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+    """))
+    r = run_python(str(script), cwd=tmp_path)
+    assert r.returncode != 0
+    ops = bisect_ops(only_bundle(tmp_path / "runs"))
+    assert ops["step"] == 7
+    assert ops["fails_in_float64"] is False, ops["reference"]
+    assert ops["reference"]["error"] is None, ops["reference"]
+    departing = ops["first_departing_op"]
+    assert departing is not None, ops
+    assert departing["name"] == "aten::mul" and departing["phase"] == "forward", departing
+    assert departing["replayed"]["inf_count"] == 1 and departing["reference"]["inf_count"] == 0, departing
+    assert ops["first_nonfinite_op"]["name"] == "aten::mul"
+
+
+def test_a_with_rec_step_loop_widens_its_own_batch_tensors_for_the_reference(tmp_path):
+    r = run_python(os.path.join(TRAININGS, "with_form.py"), "--record", "runs", "--fault-step", 14, cwd=tmp_path)
+    assert r.returncode != 0
+    ops = bisect_ops(only_bundle(tmp_path / "runs"))
+    assert ops["step"] == 14
+    assert ops["first_nonfinite_op"]["name"] == "aten::log"
+    assert ops["fails_in_float64"] is True  # log(0) is -inf in any precision
+    # The forward runs through the loop's own x, widened by .data: had it stayed float32, the
+    # reference's linear layer would have failed on mixed dtypes before the log.
+    assert "expected" not in (ops["reference"]["error"] or ""), ops["reference"]
+    assert ops["stopped_because"] is None, ops["stopped_because"]

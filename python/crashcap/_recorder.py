@@ -4,6 +4,7 @@ import atexit
 import contextlib
 import functools
 import os
+import signal
 import sys
 import threading
 import traceback
@@ -32,10 +33,35 @@ def _exception_type_name(exc):
     return t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
 
 
-def _describe(exc):
+def _exception_text(e):
+    return "".join(traceback.format_exception_only(type(e), e)).strip()
+
+
+def _chain_text(exc, limit=8):
+    """The exception's text after those it was raised from or while handling, in the order and
+    with the words Python prints them (without their frames): the last line is the exception's."""
+    parts, seen, e = [], set(), exc
+    while e is not None and id(e) not in seen and len(seen) < limit:
+        seen.add(id(e))
+        parts.append(_exception_text(e))
+        if e.__cause__ is not None:
+            parts.append("The above exception was the direct cause of the following exception:")
+            e = e.__cause__
+        elif e.__context__ is not None and not e.__suppress_context__:
+            parts.append("During handling of the above exception, another exception occurred:")
+            e = e.__context__
+        else:
+            e = None
+    if len(parts) % 2 == 0:  # the chain was cut: its last relation has no exception before it
+        parts.pop()
+    return "\n\n".join(reversed(parts))
+
+
+def _describe(exc, notes=()):
     """(kind, type, text, stack) of an exception, as the crash record keeps it: the text as
-    Python prints its last line, the traceback innermost frame first."""
-    text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
+    Python prints it (the exceptions it came from first, then its own), after `notes`, and the
+    traceback innermost frame first."""
+    text = "\n".join([f"({n})" for n in notes] + [_chain_text(exc)])
     frames = traceback.extract_tb(exc.__traceback__)
     stack = [f'File "{f.filename}", line {f.lineno}, in {f.name}' + (f": {f.line}" if f.line else "")
              for f in reversed(frames)]
@@ -43,13 +69,87 @@ def _describe(exc):
     return kind, _exception_type_name(exc), text, stack[:128]
 
 
+class _SignalHandlersDeferred:
+    """Python-level signal handlers wait while a crash is recorded. The DataLoader's SIGCHLD
+    handler raises as soon as a worker dies, which is often the moment the training's own error
+    (the worker's, passed on, or a broken pipe to it) is being recorded: run then, it would abandon
+    the recording half way. run_pending() runs the handlers of the signals that came so far and
+    keeps what they raised, for the record; on exit the handlers are put back, those of signals
+    that came since run, and the first exception any of them raised is raised, as it would have
+    been without crashcap. Only the main thread runs Python handlers and can swap them."""
+
+    def __init__(self):
+        self.handlers, self.pending, self.raised = {}, [], []
+
+    def _defer(self, signum, frame):
+        self.pending.append(signum)
+
+    def __enter__(self):
+        if threading.current_thread() is not threading.main_thread():
+            return self
+        try:
+            for number in signal.valid_signals():
+                handler = signal.getsignal(number)
+                if callable(handler):
+                    signal.signal(number, self._defer)  # runs a handler already pending first: it may raise
+                    self.handlers[number] = handler
+        except BaseException:
+            self._put_back()
+            raise
+        return self
+
+    def run_pending(self):
+        """Runs the deferred handlers now; returns the exceptions they raised."""
+        pending, self.pending = list(dict.fromkeys(self.pending)), []
+        raised = []
+        for number in pending:
+            try:
+                self.handlers[number](number, None)
+            except Exception as e:
+                raised.append(e)
+        self.raised += raised
+        return raised
+
+    def _put_back(self):
+        # signal.signal runs the handlers of pending signals before it changes one, and a handler
+        # put back already may raise there: that must not leave a later signal deferred for good.
+        for number, handler in self.handlers.items():
+            for _ in range(3):
+                try:
+                    signal.signal(number, handler)
+                    break
+                except Exception as e:
+                    self.raised.append(e)
+
+    def __exit__(self, kind, value, tb):
+        self._put_back()
+        self.run_pending()
+        if value is None and self.raised:
+            raise self.raised[0]
+        return False
+
+
 def _excepthook(kind, value, tb):
     rec = _active() if _active is not None else None
     if rec is not None and isinstance(value, Exception):
-        try:
-            rec.fail(value)
-        except Exception as e:  # the hook must still report the training's own error
-            print(f"crashcap: could not record the crash: {e}", file=sys.stderr)
+        # A signal handler may raise before the recording began (tried again) or after it ended
+        # (the training's own error is what is reported: its exception is dropped).
+        error = None
+        for _ in range(3):
+            try:
+                rec.fail(value)
+                error = None
+                break
+            except Exception as e:
+                error = e
+                if getattr(value, "_crashcap_bundle", None) is not None:
+                    # Recorded, with it: the training's own error is the one this hook reports.
+                    print(f"crashcap: while the crash was recorded, a signal handler raised "
+                          f"{_exception_type_name(e)}: {e}", file=sys.stderr)
+                    error = None
+                    break
+        if error is not None:  # the hook must still report the training's own error
+            print(f"crashcap: could not record the crash: {error}", file=sys.stderr)
     _previous_excepthook(kind, value, tb)
 
 
@@ -80,12 +180,17 @@ class Recorder:
     directory: where crash bundles go ("" or None: $CRASHCAP_DIR, which ``crashcap run`` sets).
     model: the torch.nn.Module trained; optimizer: its torch.optim optimizer (any class).
     scheduler, grad_scaler: kept in keyframes when given.
+    program: opt-in, a TorchScript module (``torch.jit.script``) whose forward takes the batch's
+    tensors in order (a tensor; a tuple's or list's items; a dict's values, nested ones flattened)
+    and returns the loss, and which the loop calls for its loss; its parameters are the
+    optimizer's. The recording then replays in crashcap without Python (docs/PYTHON.md).
     keyframe_every, retain_segments, retain_bytes, op_trace_depth, nonfinite ("raise" |
     "record"), check_gradients, zstd_level, queue_bytes, crash_guard, kernel_trace, quiet: the
     recorder's policy (docs/RECORDING.md).
     """
 
-    def __init__(self, directory=None, model=None, optimizer=None, *, scheduler=None, grad_scaler=None, **policy):
+    def __init__(self, directory=None, model=None, optimizer=None, *, scheduler=None, grad_scaler=None, program=None,
+                 **policy):
         global _active, _previous_excepthook
         if not isinstance(model, torch.nn.Module):
             raise TypeError("crashcap.Recorder needs model=<the torch.nn.Module being trained>")
@@ -97,7 +202,15 @@ class Recorder:
         if unknown:
             raise TypeError(f"crashcap.Recorder got unknown options {unknown}; known: {sorted(known)}")
         self.model, self.optimizer, self.scheduler, self.grad_scaler = model, optimizer, scheduler, grad_scaler
-        self._names = _state.parameter_names(model, optimizer)  # raises when the optimizer is not the model's
+        # Keyframes hold the state by the names replay will look it up by: the program's, when
+        # the step is given as TorchScript (which wraps the model, so its names may be prefixed).
+        state = model
+        if program is not None:
+            _state.require_script_module(program)
+            state = program
+        self._names = _state.parameter_names(state, optimizer, "program" if program is not None else "model")
+        kind, groups = _state.optimizer_spec(optimizer, self._names)
+        archive = _state.torchscript_archive(program, kind, groups) if program is not None else None
         self._step = None            # the native step in flight
         self._step_index = None
         self._next_step = 0
@@ -109,10 +222,10 @@ class Recorder:
             self._native = None
             return
         self._native = _native.Recorder(directory or "", policy)
-        self._native.set_model(list(model.named_parameters()), list(model.named_buffers()))
-        kind, groups = _state.optimizer_spec(optimizer, self._names)
+        self._native.set_model(list(state.named_parameters()), list(state.named_buffers()))
         self._native.set_foreign(_state.program_sources(), kind, groups, self._learning_rates,
-                                 _state.python_generators, self._keyframe, _state.program_facts(), _stack_here)
+                                 _state.python_generators, self._keyframe, _state.program_facts(), _stack_here,
+                                 torchscript=archive)
         if _active is None or _active() is None:
             _active = weakref.ref(self)
             if sys.excepthook is not _guarded_excepthook:
@@ -214,12 +327,23 @@ class Recorder:
             return ""
         if getattr(exc, "_crashcap_bundle", None) is not None:  # already recorded (rec.fail, then the hook)
             return exc._crashcap_bundle
-        kind, type_name, text, stack = _describe(exc)
-        bundle = self._native.fail(kind, type_name, text, stack)
-        try:
-            exc._crashcap_bundle = bundle
-        except AttributeError:  # an exception type with __slots__: it may be recorded twice
-            pass
+        with _SignalHandlersDeferred() as signals:
+            # A DataLoader worker that died is why its pipe broke, and what a handler raised
+            # meanwhile belongs to the story too: before the error's own text, whose last line
+            # stays the error's (a replay compares it).
+            notes = []
+            died = _state.dataloader_worker_failure(exc)
+            if died and died not in _chain_text(exc):
+                notes.append(f"the DataLoader reports: {died}")
+            for e in signals.run_pending():
+                if str(e).strip() != died and str(e).strip() not in _chain_text(exc):
+                    notes.append(f"meanwhile a signal handler raised {_exception_type_name(e)}: {e}")
+            kind, type_name, text, stack = _describe(exc, notes)
+            bundle = self._native.fail(kind, type_name, text, stack)
+            try:
+                exc._crashcap_bundle = bundle
+            except AttributeError:  # an exception type with __slots__: it may be recorded twice
+                pass
         return bundle
 
     def close(self):

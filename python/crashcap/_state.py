@@ -11,6 +11,7 @@
 """
 
 import hashlib
+import io
 import json
 import math
 import os
@@ -18,6 +19,7 @@ import random
 import struct
 import sys
 import sysconfig
+import time
 
 import torch
 
@@ -71,7 +73,7 @@ def dumps(value):
 # ---- The optimizer --------------------------------------------------------------------------
 
 
-def parameter_names(model, optimizer):
+def parameter_names(model, optimizer, what="model"):
     """The model's name for each of the optimizer's parameters, by position in its param_groups
     (the indices its state_dict uses). Raises ValueError naming the first one the model lacks."""
     by_id = {id(p): n for n, p in model.named_parameters()}
@@ -81,7 +83,7 @@ def parameter_names(model, optimizer):
             if id(p) not in by_id:
                 raise ValueError(
                     f"the optimizer's parameter {k} of group {g} (shape {list(p.shape)}) is not a parameter of the "
-                    f"model given to crashcap.Recorder: build the optimizer from model.parameters() of that model "
+                    f"{what} given to crashcap.Recorder: build the optimizer from {what}.parameters() of that {what} "
                     f"(not copies made by .clone() or .to() after the optimizer was built)")
             names.append(by_id[id(p)])
     return names
@@ -107,6 +109,35 @@ def optimizer_spec(optimizer, names):
         groups.append((names[position:position + count], options))
         position += count
     return type(optimizer).__name__.lower(), groups
+
+
+# The optimizers LibTorch has, by the kind optimizer_spec names them (crashcap's C++ replay
+# builds them from the recorded options).
+LIBTORCH_OPTIMIZERS = ("sgd", "adam", "adamw", "rmsprop", "adagrad")
+
+
+def require_script_module(program):
+    if not isinstance(program, torch.jit.ScriptModule):
+        raise TypeError(f"crashcap.Recorder(program=...) takes a TorchScript module (torch.jit.script of a module whose "
+                        f"forward takes the batch's tensors and returns the loss), not {type(program).__qualname__}")
+
+
+def torchscript_archive(program, kind, groups):
+    """The bytes of torch.jit.save(program), after checking that crashcap can replay the step
+    without Python: a TorchScript module, and an optimizer LibTorch has with options it has."""
+    require_script_module(program)
+    if kind not in LIBTORCH_OPTIMIZERS:
+        raise ValueError(f"crashcap.Recorder(program=...) replays the step without Python, with LibTorch's optimizers "
+                         f"({', '.join(LIBTORCH_OPTIMIZERS)}), and this optimizer is '{kind}': record without program= "
+                         f"(the training then replays itself)")
+    for g, (_, options) in enumerate(groups):
+        for key in ("maximize", "capturable", "differentiable", "fused"):
+            if options.get(key):
+                raise ValueError(f"crashcap.Recorder(program=...) replays with LibTorch's {kind}, which has no {key}=True "
+                                 f"(parameter group {g}): record without program=")
+    buffer = io.BytesIO()
+    torch.jit.save(program, buffer)
+    return buffer.getvalue()
 
 
 def learning_rates(optimizer):
@@ -199,6 +230,29 @@ def restore_numpy_generator(state):
     import numpy
     v = state.tolist()
     numpy.random.set_state(("MT19937", numpy.array(v[:624], dtype=numpy.uint32), v[624], v[625], _bits_float(v[626])))
+
+
+def dataloader_worker_failure(exc, wait=2.0):
+    """The DataLoader's own word on a worker that died ("DataLoader worker (pid 123) is killed by
+    signal: Segmentation fault."), or None. A broken pipe from a dying worker (ConnectionResetError,
+    EOFError) often reaches the training before the worker's exit does (a worker that segfaults
+    dumps core first), so for those, when DataLoader workers ran in this process, it waits up to
+    `wait` seconds for the exit to show."""
+    check = getattr(torch._C, "_error_if_any_worker_fails", None)
+    if check is None:
+        return None
+    from torch.utils.data._utils import signal_handling
+    workers_ran = getattr(signal_handling, "_SIGCHLD_handler_set", True)
+    broken_pipe = isinstance(exc, (ConnectionError, EOFError))
+    deadline = time.monotonic() + (wait if broken_pipe and workers_ran else 0)
+    while True:
+        try:
+            check()
+        except RuntimeError as e:
+            return str(e).strip()
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.005)
 
 
 def program_facts():

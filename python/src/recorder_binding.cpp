@@ -128,8 +128,9 @@ void bindRecorder(py::module_& m) {
       .def("set_foreign",
            [](rec::Recorder& r, py::list sources, std::string kind, py::list groups, py::object learningRates,
               py::object generators, py::object keyframe, std::vector<std::pair<std::string, std::string>> facts,
-              py::object stack) {
+              py::object stack, py::object torchScript) {
              rec::ForeignTraining t;
+             if (!torchScript.is_none()) t.torchScript = std::string(torchScript.cast<py::bytes>());
              t.stack = fromPython<std::vector<std::string>>(stack);
              t.facts = std::move(facts);
              for (const auto& item : sources) {
@@ -162,7 +163,9 @@ void bindRecorder(py::module_& m) {
                  return out;
                };
              r.setForeign(std::move(t));
-           })
+           },
+           py::arg("sources"), py::arg("kind"), py::arg("groups"), py::arg("learning_rates"), py::arg("generators"),
+           py::arg("keyframe"), py::arg("facts"), py::arg("stack"), py::arg("torchscript") = py::none())
       .def("begin_step",
            [](rec::Recorder& r, int64_t step, rec::Batch batch, std::string structure) {
              return Step(r.beginStep(step, batch, std::move(structure)));

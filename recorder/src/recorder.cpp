@@ -125,7 +125,8 @@ struct Recorder::Impl {
     std::_Exit(written ? 0 : 1);
   }
 
-  void writeModuleProgram() {
+  /// Written at the first step, whose batch names a foreign TorchScript step's inputs.
+  void writeModuleProgram(const Batch& firstBatch) {
     if (!writer || !moduleProgram || moduleProgramWritten) return;
     moduleProgram->servesReplay = static_cast<bool>(step);
     std::vector<Job> jobs;
@@ -145,6 +146,20 @@ struct Recorder::Impl {
           jobs.push_back(std::move(a));
         }
         moduleProgram->sources.push_back(std::move(d));
+      }
+      if (!foreign->torchScript.empty()) {
+        // Unless it gave its step as TorchScript: crashcap replays that in its own process, as a
+        // setProgram one, and the sources are there for the reader.
+        moduleProgram->format = "torchscript";
+        moduleProgram->servesReplay = false;
+        moduleProgram->archive = formats::StepProgramData().archive;
+        moduleProgram->inputs.clear();
+        for (const auto& [name, t] : firstBatch) moduleProgram->inputs.push_back(name);
+        Job a;
+        a.kind = Job::Kind::RunTensor;
+        a.tensor = bytesTensor(moduleProgram->archive, std::make_shared<std::string>(std::move(foreign->torchScript)));
+        foreign->torchScript.clear();
+        jobs.push_back(std::move(a));
       }
     }
     jobs.push_back(recordJob(*moduleProgram, Job::Kind::RunRecord));
@@ -563,7 +578,7 @@ void Recorder::setModel(std::vector<std::pair<std::string, at::Tensor>> paramete
   program.device = m.parameters.empty() ? "cpu" : m.parameters.front().second.device().str();
   m.moduleProgram = std::move(program);
   m.moduleProgramWritten = false;
-  if (m.lastStep >= 0) m.writeModuleProgram();
+  if (m.lastStep >= 0) m.writeModuleProgram({});
   m.serveWhenReady();
 }
 
@@ -684,7 +699,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
   at::NoGradGuard noGrad;
   at::DisableRecordFunctionGuard notAnOp;  // the recorder's own copies are not the training's ops
   m.writeEnvironment();
-  m.writeModuleProgram();
+  m.writeModuleProgram(batch);
   m.writer->currentStep.store(step, std::memory_order_relaxed);
   m.writer->stepsBegun.fetch_add(1, std::memory_order_relaxed);
   // A keyframe goes in the keyframe lane and the step in the step lane: a keyframe that does not

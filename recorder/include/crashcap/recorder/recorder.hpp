@@ -130,6 +130,12 @@ struct ForeignTraining {
   std::function<std::vector<std::string>()> stack;
   /// Facts for the environment record: "python.executable", "python.version", "python.torch_version".
   std::vector<std::pair<std::string, std::string>> facts;
+  /// Opt-in: the step as a TorchScript archive (torch.jit.save of a module that takes the batch's
+  /// tensors in order and returns the loss, and whose parameters and buffers are setModel's, by
+  /// their names). The program is then recorded as "torchscript", with the first batch's tensor
+  /// names as its inputs, and replays in crashcap without the training's language; the optimizer
+  /// spec must be one LibTorch has. Empty: the program replays itself.
+  std::string torchScript;
 };
 
 /// A failure described by a front end that is not C++ (a Python exception and its traceback).

@@ -137,3 +137,35 @@ def test_a_dataloader_worker_that_segfaults_is_the_trainings_error_not_a_crash_o
     crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
     assert crash["kind"] == "exception", crash
     assert "DataLoader worker (pid" in crash["error"] and "Segmentation fault" in crash["error"], crash["error"]
+
+
+def test_an_error_raised_from_another_keeps_the_chain_and_still_replays_bit_for_bit(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent("""
+        import torch, crashcap
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 2)
+        opt = torch.optim.Adam(model.parameters(), lr=0.01)
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, keyframe_every=2, quiet=True)
+        settings = {"scale": 1.0}
+        for step, x in rec.steps([torch.randn(4, 3) for _ in range(8)]):
+            loss = model(x).pow(2).mean()
+            if step == 5:
+                try:
+                    settings["clip"]
+                except KeyError as e:
+                    raise ValueError("no clip setting for step 5") from e
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+    """))
+    r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 1, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    crash = crashcap_json("inspect", bundle)["crash"]
+    assert crash["error"] == ("KeyError: 'clip'\n\nThe above exception was the direct cause of the following exception:"
+                              "\n\nValueError: no clip setting for step 5"), crash["error"]
+    assert crash["step"] == 5
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay  # the last lines agree

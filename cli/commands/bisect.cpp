@@ -64,7 +64,10 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
 void printOps(const investigate::OpBisection& b) {
   const auto& nonFinite = b.replay.firstNonFiniteOp;
   std::cout << fmt::format("step {} replayed as recorded ({}) and in float64 on the CPU ({})\n", b.step,
-                           b.replay.error.empty() ? "passes" : "fails", b.reference.error.empty() ? "passes" : "fails");
+                           b.replay.error.empty() ? "passes" : "fails",
+                           b.reference.error.empty() ? "passes"
+                           : b.failsInFloat64()      ? "fails the same way"
+                                                     : "fails another way: " + b.reference.error);
   if (nonFinite)
     std::cout << fmt::format("first op with a non-finite output: {} ({}, op #{})\n", nonFinite->name, nonFinite->phase,
                              nonFinite->index);

@@ -65,6 +65,12 @@ OpBisection bisectOps(const std::string& bundle, int64_t step, double tolerance)
   return b;
 }
 
+bool OpBisection::failsInFloat64() const {
+  if (reference.error.empty() || reference.verdict == replayer::Verdict::Diverged) return false;
+  auto nonFinite = [](const std::string& e) { return e.rfind("non-finite", 0) == 0; };
+  return (nonFinite(reference.error) && nonFinite(replay.error)) || reference.error == replay.error;
+}
+
 int singleRowBound(int64_t batchSize) {
   return 2 * static_cast<int>(std::ceil(std::log2(std::max<int64_t>(batchSize, 2)))) + 2;
 }
@@ -169,6 +175,13 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
     Trial t;
     t.seconds = e.seconds;
     t.command = fmt::format("crashcap replay {} --step {} --rows {}", bundle, base.step, joinRows(rows));
+    // A replay that refused to run (the program cannot keep a subset of rows) says nothing about
+    // the rows: the search stops with its reason instead of counting it as a pass.
+    if (!e.output && !e.killed() && !e.timedOut)
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("the replay that keeps rows [{}] of step {} did not run: {}", joinRows(rows), base.step,
+                              e.outcome.rfind("failed: ", 0) == 0 ? e.outcome.substr(8) : e.outcome),
+                  fmt::format("run it by hand: {}", t.command));
     std::string error;
     t.fails = replayFails(e, &error);
     if (e.output)

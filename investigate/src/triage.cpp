@@ -260,6 +260,7 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
     const int64_t batchSize = f.replay->batchSize;
     f.samples = run("bisect-samples", {"bisect", "samples", bundle, "--json", "--timeout", timeout},
                     sampleBisectionFromJson, 2 * std::log2(batchSize + 1) + 3);
+    if (!f.samples) f.samplesOutcome = runner.log().back().outcome;
     const auto rows = f.culpritRows();
     std::vector<int64_t> rest;
     for (int64_t r = 0; r < batchSize; ++r)

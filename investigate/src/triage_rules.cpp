@@ -134,7 +134,9 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     h.evidence.push_back(fmt::format("step {} still fails without rows [{}]: no particular sample is needed", f.step(),
                                      joinRows(rows)));
   } else {
-    h.evidence.push_back("sample bisection did not isolate rows");
+    h.evidence.push_back(f.samplesOutcome.empty()
+                             ? std::string("sample bisection did not isolate rows")
+                             : fmt::format("sample bisection did not finish ({})", f.samplesOutcome));
   }
   return h;
 }
@@ -190,6 +192,10 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
                                        ref.firstNonFiniteOp->name));
     else if (f.ops->failsInFloat64())
       h.evidence.push_back("the float64 CPU replay fails with the same error: not a matter of precision");
+    else if (f.ops->referenceFailedOtherwise())
+      h.evidence.push_back(fmt::format("the float64 CPU replay could not run the step ({}): it says nothing about "
+                                       "precision",
+                                       ref.error));
     else if (f.reproduced())
       h.evidence.push_back("the float64 CPU replay of the step runs clean: float32 rounding or range is involved");
     if (const auto& d = f.ops->firstDeparting)

@@ -37,13 +37,16 @@ def _exception_text(e):
     return "".join(traceback.format_exception_only(type(e), e)).strip()
 
 
-def _chain_text(exc, limit=8):
+def _chain_text(exc, limit=8, cause_chars=2000):
     """The exception's text after those it was raised from or while handling, in the order and
-    with the words Python prints them (without their frames): the last line is the exception's."""
+    with the words Python prints them (without their frames): the last line is the exception's.
+    Each earlier one is cut to `cause_chars`, so that the record's own cut (it keeps the start
+    of a long text) never takes the exception's own line."""
     parts, seen, e = [], set(), exc
     while e is not None and id(e) not in seen and len(seen) < limit:
         seen.add(id(e))
-        parts.append(_exception_text(e))
+        text = _exception_text(e)
+        parts.append(text if e is exc or len(text) <= cause_chars else text[:cause_chars] + " …")
         if e.__cause__ is not None:
             parts.append("The above exception was the direct cause of the following exception:")
             e = e.__cause__
@@ -75,8 +78,9 @@ class _SignalHandlersDeferred:
     (the worker's, passed on, or a broken pipe to it) is being recorded: run then, it would abandon
     the recording half way. run_pending() runs the handlers of the signals that came so far and
     keeps what they raised, for the record; on exit the handlers are put back, those of signals
-    that came since run, and the first exception any of them raised is raised, as it would have
-    been without crashcap. Only the main thread runs Python handlers and can swap them."""
+    that came since run, and what they raised is raised (a KeyboardInterrupt or SystemExit first,
+    else the first exception), as it would have been without crashcap, only later. Only the main
+    thread runs Python handlers and can swap them."""
 
     def __init__(self):
         self.handlers, self.pending, self.raised = {}, [], []
@@ -99,13 +103,18 @@ class _SignalHandlersDeferred:
         return self
 
     def run_pending(self):
-        """Runs the deferred handlers now; returns the exceptions they raised."""
-        pending, self.pending = list(dict.fromkeys(self.pending)), []
-        raised = []
-        for number in pending:
+        """Runs the deferred handlers now, one signal at a time, each once; returns what they
+        raised (a KeyboardInterrupt or SystemExit too: kept, and raised on exit, after the
+        recording)."""
+        raised, done = [], set()
+        while self.pending:
+            number = self.pending.pop(0)
+            if number in done:
+                continue
+            done.add(number)
             try:
                 self.handlers[number](number, None)
-            except Exception as e:
+            except BaseException as e:
                 raised.append(e)
         self.raised += raised
         return raised
@@ -118,14 +127,15 @@ class _SignalHandlersDeferred:
                 try:
                     signal.signal(number, handler)
                     break
-                except Exception as e:
+                except BaseException as e:  # a handler run on the way (Ctrl-C again): kept for the exit
                     self.raised.append(e)
 
     def __exit__(self, kind, value, tb):
         self._put_back()
         self.run_pending()
         if value is None and self.raised:
-            raise self.raised[0]
+            # A KeyboardInterrupt or SystemExit (the user stopping the run) before any other.
+            raise next((e for e in self.raised if not isinstance(e, Exception)), self.raised[0])
         return False
 
 
@@ -336,8 +346,8 @@ class Recorder:
             if died and died not in _chain_text(exc):
                 notes.append(f"the DataLoader reports: {died}")
             for e in signals.run_pending():
-                if str(e).strip() != died and str(e).strip() not in _chain_text(exc):
-                    notes.append(f"meanwhile a signal handler raised {_exception_type_name(e)}: {e}")
+                if str(e).strip() != died and (not str(e).strip() or str(e).strip() not in _chain_text(exc)):
+                    notes.append(f"meanwhile a signal handler raised {_exception_type_name(e)}: {e}".rstrip(": "))
             kind, type_name, text, stack = _describe(exc, notes)
             bundle = self._native.fail(kind, type_name, text, stack)
             try:

@@ -173,14 +173,26 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
 
   OpBisection ob;
   ob.step = 6;
-  ob.reference.error = "non-finite loss";
+  ob.replay.error = "non-finite loss at step 6: nan";
+  ob.reference.error = "non-finite loss at step 6: -nan";
   ob.reference.firstNonFiniteOp = sampleReplay().firstNonFiniteOp;
   ob.tolerance = 1e-3;
   auto obb = opBisectionFromJson(toJson(ob));
   CHECK(obb.failsInFloat64());
+  CHECK_FALSE(obb.referenceFailedOtherwise());
   CHECK_FALSE(obb.firstDeparting);
   REQUIRE(obb.reference.firstNonFiniteOp);
   CHECK(obb.reference.firstNonFiniteOp->name == "aten::div");
+
+  // A reference that broke on its own (a float32 tensor the step makes meets float64 weights)
+  // says nothing about precision.
+  ob.reference.error = "RuntimeError: expected scalar type Double but found Float";
+  CHECK_FALSE(ob.failsInFloat64());
+  CHECK(ob.referenceFailedOtherwise());
+  // Nor does one that departed before the target.
+  ob.reference.error = ob.replay.error;
+  ob.reference.verdict = replayer::Verdict::Diverged;
+  CHECK_FALSE(ob.failsInFloat64());
 }
 
 TEST_CASE("a replay request and the program's outcome read back from their JSON", "[investigate][json]") {

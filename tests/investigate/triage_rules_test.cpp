@@ -295,6 +295,7 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   f.replay->firstNonFiniteOp = nonFiniteOp("aten::div", {stats(0, 0, 0.0, 1.0)});
   OpBisection ops;
   ops.step = 6;
+  ops.replay.error = "non-finite loss at step 6: nan";
   ops.reference.error = "non-finite loss at step 6: nan";
   ops.reference.firstNonFiniteOp = nonFiniteOp("aten::div", {});
   replayer::DepartingOp d;
@@ -312,6 +313,13 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   f.ops->reference.error.clear();
   f.ops->reference.firstNonFiniteOp.reset();
   CHECK(has(judgeLossNumerics(f), "the float64 CPU replay of the step runs clean: float32 rounding or range is involved"));
+
+  // A reference that failed its own way (a float32 tensor the step makes) is not "fails in float64".
+  f.ops->reference.error = "RuntimeError: expected scalar type Double but found Float";
+  auto other = judgeLossNumerics(f);
+  CHECK_FALSE(has(other, "the float64 CPU replay fails with the same error"));
+  CHECK(has(other, "the float64 CPU replay could not run the step (RuntimeError: expected scalar type Double but found "
+                   "Float): it says nothing about precision"));
 }
 
 TEST_CASE("optimizer-divergence is confirmed when the weight norm runs away, with the learning-rate jump",

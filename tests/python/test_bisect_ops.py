@@ -87,3 +87,32 @@ def test_a_with_rec_step_loop_widens_its_own_batch_tensors_for_the_reference(tmp
     # reference's linear layer would have failed on mixed dtypes before the log.
     assert "expected" not in (ops["reference"]["error"] or ""), ops["reference"]
     assert ops["stopped_because"] is None, ops["stopped_because"]
+
+
+def test_a_reference_that_breaks_on_its_own_float32_tensor_says_nothing_about_precision(tmp_path):
+    # The step makes a float32 tensor explicitly: against the widened activations the matmul
+    # fails in the reference, for the reference's own reason, not the training's NaN.
+    script = tmp_path / "explicit.py"
+    script.write_text(textwrap.dedent("""
+        import torch, crashcap
+        torch.manual_seed(0)
+        model = torch.nn.Linear(5, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, keyframe_every=3, quiet=True)
+        g = torch.Generator().manual_seed(2)
+        batches = [torch.randn(8, 5, generator=g) for _ in range(6)]
+        batches[4][2, 1] = float("nan")
+        for step, x in rec.steps(batches):
+            loss = (model(x) @ torch.ones(4, 1, dtype=torch.float32)).pow(2).mean()
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+    """))
+    r = run_python(str(script), cwd=tmp_path)
+    assert r.returncode != 0
+    ops = crashcap_json("bisect", "ops", only_bundle(tmp_path / "runs"))
+    assert ops["replay"]["verdict"] == "reproduced-bitwise", ops
+    assert ops["reference"]["error"], ops["reference"]  # it failed ...
+    assert "non-finite" not in ops["reference"]["error"], ops["reference"]
+    assert ops["fails_in_float64"] is False  # ... but not the way the training did

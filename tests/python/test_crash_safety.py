@@ -169,3 +169,32 @@ def test_an_error_raised_from_another_keeps_the_chain_and_still_replays_bit_for_
     assert crash["step"] == 5
     replay = crashcap_json("replay", bundle)
     assert replay["verdict"] == "reproduced-bitwise", replay  # the last lines agree
+
+
+def test_signal_handlers_wait_while_a_crash_is_recorded_and_run_after_it():
+    from crashcap._recorder import _SignalHandlersDeferred
+    calls = []
+
+    def usr1(signum, frame):
+        calls.append(signum)
+        raise RuntimeError("worker died")
+
+    previous = signal.signal(signal.SIGUSR1, usr1)
+    sigint = signal.getsignal(signal.SIGINT)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with _SignalHandlersDeferred() as deferred:
+                os.kill(os.getpid(), signal.SIGUSR1)
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)  # both delivered; neither handler has run
+                assert calls == []
+                raised = deferred.run_pending()  # as rec.fail does, before it seals
+                assert calls == [signal.SIGUSR1]
+                assert [type(e) for e in raised] == [RuntimeError, KeyboardInterrupt]
+        # The first exception a handler raised comes out after the block, and every handler is back.
+        assert signal.getsignal(signal.SIGUSR1) is usr1 and signal.getsignal(signal.SIGINT) is sigint
+        with pytest.raises(RuntimeError, match="worker died"):
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(0.05)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)

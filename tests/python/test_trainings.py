@@ -46,6 +46,11 @@ def test_a_with_rec_step_loop_replays_from_its_keyframe_and_refuses_a_subset_of_
     assert replay["first_nonfinite_op"]["name"] == "aten::log"
     rows = crashcap("replay", bundle, "--rows", "3")
     assert rows.returncode != 0 and "replays only whole, unchanged batches" in rows.stderr
+    # Sample bisection stops at the first refused replay and says why, instead of counting each
+    # refusal as a pass and naming every row.
+    samples = crashcap("bisect", "samples", bundle)
+    assert samples.returncode != 0 and "did not run" in samples.stderr, samples.stdout + samples.stderr
+    assert "replays only whole, unchanged batches" in samples.stderr
 
 
 def test_ops_the_autograd_engine_runs_around_a_node_are_recorded_as_backward(tmp_path):

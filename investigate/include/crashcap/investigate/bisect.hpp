@@ -44,8 +44,12 @@ struct OpBisection {
   double tolerance = 0;
   uint64_t opsCompared = 0;
   std::string stoppedBecause;                    ///< "" or why the comparison stopped early
-  /// The float64 reference fails too: the arithmetic itself, not float32 rounding or range.
-  bool failsInFloat64() const { return !reference.error.empty(); }
+  /// The float64 reference fails the way the replay does (both go non-finite, or both raise the
+  /// same error): the arithmetic itself, not float32 rounding or range.
+  bool failsInFloat64() const;
+  /// The reference failed another way (a step that makes float32 tensors of its own meets the
+  /// widened weights; a step before the target departed): it says nothing about precision.
+  bool referenceFailedOtherwise() const { return !reference.error.empty() && !failsInFloat64(); }
 };
 OpBisection bisectOps(const std::string& bundle, int64_t step = -1, double tolerance = 1e-3);
 

@@ -76,6 +76,7 @@ struct TriageFacts {
   std::string bundle;
   std::optional<replayer::ReplayResult> replay;      ///< the failing step, as recorded
   std::string replayOutcome;                         ///< why replay gave no result (the experiment's outcome)
+  std::string samplesOutcome;                        ///< why sample bisection gave no result
   int64_t crashStep = -1;                            ///< the recorded crash's step (-1: none recorded)
   std::optional<StepBisection> steps;
   std::optional<SampleBisection> samples;

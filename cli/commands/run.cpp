@@ -18,6 +18,8 @@ namespace {
 struct Options {
   supervisor::SuperviseOptions supervise;
   bool noTrace = false;
+  std::string nonFinite;                 ///< --nonfinite (with --record)
+  int64_t keyframeEvery = 0;             ///< --keyframe-every (with --record); 0: the recorder's default
   std::vector<std::string> afterDashes;  ///< the command, when given after --
   CLI::App* app = nullptr;
 };
@@ -28,6 +30,15 @@ int run(Options& r) {
   auto& o = r.supervise;
   o.command = r.afterDashes.empty() ? r.app->remaining() : r.afterDashes;
   o.kernelTrace = !r.noTrace;
+  if (!o.observePython && (!r.nonFinite.empty() || r.keyframeEvery))
+    throw Error(ErrorCode::InvalidArgument, "--nonfinite and --keyframe-every set how --record records",
+                "add --record: crashcap run --record --nonfinite record -- python train.py");
+  if (o.observePython) {
+    std::vector<std::string> policy;
+    if (!r.nonFinite.empty()) policy.push_back(fmt::format("\"nonfinite\": \"{}\"", r.nonFinite));
+    if (r.keyframeEvery) policy.push_back(fmt::format("\"keyframe_every\": {}", r.keyframeEvery));
+    o.observePolicy = fmt::format("{{{}}}", fmt::join(policy, ", "));
+  }
   o.say = [](const std::string& line) { std::cerr << line << "\n"; };
   auto report = supervisor::supervise(o);
   std::string cmd = fmt::format("{}", fmt::join(o.command, " "));
@@ -85,6 +96,16 @@ Command runCommand(CLI::App& root) {
   cmd->add_flag("--cudnn-log", s.cudnnLog,
                 "cuDNN's own API log (CUDNN_LOGLEVEL_DBG=3) into a pipe; the last 256 KiB go into the bundle, so a "
                 "CUDNN_STATUS_EXECUTION_FAILED carries the failing call's descriptors and engine. Slows cuDNN calls");
+  cmd->add_flag("--record", s.observePython,
+                "Record a Python training with no change to it: batches from its DataLoader, weights and optimizer "
+                "state from its optimizer, the loss from backward() (docs/PYTHON.md); `crashcap replay` replays it");
+  cmd->add_option("--nonfinite", o->nonFinite,
+                  "With --record: a NaN/Inf loss or gradient norm seals a bundle and stops the training (raise, the "
+                  "default) or is only recorded (record)")
+      ->check(CLI::IsMember({"raise", "record"}));
+  cmd->add_option("--keyframe-every", o->keyframeEvery,
+                  "With --record: a keyframe (weights and optimizer state) every N steps (default 50)")
+      ->check(CLI::PositiveNumber);
   cmd->add_flag("--no-trace", o->noTrace, "Do not inject the kernel tracer (libcrashcap_inject.so via CUDA_INJECTION64_PATH)");
   cmd->prefix_command();  // without --, the first word that is not an option starts the command
   cmd->footer("Everything after the options (or after --) is the command. Its output passes through; crashcap's\n"
@@ -95,7 +116,12 @@ Command runCommand(CLI::App& root) {
               "exit-nonzero (docs/RUN.md).\n"
               "Kernel trace: on a machine with a GPU, CUDA loads libcrashcap_inject.so into the command's processes;\n"
               "their kernel launches and first sticky CUDA error go into the bundle (crashcap inspect B --trace).\n"
-              "Example: crashcap run --dir runs --restart 3 --max-consecutive 2 -- python train.py --lr 3e-4");
+              "Recording: with --record, a Python training that iterates a torch DataLoader is recorded step by\n"
+              "step as crashcap.Recorder would record it; a crash's bundle then replays (crashcap replay B), bisects\n"
+              "and triages. What it cannot tell (two optimizers, gradient accumulation, no DataLoader) it says in\n"
+              "one warning each, and records what it can.\n"
+              "Example: crashcap run --dir runs --restart 3 --max-consecutive 2 -- python train.py --lr 3e-4\n"
+              "         crashcap run --record --dir runs -- python train.py");
   Command c{cmd, [o] { return run(*o); }};
   c.commandAfterDashes = &o->afterDashes;
   return c;

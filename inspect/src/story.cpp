@@ -90,6 +90,7 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   if (v.crash) {
     const auto& c = *v.crash;
     j["crash"] = {{"kind", c.kind},
+                  {"source", "recorder"},
                   {"step", c.step >= 0 ? json(c.step) : json(nullptr)},
                   {"phase", c.phase},
                   {"error", c.error},
@@ -104,6 +105,7 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
     // No recorder in the process (or it never got to record): what `crashcap run` saw.
     const auto& sv = *v.supervision;
     j["crash"] = {{"kind", sv.signal ? "signal" : "exit"},
+                  {"source", "supervisor"},
                   {"step", nullptr},
                   {"phase", nullptr},
                   {"error", sv.evidence},
@@ -283,8 +285,8 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
   if (!j["crash"].is_null()) {
     const auto& c = j["crash"];
     std::string where = c["step"].is_null()
-                            ? std::string(j["supervision"].is_null() ? "before any step"
-                                                                     : "(seen from outside: no recorder in the process)")
+                            ? std::string(c["source"] == "recorder" ? "before any step"
+                                                                    : "(seen from outside: no recorder in the process)")
                             : fmt::format("at step {}, phase {}", str(c["step"]), str(c["phase"]));
     s += fmt::format("\nCRASH      {} {}{}\n", str(c["kind"]), where,
                      c["signal"].is_null() ? "" : fmt::format(", signal {}", str(c["signal_name"])));

@@ -36,9 +36,11 @@ struct RecordedProgram {
 RecordedProgram recordedProgram(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);
   auto view = formats::readRecords(*reader);
-  if (!view.program)
-    throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
-                "record with Recorder::setProgram (TorchScript) or Recorder::setModel with Recorder::setStep");
+  if (!view.program) {
+    auto env = reader->environment();
+    throw replayer::noStepProgram(bundle, env ? env->fact("python.capture") : "",
+                                  env ? env->fact("python.observed.loader") : "");
+  }
   const bool python = view.program->format == "python";
   if (view.program->format != "module" && !python)
     throw Error(ErrorCode::Internal, fmt::format("{} holds a {} step program, which replays in crashcap", bundle,

@@ -29,9 +29,13 @@ def _part(key):
     return text[:_MAX_PART]
 
 
-def flatten(batch):
+def flatten(batch, extra=()):
     """(tensors, structure): tensors as [(name, tensor)], structure as JSON text ("" when the
-    batch is a flat dict of tensors with plain string keys, the C++ recorder's form)."""
+    batch is a flat dict of tensors with plain string keys, the C++ recorder's form).
+
+    `extra`: [(name, tensor)] stored beside the batch's own tensors but not part of its
+    structure (the dataset indices the loader's sampler drew), each only when its name is free;
+    replay rebuilds the batch without them."""
     tensors = []
     used = set()
 
@@ -70,7 +74,13 @@ def flatten(batch):
         return {"opaque": f"{type(value).__module__}.{type(value).__qualname__}: {repr(value)[:200]}"}
 
     root = walk(batch, [])
-    flat = "dict" in root and all(
+    added = False
+    for name, tensor in extra:
+        if name not in used:
+            used.add(name)
+            tensors.append((name, tensor))
+            added = True
+    flat = not added and "dict" in root and all(
         isinstance(k, str) and "tensor" in node and node["tensor"] == k for k, node in root["dict"])
     structure = "" if flat else json.dumps(root, separators=(",", ":"))
     if len(structure) > 60_000:

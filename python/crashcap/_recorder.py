@@ -26,6 +26,7 @@ def _stack_here():
             for f in reversed(frames)][:128]
 
 _active = None  # the Recorder whose crashes sys.excepthook records (one per process)
+_user_recorder_made = False  # a Recorder the program made itself: `crashcap run --record` then stands aside
 
 
 def _exception_type_name(exc):
@@ -200,8 +201,8 @@ class Recorder:
     """
 
     def __init__(self, directory=None, model=None, optimizer=None, *, scheduler=None, grad_scaler=None, program=None,
-                 **policy):
-        global _active, _previous_excepthook
+                 _facts=(), _observed=False, **policy):
+        global _active, _previous_excepthook, _user_recorder_made
         if not isinstance(model, torch.nn.Module):
             raise TypeError("crashcap.Recorder needs model=<the torch.nn.Module being trained>")
         if optimizer is None or not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "state_dict"):
@@ -212,6 +213,8 @@ class Recorder:
         if unknown:
             raise TypeError(f"crashcap.Recorder got unknown options {unknown}; known: {sorted(known)}")
         self.model, self.optimizer, self.scheduler, self.grad_scaler = model, optimizer, scheduler, grad_scaler
+        if not _observed:
+            _user_recorder_made = True
         # Keyframes hold the state by the names replay will look it up by: the program's, when
         # the step is given as TorchScript (which wraps the model, so its names may be prefixed).
         state = model
@@ -234,7 +237,9 @@ class Recorder:
         self._native = _native.Recorder(directory or "", policy)
         self._native.set_model(list(state.named_parameters()), list(state.named_buffers()))
         self._native.set_foreign(_state.program_sources(), kind, groups, self._learning_rates,
-                                 _state.python_generators, self._keyframe, _state.program_facts(), _stack_here,
+                                 _state.python_generators, self._keyframe, _state.program_facts() +
+                                 (list(_facts) if _observed else [("python.capture", "api")]),
+                                 _stack_here,
                                  torchscript=archive)
         if _active is None or _active() is None:
             _active = weakref.ref(self)
@@ -300,11 +305,11 @@ class Recorder:
         finally:
             self._finish_step()
 
-    def begin(self, step, batch):
+    def begin(self, step, batch, _extra=()):
         """Records step `step`'s batch, generator states and learning rates (and a keyframe when
         one is due). steps() and step() call it; call it yourself only for a loop they do not fit."""
         self._finish_step()
-        tensors, structure = _batch.flatten(batch)
+        tensors, structure = _batch.flatten(batch, _extra)
         self._step = self._native.begin_step(int(step), tensors, structure)
         self._step_index = int(step)
         self._next_step = int(step) + 1
@@ -378,6 +383,12 @@ class Recorder:
             self.fail(value)
         self.close()
         return False
+
+    def warn(self, text, _print=True):
+        """A warning about what the recording lacks: on stderr (unless quiet=True), and kept in the
+        bundle's run status, where `crashcap inspect` shows it."""
+        if self._native is not None:
+            self._native.warn(text, _print)
 
     @property
     def recording_dir(self):

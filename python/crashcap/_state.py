@@ -108,7 +108,7 @@ def optimizer_spec(optimizer, names):
                 options[key] = float(value)
         groups.append((names[position:position + count], options))
         position += count
-    return type(optimizer).__name__.lower(), groups
+    return getattr(optimizer, "_crashcap_kind", None) or type(optimizer).__name__.lower(), groups
 
 
 # The optimizers LibTorch has, by the kind optimizer_spec names them (crashcap's C++ replay

@@ -185,6 +185,7 @@ void bindRecorder(py::module_& m) {
         py::gil_scoped_release nogil;
         r.close();
       })
+      .def("warn", &rec::Recorder::warn, py::arg("warning"), py::arg("print") = true)
       .def("stats", [](const rec::Recorder& r) { return statsOf(r.stats()); })
       .def("recording_dir", &rec::Recorder::recordingDir)
       .def("crash_bundle", &rec::Recorder::crashBundle);

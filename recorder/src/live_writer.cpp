@@ -187,6 +187,11 @@ void LiveWriter::skipKeyframe(int64_t step, uint64_t bytes) {
   }
 }
 
+void LiveWriter::addWarning(std::string warning) {
+  std::lock_guard<std::mutex> lk(statsMu_);
+  if (stats_.warnings.size() < 64) stats_.warnings.push_back(std::move(warning));
+}
+
 void LiveWriter::fillStatus(formats::RunStatusData& status) const {
   auto s = stats();
   status.droppedRecords = s.droppedRecords;

@@ -108,6 +108,8 @@ class LiveWriter {
   /// Counts a keyframe not taken at `step` (its `bytes` did not fit the keyframe lane); the first
   /// one warns.
   void skipKeyframe(int64_t step, uint64_t bytes);
+  /// A warning of the recorder's own (not the writer's), kept in the run status with the writer's.
+  void addWarning(std::string warning);
   /// The writer's counts in a run_status record (state, stepsBegun and lastStep are the caller's).
   void fillStatus(formats::RunStatusData& status) const;
 

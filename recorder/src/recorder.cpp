@@ -188,9 +188,13 @@ struct Recorder::Impl {
     return writer ? static_cast<Phase>(writer->phase.load(std::memory_order_relaxed)) : Phase::Setup;
   }
 
-  void warn(const std::string& w) {
-    warnings.push_back(w);
-    if (!policy.quiet) std::fprintf(stderr, "crashcap: warning: %s\n", w.c_str());
+  void warn(const std::string& w, bool print = true) {
+    // Once the writer runs, its warnings are the ones the run status keeps (stats() shows both).
+    if (writer)
+      writer->addWarning(w);
+    else
+      warnings.push_back(w);
+    if (print && !policy.quiet) std::fprintf(stderr, "crashcap: warning: %s\n", w.c_str());
   }
 
   /// A host copy the writer can own. CPU tensors are copied now; device tensors are copied
@@ -444,6 +448,11 @@ struct Recorder::Impl {
 
   std::string sealCrash(formats::CrashData crash) {
     if (!writer) return "";
+    try {
+      writeEnvironment();  // a crash before the first step still says where it ran
+    } catch (const std::exception& e) {
+      warn(fmt::format("could not capture the environment: {}", e.what()));
+    }
     crashRecordedStep = crash.step;
     pendingCrash.reset();
     lastCrashBundle = writer->crash(std::move(crash));
@@ -776,6 +785,8 @@ void Recorder::close() {
     if (m.policy.crashGuard) detail::uninstallCrashGuard();
   }
 }
+
+void Recorder::warn(const std::string& warning, bool print) { impl_->warn(warning, print); }
 
 RecorderStats Recorder::stats() const {
   RecorderStats s;

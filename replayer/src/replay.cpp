@@ -453,9 +453,10 @@ struct Run {
     testing::installFaultInjection();
     reader = formats::BundleReader::open(bundle);
     view = formats::readRecords(*reader);
-    if (!view.program)
-      throw Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
-                  "record with Recorder::setProgram (TorchScript), or Recorder::setModel with Recorder::setStep");
+    if (!view.program) {
+      auto env = reader->environment();
+      throw noStepProgram(bundle, env ? env->fact("python.capture") : "", env ? env->fact("python.observed.loader") : "");
+    }
     if (!view.optimizer) throw Error(ErrorCode::Unsupported, fmt::format("{} has no optimizer spec", bundle));
     if (view.stepBegins.empty()) throw Error(ErrorCode::NotFound, fmt::format("{} holds no recorded steps", bundle));
     if (!options.dtype.empty() && options.dtype != "float64")
@@ -1167,6 +1168,22 @@ ReferenceComparison DrivenReplay::finishComparison() {
     c.stoppedBecause = m.probe.stopped;
   }
   return c;
+}
+
+Error noStepProgram(const std::string& bundle, const std::string& pythonCapture, const std::string& observedLoader) {
+  if (pythonCapture == "observed" && observedLoader == "none")
+    return Error(ErrorCode::Unsupported,
+                 fmt::format("{} holds no steps: its Python training was recorded by `crashcap run --record`, and it "
+                             "made its batches itself (no DataLoader), so only its crash, last ops and environment "
+                             "were kept",
+                             bundle),
+                 "to replay it, record its steps with crashcap.Recorder's `with rec.step(i, ...)` (docs/PYTHON.md)");
+  if (!pythonCapture.empty())
+    return Error(ErrorCode::Unsupported,
+                 fmt::format("{} has no step program record: its Python training crashed before its first step", bundle),
+                 "`crashcap inspect` shows the crash; a replay needs at least one recorded step");
+  return Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
+               "record with Recorder::setProgram (TorchScript), or Recorder::setModel with Recorder::setStep");
 }
 
 }  // namespace crashcap::replayer

@@ -233,6 +233,32 @@ std::string injectionLibrary() {
   return "";
 }
 
+std::string pythonPackage() {
+  auto bootstrapIn = [](const fs::path& package) {
+    std::error_code ec;
+    return fs::exists(package / "_bootstrap" / "sitecustomize.py", ec) && fs::exists(package / "__init__.py", ec);
+  };
+  if (const char* v = std::getenv("CRASHCAP_PYTHON_PACKAGE")) {
+    if (bootstrapIn(v)) return fs::absolute(v).string();
+    throw Error(ErrorCode::NotFound,
+                fmt::format("CRASHCAP_PYTHON_PACKAGE={} is not the crashcap Python package (no __init__.py and "
+                            "_bootstrap/sitecustomize.py in it)", v),
+                "point it at the crashcap directory of a build (build/python/crashcap) or unset it");
+  }
+  std::vector<fs::path> candidates;
+  std::error_code ec;
+  fs::path self = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) candidates.push_back(self.parent_path().parent_path() / "python" / "crashcap");
+#ifdef CRASHCAP_PYTHON_INSTALL_DIR
+  candidates.push_back(CRASHCAP_PYTHON_INSTALL_DIR);
+#endif
+  for (const auto& c : candidates)
+    if (bootstrapIn(c)) return c.string();
+  throw Error(ErrorCode::NotFound, "crashcap run --record needs the crashcap Python package, and there is none here",
+              "build it (./dev build, with python3-torch, pybind11-dev and python3-dev installed; "
+              "-DCRASHCAP_WITH_PYTHON=ON says what is missing) or set CRASHCAP_PYTHON_PACKAGE to its directory");
+}
+
 std::string traceStatus() {
   std::string reason = cupti::gpuUnavailableReason();
   if (!reason.empty()) return "unavailable: " + reason;
@@ -334,6 +360,16 @@ SuperviseReport supervise(const SuperviseOptions& o) {
   std::vector<std::string> extraEnv = {fmt::format("{}={}", recorder::kOutputDirVariable, dir)};
   if (o.launchBlocking) extraEnv.push_back("CUDA_LAUNCH_BLOCKING=1");
   if (o.deviceSideAssertions) extraEnv.push_back("TORCH_USE_CUDA_DSA=1");
+  if (o.observePython) {
+    // The bootstrap first (Python imports the first sitecustomize on its path; crashcap's runs
+    // the one it hides), the package's parent next, then the user's own PYTHONPATH.
+    fs::path package = pythonPackage();
+    std::string path = (package / "_bootstrap").string() + ":" + package.parent_path().string();
+    const char* user = std::getenv("PYTHONPATH");
+    if (user && *user) path += std::string(":") + user;
+    extraEnv.push_back("PYTHONPATH=" + path);
+    extraEnv.push_back("CRASHCAP_OBSERVE=" + o.observePolicy);
+  }
   if (o.kernelTrace && !std::getenv("CUDA_INJECTION64_PATH")) {
     std::string lib = injectionLibrary();
     if (!lib.empty()) extraEnv.push_back("CUDA_INJECTION64_PATH=" + lib);

@@ -261,6 +261,11 @@ class Recorder {
   /// Drains and closes the recording (kept on disk for `crashcap seal`). Idempotent.
   void close();
 
+  /// A front end's warning (what it could not record, and what it kept instead): printed on
+  /// stderr unless quiet or `print` is false (the front end said it already), kept in
+  /// stats().warnings and in the run status of the recording.
+  void warn(const std::string& warning, bool print = true);
+
   RecorderStats stats() const;
   /// The live recording directory, <outputDir>/recording-<time>-<pid> ("" when not recording).
   std::string recordingDir() const;

@@ -11,6 +11,8 @@
 #include <string>
 #include <vector>
 
+#include "crashcap/formats/error.hpp"
+
 namespace crashcap::replayer {
 
 /// What a replay concludes about the recorded failure at its target step.
@@ -163,5 +165,11 @@ ComparisonSide parseComparisonSide(const std::string& text);
 /// Devices replay can run on here: "cpu", each "cuda:K", and the fault-injection hook's fake
 /// devices (tests only).
 std::vector<std::string> availableDevices();
+
+/// The error for a bundle with no step program record, saying why it has none: a Python training
+/// recorded from outside without a DataLoader records no steps; otherwise how to record one.
+/// `pythonCapture`: the environment's python.capture fact ("" for a C++ recording);
+/// `observedLoader`: its python.observed.loader fact.
+Error noStepProgram(const std::string& bundle, const std::string& pythonCapture, const std::string& observedLoader);
 
 }  // namespace crashcap::replayer

@@ -33,6 +33,11 @@ struct SuperviseOptions {
   size_t cudnnLogTailBytes = 256 * 1024;
   double stopGraceSeconds = 10;         ///< after Ctrl-C: SIGINT, then SIGTERM at half, SIGKILL at the end
   size_t tailBytes = 64 * 1024;         ///< of stdout and of stderr, per run
+  /// `--record`: record a Python training from PyTorch's own seams, with no change to it: the
+  /// crashcap package's bootstrap goes first on the child's PYTHONPATH (pythonPackage()) and
+  /// `observePolicy` (the Recorder's keywords, JSON) into CRASHCAP_OBSERVE (docs/PYTHON.md).
+  bool observePython = false;
+  std::string observePolicy = "{}";
   /// Lines for the user (on stderr in the CLI): what is happening between runs.
   std::function<void(const std::string&)> say;
 };
@@ -70,5 +75,10 @@ std::string traceStatus();
 /// directory beside its bin/; "" when there is none.
 /// CRASHCAP_INJECT_LIBRARY overrides.
 std::string injectionLibrary();
+
+/// The directory of the crashcap Python package whose bootstrap `--record` puts into a Python
+/// child: $CRASHCAP_PYTHON_PACKAGE, else the build's (python/crashcap beside bin/), else the
+/// installed one. Throws crashcap::Error{NotFound} saying how to build it when there is none.
+std::string pythonPackage();
 
 }  // namespace crashcap::supervisor

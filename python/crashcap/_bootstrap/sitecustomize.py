@@ -1,0 +1,65 @@
+"""crashcap's bootstrap for `crashcap run --record`: first on PYTHONPATH, Python imports it at start-up.
+
+It runs the sitecustomize it hides (the system's), then waits for the program to import torch,
+and only then loads crashcap's observer (crashcap/_observe.py): a program that never imports
+torch (a launcher, a shell helper) runs as if crashcap were not there. Nothing here may break
+the program: an error is one line on stderr.
+"""
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import os
+import sys
+
+_HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def _run_hidden_sitecustomize():
+    path = [p for p in sys.path if os.path.abspath(p or os.curdir) != _HERE]
+    spec = importlib.machinery.PathFinder.find_spec("sitecustomize", path)
+    if spec is None or spec.loader is None:
+        return
+    try:
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    except Exception as e:  # as site.py reports an error in sitecustomize
+        print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(e).__name__}: {e}", file=sys.stderr)
+
+
+def _observe():
+    try:
+        from crashcap import _observe
+        _observe.start_from_environment()
+    except Exception as e:
+        print(f"crashcap: not recording this training: the crashcap package failed to load "
+              f"({type(e).__name__}: {e})", file=sys.stderr)
+
+
+class _AfterTorch(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when `torch` is first imported, wraps its loader so that the observer
+    starts once torch's own import has finished."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "torch":
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
+            return spec
+        exec_module = spec.loader.exec_module
+
+        def exec_then_observe(module):
+            exec_module(module)
+            _observe()
+
+        spec.loader.exec_module = exec_then_observe
+        return spec
+
+
+_run_hidden_sitecustomize()
+if os.environ.get("CRASHCAP_OBSERVE") is not None or os.environ.get("CRASHCAP_REPLAY_REQUEST") is not None:
+    if "torch" in sys.modules:
+        _observe()
+    else:
+        sys.meta_path.insert(0, _AfterTorch())

@@ -1,0 +1,613 @@
+"""Recording an unmodified PyTorch training from PyTorch's own seams (`crashcap run --record`).
+
+``crashcap run --record -- python train.py`` puts crashcap's bootstrap first on the program's
+PYTHONPATH (``crashcap/_bootstrap/sitecustomize.py``). When the program imports torch, the
+bootstrap calls install(), which watches the training where PyTorch lets anyone watch it:
+
+- ``DataLoader``: each loader gets an ordinal (its place among the loaders the program made); each
+  batch an iterator yields with gradients enabled is a step of *the training loader* (the first
+  loader iterated that way), recorded before the program sees it, with the dataset indices the
+  loader's sampler drew for it (a batch tensor ``index``, unless the batch has its own).
+- ``torch.autograd.backward`` (which ``loss.backward()`` calls): the first backward of a one-element
+  tensor in a step is the step's loss; crashcap fingerprints it and its gradient norm, and a
+  NaN/Inf raises crashcap.NonFiniteError there, before the update, as ``rec.end(loss)`` does.
+- ``torch.optim.Optimizer``: every optimizer the program makes, in order; its ``step`` counts the
+  updates (to tell gradient accumulation). The model is the modules that own the optimizers'
+  parameters (found once, at the first step), named as those modules name them.
+- LR schedulers and GradScalers made over those optimizers: kept in keyframes.
+
+From those it drives a crashcap.Recorder exactly as the explicit API does, so what a recording
+holds, how it seals and how it replays are the same (docs/PYTHON.md). In a replay
+(CRASHCAP_REPLAY_REQUEST set) the training loader's iterator yields the recorded batches from the
+keyframe on instead, and the process ends after the target step.
+
+What cannot be inferred safely is said in one warning each, kept in the bundle, and the rest is
+recorded: several optimizers (kept together), gradient accumulation, another loader iterated
+with gradients enabled (not recorded), no DataLoader (no steps: the crash, the environment and
+the last ops are still recorded). The observer never changes what the training computes: it
+reads, copies and counts; an error of its own stops the recording with one warning, and the
+training goes on.
+"""
+
+import atexit
+import collections
+import functools
+import gc
+import json
+import os
+import sys
+import threading
+import weakref
+
+import torch
+
+from . import _native, _recorder
+from ._recorder import NonFiniteError, Recorder
+from ._replay import _end, _error, take_request
+
+_observer = None  # the process's observer, once install() ran
+
+
+def _say(text):
+    print(f"crashcap: {text}", file=sys.stderr, flush=True)
+
+
+class _Roots(torch.nn.Module):
+    """Several root modules (and parameters no module owns) as the one model a Recorder takes:
+    the modules are children under their class's name ("generator.", "discriminator."), in the
+    order the optimizers list their parameters; loose tensors are "loose.<k>". The program's
+    modules are only referred to, never changed."""
+
+    def __init__(self, roots, loose):
+        super().__init__()
+        used = collections.Counter()
+        for root in roots:
+            base = type(root).__name__.lower() or "module"
+            name = base if used[base] == 0 else f"{base}{used[base]}"
+            used[base] += 1
+            self.add_module(name, root)
+        self._loose = list(loose)
+
+    def named_parameters(self, prefix="", recurse=True, *args, **kwargs):
+        yield from super().named_parameters(prefix, recurse, *args, **kwargs)
+        for k, t in enumerate(self._loose):
+            yield f"{prefix}loose.{k}", t
+
+
+class _Optimizers:
+    """Several optimizers as the one a Recorder takes: their parameter groups in order, and one
+    state_dict whose parameter indices run on from one optimizer to the next."""
+
+    def __init__(self, optimizers):
+        self.optimizers = list(optimizers)
+        self._crashcap_kind = "+".join(type(o).__name__.lower() for o in self.optimizers)
+
+    @property
+    def param_groups(self):
+        return [g for o in self.optimizers for g in o.param_groups]
+
+    def _counts(self):
+        return [sum(len(g["params"]) for g in o.param_groups) for o in self.optimizers]
+
+    def state_dict(self):
+        state, groups, offset = {}, [], 0
+        for o, count in zip(self.optimizers, self._counts()):
+            sd = o.state_dict()
+            state.update({offset + k: v for k, v in sd["state"].items()})
+            for g in sd["param_groups"]:
+                groups.append({**g, "params": [offset + i for i in g["params"]]})
+            offset += count
+        return {"state": state, "param_groups": groups}
+
+    def load_state_dict(self, state_dict):
+        groups = list(state_dict["param_groups"])
+        offset = 0
+        for o, count in zip(self.optimizers, self._counts()):
+            mine = [{**g, "params": [i - offset for i in g["params"]]} for g in groups[:len(o.param_groups)]]
+            groups = groups[len(o.param_groups):]
+            state = {k - offset: v for k, v in state_dict["state"].items() if offset <= k < offset + count}
+            o.load_state_dict({"state": state, "param_groups": mine})
+            offset += count
+
+
+class _Several:
+    """Several schedulers (or GradScalers) as one object with a state_dict, kept in keyframes."""
+
+    def __init__(self, objects):
+        self.objects = list(objects)
+
+    def state_dict(self):
+        return {str(k): o.state_dict() for k, o in enumerate(self.objects)}
+
+    def load_state_dict(self, state):
+        for k, o in enumerate(self.objects):
+            if str(k) in state:
+                o.load_state_dict(state[str(k)])
+
+
+def _model_of(optimizer_params):
+    """(model, description): the modules that own `optimizer_params`, as one nn.Module.
+
+    The roots are the live modules that are no other module's child; of those, the ones owning
+    the optimizers' parameters are taken in the order of the parameters they own first. A
+    parameter no module owns is kept as a loose tensor."""
+    # By type, not isinstance: isinstance reads __class__, which some objects answer with a warning.
+    module_type = torch.nn.Module
+    modules = [o for o in gc.get_objects() if issubclass(type(o), module_type) and type(o) is not _Roots]
+    children = {id(c) for m in modules for c in m._modules.values() if c is not None}
+    wanted = {id(p): k for k, p in enumerate(optimizer_params)}
+    candidates = []
+    for m in modules:
+        if id(m) in children:
+            continue
+        owned = [wanted[id(p)] for p in m.parameters() if id(p) in wanted]
+        if owned:
+            total = sum(p.numel() for p in m.parameters())
+            candidates.append((min(owned), -len(owned), total, type(m).__name__, m, set(owned)))
+    candidates.sort(key=lambda c: c[:4])
+    roots, covered = [], set()
+    for *_, m, owned in candidates:
+        if owned - covered:
+            roots.append(m)
+            covered |= owned
+    loose = [p for k, p in enumerate(optimizer_params) if k not in covered]
+    if len(roots) == 1 and not loose:
+        return roots[0], type(roots[0]).__name__
+    words = [type(r).__name__ for r in roots] + ([f"{len(loose)} parameter(s) of no module"] if loose else [])
+    return _Roots(roots, loose), " + ".join(words)
+
+
+class Observer:
+    """Watches one process's training and drives a crashcap.Recorder from it."""
+
+    def __init__(self, policy, replay):
+        self.pid = os.getpid()
+        self.policy = dict(policy)
+        self.replay = replay            # True: this process serves a replay request
+        self.quiet = bool(self.policy.get("quiet", False))
+        self.lock = threading.RLock()
+        self.optimizers = []            # weakrefs, in the order the program made them
+        self.schedulers = []            # (weakref scheduler, weakref optimizer)
+        self.scalers = []               # weakrefs
+        self.loaders = 0                # DataLoaders made so far (the next one's ordinal)
+        self.training_loader = None     # the ordinal of the loader whose batches are steps
+        self.rec = None
+        self.failed = None              # why the observer stopped ("" while it runs)
+        self.step = 0                   # the next step's index
+        self.in_flight = None           # the step in flight
+        self.ended = False              # its loss was fingerprinted
+        self.backwards = 0              # backward() calls of the step in flight
+        self.updates = 0                # optimizer steps of the step in flight
+        self.said = set()               # the warnings said (one each)
+        self.replay_steps = None        # in a replay: the recorded batches, in place of the training loader's
+        self.pending_warnings = []      # said before the recording began: kept in it when it does
+
+    # ---- bookkeeping ------------------------------------------------------------------------
+
+    def here(self):
+        """Whether this is the process that installed the observer (not a forked worker)."""
+        return self.failed is None and os.getpid() == self.pid
+
+    def warn(self, key, text):
+        """Says `text` once (per `key`); kept in the bundle's run status once a recording runs."""
+        if key in self.said:
+            return
+        self.said.add(key)
+        if self.rec is not None:
+            self.rec.warn(text)  # printed by the native recorder (unless quiet)
+            return
+        if not self.quiet:
+            _say(f"warning: {text}")
+        self.pending_warnings.append(text)
+
+    def stop(self, error):
+        """An error of crashcap's own: stop observing, say so once, let the training go on."""
+        if self.failed is not None:
+            return
+        self.failed = f"{type(error).__name__}: {error}"
+        _say(f"stopped recording this training after an error of crashcap's own ({self.failed}); "
+             f"the training goes on unrecorded. Please report it with the traceback above.")
+
+    def live(self, refs):
+        return [o for o in (r() for r in refs) if o is not None]
+
+    # ---- the seams --------------------------------------------------------------------------
+
+    def on_optimizer(self, optimizer):
+        self.optimizers.append(weakref.ref(optimizer))
+        if self.rec is not None and not self.replay:
+            self.warn("late-optimizer", f"an optimizer ({type(optimizer).__name__}) was made after the recording "
+                      f"began (step {self.step}); the recording keeps the optimizers it began with")
+
+    def on_scheduler(self, scheduler):
+        optimizer = getattr(scheduler, "optimizer", None)
+        if optimizer is not None and all(s() is not scheduler for s, _ in self.schedulers):
+            self.schedulers.append((weakref.ref(scheduler), weakref.ref(optimizer)))
+
+    def on_scaler(self, scaler):
+        if all(s() is not scaler for s in self.scalers):
+            self.scalers.append(weakref.ref(scaler))
+
+    def on_batch(self, ordinal, indices, batch):
+        """A batch the loader `ordinal` yielded: a step when it is the training loader's."""
+        if self.replay or not torch.is_grad_enabled():
+            return
+        if self.training_loader is None:
+            self.training_loader = ordinal
+        elif ordinal != self.training_loader:
+            self.warn("loaders", f"a second DataLoader (#{ordinal}) is iterated with gradients enabled; its batches "
+                      f"are not recorded (the steps are DataLoader #{self.training_loader}'s). Iterate validation "
+                      f"loaders under torch.no_grad()")
+            return
+        if self.in_flight is not None and self.updates == 0 and self.backwards > 0:
+            self.warn("accumulation", f"step {self.in_flight} ran backward() without an optimizer step: gradient "
+                      f"accumulation? Each batch is recorded as a step; a replay from a keyframe taken between two "
+                      f"updates starts without the gradients accumulated before it and departs from the recording")
+        self._finish()
+        if self.rec is None and not self._start(ordinal):
+            return
+        extra = ()
+        if indices is not None:
+            first = next((t for t in _tensors(batch)), None)
+            if first is not None and first.dim() > 0 and first.size(0) == len(indices):
+                extra = (("index", torch.tensor(indices, dtype=torch.int64)),)
+        step = self.step
+        self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
+        self.step += 1
+        self.rec.begin(step, batch, _extra=extra)
+
+    def on_backward(self, tensors):
+        """After a backward(): the step's loss, when it is the step's first backward of a one-element tensor."""
+        if self.rec is None:
+            if self.training_loader is None and not self.replay and self._start(None):
+                self.warn("no-loader", "backward() ran, but no DataLoader batch came before it with gradients enabled: "
+                          "this training makes its own batches, so crashcap records no steps (no batches, weights or "
+                          "replay); it keeps the crash with its Python traceback, the last ops and the environment. "
+                          "To record its steps, use crashcap.Recorder's `with rec.step(i, ...)` (docs/PYTHON.md)")
+            return
+        if self.in_flight is None:
+            return
+        self.backwards += 1
+        if self.ended:
+            if self.backwards == 2:
+                self.warn("backwards", f"step {self.in_flight} ran backward() more than once; the first one's loss is "
+                          f"the step's fingerprint")
+            return
+        if not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
+            return
+        self.ended = True
+        self.rec.end(tensors)  # a NonFiniteError here is the training's, not crashcap's
+
+    def on_optimizer_step(self, optimizer):
+        if self.in_flight is not None:
+            self.updates += 1
+
+    def _finish(self):
+        if self.rec is not None and self.in_flight is not None and not self.replay:
+            self.rec._finish_step()
+        self.in_flight = None
+
+    # ---- the recorder -----------------------------------------------------------------------
+
+    def _training(self):
+        """(model, optimizer, scheduler, scaler, words) of the training, or None without an optimizer."""
+        optimizers = self.live(self.optimizers)
+        if not optimizers:
+            return None
+        if len(optimizers) == 1:
+            optimizer = optimizers[0]
+        else:
+            optimizer = _Optimizers(optimizers)
+            self.warn("optimizers", f"{len(optimizers)} optimizers ({', '.join(type(o).__name__ for o in optimizers)}): "
+                      f"the recording keeps them all; each step's fingerprint is the loss of its first backward()")
+        params = [p for o in optimizers for g in o.param_groups for p in g["params"]]
+        model, words = _model_of(params)
+        ours = {id(o) for o in optimizers}
+        schedulers = [s for s, o in ((s(), o()) for s, o in self.schedulers) if s is not None and id(o) in ours]
+        scalers = self.live(self.scalers)
+        scheduler = schedulers[0] if len(schedulers) == 1 else (_Several(schedulers) if schedulers else None)
+        scaler = scalers[0] if len(scalers) == 1 else (_Several(scalers) if scalers else None)
+        return model, optimizer, scheduler, scaler, words
+
+    def _start(self, ordinal):
+        """Starts the recording of the training whose steps come from DataLoader `ordinal` (None:
+        a training without one). False when there is no optimizer yet."""
+        training = self._training()
+        if training is None:
+            if ordinal is not None:
+                self.warn("no-optimizer", f"step {self.step}: no torch.optim optimizer exists yet, so there is no model "
+                          f"to record; recording begins at the first batch after one is made")
+            return False
+        model, optimizer, scheduler, scaler, words = training
+        facts = [("python.capture", "observed"), ("python.observed.loader", "none" if ordinal is None else str(ordinal)),
+                 ("python.observed.model", words)]
+        policy = {k: v for k, v in self.policy.items() if k != "directory"}
+        self.rec = Recorder(self.policy.get("directory") or None, model=model, optimizer=optimizer, scheduler=scheduler,
+                            grad_scaler=scaler, _facts=facts, _observed=True, **policy)
+        for text in self.pending_warnings:
+            self.rec.warn(text, _print=False)  # said already
+        self.pending_warnings = []
+        if self.rec._native is not None and not self.quiet:
+            source = f"from DataLoader #{ordinal}" if ordinal is not None else "(its crash only: no DataLoader)"
+            _say(f"recording this training {source}: model {words}, optimizer "
+                 f"{getattr(optimizer, '_crashcap_kind', type(optimizer).__name__)}, into {self.rec.recording_dir}")
+        return True
+
+    # ---- replay -----------------------------------------------------------------------------
+
+    def replay_iterator(self, loader, ordinal):
+        """In a replay: the recorded batches, keyframe to target, in place of the loader's."""
+        training = self._training()
+        if training is None:
+            _refuse_replay("invalid-argument", f"the program iterated DataLoader #{ordinal} with gradients enabled "
+                           f"before making an optimizer, which the recording had made by then")
+        model, optimizer, scheduler, scaler, _ = training
+        self.rec = Recorder(None, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=scaler,
+                            _observed=True)
+        driver = self.rec._replay
+        if driver is None:
+            raise RuntimeError("the replay request was taken before the training loop (by another crashcap.Recorder?)")
+        recorded = driver.session.environment_fact("python.observed.loader")
+        if recorded and recorded != str(ordinal):
+            driver._refuse(_error("invalid-argument",
+                                         f"the recording's steps came from DataLoader #{recorded}, and this run's first "
+                                         f"DataLoader iterated with gradients enabled is #{ordinal}: the program makes "
+                                         f"its loaders in another order than when it recorded"))
+        self.training_loader = ordinal
+        return self._replayed(self.rec.steps(None))
+
+    def _replayed(self, steps):
+        for step, batch in steps:
+            self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
+            yield batch
+
+
+def _tensors(batch):
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, dict):
+        for v in batch.values():
+            yield from _tensors(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from _tensors(v)
+
+
+def _refuse_replay(code, message, hint=""):
+    """Ends a replay that cannot begin, with its reason as the outcome."""
+    request = take_request()
+    if request is not None:
+        _native.write_replay_error(request["text"], code, message, hint)
+    _end(3)
+
+
+def _replay_never_began():
+    """At exit in a replay whose loop never came: the reason, as the replay's outcome."""
+    if _observer.rec is None and not _recorder._user_recorder_made and _native.REPLAY_REQUEST_VARIABLE in os.environ:
+        _refuse_replay("invalid-argument", f"the program ended without iterating a DataLoader with gradients enabled "
+                       f"(it made {_observer.loaders}), so crashcap had no training loop to replay the recording in",
+                       "run the replay with the arguments and files the recording ran with (`crashcap inspect B` "
+                       "shows its command line); the program may have stopped early, before its training loop")
+
+
+def _guarded(fn):
+    """Runs an observer seam; an error of crashcap's own stops the observer, never the training.
+    crashcap.NonFiniteError (the training's loss) passes through."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        if _observer is None or not _observer.here():
+            return None
+        try:
+            with _observer.lock:
+                return fn(*args, **kwargs)
+        except NonFiniteError:
+            raise
+        except Exception as e:
+            _observer.stop(e)
+            return None
+    return run
+
+
+@_guarded
+def _seen_batch(iterator, batch):
+    if _recorder._user_recorder_made:
+        return  # the program records itself
+    queue = getattr(iterator, "_crashcap_indices", None)
+    indices = queue.popleft() if queue else None
+    if not (isinstance(indices, list) and indices and all(isinstance(i, int) and not isinstance(i, bool) for i in indices)):
+        indices = [indices] if isinstance(indices, int) and not isinstance(indices, bool) else None
+    _observer.on_batch(getattr(iterator, "_crashcap_loader", -1), indices, batch)
+
+
+@_guarded
+def _seen_backward(tensors):
+    if not _recorder._user_recorder_made or _observer.rec is not None:
+        _observer.on_backward(tensors)
+
+
+# ---- install ---------------------------------------------------------------------------------
+
+
+def install(policy=None, replay=False):
+    """Patches the seams (once per process). `policy`: the Recorder's keywords and `directory`."""
+    global _observer
+    if _observer is not None:
+        return _observer
+    _observer = Observer(policy or {}, replay)
+    if replay:
+        atexit.register(_replay_never_began)
+    from torch.utils.data import dataloader as dl
+
+    loader_init = dl.DataLoader.__init__
+
+    @functools.wraps(loader_init)
+    def DataLoader_init(self, *args, **kwargs):
+        loader_init(self, *args, **kwargs)
+        if _observer.here():
+            object.__setattr__(self, "_crashcap_ordinal", _observer.loaders)
+            _observer.loaders += 1
+
+    dl.DataLoader.__init__ = DataLoader_init
+
+    loader_iter = dl.DataLoader.__iter__
+
+    @functools.wraps(loader_iter)
+    def DataLoader_iter(self):
+        if (_observer.replay and _observer.here() and torch.is_grad_enabled()
+                and getattr(self, "_crashcap_ordinal", None) is not None):
+            if not _recorder._user_recorder_made:
+                if _observer.replay_steps is None:
+                    _observer.replay_steps = _observer.replay_iterator(self, self._crashcap_ordinal)
+                if self._crashcap_ordinal == _observer.training_loader:
+                    return _observer.replay_steps
+        return loader_iter(self)
+
+    dl.DataLoader.__iter__ = DataLoader_iter
+
+    base = dl._BaseDataLoaderIter
+    iter_init, next_index, reset, next_ = base.__init__, base._next_index, base._reset, base.__next__
+
+    @functools.wraps(iter_init)
+    def Iter_init(self, loader, *args, **kwargs):
+        self._crashcap_loader = getattr(loader, "_crashcap_ordinal", -1)
+        self._crashcap_indices = collections.deque()
+        iter_init(self, loader, *args, **kwargs)
+
+    @functools.wraps(next_index)
+    def Iter_next_index(self):
+        index = next_index(self)
+        queue = getattr(self, "_crashcap_indices", None)
+        if queue is not None and len(queue) < 4096:
+            queue.append(index)
+        return index
+
+    @functools.wraps(reset)
+    def Iter_reset(self, *args, **kwargs):
+        queue = getattr(self, "_crashcap_indices", None)
+        if queue is not None:
+            queue.clear()  # a persistent worker pool starting another epoch
+        return reset(self, *args, **kwargs)
+
+    @functools.wraps(next_)
+    def Iter_next(self):
+        batch = next_(self)
+        _seen_batch(self, batch)
+        return batch
+
+    base.__init__, base._next_index, base._reset, base.__next__ = Iter_init, Iter_next_index, Iter_reset, Iter_next
+
+    backward = torch.autograd.backward
+
+    @functools.wraps(backward)
+    def autograd_backward(tensors, *args, **kwargs):
+        result = backward(tensors, *args, **kwargs)
+        try:
+            _seen_backward(tensors)
+        except NonFiniteError as e:
+            raise e.with_traceback(None) from None  # raised where backward() was called, not in crashcap
+        return result
+
+    torch.autograd.backward = autograd_backward
+
+    optimizer_init = torch.optim.Optimizer.__init__
+
+    @functools.wraps(optimizer_init)
+    def Optimizer_init(self, *args, **kwargs):
+        optimizer_init(self, *args, **kwargs)
+        cls = type(self)
+        if not getattr(cls.step, "_crashcap_observed", False):
+            cls.step = _observed_step(cls.step)
+        _on_optimizer(self)
+
+    torch.optim.Optimizer.__init__ = Optimizer_init
+
+    # Schedulers and GradScalers: torch 2 has LRScheduler beside _LRScheduler, and GradScaler in
+    # torch.amp too; a class patched twice (a subclass calling its base) is seen once.
+    lr = torch.optim.lr_scheduler
+    for name in ("LRScheduler", "_LRScheduler", "ReduceLROnPlateau"):
+        if hasattr(lr, name):
+            _after_init(getattr(lr, name), _on_scheduler)
+    for module in ("torch.cuda.amp", "torch.amp"):
+        if hasattr(sys.modules.get(module), "GradScaler"):
+            _after_init(sys.modules[module].GradScaler, _on_scaler)
+    return _observer
+
+
+@_guarded
+def _on_optimizer(optimizer):
+    _observer.on_optimizer(optimizer)
+
+
+@_guarded
+def _on_scheduler(scheduler):
+    _observer.on_scheduler(scheduler)
+
+
+@_guarded
+def _on_scaler(scaler):
+    _observer.on_scaler(scaler)
+
+
+@_guarded
+def _on_optimizer_step(optimizer):
+    _observer.on_optimizer_step(optimizer)
+
+
+_step_depth = threading.local()
+
+
+def _observed_step(step):
+    @functools.wraps(step)
+    def observed(self, *args, **kwargs):
+        depth = getattr(_step_depth, "n", 0)
+        _step_depth.n = depth + 1
+        try:
+            result = step(self, *args, **kwargs)
+        finally:
+            _step_depth.n = depth
+        if depth == 0:
+            _on_optimizer_step(self)
+        return result
+    observed._crashcap_observed = True
+    return observed
+
+
+def _after_init(cls, seen):
+    init = cls.__dict__.get("__init__")
+    if init is None or getattr(init, "_crashcap_observed", False):
+        return
+
+    @functools.wraps(init)
+    def observed(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        seen(self)
+    observed._crashcap_observed = True
+    cls.__init__ = observed
+
+
+def start_from_environment():
+    """Called by the bootstrap once torch is imported: records when `crashcap run --record` asked
+    for it (CRASHCAP_OBSERVE: the policy as JSON), or serves a replay request."""
+    replay = _native.REPLAY_REQUEST_VARIABLE in os.environ
+    text = os.environ.get("CRASHCAP_OBSERVE")
+    if not replay and text is None:
+        return None
+    if _in_worker():
+        return None
+    policy = {}
+    if text:
+        try:
+            policy = json.loads(text)
+        except ValueError as e:
+            _say(f"CRASHCAP_OBSERVE is not JSON ({e}); recording with the default policy")
+    return install(policy, replay)
+
+
+def _in_worker():
+    """A process multiprocessing started (a DataLoader worker under spawn): never a training of its own."""
+    try:
+        import multiprocessing
+        return multiprocessing.parent_process() is not None
+    except Exception:
+        return False

@@ -45,6 +45,8 @@ int run(Options& r) {
   for (const auto& a : report.attempts) {
     if (a.bundle.empty()) {
       std::cerr << fmt::format("crashcap run: `{}` exited 0 after {:.1f} s (run {})\n", cmd, a.seconds, a.attempt);
+      for (const auto& b : a.otherBundles)
+        std::cerr << fmt::format("  sealed    {} (a crash the program recorded and went on from)\n", b);
       continue;
     }
     std::cerr << fmt::format("\ncrashcap run: `{}` crashed after {:.1f} s (run {}): {}\n", cmd, a.seconds, a.attempt,

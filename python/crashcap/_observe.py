@@ -34,6 +34,7 @@ import collections
 import functools
 import gc
 import json
+import math
 import os
 import sys
 import threading
@@ -181,6 +182,8 @@ class Observer:
         self.said = set()               # the warnings said (one each)
         self.replay_steps = None        # in a replay: the recorded batches, in place of the training loader's
         self.pending_warnings = []      # said before the recording began: kept in it when it does
+        self.keep_going = self.policy.get("nonfinite") == "record"
+        self.sealed_nonfinite = False   # with keep_going: the first non-finite loss's bundle is sealed
 
     # ---- bookkeeping ------------------------------------------------------------------------
 
@@ -277,6 +280,15 @@ class Observer:
             return
         self.ended = True
         self.rec.end(tensors)  # a NonFiniteError here is the training's, not crashcap's
+        if self.keep_going and not self.sealed_nonfinite and tensors.device.type == "cpu":
+            value = float(tensors.detach().reshape(()))
+            if not math.isfinite(value):
+                # --nonfinite record: the first non-finite loss still leaves a bundle at its step;
+                # the training goes on, recorded into a fresh recording.
+                self.sealed_nonfinite = True
+                self.rec._native.fail("nonfinite", "NonFiniteError",
+                                      f"non-finite loss at step {self.in_flight}: {value} (recorded; the training "
+                                      f"went on: --nonfinite record)", _recorder._stack_here())
 
     def on_optimizer_step(self, optimizer):
         if self.in_flight is not None:

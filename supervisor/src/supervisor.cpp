@@ -472,6 +472,14 @@ SuperviseReport supervise(const SuperviseOptions& o) {
       a.otherBundles = bundles;
       if (a.bundle.empty()) a.bundle = writeOwnBundle(dir, s, traces);
     }
+    if (!crashed) {
+      // A clean exit may still have left bundles: crashes the program recorded and went on from
+      // (a handled exception, a NaN loss recorded with --nonfinite record).
+      for (const auto& name : listing(dir))
+        if (!before.count(name) && name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap")
+          a.otherBundles.push_back((fs::path(dir) / name).string());
+      std::sort(a.otherBundles.begin(), a.otherBundles.end());
+    }
     // The traces are in a bundle now (writeOwnBundle throws otherwise, and the files stay), or
     // the run was clean: the files go.
     for (const auto& f : traceFiles) fs::remove(f, ec);

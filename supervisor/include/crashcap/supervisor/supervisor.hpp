@@ -51,7 +51,9 @@ struct AttemptReport {
   std::string bundle;                   ///< the sealed crash bundle ("" for a clean exit)
   std::string trace;                    ///< the kernel trace in one line (SupervisionData::trace)
   double seconds = 0;
-  std::vector<std::string> otherBundles;  ///< more crash bundles the run left (several recorders)
+  /// More crash bundles the run left: several recorders' or, after a clean exit, those of crashes
+  /// the program recorded and went on from.
+  std::vector<std::string> otherBundles;
 };
 
 struct SuperviseReport {

@@ -1,0 +1,156 @@
+"""`crashcap run --record`: unmodified PyTorch trainings (tests/python/observed/, none of which
+imports crashcap) recorded from PyTorch's own seams, replayed bit for bit and triaged; what the
+observer cannot infer is one warning, and the training computes what it computes without it."""
+
+import os
+import re
+import subprocess
+import textwrap
+
+from conftest import PYTHON, SAMPLE, crashcap, crashcap_json, only_bundle
+
+OBSERVED = os.path.join(os.path.dirname(__file__), "observed")
+
+
+def run_recorded(tmp_path, script, *args, options=()):
+    """crashcap run --record over the script; (CompletedProcess, the run's directory)."""
+    runs = tmp_path / "runs"
+    r = crashcap("run", "--record", *options, "--dir", runs, "--", PYTHON, os.path.join(OBSERVED, script), *args,
+                 cwd=tmp_path)
+    return r, runs
+
+
+def run_bare(tmp_path, script, *args):
+    return subprocess.run([PYTHON, os.path.join(OBSERVED, script), *map(str, args)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+
+
+def verdicts(triage):
+    return {h["id"]: h["verdict"] for h in triage["hypotheses"]}
+
+
+def test_a_plain_loop_with_workers_dropout_and_a_schedule_replays_bit_for_bit_from_an_earlier_epoch(tmp_path):
+    # 12 steps an epoch; the bad label shows from epoch 2 (steps 24..35), the keyframe before it is
+    # step 20, in epoch 1, with the epoch's validation pass (under no_grad) between them.
+    r, runs = run_recorded(tmp_path, "mlp_loader.py", "--bad-label-index", 77, "--fault-epoch", 2, "--epochs", 4,
+                           options=("--keyframe-every", 20))
+    assert r.returncode != 0 and "python-exception" in r.stderr, r.stderr
+    assert "recording this training from DataLoader #0" in r.stderr
+    bundle = only_bundle(runs)
+    story = crashcap_json("inspect", bundle)
+    assert "IndexError" in story["crash"]["error"] and story["crash"]["source"] == "recorder"
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    assert replay["keyframe"] == 20 and 24 <= replay["step"] < 36, replay
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    assert triage["culprit"]["dataset_indices"] == [77], triage["culprit"]
+    # The culprit row is the row of the batch that holds dataset index 77.
+    row = triage["culprit"]["rows"][0]
+    index = crashcap_json("show", bundle, f"steps/{replay['step']}/batch/index", "--full")
+    assert [int(v) for v in re.findall(r"-?\d+", index["text"])][row] == 77, index
+
+
+def test_a_nan_row_stops_the_training_at_its_step_and_triage_names_its_dataset_index(tmp_path):
+    r, runs = run_recorded(tmp_path, "mlp_loader.py", "--nan-index", 100, "--epochs", 2)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert "epoch 0:" not in r.stdout  # stopped at the step, before the epoch ended
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    assert replay["first_nonfinite_op"]["name"] == "aten::addmm"
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    assert triage["culprit"]["dataset_indices"] == [100]
+
+
+def test_nonfinite_record_seals_the_first_nan_step_and_lets_the_training_go_on(tmp_path):
+    r, runs = run_recorded(tmp_path, "mlp_loader.py", "--nan-index", 100, "--epochs", 2,
+                           options=("--nonfinite", "record"))
+    assert r.returncode == 0, r.stderr
+    assert "epoch 1: loss nan" in r.stdout
+    assert "a crash the program recorded and went on from" in r.stderr
+    bundle = only_bundle(runs)
+    story = crashcap_json("inspect", bundle)
+    assert story["crash"]["kind"] == "nonfinite" and "went on" in story["crash"]["error"]
+    assert crashcap_json("replay", bundle)["verdict"] == "reproduced-bitwise"
+
+
+def test_a_dict_batch_with_file_names_replays_and_triage_names_the_corrupt_image(tmp_path):
+    r, runs = run_recorded(tmp_path, "conv_dict.py", "--nan-index", 201)
+    assert r.returncode != 0, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    assert triage["culprit"]["dataset_indices"] == [201]
+
+
+def test_two_optimizers_are_one_warning_kept_together_and_the_training_computes_the_same(tmp_path):
+    bare = run_bare(tmp_path, "two_optimizers.py")
+    r, runs = run_recorded(tmp_path, "two_optimizers.py")
+    assert bare.returncode == 0 and r.returncode == 0, r.stderr
+    assert r.stdout == bare.stdout  # the losses, digit for digit
+    assert r.stderr.count("2 optimizers (Adam, SGD)") == 1, r.stderr
+    # With a NaN point it crashes, and both optimizers' states replay it bit for bit.
+    (tmp_path / "nan").mkdir()
+    r, runs = run_recorded(tmp_path / "nan", "two_optimizers.py", "--nan-index", 17)
+    bundle = only_bundle(runs)
+    assert crashcap_json("replay", bundle)["verdict"] == "reproduced-bitwise"
+    story = crashcap_json("inspect", bundle)
+    assert any("2 optimizers" in w for w in story["warnings"]), story["warnings"]
+    assert story["optimizer"]["kind"] == "adam+sgd", story["optimizer"]
+
+
+def test_a_training_without_a_dataloader_is_one_warning_and_keeps_its_crash(tmp_path):
+    bare = run_bare(tmp_path, "no_loader.py")
+    r, runs = run_recorded(tmp_path, "no_loader.py")
+    assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
+    assert r.stderr.count("no DataLoader batch came before it") == 1, r.stderr
+    (tmp_path / "crash").mkdir()
+    r, runs = run_recorded(tmp_path / "crash", "no_loader.py", "--fail-step", 12)
+    bundle = only_bundle(runs)
+    story = crashcap_json("inspect", bundle)
+    assert story["crash"]["source"] == "recorder" and "lost track of the data at step 12" in story["crash"]["error"]
+    assert any("no_loader.py" in frame for frame in story["crash"]["stack"]), story["crash"]["stack"]
+    replay = crashcap("replay", bundle)
+    assert replay.returncode == 2 and "holds no steps" in replay.stderr, replay.stderr
+
+
+def test_gradient_accumulation_is_one_warning_and_changes_nothing(tmp_path):
+    bare = run_bare(tmp_path, "mlp_loader.py", "--accumulate", 2, "--epochs", 1)
+    r, runs = run_recorded(tmp_path, "mlp_loader.py", "--accumulate", 2, "--epochs", 1)
+    assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
+    assert r.stderr.count("gradient accumulation?") == 1, r.stderr
+
+
+def test_a_training_that_records_itself_is_left_to_its_own_recorder(tmp_path):
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, SAMPLE, "--record", tmp_path / "own",
+                 "--steps", 22, "--fault", "nan-sample", "--fault-step", 19, "--quiet", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "recording this training from DataLoader" not in r.stderr, r.stderr
+    story = crashcap_json("inspect", only_bundle(tmp_path / "own"))
+    assert story["crash"]["step"] == 19
+
+
+def test_the_bootstrap_runs_the_sitecustomize_it_hides_and_a_program_without_torch_runs_untouched(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n")
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        print(os.environ.get('USER_SITECUSTOMIZE'), 'torch' in sys.modules, 'crashcap' in sys.modules)
+    """))
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    r = subprocess.run([os.path.join(os.environ["CRASHCAP_BIN"], "crashcap"), "run", "--record", "--dir",
+                        str(tmp_path / "runs"), "--", PYTHON, str(script)], cwd=tmp_path, capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ran", "False", "False"], r.stdout
+
+
+def test_record_options_without_record_are_refused(tmp_path):
+    r = crashcap("run", "--nonfinite", "record", "--dir", tmp_path, "--", PYTHON, "-c", "pass")
+    assert r.returncode == 2 and "add --record" in r.stderr, r.stderr

@@ -25,8 +25,6 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-import crashcap
-
 FAULTS = ("none", "nan-sample", "bad-label", "mask-eps0", "lr-blowup")
 SIZE = 32
 
@@ -161,6 +159,8 @@ def main(argv=None):
                         persistent_workers=False)
     eps = 0.0 if a.fault == "mask-eps0" else 1e-6
 
+    if a.record:
+        import crashcap  # only to record: without --record this is a plain PyTorch training
     rec = crashcap.Recorder(a.record, model=model, optimizer=optimizer, scheduler=scheduler,
                             keyframe_every=a.keyframe_every, quiet=a.quiet) if a.record else None
     model.train()

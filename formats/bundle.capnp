@@ -277,6 +277,9 @@ struct Supervision {
   interrupted @13 :Bool;        # `crashcap run` itself was stopped (Ctrl-C, SIGTERM)
   environment @14 :List(Text);  # "NAME=VALUE" that `crashcap run` set for the child
   cudnnLogTail @15 :Text;       # the last bytes of cuDNN's API log (`crashcap run --cudnn-log`); "" off
+  params @16 :List(Text);       # "NAME=VALUE": the run's hyperparameters, from its command line's
+                                # `--name value` options and what the program declared
+                                # (crashcap.hyperparameters); at most 256, each at most 4 KiB
 }
 
 # Record type 14. The kernel trace of one process: what its GPU ran last, the launches its

@@ -30,8 +30,8 @@ int run(Options& r) {
   auto& o = r.supervise;
   o.command = r.afterDashes.empty() ? r.app->remaining() : r.afterDashes;
   o.kernelTrace = !r.noTrace;
-  if (!o.observePython && (!r.nonFinite.empty() || r.keyframeEvery))
-    throw Error(ErrorCode::InvalidArgument, "--nonfinite and --keyframe-every set how --record records",
+  if (!o.observePython && (!r.nonFinite.empty() || r.keyframeEvery || o.keepRecording))
+    throw Error(ErrorCode::InvalidArgument, "--nonfinite, --keyframe-every and --keep-recording set how --record records",
                 "add --record: crashcap run --record --nonfinite record -- python train.py");
   if (o.observePython) {
     std::vector<std::string> policy;
@@ -101,6 +101,8 @@ Command runCommand(CLI::App& root) {
   cmd->add_flag("--record", s.observePython,
                 "Record a Python training with no change to it: batches from its DataLoader, weights and optimizer "
                 "state from its optimizer, the loss from backward() (docs/PYTHON.md); `crashcap replay` replays it");
+  cmd->add_flag("--keep-recording", s.keepRecording,
+                "With --record: keep a clean run's recording (for `crashcap seal`); by default it is removed");
   cmd->add_option("--nonfinite", o->nonFinite,
                   "With --record: a NaN/Inf loss or gradient norm seals a bundle and stops the training (raise, the "
                   "default) or is only recorded (record)")

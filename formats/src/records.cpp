@@ -381,6 +381,7 @@ std::vector<uint8_t> encodeMeta(const SupervisionData& v) {
   r.setInterrupted(v.interrupted);
   setTexts(r.initEnvironment(v.environment.size()), v.environment);
   r.setCudnnLogTail(v.cudnnLogTail);
+  setTexts(r.initParams(v.params.size()), v.params);
   return toBytes(b);
 }
 
@@ -403,6 +404,7 @@ SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const Reader
     v.interrupted = r.getInterrupted();
     v.environment = texts(r.getEnvironment(), 1 << 16, "supervised environment entry");
     v.cudnnLogTail = text(r.getCudnnLogTail(), 1 << 22, "cuDNN log tail");
+    v.params = texts(r.getParams(), 4096, "run parameter");
     return v;
   });
 }

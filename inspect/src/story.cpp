@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/tensor_info.hpp"
@@ -44,7 +45,7 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                 {"tool_version", info->toolVersion},
                 {"hostname", info->hostname},
                 {"pid", info->pid},
-                {"created", formatTime(info->createdNs)}};
+                {"created", formats::formatTime(info->createdNs)}};
   else
     j["run"] = nullptr;
   // Always an object (empty when the bundle has no fingerprint), so scripts can index it.
@@ -98,7 +99,7 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                   {"signal", c.signal ? json(c.signal) : json(nullptr)},
                   {"signal_name", c.signal ? json(c.signalName) : json(nullptr)},
                   {"stack", c.stack},
-                  {"time", formatTime(c.timeNs)},
+                  {"time", formats::formatTime(c.timeNs)},
                   {"pid", c.pid},
                   {"thread", c.thread}};
   } else if (v.supervision) {
@@ -113,7 +114,7 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                   {"signal", sv.signal ? json(sv.signal) : json(nullptr)},
                   {"signal_name", sv.signal ? json(sv.signalName) : json(nullptr)},
                   {"stack", json::array()},
-                  {"time", formatTime(sv.endNs)},
+                  {"time", formats::formatTime(sv.endNs)},
                   {"pid", sv.pid},
                   {"thread", nullptr}};
   } else {

@@ -2,8 +2,9 @@
 
 #include <fmt/format.h>
 
-#include <ctime>
 #include <map>
+
+#include "crashcap/formats/clock.hpp"
 
 namespace crashcap::inspect {
 
@@ -26,15 +27,6 @@ std::string formatBytes(uint64_t bytes) {
     ++u;
   }
   return u == 0 ? fmt::format("{} B", bytes) : fmt::format("{:.1f} {}", v, units[u]);
-}
-
-std::string formatTime(int64_t ns) {
-  std::time_t t = std::time_t(ns / 1'000'000'000);
-  std::tm tm{};
-  gmtime_r(&t, &tm);
-  char buf[64];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
-  return buf;
 }
 
 namespace {
@@ -95,7 +87,7 @@ json bundleInfoJson(const BundleReader& reader) {
     j["hostname"] = info->hostname;
     j["pid"] = info->pid;
     j["created_ns"] = info->createdNs;
-    j["created"] = formatTime(info->createdNs);
+    j["created"] = formats::formatTime(info->createdNs);
   } else {
     j["producer"] = nullptr;
   }
@@ -113,7 +105,7 @@ std::string bundleInfoText(const BundleReader& reader) {
     s += fmt::format("format     {}.{}, recording {}\n", h.formatMajor, h.formatMinor,
                      formats::formatRecordingId(h.recordingId));
   if (auto info = reader.recordingInfo())
-    s += fmt::format("written    {} by {} (crashcap {}) on {}, pid {}\n", formatTime(info->createdNs), info->producer,
+    s += fmt::format("written    {} by {} (crashcap {}) on {}, pid {}\n", formats::formatTime(info->createdNs), info->producer,
                      info->toolVersion, info->hostname.empty() ? "?" : info->hostname, info->pid);
   s += fmt::format("state      {}\n", r.summary());
   std::map<std::string, uint64_t> byType;

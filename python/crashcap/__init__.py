@@ -12,8 +12,9 @@ Then ``crashcap replay runs/crashes/crash-*.ccap``, ``crashcap triage ...``. doc
 """
 
 from . import _native
+from ._params import hyperparameters
 from ._recorder import Error, NonFiniteError, Recorder
 from ._replay import replaying
 
 __version__ = _native.version
-__all__ = ["Recorder", "NonFiniteError", "Error", "replaying"]
+__all__ = ["Recorder", "NonFiniteError", "Error", "replaying", "hyperparameters"]

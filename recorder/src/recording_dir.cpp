@@ -77,7 +77,6 @@ std::vector<std::string> segmentFiles(const std::string& recording) {
 
 namespace {
 
-
 /// What one file of the recording says about how the run ended.
 struct FileFindings {
   std::optional<formats::CrashData> crash;
@@ -100,6 +99,20 @@ FileFindings findings(const formats::BundleReader& reader) {
 }
 
 }  // namespace
+
+std::string recordingState(const std::string& recording) {
+  auto segments = segmentFiles(recording);
+  if (segments.empty()) return "interrupted";
+  try {
+    // The writer puts the run status (and a crash) into the segment it writes last.
+    auto f = findings(*formats::BundleReader::open(segments.back()));
+    if (f.crash) return "crashed";
+    if (f.status) return f.status->state;
+  } catch (const Error&) {
+    // A segment cut short: the process did not get to close it.
+  }
+  return "interrupted";
+}
 
 SealReport sealRecording(const std::string& recording, const SealOptions& options) {
   if (!isRecording(recording))

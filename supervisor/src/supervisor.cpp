@@ -29,6 +29,7 @@
 #include "crashcap/cupti/tracer.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/supervisor/child_process.hpp"
+#include "crashcap/supervisor/run_log.hpp"
 #include "crashcap/formats/signal_name.hpp"
 
 namespace crashcap::supervisor {
@@ -394,6 +395,10 @@ SuperviseReport supervise(const SuperviseOptions& o) {
         if (o.say) o.say(fmt::format("crashcap run: running without --cudnn-log: {}", e.what()));
       }
     }
+    // The program may declare its hyperparameters (crashcap.hyperparameters) into this file.
+    const std::string paramsFile = (fs::path(dir) / fmt::format(".params-{}-{}.json", ::getpid(), attempt)).string();
+    fs::remove(paramsFile, ec);
+    env.push_back(fmt::format("{}={}", kParamsFileVariable, paramsFile));
     Tail cudnnTail(o.cudnnLogTailBytes);
     ChildProcess::Options co;
     co.environment = env;
@@ -405,6 +410,10 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     auto traces = collectTraces(dir, before, traceFiles, o.say);
 
     AttemptReport a;
+    std::string paramsProblem;
+    a.params = mergeParams(commandLineParams(redactArguments(o.command)), declaredParams(paramsFile, &paramsProblem));
+    fs::remove(paramsFile, ec);
+    if (!paramsProblem.empty() && o.say) o.say("crashcap run: the run's declared hyperparameters are lost: " + paramsProblem);
     a.attempt = attempt;
     a.pid = static_cast<uint32_t>(child.pid());
     a.exitCode = ended.signal ? -1 : ended.exitCode;
@@ -434,6 +443,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
       s.interrupted = ended.interrupted;
       s.environment = env;
       s.cudnnLogTail = cudnnTail.str();
+      s.params = a.params;
       a.trace = s.trace;
       // What the run left: crash bundles its recorder sealed, recordings it never closed.
       std::vector<std::string> bundles;
@@ -479,6 +489,33 @@ SuperviseReport supervise(const SuperviseOptions& o) {
         if (!before.count(name) && name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap")
           a.otherBundles.push_back((fs::path(dir) / name).string());
       std::sort(a.otherBundles.begin(), a.otherBundles.end());
+      // The recordings --record started: a clean run's are not evidence of anything.
+      if (o.observePython && !o.keepRecording)
+        for (const auto& name : listing(dir)) {
+          auto path = (fs::path(dir) / name).string();
+          if (!before.count(name) && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) &&
+              recorder::recordingState(path) == "finished")
+            fs::remove_all(path, ec);
+        }
+    }
+    try {
+      RunLogEntry entry;
+      entry.command = redactArguments(o.command);
+      entry.attempt = static_cast<uint32_t>(attempt);
+      entry.pid = a.pid;
+      entry.startNs = startNs;
+      entry.endNs = formats::unixTimeNs();
+      entry.exitCode = a.exitCode;
+      entry.signal = a.signal;
+      entry.classification = a.classification.id;
+      entry.evidence = a.classification.evidence;
+      entry.bundle = a.bundle;
+      entry.otherBundles = a.otherBundles;
+      entry.params = a.params;
+      appendRunLog(dir, entry);
+    } catch (const Error& e) {
+      // The log helps compare runs later; the run itself is recorded in its bundle already.
+      if (o.say) o.say(fmt::format("crashcap run: {}", e.what()));
     }
     // The traces are in a bundle now (writeOwnBundle throws otherwise, and the files stay), or
     // the run was clean: the files go.

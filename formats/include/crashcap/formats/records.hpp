@@ -161,6 +161,9 @@ struct SupervisionData {
   bool interrupted = false;
   std::vector<std::string> environment; ///< NAME=VALUE set for the child
   std::string cudnnLogTail;             ///< `--cudnn-log`: the last bytes of cuDNN's API log
+  /// "NAME=VALUE": the run's hyperparameters (its command line's options and what the program
+  /// declared through crashcap.hyperparameters), which `crashcap summary` compares across runs.
+  std::vector<std::string> params;
 };
 
 /// One CUPTI activity, converted (recorder/cupti/). Names are resolved from the record's

@@ -32,7 +32,5 @@ nlohmann::json environmentJson(const formats::EnvironmentData& env);
 
 /// "1.5 MiB", "312 B".
 std::string formatBytes(uint64_t bytes);
-/// "2026-11-21 21:40:01 UTC" from ns since the epoch.
-std::string formatTime(int64_t ns);
 
 }  // namespace crashcap::inspect

@@ -41,6 +41,9 @@ bool isRecording(const std::string& path);
 std::vector<std::string> findRecordings(const std::string& path);
 /// The segment files of a recording, in order.
 std::vector<std::string> segmentFiles(const std::string& recording);
+/// How a recording's process left it, from its last segment: "finished" (closed by a clean
+/// end), "crashed" (a crash is in it) or "interrupted" (killed before it could say).
+std::string recordingState(const std::string& recording);
 
 struct SealOptions {
   /// Output bundle; empty: <parent of the recording>/crash-<time>-<pid>.ccap for a recording

@@ -8,7 +8,8 @@
 // Recorder, optional CUDA_LAUNCH_BLOCKING / TORCH_USE_CUDA_DSA), pass its output through while
 // keeping the tails, wait, classify the death, and seal exactly one bundle per crash,
 // <dir>/crash-<time>-<pid>.ccap, holding what the in-process recorder wrote plus a
-// `supervision` record. No LibTorch here.
+// `supervision` record; and one line per run, crashed or not, in <dir>/runs.jsonl (run_log.hpp).
+// No LibTorch here.
 
 #include <cstdint>
 #include <functional>
@@ -38,6 +39,9 @@ struct SuperviseOptions {
   /// `observePolicy` (the Recorder's keywords, JSON) into CRASHCAP_OBSERVE (docs/PYTHON.md).
   bool observePython = false;
   std::string observePolicy = "{}";
+  /// With observePython: keep the recording of a run that exits 0 (for `crashcap seal`); by
+  /// default crashcap removes the recordings it started when their run ends cleanly.
+  bool keepRecording = false;
   /// Lines for the user (on stderr in the CLI): what is happening between runs.
   std::function<void(const std::string&)> say;
 };
@@ -54,6 +58,8 @@ struct AttemptReport {
   /// More crash bundles the run left: several recorders' or, after a clean exit, those of crashes
   /// the program recorded and went on from.
   std::vector<std::string> otherBundles;
+  /// "NAME=VALUE": the run's hyperparameters (run_log.hpp), in its bundle and its runs.jsonl line.
+  std::vector<std::string> params;
 };
 
 struct SuperviseReport {

@@ -1,0 +1,435 @@
+#include "crashcap/supervisor/summary.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <optional>
+#include <regex>
+#include <set>
+
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/clock.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
+#include "crashcap/supervisor/classify.hpp"
+#include "crashcap/supervisor/run_log.hpp"
+
+namespace crashcap::supervisor {
+namespace fs = std::filesystem;
+using nlohmann::json;
+
+namespace {
+
+constexpr int kMaxDepth = 8;
+constexpr size_t kMaxLogLines = 100000;
+constexpr size_t kMaxLogLineBytes = 1 << 20;
+/// A separator is named when at most this share of the healthy runs meets it too.
+constexpr double kMaxHealthyShare = 0.25;
+
+std::string lastLine(const std::string& text) {
+  size_t end = text.find_last_not_of(" \t\r\n");
+  if (end == std::string::npos) return "";
+  size_t start = text.rfind('\n', end);
+  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+std::optional<double> number(const std::string& s) {
+  if (s.empty()) return std::nullopt;
+  char* end = nullptr;
+  errno = 0;
+  double v = std::strtod(s.c_str(), &end);
+  if (end != s.c_str() + s.size() || errno != 0) return std::nullopt;
+  return v;
+}
+
+int64_t parseTime(const std::string& s) {  // formats::formatTime's "2026-11-21 21:40:01 UTC"
+  std::tm tm{};
+  if (!strptime(s.c_str(), "%Y-%m-%d %H:%M:%S", &tm)) return 0;
+  return static_cast<int64_t>(timegm(&tm)) * 1'000'000'000;
+}
+
+std::string underRoot(const fs::path& p, const fs::path& root) {
+  std::error_code ec;
+  auto r = fs::relative(p, root, ec);
+  return ec || r.empty() ? p.string() : r.string();
+}
+
+/// What a crash bundle says about its run.
+struct BundleFacts {
+  std::string path;
+  std::string classification, error, op, phase;
+  int64_t timeNs = 0;
+  std::map<std::string, std::string> params;
+  bool claimed = false;  ///< a runs.jsonl line names it
+};
+
+/// The crash's classification when no `crashcap run` classified it: the in-process recorder's
+/// crash kind, refined by the words of its error (a CUDA error in an exception's text).
+std::string classificationOf(const formats::CrashData& c) {
+  if (c.kind == "nonfinite") return "nonfinite-loss";
+  auto found = classifyExit(c.signal ? -1 : 1, c.signal, "", c.error);
+  if (found.id.empty() || found.id == "exit-nonzero") return c.kind.empty() ? "unknown" : c.kind;
+  return found.id;
+}
+
+std::optional<BundleFacts> readBundle(const std::string& path, std::string& notACrash) {
+  auto reader = formats::BundleReader::open(path);
+  auto v = formats::readRecords(*reader);
+  if (!v.crash && !v.supervision) {
+    notACrash = "no crash in it (a sealed recording, or an imported bundle)";
+    return std::nullopt;
+  }
+  BundleFacts f;
+  f.path = path;
+  if (v.supervision) {
+    f.classification = v.supervision->classification;
+    f.error = lastLine(v.supervision->evidence);
+    f.timeNs = v.supervision->endNs;
+    for (const auto& p : v.supervision->params) {
+      auto eq = p.find('=');
+      f.params[p.substr(0, eq)] = eq == std::string::npos ? "" : p.substr(eq + 1);
+    }
+  }
+  if (v.crash) {
+    if (f.classification.empty()) f.classification = classificationOf(*v.crash);
+    if (!v.crash->error.empty()) f.error = lastLine(v.crash->error);
+    f.phase = v.crash->phase;
+    if (v.crash->timeNs) f.timeNs = v.crash->timeNs;
+    if (v.crash->step >= 0 && v.opTrace)
+      for (auto it = v.opTrace->ops.rbegin(); it != v.opTrace->ops.rend(); ++it)
+        if (it->step == v.crash->step) {
+          f.op = it->name;
+          break;
+        }
+  }
+  if (f.classification.empty()) f.classification = "unknown";
+  return f;
+}
+
+std::string signatureOf(const SummaryRun& r) {
+  return fmt::format("{} | {} | {}", normalizeError(r.error), r.op.empty() ? "-" : r.op, r.phase.empty() ? "-" : r.phase);
+}
+
+/// One condition on one parameter, as a predicate over values.
+struct Condition {
+  std::string param, text;
+  enum Kind { Equal, AtLeast, AtMost } kind = Equal;
+  std::string value;
+  double bound = 0;
+  bool holds(const std::string& v) const {
+    if (kind == Equal) return v == value;
+    auto n = number(v);
+    return n && (kind == AtLeast ? *n >= bound : *n <= bound);
+  }
+};
+
+std::string shortNumber(double v) { return fmt::format("{:g}", v); }
+
+/// The conditions on `param` that every run of `failing` meets.
+std::vector<Condition> conditionsOn(const std::string& param, const std::vector<const SummaryRun*>& failing) {
+  std::vector<Condition> out;
+  std::set<std::string> values;
+  std::vector<double> numbers;
+  for (const auto* r : failing) {
+    const auto& v = r->params.at(param);
+    values.insert(v);
+    if (auto n = number(v)) numbers.push_back(*n);
+  }
+  if (values.size() == 1) out.push_back({param, fmt::format("{} = {}", param, *values.begin()), Condition::Equal, *values.begin()});
+  if (values.size() > 1 && numbers.size() == failing.size()) {
+    double lo = *std::min_element(numbers.begin(), numbers.end()), hi = *std::max_element(numbers.begin(), numbers.end());
+    out.push_back({param, fmt::format("{} >= {}", param, shortNumber(lo)), Condition::AtLeast, "", lo});
+    out.push_back({param, fmt::format("{} <= {}", param, shortNumber(hi)), Condition::AtMost, "", hi});
+  }
+  return out;
+}
+
+/// The best separators of a group of failing runs from the healthy runs: single conditions that
+/// at most a quarter of the healthy runs meet, and a pair of conditions on two parameters when
+/// together they separate completely and no single one does.
+std::vector<Separator> separate(const std::vector<const SummaryRun*>& failing, const std::vector<const SummaryRun*>& healthy) {
+  if (failing.size() < 2 || healthy.empty()) return {};
+  std::set<std::string> common;
+  for (const auto& [k, v] : failing.front()->params) common.insert(k);
+  for (const auto* r : failing)
+    for (auto it = common.begin(); it != common.end();) it = r->params.count(*it) ? std::next(it) : common.erase(it);
+  std::vector<Condition> conditions;
+  for (const auto& p : common)
+    for (auto& c : conditionsOn(p, failing)) conditions.push_back(std::move(c));
+  auto score = [&](const std::vector<const Condition*>& cs) {
+    Separator s;
+    s.failing = failing.size();
+    for (const auto* h : healthy) {
+      bool has = true, meets = true;
+      for (const auto* c : cs) {
+        auto it = h->params.find(c->param);
+        if (it == h->params.end()) has = false;
+        else if (!c->holds(it->second)) meets = false;
+      }
+      if (!has) continue;
+      ++s.healthyTotal;
+      if (meets) ++s.healthy;
+    }
+    for (size_t i = 0; i < cs.size(); ++i) s.rule += (i ? " and " : "") + cs[i]->text;
+    return s;
+  };
+  auto share = [](const Separator& s) { return s.healthyTotal ? double(s.healthy) / double(s.healthyTotal) : 1.0; };
+  std::vector<Separator> singles;
+  for (const auto& c : conditions) {
+    auto s = score({&c});
+    if (s.healthyTotal >= 2 && share(s) <= kMaxHealthyShare) singles.push_back(s);
+  }
+  auto better = [&](const Separator& a, const Separator& b) {
+    if (share(a) != share(b)) return share(a) < share(b);
+    return a.rule < b.rule;
+  };
+  std::sort(singles.begin(), singles.end(), better);
+  std::vector<Separator> out;
+  if (singles.empty() || singles.front().healthy > 0) {
+    std::optional<Separator> bestPair;
+    for (size_t i = 0; i < conditions.size(); ++i)
+      for (size_t j = i + 1; j < conditions.size(); ++j) {
+        if (conditions[i].param == conditions[j].param) continue;
+        auto s = score({&conditions[i], &conditions[j]});
+        if (s.healthyTotal >= 2 && s.healthy == 0 && (!bestPair || better(s, *bestPair))) bestPair = s;
+      }
+    if (bestPair) out.push_back(*bestPair);
+  }
+  for (auto& s : singles)
+    if (out.size() < 3) out.push_back(std::move(s));
+  return out;
+}
+
+}  // namespace
+
+std::string normalizeError(const std::string& error) {
+  static const std::regex hex("0x[0-9a-fA-F]+"), num("[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?");
+  std::string s = std::regex_replace(lastLine(error), hex, "0x?");
+  s = std::regex_replace(s, num, "N");
+  if (s.size() > 200) s = s.substr(0, 200) + "...";
+  return s;
+}
+
+CrashSummary summarizeCrashes(const std::string& dir) {
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec))
+    throw Error(ErrorCode::NotFound, fmt::format("{} is not a directory", dir),
+                "give the directory `crashcap run --dir` (or a study) wrote its bundles into");
+  CrashSummary out;
+  out.dir = dir;
+  const fs::path root = fs::absolute(dir);
+  std::vector<fs::path> bundles, logs;
+  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
+       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
+    const auto& path = it->path();
+    const std::string name = path.filename().string();
+    if (it->is_directory(ec)) {
+      if (name.rfind(recorder::kRecordingPrefix, 0) == 0) {
+        // A finished recording is a clean run's (kept with --keep-recording); one that was not
+        // closed may hold a crash nobody sealed.
+        if (recorder::isRecording(path.string()) && recorder::recordingState(path.string()) != "finished")
+          out.unsealed.push_back(underRoot(path, root));
+        it.disable_recursion_pending();
+      } else if (it.depth() >= kMaxDepth) {
+        it.disable_recursion_pending();
+      }
+      continue;
+    }
+    if (name == kRunLogName) logs.push_back(path);
+    else if (path.extension() == ".ccap") bundles.push_back(path);
+    // crashcap's own passing files: a half-written bundle, a kernel trace not yet collected, a
+    // parameter file or a cuDNN log pipe of a run still going.
+    else if (path.extension() == ".partial" || path.extension() == ".cctrace" || name.rfind(".params-", 0) == 0 ||
+             name.rfind(".cudnn-log-", 0) == 0)
+      continue;
+    else out.skipped.push_back(underRoot(path, root));
+  }
+  if (ec) out.unreadable.emplace_back(underRoot(root, root), fmt::format("cannot list it all: {}", ec.message()));
+  std::sort(bundles.begin(), bundles.end());
+  std::sort(logs.begin(), logs.end());
+  std::sort(out.unsealed.begin(), out.unsealed.end());
+  std::sort(out.skipped.begin(), out.skipped.end());
+
+  std::vector<BundleFacts> facts;
+  for (const auto& b : bundles) {
+    std::string notACrash;
+    try {
+      if (auto f = readBundle(b.string(), notACrash)) facts.push_back(std::move(*f));
+      else out.skipped.push_back(underRoot(b, root) + ": " + notACrash);
+    } catch (const Error& e) {
+      out.unreadable.emplace_back(underRoot(b, root), e.what());
+    }
+  }
+  auto findFacts = [&](const std::string& bundle) -> BundleFacts* {
+    for (auto& f : facts)
+      if (f.path == bundle) return &f;
+    // The directory may have moved since the line was written: the file name still matches.
+    auto name = fs::path(bundle).filename();
+    for (auto& f : facts)
+      if (fs::path(f.path).filename() == name) return &f;
+    return nullptr;
+  };
+  auto fromFacts = [&](SummaryRun& r, const BundleFacts& f) {
+    r.bundle = f.path;
+    r.error = f.error;
+    r.op = f.op;
+    r.phase = f.phase;
+    if (r.classification.empty()) r.classification = f.classification;
+    if (!r.timeNs) r.timeNs = f.timeNs;
+    if (r.params.empty()) r.params = f.params;
+  };
+
+  for (const auto& log : logs) {
+    std::ifstream in(log);
+    std::vector<json> lines;
+    std::string line;
+    size_t number = 0;
+    while (std::getline(in, line) && number < kMaxLogLines) {
+      ++number;
+      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+      auto j = line.size() <= kMaxLogLineBytes ? json::parse(line, nullptr, false) : json();
+      if (!j.is_object()) {
+        out.unreadable.emplace_back(fmt::format("{}:{}", underRoot(log, root), number), "not a run log line (JSON object)");
+        continue;
+      }
+      j["_line"] = number;
+      lines.push_back(std::move(j));
+    }
+    const std::string where = underRoot(log.parent_path(), root);
+    for (const auto& j : lines) {
+      SummaryRun r;
+      r.name = lines.size() == 1 ? where : fmt::format("{}:{}", where == "." ? kRunLogName : where + "/" + kRunLogName,
+                                                       j["_line"].get<size_t>());
+      r.classification = j.value("classification", "");
+      r.failed = !r.classification.empty();
+      r.error = lastLine(j.value("evidence", ""));
+      r.timeNs = parseTime(j.value("end", ""));
+      if (j.contains("params") && j["params"].is_object())
+        for (const auto& [k, v] : j["params"].items()) r.params[k] = v.is_string() ? v.get<std::string>() : v.dump();
+      const std::string bundle = j.value("bundle", "");
+      if (!bundle.empty()) {
+        if (auto* f = findFacts(bundle)) {
+          f->claimed = true;
+          fromFacts(r, *f);
+        } else {
+          r.bundle = bundle;  // gone or unreadable: the line still tells the crash
+        }
+      }
+      out.runs.push_back(std::move(r));
+    }
+  }
+  for (const auto& f : facts) {
+    if (f.claimed) continue;
+    SummaryRun r;
+    r.name = underRoot(f.path, root);
+    r.failed = true;
+    fromFacts(r, f);
+    out.runs.push_back(std::move(r));
+  }
+
+  std::vector<const SummaryRun*> healthy;
+  std::map<std::pair<std::string, std::string>, size_t> index;
+  for (const auto& r : out.runs) {
+    if (!r.failed) {
+      healthy.push_back(&r);
+      continue;
+    }
+    auto key = std::make_pair(r.classification, signatureOf(r));
+    auto [it, fresh] = index.emplace(key, out.groups.size());
+    if (fresh) {
+      CrashGroup g;
+      g.classification = key.first;
+      g.signature = key.second;
+      g.error = r.error;
+      g.op = r.op;
+      g.phase = r.phase;
+      out.groups.push_back(std::move(g));
+    }
+    out.groups[it->second].runs.push_back(&r);
+  }
+  out.healthy = healthy.size();
+  out.failed = out.runs.size() - healthy.size();
+  for (auto& g : out.groups) {
+    std::stable_sort(g.runs.begin(), g.runs.end(), [](auto* a, auto* b) { return a->timeNs < b->timeNs; });
+    g.firstNs = g.runs.front()->timeNs;
+    g.lastNs = g.runs.back()->timeNs;
+    g.separatedBy = separate(g.runs, healthy);
+  }
+  std::stable_sort(out.groups.begin(), out.groups.end(),
+                   [](const CrashGroup& a, const CrashGroup& b) { return a.runs.size() > b.runs.size(); });
+  return out;
+}
+
+json crashSummaryJson(const CrashSummary& s) {
+  json groups = json::array();
+  for (const auto& g : s.groups) {
+    json runs = json::array(), bundles = json::array(), seps = json::array();
+    for (const auto* r : g.runs) {
+      runs.push_back(r->name);
+      if (!r->bundle.empty()) bundles.push_back(r->bundle);
+    }
+    for (const auto& x : g.separatedBy)
+      seps.push_back({{"rule", x.rule}, {"failing", x.failing}, {"healthy", x.healthy}, {"healthy_total", x.healthyTotal}});
+    groups.push_back({{"classification", g.classification},
+                      {"signature", g.signature},
+                      {"error", g.error},
+                      {"op", g.op},
+                      {"phase", g.phase},
+                      {"count", g.runs.size()},
+                      {"runs", runs},
+                      {"bundles", bundles},
+                      {"first", g.firstNs ? json(formats::formatTime(g.firstNs)) : json(nullptr)},
+                      {"last", g.lastNs ? json(formats::formatTime(g.lastNs)) : json(nullptr)},
+                      {"separated_by", seps}});
+  }
+  json unreadable = json::array();
+  for (const auto& [path, why] : s.unreadable) unreadable.push_back({{"path", path}, {"error", why}});
+  return {{"dir", s.dir},     {"runs", s.runs.size()},   {"healthy", s.healthy}, {"failed", s.failed},
+          {"groups", groups}, {"unreadable", unreadable}, {"skipped", s.skipped}, {"unsealed", s.unsealed}};
+}
+
+std::string crashSummaryText(const CrashSummary& s) {
+  std::string out = fmt::format("crashcap summary of {}: {} run{}, {} healthy, {} crashed", s.dir, s.runs.size(),
+                                s.runs.size() == 1 ? "" : "s", s.healthy, s.failed);
+  if (!s.groups.empty()) out += fmt::format(" in {} group{}", s.groups.size(), s.groups.size() == 1 ? "" : "s");
+  out += "\n";
+  for (const auto& g : s.groups) {
+    out += fmt::format("\n{:>4}  {}  {}\n", g.runs.size(), g.classification, g.signature);
+    out += fmt::format("      error   {}\n", g.error);
+    std::string runs;
+    for (size_t i = 0; i < g.runs.size() && i < 12; ++i) runs += (i ? ", " : "") + g.runs[i]->name;
+    if (g.runs.size() > 12) runs += fmt::format(", and {} more", g.runs.size() - 12);
+    out += fmt::format("      runs    {}\n", runs);
+    if (g.firstNs)
+      out += g.firstNs == g.lastNs ? fmt::format("      when    {}\n", formats::formatTime(g.firstNs))
+                                   : fmt::format("      when    {} .. {}\n", formats::formatTime(g.firstNs),
+                                                 formats::formatTime(g.lastNs));
+    for (const auto& x : g.separatedBy)
+      out += fmt::format("      apart   {}: all {} of these, {} of {} healthy run{}\n", x.rule, x.failing, x.healthy,
+                         x.healthyTotal, x.healthyTotal == 1 ? "" : "s");
+    if (!g.runs.front()->bundle.empty()) out += fmt::format("      next    crashcap inspect {}\n", g.runs.front()->bundle);
+  }
+  if (!s.unreadable.empty()) {
+    out += fmt::format("\nunreadable ({}):\n", s.unreadable.size());
+    for (const auto& [path, why] : s.unreadable) out += fmt::format("  {}: {}\n", path, why);
+  }
+  if (!s.unsealed.empty()) {
+    out += fmt::format("\nrecordings nobody sealed ({}; `crashcap seal DIR` makes each a bundle):\n", s.unsealed.size());
+    for (const auto& u : s.unsealed) out += "  " + u + "\n";
+  }
+  if (!s.skipped.empty()) {
+    out += fmt::format("\nskipped ({}: not a crash bundle or run log):", s.skipped.size());
+    for (size_t i = 0; i < s.skipped.size() && i < 8; ++i) out += (i ? ", " : " ") + s.skipped[i];
+    if (s.skipped.size() > 8) out += fmt::format(", and {} more", s.skipped.size() - 8);
+    out += "\n";
+  }
+  return out;
+}
+
+}  // namespace crashcap::supervisor

@@ -36,15 +36,30 @@ import gc
 import json
 import math
 import os
+import shutil
 import sys
 import threading
 import weakref
 
 import torch
 
-from . import _native, _recorder
-from ._recorder import NonFiniteError, Recorder
-from ._replay import _end, _error, take_request
+# crashcap's own modules are imported when first needed, not here: the bootstrap loads this module
+# the moment torch's import ends, which may be in the middle of crashcap's own import (a program
+# that imports crashcap, which imports torch).
+REPLAY_REQUEST_VARIABLE = "CRASHCAP_REPLAY_REQUEST"  # replayer::kReplayRequestVariable
+
+
+class _Api:
+    """crashcap's modules, imported on first use."""
+
+    def __getattr__(self, name):
+        from . import _native, _recorder, _replay
+        self._native, self._recorder, self._replay = _native, _recorder, _replay
+        self.Recorder, self.NonFiniteError = _recorder.Recorder, _recorder.NonFiniteError
+        return self.__dict__[name]
+
+
+_api = _Api()
 
 _observer = None  # the process's observer, once install() ran
 
@@ -288,7 +303,7 @@ class Observer:
                 self.sealed_nonfinite = True
                 self.rec._native.fail("nonfinite", "NonFiniteError",
                                       f"non-finite loss at step {self.in_flight}: {value} (recorded; the training "
-                                      f"went on: --nonfinite record)", _recorder._stack_here())
+                                      f"went on: --nonfinite record)", _api._recorder._stack_here())
 
     def on_optimizer_step(self, optimizer):
         if self.in_flight is not None:
@@ -298,6 +313,37 @@ class Observer:
         if self.rec is not None and self.in_flight is not None and not self.replay:
             self.rec._finish_step()
         self.in_flight = None
+
+    # ---- one training after another in one process (crashcap.optuna with isolate=False) ------
+
+    def new_training(self, directory):
+        """Ends the training recorded so far and records the next one into `directory`: only the
+        optimizers, schedulers and loaders made from now on are the new training's."""
+        self.end_training()
+        self.policy["directory"] = directory
+        self.optimizers, self.schedulers, self.scalers = [], [], []
+        self.training_loader, self.step, self.in_flight = None, 0, None
+        self.said, self.pending_warnings, self.sealed_nonfinite = set(), [], False
+
+    def end_training(self):
+        """Closes the recording of the training that ended; a clean one's recording is removed."""
+        rec, self.rec = self.rec, None
+        if rec is None or rec._native is None:
+            return
+        crashed = bool(rec.crash_bundle)
+        directory = rec.recording_dir
+        rec.close()
+        if not crashed and directory and os.path.isdir(directory):
+            shutil.rmtree(directory, ignore_errors=True)
+
+    def fail(self, exc):
+        """Records `exc` as the training's crash; the bundle ("" when nothing was recording)."""
+        if self.rec is None or self.rec._native is None:
+            return ""
+        return self.rec.fail(exc) or self.rec.crash_bundle  # a NaN loss sealed its bundle when it raised
+
+    def crash_step(self):
+        return self.in_flight
 
     # ---- the recorder -----------------------------------------------------------------------
 
@@ -334,7 +380,7 @@ class Observer:
         facts = [("python.capture", "observed"), ("python.observed.loader", "none" if ordinal is None else str(ordinal)),
                  ("python.observed.model", words)]
         policy = {k: v for k, v in self.policy.items() if k != "directory"}
-        self.rec = Recorder(self.policy.get("directory") or None, model=model, optimizer=optimizer, scheduler=scheduler,
+        self.rec = _api.Recorder(self.policy.get("directory") or None, model=model, optimizer=optimizer, scheduler=scheduler,
                             grad_scaler=scaler, _facts=facts, _observed=True, **policy)
         for text in self.pending_warnings:
             self.rec.warn(text, _print=False)  # said already
@@ -354,14 +400,14 @@ class Observer:
             _refuse_replay("invalid-argument", f"the program iterated DataLoader #{ordinal} with gradients enabled "
                            f"before making an optimizer, which the recording had made by then")
         model, optimizer, scheduler, scaler, _ = training
-        self.rec = Recorder(None, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=scaler,
+        self.rec = _api.Recorder(None, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=scaler,
                             _observed=True)
         driver = self.rec._replay
         if driver is None:
             raise RuntimeError("the replay request was taken before the training loop (by another crashcap.Recorder?)")
         recorded = driver.session.environment_fact("python.observed.loader")
         if recorded and recorded != str(ordinal):
-            driver._refuse(_error("invalid-argument",
+            driver._refuse(_api._replay._error("invalid-argument",
                                          f"the recording's steps came from DataLoader #{recorded}, and this run's first "
                                          f"DataLoader iterated with gradients enabled is #{ordinal}: the program makes "
                                          f"its loaders in another order than when it recorded"))
@@ -387,15 +433,15 @@ def _tensors(batch):
 
 def _refuse_replay(code, message, hint=""):
     """Ends a replay that cannot begin, with its reason as the outcome."""
-    request = take_request()
+    request = _api._replay.take_request()
     if request is not None:
-        _native.write_replay_error(request["text"], code, message, hint)
-    _end(3)
+        _api._native.write_replay_error(request["text"], code, message, hint)
+    _api._replay._end(3)
 
 
 def _replay_never_began():
     """At exit in a replay whose loop never came: the reason, as the replay's outcome."""
-    if _observer.rec is None and not _recorder._user_recorder_made and _native.REPLAY_REQUEST_VARIABLE in os.environ:
+    if _observer.rec is None and not _api._recorder._user_recorder_made and REPLAY_REQUEST_VARIABLE in os.environ:
         _refuse_replay("invalid-argument", f"the program ended without iterating a DataLoader with gradients enabled "
                        f"(it made {_observer.loaders}), so crashcap had no training loop to replay the recording in",
                        "run the replay with the arguments and files the recording ran with (`crashcap inspect B` "
@@ -413,7 +459,7 @@ def _guarded(fn):
         try:
             with _observer.lock:
                 return fn(*args, **kwargs)
-        except NonFiniteError:
+        except _api.NonFiniteError:
             raise
         except Exception as e:
             _observer.stop(e)
@@ -423,7 +469,7 @@ def _guarded(fn):
 
 @_guarded
 def _seen_batch(iterator, batch):
-    if _recorder._user_recorder_made:
+    if _api._recorder._user_recorder_made:
         return  # the program records itself
     queue = getattr(iterator, "_crashcap_indices", None)
     indices = queue.popleft() if queue else None
@@ -434,7 +480,7 @@ def _seen_batch(iterator, batch):
 
 @_guarded
 def _seen_backward(tensors):
-    if not _recorder._user_recorder_made or _observer.rec is not None:
+    if not _api._recorder._user_recorder_made or _observer.rec is not None:
         _observer.on_backward(tensors)
 
 
@@ -468,7 +514,7 @@ def install(policy=None, replay=False):
     def DataLoader_iter(self):
         if (_observer.replay and _observer.here() and torch.is_grad_enabled()
                 and getattr(self, "_crashcap_ordinal", None) is not None):
-            if not _recorder._user_recorder_made:
+            if not _api._recorder._user_recorder_made:
                 if _observer.replay_steps is None:
                     _observer.replay_steps = _observer.replay_iterator(self, self._crashcap_ordinal)
                 if self._crashcap_ordinal == _observer.training_loader:
@@ -516,7 +562,7 @@ def install(policy=None, replay=False):
         result = backward(tensors, *args, **kwargs)
         try:
             _seen_backward(tensors)
-        except NonFiniteError as e:
+        except _api.NonFiniteError as e:
             raise e.with_traceback(None) from None  # raised where backward() was called, not in crashcap
         return result
 
@@ -601,7 +647,7 @@ def _after_init(cls, seen):
 def start_from_environment():
     """Called by the bootstrap once torch is imported: records when `crashcap run --record` asked
     for it (CRASHCAP_OBSERVE: the policy as JSON), or serves a replay request."""
-    replay = _native.REPLAY_REQUEST_VARIABLE in os.environ
+    replay = REPLAY_REQUEST_VARIABLE in os.environ
     text = os.environ.get("CRASHCAP_OBSERVE")
     if not replay and text is None:
         return None

@@ -30,13 +30,33 @@ constexpr int kMaxDepth = 8;
 constexpr size_t kMaxLogLines = 100000;
 constexpr size_t kMaxLogLineBytes = 1 << 20;
 /// A separator is named when at most this share of the healthy runs meets it too.
-constexpr double kMaxHealthyShare = 0.25;
+constexpr double kMaxHealthyShare = 0.1;
 
 std::string lastLine(const std::string& text) {
   size_t end = text.find_last_not_of(" \t\r\n");
   if (end == std::string::npos) return "";
   size_t start = text.rfind('\n', end);
   return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+}
+
+/// The line of an error text that names it: the last "Type: message" line (a Python exception's
+/// own, after its traceback and the exceptions it came from; its message may go on over more
+/// lines), else the last line (a TorchScript error ends with the original message).
+std::string errorLine(const std::string& text) {
+  static const std::regex typed("^[A-Za-z_][A-Za-z0-9_.]*: .*");
+  std::string last, named;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
+    if (line.find_first_not_of(" \t\r") != std::string::npos) {
+      last = line;
+      if (std::regex_match(line, typed)) named = line;
+    }
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return named.empty() ? lastLine(last) : named;
 }
 
 std::optional<double> number(const std::string& s) {
@@ -78,18 +98,21 @@ std::string classificationOf(const formats::CrashData& c) {
   return found.id;
 }
 
-std::optional<BundleFacts> readBundle(const std::string& path, std::string& notACrash) {
+/// What the bundle at `path` says of its crash; nullopt, with `why` saying so, when it holds none.
+/// `damage` is what the reader could not read ("" for an intact bundle).
+std::optional<BundleFacts> readBundle(const std::string& path, std::string& why, std::string& damage) {
   auto reader = formats::BundleReader::open(path);
+  if (!reader->report().complete()) damage = reader->report().summary();
   auto v = formats::readRecords(*reader);
   if (!v.crash && !v.supervision) {
-    notACrash = "no crash in it (a sealed recording, or an imported bundle)";
+    why = damage.empty() ? "no crash in it (a sealed recording, or an imported bundle)" : "";
     return std::nullopt;
   }
   BundleFacts f;
   f.path = path;
   if (v.supervision) {
     f.classification = v.supervision->classification;
-    f.error = lastLine(v.supervision->evidence);
+    f.error = errorLine(v.supervision->evidence);
     f.timeNs = v.supervision->endNs;
     for (const auto& p : v.supervision->params) {
       auto eq = p.find('=');
@@ -98,10 +121,12 @@ std::optional<BundleFacts> readBundle(const std::string& path, std::string& notA
   }
   if (v.crash) {
     if (f.classification.empty()) f.classification = classificationOf(*v.crash);
-    if (!v.crash->error.empty()) f.error = lastLine(v.crash->error);
+    if (!v.crash->error.empty()) f.error = errorLine(v.crash->error);
     f.phase = v.crash->phase;
     if (v.crash->timeNs) f.timeNs = v.crash->timeNs;
-    if (v.crash->step >= 0 && v.opTrace)
+    // The op that was running names where an exception came from; a non-finite loss is found at
+    // the step's end, after ops that have nothing to do with it (replay names the first bad op).
+    if (v.crash->step >= 0 && v.opTrace && v.crash->kind != "nonfinite")
       for (auto it = v.opTrace->ops.rbegin(); it != v.opTrace->ops.rend(); ++it)
         if (it->step == v.crash->step) {
           f.op = it->name;
@@ -151,7 +176,7 @@ std::vector<Condition> conditionsOn(const std::string& param, const std::vector<
 }
 
 /// The best separators of a group of failing runs from the healthy runs: single conditions that
-/// at most a quarter of the healthy runs meet, and a pair of conditions on two parameters when
+/// at most a tenth of the healthy runs meet, and a pair of conditions on two parameters when
 /// together they separate completely and no single one does.
 std::vector<Separator> separate(const std::vector<const SummaryRun*>& failing, const std::vector<const SummaryRun*>& healthy) {
   if (failing.size() < 2 || healthy.empty()) return {};
@@ -209,9 +234,11 @@ std::vector<Separator> separate(const std::vector<const SummaryRun*>& failing, c
 }  // namespace
 
 std::string normalizeError(const std::string& error) {
-  static const std::regex hex("0x[0-9a-fA-F]+"), num("[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?");
-  std::string s = std::regex_replace(lastLine(error), hex, "0x?");
+  static const std::regex hex("0x[0-9a-fA-F]+"), num("[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?"),
+      signedNan("-nan\\b");
+  std::string s = std::regex_replace(errorLine(error), hex, "ADDR");  // first: its digits are not numbers
   s = std::regex_replace(s, num, "N");
+  s = std::regex_replace(s, signedNan, "nan");  // a NaN's sign says nothing
   if (s.size() > 200) s = s.substr(0, 200) + "...";
   return s;
 }
@@ -229,6 +256,10 @@ CrashSummary summarizeCrashes(const std::string& dir) {
        !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
     const auto& path = it->path();
     const std::string name = path.filename().string();
+    if (!name.empty() && name[0] == '.') {  // a tool's own (crashcap.optuna's .trial/), never runs
+      if (it->is_directory(ec)) it.disable_recursion_pending();
+      continue;
+    }
     if (it->is_directory(ec)) {
       if (name.rfind(recorder::kRecordingPrefix, 0) == 0) {
         // A finished recording is a clean run's (kept with --keep-recording); one that was not
@@ -243,10 +274,8 @@ CrashSummary summarizeCrashes(const std::string& dir) {
     }
     if (name == kRunLogName) logs.push_back(path);
     else if (path.extension() == ".ccap") bundles.push_back(path);
-    // crashcap's own passing files: a half-written bundle, a kernel trace not yet collected, a
-    // parameter file or a cuDNN log pipe of a run still going.
-    else if (path.extension() == ".partial" || path.extension() == ".cctrace" || name.rfind(".params-", 0) == 0 ||
-             name.rfind(".cudnn-log-", 0) == 0)
+    // crashcap's own passing files: a half-written bundle, a kernel trace not yet collected.
+    else if (path.extension() == ".partial" || path.extension() == ".cctrace")
       continue;
     else out.skipped.push_back(underRoot(path, root));
   }
@@ -258,10 +287,15 @@ CrashSummary summarizeCrashes(const std::string& dir) {
 
   std::vector<BundleFacts> facts;
   for (const auto& b : bundles) {
-    std::string notACrash;
+    std::string why, damage;
     try {
-      if (auto f = readBundle(b.string(), notACrash)) facts.push_back(std::move(*f));
-      else out.skipped.push_back(underRoot(b, root) + ": " + notACrash);
+      auto f = readBundle(b.string(), why, damage);
+      if (f) facts.push_back(std::move(*f));
+      if (!damage.empty())  // counted when its crash survived, and listed either way
+        (f ? out.damaged : out.unreadable)
+            .emplace_back(underRoot(b, root), f ? damage : damage + "; no crash record survived");
+      else if (!f)
+        out.skipped.push_back(underRoot(b, root) + ": " + why);
     } catch (const Error& e) {
       out.unreadable.emplace_back(underRoot(b, root), e.what());
     }
@@ -308,7 +342,7 @@ CrashSummary summarizeCrashes(const std::string& dir) {
                                                        j["_line"].get<size_t>());
       r.classification = j.value("classification", "");
       r.failed = !r.classification.empty();
-      r.error = lastLine(j.value("evidence", ""));
+      r.error = errorLine(j.value("evidence", ""));
       r.timeNs = parseTime(j.value("end", ""));
       if (j.contains("params") && j["params"].is_object())
         for (const auto& [k, v] : j["params"].items()) r.params[k] = v.is_string() ? v.get<std::string>() : v.dump();
@@ -388,10 +422,12 @@ json crashSummaryJson(const CrashSummary& s) {
                       {"last", g.lastNs ? json(formats::formatTime(g.lastNs)) : json(nullptr)},
                       {"separated_by", seps}});
   }
-  json unreadable = json::array();
+  json unreadable = json::array(), damaged = json::array();
   for (const auto& [path, why] : s.unreadable) unreadable.push_back({{"path", path}, {"error", why}});
-  return {{"dir", s.dir},     {"runs", s.runs.size()},   {"healthy", s.healthy}, {"failed", s.failed},
-          {"groups", groups}, {"unreadable", unreadable}, {"skipped", s.skipped}, {"unsealed", s.unsealed}};
+  for (const auto& [path, why] : s.damaged) damaged.push_back({{"path", path}, {"error", why}});
+  return {{"dir", s.dir},         {"runs", s.runs.size()}, {"healthy", s.healthy},   {"failed", s.failed},
+          {"groups", groups},     {"unreadable", unreadable}, {"damaged", damaged}, {"skipped", s.skipped},
+          {"unsealed", s.unsealed}};
 }
 
 std::string crashSummaryText(const CrashSummary& s) {
@@ -418,6 +454,10 @@ std::string crashSummaryText(const CrashSummary& s) {
   if (!s.unreadable.empty()) {
     out += fmt::format("\nunreadable ({}):\n", s.unreadable.size());
     for (const auto& [path, why] : s.unreadable) out += fmt::format("  {}: {}\n", path, why);
+  }
+  if (!s.damaged.empty()) {
+    out += fmt::format("\ndamaged, counted with what survived ({}; `crashcap verify` says more):\n", s.damaged.size());
+    for (const auto& [path, why] : s.damaged) out += fmt::format("  {}: {}\n", path, why);
   }
   if (!s.unsealed.empty()) {
     out += fmt::format("\nrecordings nobody sealed ({}; `crashcap seal DIR` makes each a bundle):\n", s.unsealed.size());

@@ -51,23 +51,28 @@ struct CrashSummary {
   std::vector<SummaryRun> runs;          ///< every run found (stable: groups point into it)
   std::vector<CrashGroup> groups;        ///< largest first
   size_t healthy = 0, failed = 0;
-  std::vector<std::pair<std::string, std::string>> unreadable;  ///< (path, why): damaged bundles, bad log lines
+  /// (path, why): files that could not be read, bundles whose crash did not survive damage, log lines
+  std::vector<std::pair<std::string, std::string>> unreadable;
+  std::vector<std::pair<std::string, std::string>> damaged;  ///< (path, what was lost): counted all the same
   std::vector<std::string> skipped;      ///< files that are neither bundles nor run logs
   std::vector<std::string> unsealed;     ///< recording directories nobody sealed (`crashcap seal`)
 };
 
-/// The error's words with what differs from run to run blanked: numbers become N, hex addresses
-/// 0x?, and it is cut to 200 characters. "Target 12 is out of bounds." -> "Target N is out of bounds."
+/// The error's own line (the last "Type: message" line, else the last line) with what differs from
+/// run to run blanked: numbers become N, hex addresses ADDR, -nan nan; cut to 200 characters.
+/// "IndexError: Target 12 is out of bounds." -> "IndexError: Target N is out of bounds."
 std::string normalizeError(const std::string& error);
 
-/// Reads DIR (recursively, at most 8 levels; recording directories are listed, not entered).
+/// Reads DIR (recursively, at most 8 levels; recording directories are listed, not entered;
+/// hidden files and directories, a tool's own, are passed over).
 /// Throws crashcap::Error{NotFound} when DIR is not a directory; everything inside that cannot
 /// be read is listed in `unreadable`.
 CrashSummary summarizeCrashes(const std::string& dir);
 
 /// {"dir", "runs", "healthy", "failed", "groups": [{"classification", "signature", "error", "op",
 /// "phase", "count", "runs", "bundles", "first", "last", "separated_by": [{"rule", "failing",
-/// "healthy", "healthy_total"}]}], "unreadable": [{"path", "error"}], "skipped", "unsealed"}.
+/// "healthy", "healthy_total"}]}], "unreadable": [{"path", "error"}], "damaged": [{"path",
+/// "error"}], "skipped", "unsealed"}.
 nlohmann::json crashSummaryJson(const CrashSummary& summary);
 std::string crashSummaryText(const CrashSummary& summary);
 

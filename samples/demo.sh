@@ -58,6 +58,20 @@ if [ -n "$PYDIR" ] && [ -f "$PYDIR/crashcap/__init__.py" ]; then
   show "$CC" inspect "$pybundle"
   show "$CC" replay "$pybundle"
   show "$CC" triage "$pybundle"
+  step "7c. The same training left as it is: crashcap run --record records it from outside"
+  echo "   No --record flag to the script, no crashcap import: the batches come from its DataLoader, the model and"
+  echo "   its state from its optimizer, the loss from backward(). At step 21, row 5's label is out of range."
+  expect_fail "$CC" run --record --keyframe-every 10 --dir "$WORK/observed" -- /usr/bin/python3 \
+    "$(dirname "$0")/python/train.py" --steps 40 --quiet --fault bad-label --fault-step 21 --fault-row 5
+  obundle=$(ls "$WORK"/observed/crash-*.ccap)
+  show "$CC" replay "$obundle"
+  show "$CC" triage "$obundle"
+  echo "   Many runs at once: the run log and the bundles of a small sweep, grouped, with what sets the crashes apart"
+  for fault in none bad-label none none bad-label none; do
+    "$CC" run --record --dir "$WORK/sweep" -- /usr/bin/python3 "$(dirname "$0")/python/train.py" --steps 24 --quiet \
+      --workers 0 --fault "$fault" --fault-step 3 >/dev/null 2>&1 || true
+  done
+  show "$CC" summary "$WORK/sweep"
 else
   echo "   (skipped: this build has no Python package; configure with -DCRASHCAP_WITH_PYTHON=ON to see why)"
 fi

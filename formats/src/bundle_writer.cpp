@@ -12,6 +12,7 @@
 #include <mutex>
 #include <random>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 
 #include "codec.hpp"
@@ -49,6 +50,23 @@ std::string formatRecordingId(const std::array<uint8_t, 16>& id) {
 }
 
 namespace {
+
+/// A tensor's role: its name with every run of digits blanked ("steps/12/batch/image" ->
+/// "steps/#/batch/image"), so that one step's image and the next one's share it.
+std::string tensorRole(const std::string& name) {
+  std::string role;
+  role.reserve(name.size());
+  for (size_t i = 0; i < name.size(); ++i) {
+    if (name[i] >= '0' && name[i] <= '9') {
+      role += '#';
+      while (i + 1 < name.size() && name[i + 1] >= '0' && name[i + 1] <= '9') ++i;
+    } else {
+      role += name[i];
+    }
+  }
+  return role;
+}
+
 
 /// A fixed set of threads, each with its own zstd context, running chunk encodings.
 class EncodePool {
@@ -117,6 +135,9 @@ struct BundleWriter::Impl {
   detail::Compressor compressor;
   std::vector<uint8_t> scratch;
   std::unique_ptr<EncodePool> pool;
+  /// Tensor roles whose last compression saved too little: how many times each was stored raw
+  /// since (WriterOptions::rawRetryEvery).
+  std::unordered_map<std::string, uint32_t> rawRoles;
 
   void checkWritable() const {
     if (sealed) throw Error(ErrorCode::InvalidArgument, fmt::format("bundle {} is already sealed", file.path()));
@@ -258,7 +279,15 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
   meta.chunkCount = uint32_t(count);
   const auto* src = static_cast<const uint8_t*>(bytes);
 
+  // A role that did not compress last time is stored raw until it is due to be tried again.
+  const std::string role = tensorRole(name);
+  int level = m.options.zstdLevel;
+  auto raw = m.rawRoles.find(role);
+  if (level > 0 && raw != m.rawRoles.end() && ++raw->second < m.options.rawRetryEvery) level = 0;
+  bool compressed = false;
+
   auto writeChunk = [&](uint64_t i, const detail::EncodedBody& body) {
+    compressed = compressed || body.codec != Codec::None;
     meta.chunkIndex = uint32_t(i);
     meta.offset = i * chunk;
     meta.length = std::min(chunk, total - meta.offset);
@@ -273,8 +302,8 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
   if (!m.pool || count == 1) {
     detail::EncodedBody body;
     for (uint64_t i = 0; i < count; ++i) {
-      detail::encodeBody(m.compressor, src + i * chunk, chunkLen(i), m.options.zstdLevel, shuffle,
-                         m.options.minSavings, m.scratch, body);
+      detail::encodeBody(m.compressor, src + i * chunk, chunkLen(i), level, shuffle, m.options.minSavings, m.scratch,
+                         body);
       writeChunk(i, body);
     }
   } else {
@@ -291,7 +320,6 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
       }
     } waitAll{inflight};
     uint64_t next = 0, done = 0;
-    const int level = m.options.zstdLevel;
     const double minSavings = m.options.minSavings;
     while (done < count) {
       while (next < count && next - done < window) {
@@ -310,6 +338,12 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
       inflight.pop_front();
       ++done;
     }
+  }
+  if (level > 0 && total > 0) {  // it was tried: remember whether it paid
+    if (compressed || m.options.rawRetryEvery == 0)
+      m.rawRoles.erase(role);
+    else
+      m.rawRoles[role] = 0;
   }
   m.names.insert(name);
   m.tensors.push_back(std::move(info));

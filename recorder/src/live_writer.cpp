@@ -21,6 +21,9 @@
 #include "crashcap/recorder/recording_dir.hpp"
 
 namespace crashcap::recorder::detail {
+
+/// What zstd must save of a tensor for the recorder to keep it compressed (WriterOptions::minSavings).
+constexpr double kRecorderMinSavings = 0.15;
 namespace fs = std::filesystem;
 using crashcap::Error;
 using crashcap::ErrorCode;
@@ -298,6 +301,10 @@ void LiveWriter::startSegment() {
   auto path = (fs::path(recording_) / segmentFileName(++segmentIndex_)).string();
   formats::WriterOptions wo;
   wo.zstdLevel = options_.zstdLevel;
+  // The writer shares the machine with the training (and its DataLoader workers): a tensor zstd
+  // shrinks by less than 15% (a noisy image batch: 10%) is stored raw, and with rawRetryEvery
+  // not compressed again for a while. docs/PERFORMANCE.md has the measurement.
+  wo.minSavings = kRecorderMinSavings;
   wo.compressionThreads = options_.compressionThreads;
   wo.durability.syncEveryBytes = options_.syncEveryBytes;
   wo.producer = "crashcap recorder";

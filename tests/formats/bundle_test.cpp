@@ -86,6 +86,35 @@ TEST_CASE("compressible floats are shuffled and compressed, noise is stored raw"
   CHECK(std::memcmp(back.data(), smooth.data(), back.size()) == 0);
 }
 
+TEST_CASE("a tensor role that did not compress is stored raw until zstd is due to try it again", "[formats][codec]") {
+  TempDir dir;
+  auto noise = test::randomBytes(40000, 3);
+  std::vector<uint8_t> zeros(40000, 0);
+  WriterOptions o;
+  o.rawRetryEvery = 4;
+  auto writer = BundleWriter::create(dir.file("b.ccap"), o);
+  // Steps 0..2 carry noise; from step 3 on the role's data compresses, and zstd finds out at its
+  // next try: step 0 was tried and stored raw, steps 1..3 are not tried, step 4 is.
+  for (int step = 0; step < 10; ++step) {
+    const auto& data = step < 3 ? noise : zeros;
+    writer->writeTensor("steps/" + std::to_string(step) + "/batch/image", DType::UInt8, {40000}, data.data(), data.size());
+    writer->writeTensor("steps/" + std::to_string(step) + "/batch/mask", DType::UInt8, {40000}, zeros.data(), zeros.size());
+  }
+  writer->seal();
+  auto reader = BundleReader::open(dir.file("b.ccap"));
+  for (int step = 0; step < 10; ++step) {
+    INFO("step " << step);
+    auto stored = reader->get("steps/" + std::to_string(step) + "/batch/image").storedBytes;
+    if (step < 4)
+      CHECK(stored == 40000);
+    else
+      CHECK(stored < 1000);
+    CHECK(reader->get("steps/" + std::to_string(step) + "/batch/mask").storedBytes < 1000);  // another role
+    auto back = reader->readTensor(reader->get("steps/" + std::to_string(step) + "/batch/image"));
+    CHECK(std::memcmp(back.data(), (step < 3 ? noise : zeros).data(), back.size()) == 0);
+  }
+}
+
 TEST_CASE("compression threads write the same tensors as the calling thread", "[formats][threads]") {
   TempDir dir;
   std::vector<float> data = test::randomFloats(3'000'000, 4);

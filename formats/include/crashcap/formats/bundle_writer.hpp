@@ -27,6 +27,10 @@ struct WriterOptions {
   unsigned compressionThreads = 0;        ///< 0: compress on the calling thread
   bool shuffle = true;                    ///< byte-shuffle floating types before zstd
   double minSavings = 0.05;               ///< store raw when zstd saves less than this fraction
+  /// A tensor whose role (its name with the numbers blanked: steps/#/batch/image) did not compress
+  /// last time is stored raw this many times before zstd is tried on it again: noisy images or
+  /// weights cost a compression each step and save nothing. 0 tries every time.
+  uint32_t rawRetryEvery = 16;
   Durability durability;
   std::string producer = "crashcap";      ///< goes into the RecordingInfo record
   bool overwrite = false;                 ///< replace an existing file instead of refusing

@@ -22,9 +22,10 @@ holds, how it seals and how it replays are the same (docs/PYTHON.md). In a repla
 keyframe on instead, and the process ends after the target step.
 
 What cannot be inferred safely is said in one warning each, kept in the bundle, and the rest is
-recorded: several optimizers (kept together), gradient accumulation, another loader iterated
-with gradients enabled (not recorded), no DataLoader (no steps: the crash, the environment and
-the last ops are still recorded). The observer never changes what the training computes: it
+recorded: several optimizers (kept together), gradient accumulation, a prefetching loop, another
+loader iterated with gradients enabled (not recorded), no DataLoader (no steps: the crash, the
+environment and the last ops are still recorded). Several trainings in one process (folds,
+phases, in-process trials) are recorded one after another (Observer). The observer never changes what the training computes: it
 reads, copies and counts; an error of its own stops the recording with one warning, and the
 training goes on.
 """
@@ -35,6 +36,7 @@ import functools
 import gc
 import json
 import math
+import operator
 import os
 import shutil
 import sys
@@ -174,7 +176,15 @@ def _model_of(optimizer_params):
 
 
 class Observer:
-    """Watches one process's training and drives a crashcap.Recorder from it."""
+    """Watches one process's training (or its trainings, one after another) and drives a
+    crashcap.Recorder from it.
+
+    A process may train more than once (the folds of a cross-validation, a fine-tuning phase, the
+    trials of a study): a **training** begins at the first batch drawn with gradients enabled
+    while an optimizer exists that no earlier training had; an optimizer made after a training
+    began marks the end of that training, and the next batch begins the next one, recorded anew.
+    Trainings are counted the same way in a replay, which runs the earlier ones as the program
+    runs them and replays the recorded one."""
 
     def __init__(self, policy, replay):
         self.pid = os.getpid()
@@ -183,21 +193,30 @@ class Observer:
         self.quiet = bool(self.policy.get("quiet", False))
         self.lock = threading.RLock()
         self.optimizers = []            # weakrefs, in the order the program made them
+        self.claimed = 0                # optimizers[:claimed] belong to trainings that began already
         self.schedulers = []            # (weakref scheduler, weakref optimizer)
         self.scalers = []               # weakrefs
         self.loaders = 0                # DataLoaders made so far (the next one's ordinal)
-        self.training_loader = None     # the ordinal of the loader whose batches are steps
+        self.training = -1              # the current training's number (-1: none began yet)
+        self.training_over = False      # an optimizer was made since the current training began
+        self.training_loader = None     # the ordinal of the loader whose batches are the current training's steps
         self.rec = None
-        self.failed = None              # why the observer stopped ("" while it runs)
+        self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
+        self.loaderless_backwards = 0   # backward() calls before any training began
+        self.failed = None              # why the observer stopped (None while it runs)
+        self.said = set()               # the warnings said (one each)
+        self.pending_warnings = []      # said before the recording began: kept in it when it does
+        self.keep_going = self.policy.get("nonfinite") == "record"
+        self._reset_steps()
+        self.replay_steps = None        # in a replay: the recorded batches, in place of the training loader's
+        self.replay_training = None     # in a replay: the number of the training recorded
+
+    def _reset_steps(self):
         self.step = 0                   # the next step's index
         self.in_flight = None           # the step in flight
         self.ended = False              # its loss was fingerprinted
         self.backwards = 0              # backward() calls of the step in flight
         self.updates = 0                # optimizer steps of the step in flight
-        self.said = set()               # the warnings said (one each)
-        self.replay_steps = None        # in a replay: the recorded batches, in place of the training loader's
-        self.pending_warnings = []      # said before the recording began: kept in it when it does
-        self.keep_going = self.policy.get("nonfinite") == "record"
         self.sealed_nonfinite = False   # with keep_going: the first non-finite loss's bundle is sealed
 
     # ---- bookkeeping ------------------------------------------------------------------------
@@ -211,7 +230,7 @@ class Observer:
         if key in self.said:
             return
         self.said.add(key)
-        if self.rec is not None:
+        if self.rec is not None and self.rec._native is not None:
             self.rec.warn(text)  # printed by the native recorder (unless quiet)
             return
         if not self.quiet:
@@ -229,13 +248,21 @@ class Observer:
     def live(self, refs):
         return [o for o in (r() for r in refs) if o is not None]
 
+    def _new_optimizers(self):
+        """The live optimizers no training has claimed yet."""
+        return self.live(self.optimizers[self.claimed:])
+
     # ---- the seams --------------------------------------------------------------------------
 
     def on_optimizer(self, optimizer):
         self.optimizers.append(weakref.ref(optimizer))
-        if self.rec is not None and not self.replay:
-            self.warn("late-optimizer", f"an optimizer ({type(optimizer).__name__}) was made after the recording "
-                      f"began (step {self.step}); the recording keeps the optimizers it began with")
+        if self.training >= 0 and not self.training_over:
+            self.training_over = True
+            if not self.replay and self.rec is not None and not self.capture_only:
+                self.warn(f"new-training-{self.training}",
+                          f"an optimizer ({type(optimizer).__name__}) was made after training {self.training} began "
+                          f"(step {self.step}): a new training (the next fold, the next phase?) begins at its first "
+                          f"batch and is recorded anew")
 
     def on_scheduler(self, scheduler):
         optimizer = getattr(scheduler, "optimizer", None)
@@ -246,24 +273,42 @@ class Observer:
         if all(s() is not scaler for s in self.scalers):
             self.scalers.append(weakref.ref(scaler))
 
+    def begins_training(self):
+        """Whether a batch drawn now (gradients enabled) begins a training: an optimizer exists
+        that no training has claimed, and none is under way or the one under way is over."""
+        return (self.training < 0 or self.training_over) and bool(self._new_optimizers())
+
     def on_batch(self, ordinal, indices, batch):
         """A batch the loader `ordinal` yielded: a step when it is the training loader's."""
         if self.replay or not torch.is_grad_enabled():
             return
-        if self.training_loader is None:
-            self.training_loader = ordinal
+        if self.capture_only and self._new_optimizers() or self.begins_training():
+            self._finish()
+            self.end_training()  # the last training's recording stays (the supervisor keeps or drops it)
+            if not self._start(ordinal):
+                return
+        elif self.rec is None:
+            if self.training < 0:
+                self.warn("no-optimizer", "a DataLoader batch came before any torch.optim optimizer was made, so there "
+                          "is no model to record yet; recording begins at the first batch after one is made")
+            return
         elif ordinal != self.training_loader:
             self.warn("loaders", f"a second DataLoader (#{ordinal}) is iterated with gradients enabled; its batches "
                       f"are not recorded (the steps are DataLoader #{self.training_loader}'s). Iterate validation "
                       f"loaders under torch.no_grad()")
             return
-        if self.in_flight is not None and self.updates == 0 and self.backwards > 0:
-            self.warn("accumulation", f"step {self.in_flight} ran backward() without an optimizer step: gradient "
-                      f"accumulation? Each batch is recorded as a step; a replay from a keyframe taken between two "
-                      f"updates starts without the gradients accumulated before it and departs from the recording")
+        if self.in_flight is not None:
+            if self.backwards == 0:
+                self.warn("prefetch", f"DataLoader #{ordinal} gave a batch before step {self.in_flight} ran backward(): "
+                          f"a loop that draws a batch ahead (a prefetcher) computes each step on the batch drawn "
+                          f"before it, so the recorded batch of a step may be its successor's; replay and triage "
+                          f"then name the wrong rows")
+            elif self.updates == 0:
+                self.warn("accumulation", f"step {self.in_flight} ran backward() without an optimizer step: gradient "
+                          f"accumulation? Each batch is recorded as a step; a replay from a keyframe taken between "
+                          f"two updates starts without the gradients accumulated before it and departs from the "
+                          f"recording")
         self._finish()
-        if self.rec is None and not self._start(ordinal):
-            return
         extra = ()
         if indices is not None:
             first = next((t for t in _tensors(batch)), None)
@@ -276,12 +321,19 @@ class Observer:
 
     def on_backward(self, tensors):
         """After a backward(): the step's loss, when it is the step's first backward of a one-element tensor."""
-        if self.rec is None:
-            if self.training_loader is None and not self.replay and self._start(None):
-                self.warn("no-loader", "backward() ran, but no DataLoader batch came before it with gradients enabled: "
-                          "this training makes its own batches, so crashcap records no steps (no batches, weights or "
-                          "replay); it keeps the crash with its Python traceback, the last ops and the environment. "
-                          "To record its steps, use crashcap.Recorder's `with rec.step(i, ...)` (docs/PYTHON.md)")
+        if self.rec is None or self.capture_only:
+            if self.training < 0 and not self.replay:
+                # Its crash is recorded from the first backward on; one backward (a sanity check
+                # before the loop) is not yet a training without a DataLoader: the second says so.
+                self.loaderless_backwards += 1
+                if self.rec is None:
+                    self._start(None)
+                if self.loaderless_backwards == 2:
+                    self.warn("no-loader", "backward() runs, but no DataLoader batch came before it with gradients "
+                              "enabled: this training makes its own batches, so crashcap records no steps (no "
+                              "batches, weights or replay); it keeps the crash with its Python traceback, the last "
+                              "ops and the environment. To record its steps, use crashcap.Recorder's "
+                              "`with rec.step(i, ...)` (docs/PYTHON.md)")
             return
         if self.in_flight is None:
             return
@@ -294,16 +346,16 @@ class Observer:
         if not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
             return
         self.ended = True
-        self.rec.end(tensors)  # a NonFiniteError here is the training's, not crashcap's
         if self.keep_going and not self.sealed_nonfinite and tensors.device.type == "cpu":
             value = float(tensors.detach().reshape(()))
             if not math.isfinite(value):
-                # --nonfinite record: the first non-finite loss still leaves a bundle at its step;
-                # the training goes on, recorded into a fresh recording.
+                # --nonfinite record: the first non-finite loss still leaves a bundle at its step,
+                # as the raise policy's would; the training goes on, into a fresh recording.
                 self.sealed_nonfinite = True
                 self.rec._native.fail("nonfinite", "NonFiniteError",
                                       f"non-finite loss at step {self.in_flight}: {value} (recorded; the training "
-                                      f"went on: --nonfinite record)", _api._recorder._stack_here())
+                                      f"went on: --nonfinite record)", _api._recorder._stack_here(), "forward")
+        self.rec.end(tensors)  # a NonFiniteError here is the training's, not crashcap's
 
     def on_optimizer_step(self, optimizer):
         if self.in_flight is not None:
@@ -314,27 +366,34 @@ class Observer:
             self.rec._finish_step()
         self.in_flight = None
 
-    # ---- one training after another in one process (crashcap.optuna with isolate=False) ------
+    # ---- trainings one after another in one process ------------------------------------------
 
     def new_training(self, directory):
-        """Ends the training recorded so far and records the next one into `directory`: only the
-        optimizers, schedulers and loaders made from now on are the new training's."""
-        self.end_training()
+        """Ends the training recorded so far and records the next one into `directory`
+        (crashcap.optuna's trials in one process): only the optimizers, schedulers and loaders
+        made from now on are the new training's."""
+        self._finish()
+        self.end_training(remove=True)
         self.policy["directory"] = directory
-        self.optimizers, self.schedulers, self.scalers = [], [], []
-        self.training_loader, self.step, self.in_flight = None, 0, None
-        self.said, self.pending_warnings, self.sealed_nonfinite = set(), [], False
+        self.claimed = len(self.optimizers)
+        self.training_over = True
+        self.failed = None
+        self.said, self.pending_warnings = set(), []
+        self._reset_steps()
 
-    def end_training(self):
-        """Closes the recording of the training that ended; a clean one's recording is removed."""
+    def end_training(self, remove=False):
+        """Closes the recording of the training that ended; with `remove`, a clean one's recording
+        is removed (the trials of a study in one process)."""
         rec, self.rec = self.rec, None
+        self.training_loader = None
         if rec is None or rec._native is None:
             return
         crashed = bool(rec.crash_bundle)
         directory = rec.recording_dir
         rec.close()
-        if not crashed and directory and os.path.isdir(directory):
+        if (remove or self.capture_only) and not crashed and directory and os.path.isdir(directory):
             shutil.rmtree(directory, ignore_errors=True)
+        self.capture_only = False
 
     def fail(self, exc):
         """Records `exc` as the training's crash; the bundle ("" when nothing was recording)."""
@@ -348,8 +407,9 @@ class Observer:
     # ---- the recorder -----------------------------------------------------------------------
 
     def _training(self):
-        """(model, optimizer, scheduler, scaler, words) of the training, or None without an optimizer."""
-        optimizers = self.live(self.optimizers)
+        """(model, optimizer, scheduler, scaler, words) of the training about to begin: its
+        optimizers are those no earlier training claimed. None without one."""
+        optimizers = self._new_optimizers()
         if not optimizers:
             return None
         if len(optimizers) == 1:
@@ -362,55 +422,80 @@ class Observer:
         model, words = _model_of(params)
         ours = {id(o) for o in optimizers}
         schedulers = [s for s, o in ((s(), o()) for s, o in self.schedulers) if s is not None and id(o) in ours]
-        scalers = self.live(self.scalers)
+        scalers = [s for s in self.live(self.scalers) if getattr(s, "_enabled", True)]
         scheduler = schedulers[0] if len(schedulers) == 1 else (_Several(schedulers) if schedulers else None)
         scaler = scalers[0] if len(scalers) == 1 else (_Several(scalers) if scalers else None)
         return model, optimizer, scheduler, scaler, words
 
+    def _begin_training(self):
+        """The optimizers no training had become the new training's."""
+        self.claimed = len(self.optimizers)
+        self.training += 1
+        self.training_over = False
+        self._reset_steps()
+
     def _start(self, ordinal):
-        """Starts the recording of the training whose steps come from DataLoader `ordinal` (None:
-        a training without one). False when there is no optimizer yet."""
+        """Starts recording the training whose steps come from DataLoader `ordinal` (None: a
+        training without one, whose crash only is recorded). False when there is no optimizer."""
         training = self._training()
         if training is None:
-            if ordinal is not None:
-                self.warn("no-optimizer", f"step {self.step}: no torch.optim optimizer exists yet, so there is no model "
-                          f"to record; recording begins at the first batch after one is made")
             return False
         model, optimizer, scheduler, scaler, words = training
+        if ordinal is not None:
+            self._begin_training()
+            self.training_loader = ordinal
+        self.capture_only = ordinal is None
         facts = [("python.capture", "observed"), ("python.observed.loader", "none" if ordinal is None else str(ordinal)),
-                 ("python.observed.model", words)]
+                 ("python.observed.training", str(self.training)), ("python.observed.model", words)]
         policy = {k: v for k, v in self.policy.items() if k != "directory"}
-        self.rec = _api.Recorder(self.policy.get("directory") or None, model=model, optimizer=optimizer, scheduler=scheduler,
-                            grad_scaler=scaler, _facts=facts, _observed=True, **policy)
+        if scaler is not None and "check_gradients" not in policy:
+            # A GradScaler's scaled gradients overflow to Inf by design (it skips that update and
+            # lowers the scale): only a non-finite loss stops the step.
+            policy["check_gradients"] = False
+        self.rec = _api.Recorder(self.policy.get("directory") or None, model=model, optimizer=optimizer,
+                                 scheduler=scheduler, grad_scaler=scaler, _facts=facts, _observed=True, **policy)
         for text in self.pending_warnings:
             self.rec.warn(text, _print=False)  # said already
         self.pending_warnings = []
         if self.rec._native is not None and not self.quiet:
             source = f"from DataLoader #{ordinal}" if ordinal is not None else "(its crash only: no DataLoader)"
-            _say(f"recording this training {source}: model {words}, optimizer "
+            which = f"training {self.training} of this process" if self.training > 0 else "this training"
+            _say(f"recording {which} {source}: model {words}, optimizer "
                  f"{getattr(optimizer, '_crashcap_kind', type(optimizer).__name__)}, into {self.rec.recording_dir}")
         return True
 
     # ---- replay -----------------------------------------------------------------------------
 
-    def replay_iterator(self, loader, ordinal):
-        """In a replay: the recorded batches, keyframe to target, in place of the loader's."""
-        training = self._training()
-        if training is None:
-            _refuse_replay("invalid-argument", f"the program iterated DataLoader #{ordinal} with gradients enabled "
-                           f"before making an optimizer, which the recording had made by then")
+    def replay_iter(self, ordinal):
+        """DataLoader.__iter__ in a replay, gradients enabled: the recorded batches when this loader
+        begins the recorded training (or is its loader); None for the loader's own (the trainings
+        before the recorded one run as the program runs them)."""
+        if self.replay_steps is not None:
+            return self.replay_steps if ordinal == self.training_loader else None
+        if not self.begins_training():
+            return None
+        training = self._training()  # before the claim: the optimizers it claims
+        self._begin_training()
+        if self.replay_training is None:
+            self.replay_training = _recorded_training()
+        if self.training != self.replay_training:
+            return None
+        self.replay_steps = self._replay_iterator(ordinal, training)
+        return self.replay_steps
+
+    def _replay_iterator(self, ordinal, training):
         model, optimizer, scheduler, scaler, _ = training
         self.rec = _api.Recorder(None, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=scaler,
-                            _observed=True)
+                                 _observed=True)
         driver = self.rec._replay
         if driver is None:
             raise RuntimeError("the replay request was taken before the training loop (by another crashcap.Recorder?)")
         recorded = driver.session.environment_fact("python.observed.loader")
         if recorded and recorded != str(ordinal):
-            driver._refuse(_api._replay._error("invalid-argument",
-                                         f"the recording's steps came from DataLoader #{recorded}, and this run's first "
-                                         f"DataLoader iterated with gradients enabled is #{ordinal}: the program makes "
-                                         f"its loaders in another order than when it recorded"))
+            driver._refuse(_api._replay._error(
+                "invalid-argument", f"the recording's steps came from DataLoader #{recorded}, and this run's training "
+                f"{self.training} iterates DataLoader #{ordinal} first: the program makes its loaders in another order "
+                f"than when it recorded"))
         self.training_loader = ordinal
         return self._replayed(self.rec.steps(None))
 
@@ -418,6 +503,17 @@ class Observer:
         for step, batch in steps:
             self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
             yield batch
+
+
+def _recorded_training():
+    """The number of the training the replayed recording holds (python.observed.training; 0 for
+    a recording made before trainings were counted)."""
+    try:
+        with open(os.environ[REPLAY_REQUEST_VARIABLE]) as f:
+            bundle = json.load(f)["bundle"]
+        return int(_api._native.bundle_fact(bundle, "python.observed.training") or 0)
+    except (OSError, KeyError, ValueError):
+        return 0
 
 
 def _tensors(batch):
@@ -467,14 +563,32 @@ def _guarded(fn):
     return run
 
 
+def _drop_index(iterator):
+    queue = getattr(iterator, "_crashcap_indices", None)
+    if queue:
+        queue.popleft()
+
+
+def _dataset_indices(index):
+    """The sampler's draw for one batch as a list of ints (numpy's and torch's included), or None
+    (an IterableDataset's None, a custom sampler's tuples or strings)."""
+    items = list(index) if isinstance(index, (list, tuple)) else [index]
+    try:
+        out = [operator.index(i) for i in items if not isinstance(i, bool)]
+    except TypeError:
+        return None
+    return out if out and len(out) == len(items) else None
+
+
 @_guarded
 def _seen_batch(iterator, batch):
     if _api._recorder._user_recorder_made:
         return  # the program records itself
     queue = getattr(iterator, "_crashcap_indices", None)
-    indices = queue.popleft() if queue else None
-    if not (isinstance(indices, list) and indices and all(isinstance(i, int) and not isinstance(i, bool) for i in indices)):
-        indices = [indices] if isinstance(indices, int) and not isinstance(indices, bool) else None
+    index = queue.popleft() if queue else None
+    # A loader that hands batches out as they come (in_order=False, torch 2.6) breaks the pairing
+    # of each batch with the index drawn for it: no dataset indices then.
+    indices = _dataset_indices(index) if getattr(iterator, "_in_order", True) else None
     _observer.on_batch(getattr(iterator, "_crashcap_loader", -1), indices, batch)
 
 
@@ -512,13 +626,16 @@ def install(policy=None, replay=False):
 
     @functools.wraps(loader_iter)
     def DataLoader_iter(self):
-        if (_observer.replay and _observer.here() and torch.is_grad_enabled()
-                and getattr(self, "_crashcap_ordinal", None) is not None):
-            if not _api._recorder._user_recorder_made:
-                if _observer.replay_steps is None:
-                    _observer.replay_steps = _observer.replay_iterator(self, self._crashcap_ordinal)
-                if self._crashcap_ordinal == _observer.training_loader:
-                    return _observer.replay_steps
+        ordinal = getattr(self, "_crashcap_ordinal", None)
+        if (_observer.replay and _observer.here() and torch.is_grad_enabled() and ordinal is not None
+                and not _api._recorder._user_recorder_made):
+            try:
+                with _observer.lock:
+                    steps = _observer.replay_iter(ordinal)
+            except Exception as e:  # crashcap's own: the replay cannot go on, and says why
+                _refuse_replay("internal", f"crashcap could not drive the replay: {type(e).__name__}: {e}")
+            if steps is not None:
+                return steps
         return loader_iter(self)
 
     dl.DataLoader.__iter__ = DataLoader_iter
@@ -549,7 +666,13 @@ def install(policy=None, replay=False):
 
     @functools.wraps(next_)
     def Iter_next(self):
-        batch = next_(self)
+        try:
+            batch = next_(self)
+        except StopIteration:
+            raise
+        except BaseException:
+            _drop_index(self)  # the batch whose index was drawn never came (a worker's error)
+            raise
         _seen_batch(self, batch)
         return batch
 
@@ -651,8 +774,6 @@ def start_from_environment():
     text = os.environ.get("CRASHCAP_OBSERVE")
     if not replay and text is None:
         return None
-    if _in_worker():
-        return None
     policy = {}
     if text:
         try:
@@ -661,11 +782,3 @@ def start_from_environment():
             _say(f"CRASHCAP_OBSERVE is not JSON ({e}); recording with the default policy")
     return install(policy, replay)
 
-
-def _in_worker():
-    """A process multiprocessing started (a DataLoader worker under spawn): never a training of its own."""
-    try:
-        import multiprocessing
-        return multiprocessing.parent_process() is not None
-    except Exception:
-        return False

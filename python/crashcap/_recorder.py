@@ -26,6 +26,16 @@ def _stack_here():
             for f in reversed(frames)][:128]
 
 _active = None  # the Recorder whose crashes sys.excepthook records (one per process)
+# Recorders not closed yet, closed at exit; weakly held, so a program that trains again (the next
+# fold, the next trial) frees the last Recorder with its model.
+_open = weakref.WeakSet()
+
+
+@atexit.register
+def _close_all():
+    for rec in list(_open):
+        rec.close()
+
 _user_recorder_made = False  # a Recorder the program made itself: `crashcap run --record` then stands aside
 
 
@@ -246,7 +256,7 @@ class Recorder:
             if sys.excepthook is not _guarded_excepthook:
                 _previous_excepthook = sys.excepthook
                 sys.excepthook = _guarded_excepthook
-        atexit.register(self.close)
+        _open.add(self)
 
     # ---- callbacks of the native recorder ----------------------------------------------------
 
@@ -370,6 +380,7 @@ class Recorder:
         self._finish_step()
         if self._native is not None:
             self._native.close()
+        _open.discard(self)
         if _active is not None and _active() is self:
             _active = None
             if sys.excepthook is _guarded_excepthook:  # a hook installed after crashcap's stays

@@ -37,6 +37,7 @@ import time
 
 import optuna
 
+from . import _native, _params
 from ._params import hyperparameters
 
 TRIAL_VARIABLE = "CRASHCAP_OPTUNA_TRIAL"  # set in a trial's child process
@@ -78,14 +79,17 @@ def _shareable_storage(study):
     return storage
 
 
+_UNPICKLABLE = ("crashcap.optuna (isolate=True) hands the {what} to each trial's process by pickling it, and it does "
+                "not pickle ({error}): define it at the top level of a module (not a lambda or a nested function), "
+                "or pass isolate=False")
+
+
 def _dump(obj, path, what):
     try:
         with open(path, "wb") as f:
             pickle.dump(obj, f)
     except (pickle.PicklingError, TypeError, AttributeError) as e:
-        raise ValueError(f"crashcap.optuna (isolate=True) hands the {what} to each trial's process by pickling it, and "
-                         f"it does not pickle ({e}): define it at the top level of a module (not a lambda or a nested "
-                         f"function), or pass isolate=False") from e
+        raise ValueError(_UNPICKLABLE.format(what=what, error=e)) from e
 
 
 def _main_file():
@@ -114,6 +118,10 @@ class _Isolated:
         _dump(_shareable_storage(study), os.path.join(own, "storage.pkl"), "study's storage")
         _dump(study.sampler, os.path.join(own, "sampler.pkl"), "study's sampler")
         _dump(study.pruner, os.path.join(own, "pruner.pkl"), "study's pruner")
+        # What the sampler drew for the whole trial when optuna made it here (a multivariate
+        # sampler's relative parameters): the child uses them instead of drawing again.
+        _dump((trial.relative_search_space, trial.relative_params), os.path.join(own, "relative.pkl"),
+              "trial's relative parameters")
         spec = {"study_name": study.study_name, "trial_id": trial._trial_id, "number": trial.number,
                 "main_file": _main_file(), "sys_path": [p for p in sys.path if p], "directions": len(study.directions)}
         spec_path = os.path.join(own, "trial.json")
@@ -129,7 +137,7 @@ class _Isolated:
         env["PYTHONPATH"] = os.pathsep.join([package_parent] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p])
         process = subprocess.run(command, env=env)
         self._take_back_sampler(study, own)
-        _refresh(study, trial)
+        _refresh(study, trial, list((_read_json(os.path.join(own, "params.json")) or {}).keys()))
         result = _read_json(os.path.join(own, "result.json"))
         if process.returncode == 0 and result is not None:
             if result.get("pruned"):
@@ -155,17 +163,23 @@ class _Isolated:
                 print(f"crashcap.optuna: the sampler of {own} could not be read back ({e})", file=sys.stderr)
 
 
-def _refresh(study, trial):
+def _refresh(study, trial, order):
     """The child wrote the trial's parameters and reports into the storage; optuna's cache in this
-    process still holds the trial as it began (optuna 3's _CachedStorage): read it again."""
+    process still holds the trial as it began (optuna 3's _CachedStorage): read it again, its
+    parameters in the order they were suggested (`order`), as one process would hold them (a
+    multivariate sampler walks them in that order)."""
     storage = study._storage
     backend = getattr(storage, "_backend", None)
     add = getattr(storage, "_add_trials_to_cache", None)
     if backend is None or add is None:
         return
     try:
+        fresh = backend.get_trial(trial._trial_id)
+        names = [n for n in order if n in fresh.params] + [n for n in fresh.params if n not in order]
+        fresh.distributions = {n: fresh.distributions[n] for n in names}
+        fresh.params = {n: fresh.params[n] for n in names}
         with storage._lock:
-            add(study._study_id, [backend.get_trial(trial._trial_id)])
+            add(study._study_id, [fresh])
         trial._cached_frozen_trial = storage.get_trial(trial._trial_id)
     except Exception as e:  # another optuna's internals: the study is right in the storage either way
         print(f"crashcap.optuna: trial {trial.number}'s parameters may show empty in this process ({e})", file=sys.stderr)
@@ -221,61 +235,42 @@ class _InProcess:
         trial_dir = os.path.join(self.directory, f"trial-{trial.number:04d}")
         os.makedirs(trial_dir, exist_ok=True)
         self.observer.new_training(trial_dir)
+        _params._declared.clear()  # the last trial's are not this one's
         started = time.time()
         wrapped = _ParamsTrial.wrap(trial)
         try:
             value = self.objective(wrapped)
         except optuna.TrialPruned:
-            self.observer.end_training()
+            self.observer.end_training(remove=True)
             raise
         except Exception as e:
             bundle = self.observer.fail(e)
             kind, type_name, text, _ = _describe(e)
-            classification = _classify_exception(kind, text)
+            # As crashcap run would classify the process dying of it (a NaN loss has its own word).
+            classification = "nonfinite-loss" if kind == "nonfinite" else \
+                _native.classify(1, 0, "", "Traceback (most recent call last):\n" + text)[0]
             error = next((l for l in reversed(text.splitlines()) if l.strip()), type_name)
             attributes = {"crashcap_bundle": bundle, "crashcap_classification": classification,
                           "crashcap_step": self.observer.crash_step(), "crashcap_error": error,
                           "crashcap_poisoned": classification.startswith(_POISONING)}
             for key, v in attributes.items():
                 trial.set_user_attr(key, v)
-            self.observer.end_training()
+            self.observer.end_training(remove=True)
             _append_run_log(trial_dir, started, 1, classification, error, bundle, wrapped.params)
             if attributes["crashcap_poisoned"]:
                 raise  # the process cannot run another trial: the study stops here, with the trial failed
             raise TrialCrashed(f"trial {trial.number} crashed ({classification}): {error} -- bundle {bundle or 'none'}",
                                attributes) from e
-        self.observer.end_training()
+        self.observer.end_training(remove=True)
         _append_run_log(trial_dir, started, 0, "", "", "", wrapped.params)
         return value
 
 
 def _append_run_log(directory, started, exit_code, classification, evidence, bundle, params):
-    """A line of <directory>/runs.jsonl as `crashcap run` writes it (docs/RUN.md), for a trial run
-    in this process, so that `crashcap summary` sees healthy trials and their parameters too."""
-    def utc(t):
-        return time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(t))
-    now = time.time()
-    line = {"command": sys.argv, "attempt": 1, "pid": os.getpid(), "start": utc(started), "end": utc(now),
-            "seconds": now - started, "exit_code": exit_code, "signal": 0, "classification": classification,
-            "evidence": evidence, "bundle": bundle, "other_bundles": [],
-            "params": {str(k): v if isinstance(v, str) else json.dumps(v) for k, v in params.items()}}
-    with open(os.path.join(directory, "runs.jsonl"), "a") as f:
-        f.write(json.dumps(line) + "\n")
-
-
-def _classify_exception(kind, text):
-    if kind == "nonfinite":
-        return "nonfinite-loss"
-    lowered = text.lower()
-    for needle, classification in (("device-side assert", "cuda-device-assert"),
-                                   ("illegal instruction", "cuda-illegal-instruction"),
-                                   ("illegal memory access", "cuda-illegal-address"),
-                                   ("cudnn_status_execution_failed", "cudnn-execution-failed"),
-                                   ("cuda out of memory", "cuda-oom"), ("cuda error", "cuda-error"),
-                                   ("nccl", "nccl-error")):
-        if needle in lowered:
-            return classification
-    return "python-exception"
+    """The trial's line of <directory>/runs.jsonl, as `crashcap run` writes it, so that `crashcap
+    summary` sees the healthy trials of a study run in one process, and everyone's parameters."""
+    _native.append_run_log(directory, sys.argv, int(started * 1e9), time.time_ns(), exit_code, classification, evidence,
+                           bundle, [f"{k}={v if isinstance(v, str) else json.dumps(v)}" for k, v in params.items()])
 
 
 class _ParamsTrial(optuna.trial.Trial):
@@ -285,6 +280,13 @@ class _ParamsTrial(optuna.trial.Trial):
     parent goes on sampling from that state; a replay suggests the same values)."""
 
     own_dir = None  # <trial>/.trial in a trial's child process
+    given_relative = None  # (search space, params) the parent's sampler drew for this trial
+
+    def _init_relative_params(self):
+        if self.given_relative is None:
+            return super()._init_relative_params()
+        self._cached_frozen_trial = self.storage.get_trial(self._trial_id)
+        self.relative_search_space, self.relative_params = self.given_relative
 
     @classmethod
     def wrap(cls, trial, own_dir=None):
@@ -339,6 +341,16 @@ def optimize(study, fn, n_trials=None, *, directory="crashcap-study", isolate=Tr
              nonfinite=None, catch=(), **optimize_kwargs):
     """study.optimize(fn, n_trials, ...) with every trial recorded and isolated (see the module's
     docs); a crashed trial fails and the study goes on. Returns the study."""
+    if isolate:
+        if optimize_kwargs.get("n_jobs", 1) != 1:
+            raise ValueError("crashcap.optuna.optimize(isolate=True) runs one trial process at a time (n_jobs=1): to "
+                             "run trials in parallel, start this study script several times on the same storage")
+        # What each trial's process must be handed, checked before the first trial.
+        _shareable_storage(study)
+        try:
+            pickle.dumps(fn)
+        except (pickle.PicklingError, TypeError, AttributeError) as e:
+            raise ValueError(_UNPICKLABLE.format(what="objective", error=e)) from e
     wrapped = objective(fn, directory, isolate=isolate, keyframe_every=keyframe_every, nonfinite=nonfinite)
     study.optimize(wrapped, n_trials=n_trials, catch=tuple(catch) + (TrialCrashed,), **optimize_kwargs)
     return study
@@ -380,7 +392,9 @@ def _run_trial(spec_path):
         study = optuna.load_study(study_name=spec["study_name"], storage=_load(os.path.join(own, "storage.pkl")),
                                   sampler=_load(os.path.join(own, "sampler.pkl")),
                                   pruner=_load(os.path.join(own, "pruner.pkl")))
-        trial = _ParamsTrial.wrap(optuna.trial.Trial(study, spec["trial_id"]), own)
+        _ParamsTrial.given_relative = _load(os.path.join(own, "relative.pkl"))
+        trial = _ParamsTrial(study, spec["trial_id"])
+        trial.own_dir = own
     try:
         value = fn(trial)
     except optuna.TrialPruned as e:

@@ -6,5 +6,6 @@ namespace crashcap::python {
 
 void bindRecorder(pybind11::module_& m);
 void bindReplay(pybind11::module_& m);
+void bindSupervisor(pybind11::module_& m);
 
 }  // namespace crashcap::python

@@ -25,4 +25,5 @@ PYBIND11_MODULE(_native, m) {
   });
   crashcap::python::bindRecorder(m);
   crashcap::python::bindReplay(m);
+  crashcap::python::bindSupervisor(m);
 }

@@ -172,15 +172,18 @@ void bindRecorder(py::module_& m) {
            },
            py::keep_alive<0, 1>())  // a step keeps its Recorder alive
       .def("fail",
-           [](rec::Recorder& r, std::string kind, std::string type, std::string error, std::vector<std::string> stack) {
+           [](rec::Recorder& r, std::string kind, std::string type, std::string error, std::vector<std::string> stack,
+              std::string phase) {
              rec::Failure f;
              f.kind = std::move(kind);
              f.errorType = std::move(type);
              f.error = std::move(error);
              f.stack = std::move(stack);
+             f.phase = std::move(phase);
              py::gil_scoped_release nogil;  // sealing waits for the writer thread
              return r.fail(f);
-           })
+           },
+           py::arg("kind"), py::arg("type"), py::arg("error"), py::arg("stack"), py::arg("phase") = "")
       .def("close", [](rec::Recorder& r) {
         py::gil_scoped_release nogil;
         r.close();

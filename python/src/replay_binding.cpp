@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 
+#include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/replayer/driven_replay.hpp"
 #include "crashcap/replayer/program_replay.hpp"
@@ -84,6 +85,14 @@ void bindReplay(py::module_& m) {
     return py::str(replayer::toJson(*request).dump());
   });
   m.def("write_replay_error", &writeError, py::arg("request"), py::arg("code"), py::arg("message"), py::arg("hint") = "");
+  // One fact of a bundle's environment record ("" when absent), before a replay is set up.
+  m.def(
+      "bundle_fact",
+      [](const std::string& bundle, const std::string& key) {
+        auto env = formats::BundleReader::open(bundle)->environment();
+        return env ? env->fact(key) : std::string();
+      },
+      py::arg("bundle"), py::arg("key"));
 
   py::class_<Session>(m, "DrivenReplay")
       .def(py::init<const std::string&, const replayer::DrivenReplay::NamedTensors&,

@@ -754,6 +754,7 @@ std::string Recorder::fail(const Failure& failure) {
   crash.kind = failure.kind;
   crash.error = failure.error;
   crash.errorType = failure.errorType;
+  if (!failure.phase.empty()) crash.phase = failure.phase;
   if (!failure.stack.empty()) crash.stack = failure.stack;
   return m.sealCrash(std::move(crash));
 }
@@ -774,16 +775,25 @@ void Recorder::close() {
   m.closed = true;
   if (m.pendingCrash) m.sealCrash(std::move(*m.pendingCrash));
   if (m.observerStarted) detail::stopOpObserver();
-  if (!m.writer) return;
-  formats::RunStatusData status;
-  status.state = "finished";
-  status.stepsBegun = m.writer->stepsBegun.load();
-  status.lastStep = m.lastStep;
-  m.writer->close(status);
-  if (detail::activeWriter() == m.writer.get()) {
-    detail::setActiveWriter(nullptr);
-    if (m.policy.crashGuard) detail::uninstallCrashGuard();
+  if (m.writer) {
+    formats::RunStatusData status;
+    status.state = "finished";
+    status.stepsBegun = m.writer->stepsBegun.load();
+    status.lastStep = m.lastStep;
+    m.writer->close(status);
+    if (detail::activeWriter() == m.writer.get()) {
+      detail::setActiveWriter(nullptr);
+      if (m.policy.crashGuard) detail::uninstallCrashGuard();
+    }
   }
+  // Nothing is recorded from here on: the training's tensors and callbacks go (a Python front
+  // end's callbacks hold its Recorder, a cycle its garbage collector cannot see through us).
+  m.parameters.clear();
+  m.buffers.clear();
+  m.module.reset();
+  m.optimizer = nullptr;
+  m.foreign.reset();
+  m.step = nullptr;
 }
 
 void Recorder::warn(const std::string& warning, bool print) { impl_->warn(warning, print); }

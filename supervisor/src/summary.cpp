@@ -194,7 +194,9 @@ std::vector<Separator> separate(const std::vector<const SummaryRun*>& failing, c
       bool has = true, meets = true;
       for (const auto* c : cs) {
         auto it = h->params.find(c->param);
-        if (it == h->params.end()) has = false;
+        // A run without the parameter does not meet an equality (a lone --amp flag absent is
+        // amp off); a bound says nothing about it.
+        if (it == h->params.end()) (c->kind == Condition::Equal ? meets : has) = false;
         else if (!c->holds(it->second)) meets = false;
       }
       if (!has) continue;
@@ -346,13 +348,22 @@ CrashSummary summarizeCrashes(const std::string& dir) {
       r.timeNs = parseTime(j.value("end", ""));
       if (j.contains("params") && j["params"].is_object())
         for (const auto& [k, v] : j["params"].items()) r.params[k] = v.is_string() ? v.get<std::string>() : v.dump();
-      const std::string bundle = j.value("bundle", "");
-      if (!bundle.empty()) {
-        if (auto* f = findFacts(bundle)) {
-          f->claimed = true;
+      // The run's bundle, and those it left besides (a clean run's program may have sealed a crash
+      // and gone on): all the run's, none a run of its own.
+      std::vector<std::string> bundles;
+      if (!j.value("bundle", "").empty()) bundles.push_back(j["bundle"].get<std::string>());
+      if (j.contains("other_bundles") && j["other_bundles"].is_array())
+        for (const auto& b : j["other_bundles"])
+          if (b.is_string()) bundles.push_back(b.get<std::string>());
+      for (size_t k = 0; k < bundles.size(); ++k) {
+        auto* f = findFacts(bundles[k]);
+        if (f) f->claimed = true;
+        if (!r.bundle.empty()) continue;
+        if (f) {
           fromFacts(r, *f);
-        } else {
-          r.bundle = bundle;  // gone or unreadable: the line still tells the crash
+          r.failed = true;
+        } else if (k == 0) {
+          r.bundle = bundles[k];  // gone or unreadable: the line still tells the crash
         }
       }
       out.runs.push_back(std::move(r));

@@ -291,6 +291,16 @@ std::vector<formats::KernelTraceData> collectTraces(const std::string& dir, cons
   return traces;
 }
 
+/// Whether the recording at `path` was started by `--record`'s observer (python.capture = observed).
+bool observedRecording(const std::string& path) {
+  try {
+    auto env = formats::BundleReader::open((fs::path(path) / recorder::kRunFileName).string())->environment();
+    return env && env->fact("python.capture") == "observed";
+  } catch (const Error&) {
+    return false;  // unreadable: not ours to remove
+  }
+}
+
 /// The first sticky CUDA error (the one that poisoned a context, earliest across the run's
 /// processes) names the failure better than a generic exit does. Soft errors do not: PyTorch's
 /// caching allocator recovers from a failed cudaMalloc, and the run may die of something else.
@@ -363,9 +373,11 @@ SuperviseReport supervise(const SuperviseOptions& o) {
   if (o.deviceSideAssertions) extraEnv.push_back("TORCH_USE_CUDA_DSA=1");
   if (o.observePython) {
     // The bootstrap first (Python imports the first sitecustomize on its path; crashcap's runs
-    // the one it hides), the package's parent next, then the user's own PYTHONPATH.
+    // the one it hides), then the user's own PYTHONPATH. The bootstrap puts the package's parent
+    // at the end of sys.path itself: an installed package's parent is a whole site directory,
+    // which must not shadow the program's own torch or numpy.
     fs::path package = pythonPackage();
-    std::string path = (package / "_bootstrap").string() + ":" + package.parent_path().string();
+    std::string path = (package / "_bootstrap").string();
     const char* user = std::getenv("PYTHONPATH");
     if (user && *user) path += std::string(":") + user;
     extraEnv.push_back("PYTHONPATH=" + path);
@@ -489,12 +501,13 @@ SuperviseReport supervise(const SuperviseOptions& o) {
         if (!before.count(name) && name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap")
           a.otherBundles.push_back((fs::path(dir) / name).string());
       std::sort(a.otherBundles.begin(), a.otherBundles.end());
-      // The recordings --record started: a clean run's are not evidence of anything.
+      // The recordings --record started (not a program's own Recorder's): a clean run's are not
+      // evidence of anything.
       if (o.observePython && !o.keepRecording)
         for (const auto& name : listing(dir)) {
           auto path = (fs::path(dir) / name).string();
           if (!before.count(name) && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) &&
-              recorder::recordingState(path) == "finished")
+              recorder::recordingState(path) == "finished" && observedRecording(path))
             fs::remove_all(path, ec);
         }
     }

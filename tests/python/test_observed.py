@@ -129,9 +129,15 @@ def test_a_training_that_records_itself_is_left_to_its_own_recorder(tmp_path):
     r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, SAMPLE, "--record", tmp_path / "own",
                  "--steps", 22, "--fault", "nan-sample", "--fault-step", 19, "--quiet", cwd=tmp_path)
     assert r.returncode != 0
-    assert "recording this training from DataLoader" not in r.stderr, r.stderr
+    assert "recording this training" not in r.stderr, r.stderr
     story = crashcap_json("inspect", only_bundle(tmp_path / "own"))
     assert story["crash"]["step"] == 19
+    env = crashcap_json("inspect", only_bundle(tmp_path / "own"))["env"]
+    assert env["facts"]["python.capture"] == "api"
+    # The observer recorded nothing beside it: runs/ holds the run log and the supervisor's bundle,
+    # which has no steps of its own.
+    assert not [n for n in os.listdir(tmp_path / "runs") if n.startswith("recording-")]
+    assert crashcap_json("inspect", only_bundle(tmp_path / "runs"))["steps"]["count"] == 0
 
 
 def test_the_bootstrap_runs_the_sitecustomize_it_hides_and_a_program_without_torch_runs_untouched(tmp_path):
@@ -154,3 +160,51 @@ def test_the_bootstrap_runs_the_sitecustomize_it_hides_and_a_program_without_tor
 def test_record_options_without_record_are_refused(tmp_path):
     r = crashcap("run", "--nonfinite", "record", "--dir", tmp_path, "--", PYTHON, "-c", "pass")
     assert r.returncode == 2 and "add --record" in r.stderr, r.stderr
+
+
+def replay_and_triage(bundle):
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    return replay, triage
+
+
+def test_spawned_persistent_dataloader_workers_are_left_alone_and_the_training_replays(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "spawn", "--nan-index", 130)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert r.stderr.count("recording this training") == 1, r.stderr  # the workers record nothing
+    _, triage = replay_and_triage(only_bundle(runs))
+    assert triage["culprit"]["dataset_indices"] == [130]
+
+
+def test_an_iterable_dataset_of_whole_batches_replays_without_dataset_indices(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "iterable", "--nan-index", 130)
+    _, triage = replay_and_triage(only_bundle(runs))
+    assert triage["culprit"]["rows"] == [130 % 16] and triage["culprit"]["dataset_indices"] is None
+
+
+def test_a_statistics_pass_before_the_optimizer_exists_does_not_take_the_training_loader(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "stats-first", "--nan-index", 130)
+    assert "a second DataLoader" not in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    assert crashcap_json("inspect", bundle)["env"]["facts"]["python.observed.loader"] == "1"
+    _, triage = replay_and_triage(bundle)
+    assert triage["culprit"]["dataset_indices"] == [130]
+
+
+def test_the_second_fold_of_a_cross_validation_is_recorded_anew_and_replays_after_the_first(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "kfold", "--nan-index", 120)
+    assert "fold 1" in r.stdout and "a new training" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    facts = crashcap_json("inspect", bundle)["env"]["facts"]
+    assert facts["python.observed.training"] == "1"
+    replay, triage = replay_and_triage(bundle)
+    assert replay["keyframe"] == 0  # fold 1's own first step: fold 0 ran before it, as the program runs it
+    assert triage["culprit"]["dataset_indices"] == [120 - 80]  # the fold's Subset index
+
+
+def test_a_sanity_backward_before_the_loop_is_not_a_training_without_a_dataloader(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "warmup", "--nan-index", 130)
+    assert "no DataLoader batch" not in r.stderr, r.stderr
+    replay_and_triage(only_bundle(runs))

@@ -109,3 +109,37 @@ TEST_CASE("crashcap run keeps a line per run with its hyperparameters, and summa
   CHECK(missing.exitCode == 2);
   CHECK_THAT(missing.err, Catch::Contains("is not a directory"));
 }
+
+TEST_CASE("summary: a lone --flag sets its runs apart, and a clean run's sealed crash counts once", "[summary][run]") {
+  test::TempDir dir;
+  auto runs = (fs::path(dir.path()) / "runs").string();
+  auto crashcapRun = [&](std::vector<std::string> args) {
+    std::vector<std::string> argv = {test::binPath("crashcap"), "run", "--dir", runs, "--", "/bin/sh", "-c"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return test::run(argv, 120);
+  };
+  const std::string script =
+      "case \"$*\" in *--amp*) echo 'Traceback (most recent call last):' >&2; "
+      "echo 'RuntimeError: CUDA error: misaligned address' >&2; exit 1;; esac";
+  for (int k = 0; k < 6; ++k) {
+    std::vector<std::string> args = {script, "train", "--width", std::to_string(8 << k)};
+    if (k % 2 == 1) args.push_back("--amp");
+    crashcapRun(args);
+  }
+  auto s = supervisor::summarizeCrashes(runs);
+  REQUIRE(s.groups.size() == 1);
+  REQUIRE(!s.groups[0].separatedBy.empty());
+  CHECK(s.groups[0].separatedBy[0].rule == "amp = true");
+  CHECK(s.groups[0].separatedBy[0].healthy == 0);
+  CHECK(s.groups[0].separatedBy[0].healthyTotal == 3);
+
+  // A run that exits 0 after its program sealed a crash of its own (it went on): one run, crashed.
+  auto bundle = s.groups[0].runs[0]->bundle;
+  REQUIRE(!bundle.empty());
+  auto r = crashcapRun({"cp '" + bundle + "' \"$CRASHCAP_DIR/crash-20990101T000000Z-1.ccap\"", "train", "--width", "1"});
+  CHECK(r.exitCode == 0);
+  auto again = supervisor::summarizeCrashes(runs);
+  CHECK(again.runs.size() == 7);
+  CHECK(again.failed == 4);
+  CHECK(again.healthy == 3);
+}

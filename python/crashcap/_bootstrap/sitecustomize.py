@@ -13,6 +13,7 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_PARENT = os.path.dirname(os.path.dirname(_HERE))  # where `import crashcap` finds this crashcap
 
 
 def _run_hidden_sitecustomize():
@@ -29,6 +30,8 @@ def _run_hidden_sitecustomize():
 
 def _observe():
     try:
+        if _PACKAGE_PARENT not in sys.path:
+            sys.path.append(_PACKAGE_PARENT)  # last: a site directory must not shadow the program's packages
         from crashcap import _observe
         _observe.start_from_environment()
     except Exception as e:
@@ -57,8 +60,19 @@ class _AfterTorch(importlib.abc.MetaPathFinder):
         return spec
 
 
+def _multiprocessing_child():
+    """A process multiprocessing started with spawn or forkserver (a DataLoader worker): it imports
+    torch before multiprocessing says it is a child, and is never a training of its own."""
+    argv = getattr(sys, "orig_argv", sys.argv)  # the interpreter's own: `-c "from multiprocessing..."`
+    return "--multiprocessing-fork" in argv or any(a.startswith("from multiprocessing.") for a in argv)
+
+
 _run_hidden_sitecustomize()
-if os.environ.get("CRASHCAP_OBSERVE") is not None or os.environ.get("CRASHCAP_REPLAY_REQUEST") is not None:
+if _multiprocessing_child():
+    # Nothing of the parent's recording or replay is this process's to act on.
+    os.environ.pop("CRASHCAP_REPLAY_REQUEST", None)
+    os.environ.pop("CRASHCAP_OBSERVE", None)
+elif os.environ.get("CRASHCAP_OBSERVE") is not None or os.environ.get("CRASHCAP_REPLAY_REQUEST") is not None:
     if "torch" in sys.modules:
         _observe()
     else:

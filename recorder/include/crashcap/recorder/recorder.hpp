@@ -144,6 +144,7 @@ struct Failure {
   std::string errorType;                        ///< "ValueError", "torch.cuda.OutOfMemoryError"
   std::string error;                            ///< the text as the program would print it
   std::vector<std::string> stack;               ///< innermost first
+  std::string phase;                            ///< Crash.phase; "" for the phase the step is in
 };
 
 /// Thrown by StepGuard::end when the loss (or the gradient norm) is NaN or Inf under
@@ -258,7 +259,9 @@ class Recorder {
   /// A failure a front end describes itself (a Python exception with its traceback).
   std::string fail(const Failure& failure);
 
-  /// Drains and closes the recording (kept on disk for `crashcap seal`). Idempotent.
+  /// Drains and closes the recording (kept on disk for `crashcap seal`), and lets go of the
+  /// training: its tensors (setModel), optimizer, step function and a front end's callbacks, so
+  /// that a program that trains again (the next fold, the next trial) frees the last one. Idempotent.
   void close();
 
   /// A front end's warning (what it could not record, and what it kept instead): printed on

@@ -50,7 +50,7 @@ struct RunLogEntry {
 };
 
 /// Appends `entry` as one line to <dir>/runs.jsonl (created when missing). Keys: command,
-/// attempt, pid, start, end (ISO 8601 UTC), seconds, exit_code, signal, classification,
+/// attempt, pid, start, end ("2026-11-25 09:17:42 UTC"), seconds, exit_code, signal, classification,
 /// evidence, bundle, other_bundles, params ({name: value}, values as text). Throws
 /// crashcap::Error{Io} when the line cannot be written.
 void appendRunLog(const std::string& dir, const RunLogEntry& entry);

@@ -1,0 +1,86 @@
+#!/usr/bin/env python3
+"""Plain PyTorch trainings that know nothing of crashcap, in the loop shapes real scripts have;
+each trains a small MLP and meets a NaN row (dataset index --nan-index) in --case:
+
+  spawn        DataLoader workers started with spawn, kept across epochs (persistent_workers)
+  iterable     an IterableDataset that yields whole batches (batch_size=None): no sampler indices
+  stats-first  a first pass over the data (gradients enabled) for normalisation statistics,
+               before the model and optimizer exist
+  kfold        two folds, each with its own model, optimizer and loader; the NaN is in fold 1
+  warmup       one backward() on a dummy batch before the loop (a sanity check)
+"""
+
+import argparse
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, IterableDataset
+
+
+class Rows(Dataset):
+    def __init__(self, n, nan_index):
+        g = torch.Generator().manual_seed(2)
+        self.x = torch.randn(n, 6, generator=g)
+        self.y = (self.x.sum(1) > 0).long()
+        self.nan_index = nan_index
+
+    def __len__(self):
+        return len(self.x)
+
+    def __getitem__(self, i):
+        x = self.x[i] + 0.01 * torch.randn(6)
+        return (torch.full_like(x, float("nan")) if i == self.nan_index else x), self.y[i]
+
+
+class Batches(IterableDataset):
+    def __init__(self, rows, batch):
+        self.rows, self.batch = rows, batch
+
+    def __iter__(self):
+        for start in range(0, len(self.rows) - self.batch + 1, self.batch):
+            items = [self.rows[i] for i in range(start, start + self.batch)]
+            yield torch.stack([x for x, _ in items]), torch.stack([y for _, y in items])
+
+
+def train(loader, epochs, mean=0.0):
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for epoch in range(epochs):
+        for x, y in loader:
+            loss = F.cross_entropy(model(x - mean), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print(f"epoch {epoch}: loss {loss.item():.6f}", flush=True)
+    return model
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup"])
+    p.add_argument("--nan-index", type=int, default=-1)
+    a = p.parse_args()
+    torch.manual_seed(0)
+    rows = Rows(160, a.nan_index)
+    if a.case == "spawn":
+        train(DataLoader(rows, batch_size=16, shuffle=True, num_workers=2, multiprocessing_context="spawn",
+                         persistent_workers=True), 3)
+    elif a.case == "iterable":
+        train(DataLoader(Batches(rows, 16), batch_size=None), 3)
+    elif a.case == "stats-first":
+        total = sum(x.nan_to_num().sum(0) for x, _ in DataLoader(rows, batch_size=32))
+        train(DataLoader(rows, batch_size=16, shuffle=True), 3, mean=total / len(rows))
+    elif a.case == "kfold":
+        for fold in range(2):
+            part = torch.utils.data.Subset(rows, list(range(fold * 80, fold * 80 + 80)))
+            print(f"fold {fold}", flush=True)
+            train(DataLoader(part, batch_size=16, shuffle=True), 3)
+    elif a.case == "warmup":
+        probe = nn.Linear(6, 2)
+        F.cross_entropy(probe(torch.randn(4, 6)), torch.zeros(4, dtype=torch.long)).backward()
+        train(DataLoader(rows, batch_size=16, shuffle=True), 3)
+
+
+if __name__ == "__main__":
+    main()

@@ -283,7 +283,8 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
   const std::string role = tensorRole(name);
   int level = m.options.zstdLevel;
   auto raw = m.rawRoles.find(role);
-  if (level > 0 && raw != m.rawRoles.end() && ++raw->second < m.options.rawRetryEvery) level = 0;
+  if (level > 0 && m.options.rawRetryEvery > 0 && raw != m.rawRoles.end() && ++raw->second < m.options.rawRetryEvery)
+    level = 0;
   bool compressed = false;
 
   auto writeChunk = [&](uint64_t i, const detail::EncodedBody& body) {

@@ -305,6 +305,7 @@ void LiveWriter::startSegment() {
   // shrinks by less than 15% (a noisy image batch: 10%) is stored raw, and with rawRetryEvery
   // not compressed again for a while. docs/PERFORMANCE.md has the measurement.
   wo.minSavings = kRecorderMinSavings;
+  wo.rawRetryEvery = 16;
   wo.compressionThreads = options_.compressionThreads;
   wo.durability.syncEveryBytes = options_.syncEveryBytes;
   wo.producer = "crashcap recorder";

@@ -28,9 +28,10 @@ struct WriterOptions {
   bool shuffle = true;                    ///< byte-shuffle floating types before zstd
   double minSavings = 0.05;               ///< store raw when zstd saves less than this fraction
   /// A tensor whose role (its name with the numbers blanked: steps/#/batch/image) did not compress
-  /// last time is stored raw this many times before zstd is tried on it again: noisy images or
-  /// weights cost a compression each step and save nothing. 0 tries every time.
-  uint32_t rawRetryEvery = 16;
+  /// last time is stored raw until its rawRetryEvery-th write, when zstd tries it again: noisy
+  /// images cost a compression each step and save nothing. 0 (the default) tries every time; the
+  /// recorder, whose names have such roles, uses 16.
+  uint32_t rawRetryEvery = 0;
   Durability durability;
   std::string producer = "crashcap";      ///< goes into the RecordingInfo record
   bool overwrite = false;                 ///< replace an existing file instead of refusing

@@ -3,6 +3,7 @@
 // and the Python generators, and hands them here; the C++ recorder does the copying, the
 // writing, the op ring, the crash guard and the sealing, as for a C++ training.
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 
 #include "bindings.hpp"
 #include "crashcap/formats/error.hpp"
@@ -103,6 +104,11 @@ void bindRecorder(py::module_& m) {
       }
     }
   });
+
+  // A DataLoader worker's ATen ops are not the training's: without RecordFunction on its thread
+  // they skip the op observer's callback (and the boxing of their arguments it asks for), which
+  // otherwise runs for every op of every sample the worker loads.
+  m.def("stop_observing_ops_in_this_thread", []() { at::enableRecordFunction(false); });
 
   static py::exception<rec::NonFiniteError> nonFinite(m, "NonFiniteError", PyExc_FloatingPointError);
   py::register_exception_translator([](std::exception_ptr p) {

@@ -24,7 +24,7 @@ ALLOWED = {
     "replayer": {"formats", "formats_torch", "fault_injection"},
     "investigate": {"replayer", "supervisor", "inspect", "formats_torch", "formats"},
     # The Python package's extension: a front end beside the CLI, over the recorder and replayer.
-    "python": {"recorder", "recorder_core", "replayer", "formats_torch", "formats", "cupti"},
+    "python": {"recorder", "recorder_core", "replayer", "supervisor", "formats_torch", "formats", "cupti"},
 }
 WITHOUT_TORCH = {"formats", "inspect", "cupti", "recorder_core", "supervisor"}
 TORCH_HEADER = re.compile(r'#\s*include\s*[<"](torch/|ATen/|c10/|caffe2/)')

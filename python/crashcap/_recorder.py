@@ -12,7 +12,7 @@ import weakref
 
 import torch
 
-from . import _batch, _native, _state
+from . import _batch, _native, _observe, _state
 
 NonFiniteError = _native.NonFiniteError
 Error = _native.Error
@@ -179,24 +179,6 @@ _previous_excepthook = sys.__excepthook__  # the hook crashcap's replaced, set w
 _guarded_excepthook = functools.partial(_native.call_despite_signals, _excepthook)
 
 
-def _quiet_dataloader_workers():
-    """DataLoader worker processes (forked: they inherit LibTorch's op callbacks) run their ATen ops
-    without RecordFunction: crashcap records none of a worker's ops, and with its callback
-    registered every op would pay for it. A spawned worker starts the original function."""
-    from torch.utils.data._utils import worker
-    loop = worker._worker_loop
-    if getattr(loop, "_crashcap_quiet", False):
-        return
-
-    @functools.wraps(loop)
-    def _worker_loop(*args, **kwargs):
-        _native.stop_observing_ops_in_this_thread()
-        return loop(*args, **kwargs)
-
-    _worker_loop._crashcap_quiet = True
-    worker._worker_loop = _worker_loop
-
-
 class Recorder:
     """Records a Python training: every step's batch, generator states and learning rates,
     keyframes of the weights, buffers and optimizer state, the last ATen ops, and the crash,
@@ -263,7 +245,7 @@ class Recorder:
             self._native = None
             return
         self._native = _native.Recorder(directory or "", policy)
-        _quiet_dataloader_workers()
+        _observe.quiet_dataloader_workers()
         self._native.set_model(list(state.named_parameters()), list(state.named_buffers()))
         self._native.set_foreign(_state.program_sources(), kind, groups, self._learning_rates,
                                  _state.python_generators, self._keyframe, _state.program_facts() +

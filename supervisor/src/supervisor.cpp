@@ -249,9 +249,12 @@ std::string pythonPackage() {
   std::vector<fs::path> candidates;
   std::error_code ec;
   fs::path self = fs::read_symlink("/proc/self/exe", ec);
-  if (!ec) candidates.push_back(self.parent_path().parent_path() / "python" / "crashcap");
+  fs::path prefix = ec ? fs::path() : self.parent_path().parent_path();
+  if (!prefix.empty()) candidates.push_back(prefix / "python" / "crashcap");
 #ifdef CRASHCAP_PYTHON_INSTALL_DIR
-  candidates.push_back(CRASHCAP_PYTHON_INSTALL_DIR);
+  // Installed: relative to the prefix crashcap is installed under (or an absolute directory).
+  fs::path installed = CRASHCAP_PYTHON_INSTALL_DIR;
+  candidates.push_back(installed.is_absolute() || prefix.empty() ? installed : prefix / installed);
 #endif
   for (const auto& c : candidates)
     if (bootstrapIn(c)) return c.string();

@@ -30,9 +30,14 @@ def _run_hidden_sitecustomize():
 
 def _observe():
     try:
-        if _PACKAGE_PARENT not in sys.path:
-            sys.path.append(_PACKAGE_PARENT)  # last: a site directory must not shadow the program's packages
-        from crashcap import _observe
+        # This crashcap, not another one the program's path may hold; and its directory only for
+        # this import: an installed package's directory is a whole site directory, which must not
+        # shadow the program's own packages.
+        sys.path.insert(0, _PACKAGE_PARENT)
+        try:
+            from crashcap import _observe
+        finally:
+            sys.path.remove(_PACKAGE_PARENT)
         _observe.start_from_environment()
     except Exception as e:
         print(f"crashcap: not recording this training: the crashcap package failed to load "

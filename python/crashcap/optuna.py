@@ -123,7 +123,7 @@ class _Isolated:
         _dump((trial.relative_search_space, trial.relative_params), os.path.join(own, "relative.pkl"),
               "trial's relative parameters")
         spec = {"study_name": study.study_name, "trial_id": trial._trial_id, "number": trial.number,
-                "main_file": _main_file(), "sys_path": [p for p in sys.path if p], "directions": len(study.directions)}
+                "main_file": _main_file(), "sys_path": [p for p in sys.path if p]}
         spec_path = os.path.join(own, "trial.json")
         with open(spec_path, "w") as f:
             json.dump(spec, f, indent=1)
@@ -289,32 +289,26 @@ class _ParamsTrial(optuna.trial.Trial):
         self.relative_search_space, self.relative_params = self.given_relative
 
     @classmethod
-    def wrap(cls, trial, own_dir=None):
+    def wrap(cls, trial):
+        """The in-process trial optuna made, as a _ParamsTrial (no own directory)."""
         wrapped = cls.__new__(cls)
         wrapped.__dict__.update(trial.__dict__)
-        wrapped.own_dir = own_dir
         return wrapped
 
     def _suggest(self, name, distribution):
         value = super()._suggest(name, distribution)
         params = hyperparameters({name: value})
         if self.own_dir:
-            _write_json(os.path.join(self.own_dir, "params.json"), params)
-            _write_pickle(os.path.join(self.own_dir, "sampler.out.pkl"), self.study.sampler)
+            _replace(os.path.join(self.own_dir, "params.json"), json.dumps(params).encode())
+            _replace(os.path.join(self.own_dir, "sampler.out.pkl"), pickle.dumps(self.study.sampler))
         return value
 
 
-def _write_json(path, value):
-    partial = path + ".partial"
-    with open(partial, "w") as f:
-        json.dump(value, f)
-    os.replace(partial, path)
-
-
-def _write_pickle(path, value):
+def _replace(path, data):
+    """Writes `data` to `path` through a rename: a process killed meanwhile leaves the old file whole."""
     partial = path + ".partial"
     with open(partial, "wb") as f:
-        pickle.dump(value, f)
+        f.write(data)
     os.replace(partial, path)
 
 
@@ -398,10 +392,10 @@ def _run_trial(spec_path):
     try:
         value = fn(trial)
     except optuna.TrialPruned as e:
-        _write_json(os.path.join(own, "result.json"), {"pruned": True, "message": str(e)})
+        _replace(os.path.join(own, "result.json"), json.dumps({"pruned": True, "message": str(e)}).encode())
         return 0
     values = list(value) if isinstance(value, (list, tuple)) else [value]
-    _write_json(os.path.join(own, "result.json"), {"values": [float(v) for v in values]})
+    _replace(os.path.join(own, "result.json"), json.dumps({"values": [float(v) for v in values]}).encode())
     return 0
 
 

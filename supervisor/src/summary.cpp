@@ -32,11 +32,10 @@ constexpr size_t kMaxLogLineBytes = 1 << 20;
 /// A separator is named when at most this share of the healthy runs meets it too.
 constexpr double kMaxHealthyShare = 0.1;
 
-std::string lastLine(const std::string& text) {
-  size_t end = text.find_last_not_of(" \t\r\n");
-  if (end == std::string::npos) return "";
-  size_t start = text.rfind('\n', end);
-  return text.substr(start == std::string::npos ? 0 : start + 1, end - (start == std::string::npos ? 0 : start + 1) + 1);
+/// `line` without the whitespace it ends with.
+std::string trimmed(std::string line) {
+  line.erase(line.find_last_not_of(" \t\r") + 1);
+  return line;
 }
 
 /// The line of an error text that names it: the last "Type: message" line (a Python exception's
@@ -48,15 +47,15 @@ std::string errorLine(const std::string& text) {
   size_t start = 0;
   while (start <= text.size()) {
     size_t end = text.find('\n', start);
-    std::string line = text.substr(start, end == std::string::npos ? std::string::npos : end - start);
-    if (line.find_first_not_of(" \t\r") != std::string::npos) {
+    std::string line = trimmed(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (!line.empty()) {
       last = line;
       if (std::regex_match(line, typed)) named = line;
     }
     if (end == std::string::npos) break;
     start = end + 1;
   }
-  return named.empty() ? lastLine(last) : named;
+  return named.empty() ? last : named;
 }
 
 std::optional<double> number(const std::string& s) {

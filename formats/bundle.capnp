@@ -255,6 +255,7 @@ struct RunStatus {
                                 # counts all)
   lostStepCount @8 :UInt64;
   keyframesSkipped @9 :UInt64;  # keyframes not taken because the last one was still being written
+  lastPhase @10 :Text;          # where in lastStep the run was ("forward", "backward", ...; "" unknown)
 }
 
 # Record type 13. What `crashcap run` saw of one run of the supervised command: how it ended,

@@ -222,6 +222,7 @@ std::vector<uint8_t> encodeMeta(const RunStatusData& v) {
   for (unsigned i = 0; i < lost.size(); ++i) lost.set(i, v.lostSteps[i]);
   r.setLostStepCount(std::max<uint64_t>(v.lostStepCount, v.lostSteps.size()));
   r.setKeyframesSkipped(v.keyframesSkipped);
+  r.setLastPhase(v.lastPhase);
   return toBytes(b);
 }
 
@@ -657,6 +658,7 @@ RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimi
     for (int64_t s : r.getLostSteps()) v.lostSteps.push_back(s);
     v.lostStepCount = r.getLostStepCount();
     v.keyframesSkipped = r.getKeyframesSkipped();
+    v.lastPhase = text(r.getLastPhase(), 64, "run phase");
     return v;
   });
 }

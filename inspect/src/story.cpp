@@ -105,10 +105,12 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   } else if (v.supervision) {
     // No recorder in the process (or it never got to record): what `crashcap run` saw.
     const auto& sv = *v.supervision;
+    // A recorder killed before it could say (SIGKILL) left where it was in its run status.
+    bool killedInStep = v.status && v.status->state == "interrupted" && v.status->stepsBegun > 0 && v.status->lastStep >= 0;
     j["crash"] = {{"kind", sv.signal ? "signal" : "exit"},
                   {"source", "supervisor"},
-                  {"step", nullptr},
-                  {"phase", nullptr},
+                  {"step", killedInStep ? json(v.status->lastStep) : json(nullptr)},
+                  {"phase", killedInStep && !v.status->lastPhase.empty() ? json(v.status->lastPhase) : json(nullptr)},
                   {"error", sv.evidence},
                   {"error_type", ""},
                   {"signal", sv.signal ? json(sv.signal) : json(nullptr)},
@@ -276,8 +278,8 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
   if (!st["lost"].empty()) {
     std::string lost;
     for (const auto& l : st["lost"]) lost += (lost.empty() ? "" : ", ") + str(l);
-    s += fmt::format("lost       step{} {}: the recorder dropped {} records (the writer was behind); replay stops "
-                     "before a lost step\n",
+    s += fmt::format("lost       step{} {}: {} records are not in the bundle (dropped while the writer was behind, or "
+                     "still queued when the process died); replay stops before a lost step\n",
                      st["lost"].size() == 1 ? "" : "s", lost, st["lost"].size() == 1 ? "its" : "their");
   }
   std::string kfs;
@@ -288,7 +290,8 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
     std::string where = c["step"].is_null()
                             ? std::string(c["source"] == "recorder" ? "before any step"
                                                                     : "(seen from outside: no recorder in the process)")
-                            : fmt::format("at step {}, phase {}", str(c["step"]), str(c["phase"]));
+                            : fmt::format("at step {}, phase {}", str(c["step"]),
+                                          c["phase"].is_null() ? std::string("unknown") : str(c["phase"]));
     s += fmt::format("\nCRASH      {} {}{}\n", str(c["kind"]), where,
                      c["signal"].is_null() ? "" : fmt::format(", signal {}", str(c["signal_name"])));
     std::string err = str(c["error"]);
@@ -345,7 +348,10 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
     }
   }
   if (!j["crash_tensors"].empty()) {
-    s += fmt::format("\nbatch of step {}\n", str(j["crash_step"]));
+    bool older = !j["crash"].is_null() && !j["crash"]["step"].is_null() && j["crash"]["step"] != j["crash_step"];
+    s += fmt::format("\nbatch of step {}{}\n", str(j["crash_step"]),
+                     older ? fmt::format(" (the newest recorded; step {}'s is not in the bundle)", str(j["crash"]["step"]))
+                           : std::string());
     for (const auto& t : j["crash_tensors"]) {
       std::string shape;
       for (const auto& d : t["shape"]) shape += (shape.empty() ? "" : ", ") + str(d);

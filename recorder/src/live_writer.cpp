@@ -3,6 +3,8 @@
 #include <cxxabi.h>
 #include <execinfo.h>
 #include <fmt/format.h>
+#include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -48,17 +50,6 @@ uint64_t threadId() { return static_cast<uint64_t>(::syscall(SYS_gettid)); }
 
 }  // namespace
 
-const char* phaseName(Phase p) {
-  switch (p) {
-    case Phase::Setup: return "setup";
-    case Phase::Forward: return "forward";
-    case Phase::Backward: return "backward";
-    case Phase::Optimizer: return "optimizer";
-    case Phase::BetweenSteps: return "between-steps";
-  }
-  return "unknown";
-}
-
 LiveWriter* activeWriter() { return gActive.load(std::memory_order_acquire); }
 void setActiveWriter(LiveWriter* writer) { gActive.store(writer, std::memory_order_release); }
 
@@ -86,7 +77,25 @@ std::vector<std::string> symbolize(void* const* frames, int count) {
   return out;
 }
 
-LiveWriter::LiveWriter(LiveWriterOptions options) : options_(std::move(options)) {
+namespace {
+
+constexpr size_t kProgressBytes = 4096;
+
+/// Until the first recording maps its progress file: plain shared memory with the same layout.
+ProgressPage* anonymousProgressPage() {
+  void* p = ::mmap(nullptr, kProgressBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) throw Error(ErrorCode::Io, fmt::format("cannot map the progress page: {}", std::strerror(errno)));
+  auto* page = static_cast<ProgressPage*>(p);
+  std::memcpy(page->magic, ProgressPage::kMagic, sizeof page->magic);
+  page->step.store(-1);
+  page->phase.store(static_cast<int>(Phase::Setup));
+  page->stepsBegun.store(0);
+  return page;
+}
+
+}  // namespace
+
+LiveWriter::LiveWriter(LiveWriterOptions options) : page_(anonymousProgressPage()), options_(std::move(options)) {
   std::error_code ec;
   fs::create_directories(options_.outputDir, ec);
   if (ec)
@@ -108,6 +117,42 @@ LiveWriter::~LiveWriter() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (activeWriter() == this) setActiveWriter(nullptr);
+  ::munmap(page_, kProgressBytes);
+}
+
+void LiveWriter::mapProgress(const std::string& dir) {
+  // The file is written whole (its blocks allocated now, so a store into the mapping never
+  // faults for want of disk), mapped, given the page's values, and the mapping moved over the
+  // page in one step (mremap): the training's stores never meet an unmapped page. A file system
+  // that cannot do this leaves the page in memory: the recording works, and `seal` knows the
+  // step only from the records that reached the disk.
+  const std::string path = (fs::path(dir) / kProgressFileName).string();
+  auto fail = [&](const char* what) {
+    addWarning(fmt::format("no progress file in {} ({}: {}); after a SIGKILL the step comes from the records alone",
+                           dir, what, std::strerror(errno)));
+    std::error_code ec;
+    fs::remove(path, ec);
+  };
+  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return fail("open");
+  static const unsigned char zeros[kProgressBytes] = {};
+  bool written = ::pwrite(fd, zeros, sizeof zeros, 0) == static_cast<ssize_t>(sizeof zeros);
+  void* file = written ? ::mmap(nullptr, kProgressBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  ::close(fd);
+  if (file == MAP_FAILED) return fail(written ? "mmap" : "write");
+  if (!movePage(file)) return fail("mremap");
+}
+
+void LiveWriter::unmapProgress() {
+  void* memory = ::mmap(nullptr, kProgressBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+  if (memory != MAP_FAILED) movePage(memory);
+}
+
+bool LiveWriter::movePage(void* fresh) {
+  std::memcpy(fresh, page_, sizeof(ProgressPage));
+  if (::mremap(fresh, kProgressBytes, kProgressBytes, MREMAP_MAYMOVE | MREMAP_FIXED, page_) != MAP_FAILED) return true;
+  ::munmap(fresh, kProgressBytes);
+  return false;
 }
 
 void LiveWriter::startRecording() {
@@ -124,6 +169,7 @@ void LiveWriter::startRecording() {
   run_ = formats::BundleWriter::create((fs::path(dir) / kRunFileName).string(), wo);
   for (auto& r : runRecords_) writeRun(r);
   run_->sync();
+  mapProgress(dir);
   recording_ = dir;
   segmentIndex_ = 0;
   segment_.reset();
@@ -196,6 +242,7 @@ void LiveWriter::addWarning(std::string warning) {
 }
 
 void LiveWriter::fillStatus(formats::RunStatusData& status) const {
+  status.lastPhase = phaseName(static_cast<Phase>(phase.load()));
   auto s = stats();
   status.droppedRecords = s.droppedRecords;
   status.droppedBytes = s.droppedBytes;
@@ -234,6 +281,7 @@ std::string LiveWriter::lastBundle() const {
 
 void LiveWriter::degrade(const std::string& why) {
   segmentBroken_ = true;
+  unmapProgress();
   std::lock_guard<std::mutex> lk(statsMu_);
   if (!stats_.degraded && !options_.quiet)
     std::fprintf(stderr,

@@ -20,6 +20,7 @@
 
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/records.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
 
 namespace crashcap::recorder::detail {
 
@@ -58,10 +59,6 @@ struct Job {
   Lane lane{};                     ///< the lane it was admitted in (set by push)
   uint64_t bytes() const { return tensor.size + meta.size() + body.size(); }
 };
-
-/// Where the training is, for crash records written from a signal handler.
-enum class Phase : int { Setup = 0, Forward, Backward, Optimizer, BetweenSteps };
-const char* phaseName(Phase p);
 
 struct LiveWriterOptions {
   std::string outputDir;            ///< the directory that holds recordings and crash bundles
@@ -113,10 +110,14 @@ class LiveWriter {
   /// The writer's counts in a run_status record (state, stepsBegun and lastStep are the caller's).
   void fillStatus(formats::RunStatusData& status) const;
 
-  /// Where the training is (read by the crash path).
-  std::atomic<int64_t> currentStep{-1};
-  std::atomic<int> phase{static_cast<int>(Phase::Setup)};
-  std::atomic<uint64_t> stepsBegun{0};
+  /// Where the training is (read by the crash path). They live in the recording's progress
+  /// file, mapped shared, so that they outlive a SIGKILL (ProgressPage).
+ private:
+  ProgressPage* page_;  // declared before the references below, which bind to it
+ public:
+  std::atomic<int64_t>& currentStep = page_->step;
+  std::atomic<int>& phase = page_->phase;
+  std::atomic<uint64_t>& stepsBegun = page_->stepsBegun;
 
   /// Produces the op ring at crash time (called on the writer thread).
   void setOpsSnapshot(std::function<std::optional<formats::OpTraceData>()> fn);
@@ -145,6 +146,11 @@ class LiveWriter {
   void startRecording();
   void writeRun(const Job& job);
   void startSegment();
+  void mapProgress(const std::string& dir);
+  /// After a write error: the page goes back to memory, so that a full disk can never make a
+  /// store into it fault (SIGBUS) in the training.
+  void unmapProgress();
+  bool movePage(void* fresh);
   void applyRetention();
   void degrade(const std::string& why);
   void handleCrash();

@@ -49,7 +49,6 @@ namespace crashcap::recorder {
 namespace {
 
 using detail::Job;
-using detail::Phase;
 
 
 /// c10::Error's what() is the message followed by a C++ backtrace: keep them apart.
@@ -439,7 +438,7 @@ struct Recorder::Impl {
     formats::CrashData c;
     c.kind = kind;
     c.step = step;
-    c.phase = detail::phaseName(phase());
+    c.phase = phaseName(phase());
     c.timeNs = formats::unixTimeNs();
     c.pid = static_cast<uint32_t>(::getpid());
     c.thread = static_cast<uint64_t>(::syscall(SYS_gettid));

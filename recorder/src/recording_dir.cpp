@@ -7,8 +7,10 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 
 #include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
@@ -17,6 +19,17 @@
 #include "crashcap/formats/error.hpp"
 
 namespace crashcap::recorder {
+
+const char* phaseName(Phase p) {
+  switch (p) {
+    case Phase::Setup: return "setup";
+    case Phase::Forward: return "forward";
+    case Phase::Backward: return "backward";
+    case Phase::Optimizer: return "optimizer";
+    case Phase::BetweenSteps: return "between-steps";
+  }
+  return "unknown";
+}
 namespace fs = std::filesystem;
 using crashcap::Error;
 using crashcap::ErrorCode;
@@ -114,6 +127,26 @@ std::string recordingState(const std::string& recording) {
   return "interrupted";
 }
 
+std::optional<Progress> readProgress(const std::string& recording) {
+  std::ifstream in(fs::path(recording) / kProgressFileName, std::ios::binary);
+  // Plain bytes: the reader is another process, and the writer may be gone.
+  struct {
+    char magic[8];
+    int64_t step;
+    int32_t phase;
+    uint32_t reserved;
+    uint64_t stepsBegun;
+  } raw{};
+  static_assert(sizeof raw == sizeof(ProgressPage), "the progress file's layout");
+  if (!in.read(reinterpret_cast<char*>(&raw), sizeof raw)) return std::nullopt;
+  if (std::memcmp(raw.magic, ProgressPage::kMagic, sizeof raw.magic) != 0 || raw.step < -1) return std::nullopt;
+  Progress p;
+  p.step = raw.step;
+  p.phase = phaseName(static_cast<Phase>(raw.phase));
+  p.stepsBegun = raw.stepsBegun;
+  return p;
+}
+
 SealReport sealRecording(const std::string& recording, const SealOptions& options) {
   if (!isRecording(recording))
     throw Error(ErrorCode::NotFound, fmt::format("{} is not a recording: it holds no {}", recording, kRunFileName),
@@ -166,6 +199,11 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   else
     report.state = "interrupted";
 
+  // The progress file knows the step a killed process was in, records or not.
+  std::optional<Progress> progress;
+  if (report.state == "interrupted" && (progress = readProgress(recording)) && progress->step >= 0)
+    report.begunStep = std::max(progress->step, report.lastStep);
+
   uint32_t pid = 0;
   if (auto info = run->recordingInfo()) pid = info->pid;
   std::string out = options.out;
@@ -213,10 +251,26 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
     s.stepsBegun = report.steps;
     s.lastStep = report.lastStep;
     s.warnings.push_back("the recording was never closed (process killed, power lost?); sealed by `crashcap seal`");
+    if (progress && progress->step >= 0) {
+      s.stepsBegun = std::max(s.stepsBegun, progress->stepsBegun);
+      s.lastStep = report.begunStep;
+      if (progress->step == report.begunStep) s.lastPhase = progress->phase;
+      if (report.begunStep > report.lastStep)
+        s.warnings.push_back(
+            report.lastStep >= 0
+                ? fmt::format("the process was in step {} ({}); the records of {} never reached the disk",
+                              report.begunStep, progress->phase,
+                              report.begunStep == report.lastStep + 1
+                                  ? fmt::format("step {}", report.begunStep)
+                                  : fmt::format("steps {}..{}", report.lastStep + 1, report.begunStep))
+                : fmt::format("the process was in step {} ({}); no step's records reached the disk", report.begunStep,
+                              progress->phase));
+    }
     formats::writeMetaRecord(*writer, s);
   }
   std::string text = fmt::format("sealed from {}: {} segment files, {} steps", recording, segments.size(), report.steps);
   if (report.steps) text += fmt::format(" ({}..{})", report.firstStep, report.lastStep);
+  if (report.begunStep > report.lastStep) text += fmt::format("; the process was in step {}", report.begunStep);
   for (const auto& l : report.lost) text += "\n" + l;
   if (text.size() > formats::kMaxNoteTextBytes) text.resize(formats::kMaxNoteTextBytes - 16);
   writer->writeNote("crashcap.seal", text);

@@ -249,6 +249,70 @@ TEST_CASE("after SIGKILL at a random moment, seal recovers every step that reach
   }
 }
 
+TEST_CASE("after SIGKILL, the progress file names the step and phase the process was in", "[recorder][kill]") {
+  // Killed in the forward pass of step 30, with the writer given no time: whatever of steps
+  // 0..30 reached the disk, the sealed status says step 30, forward.
+  for (int trial = 0; trial < 3; ++trial) {
+    TempDir dir;
+    auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--fail", "kill", "--fail-step", "30",
+                        "--steps", "40", "--keyframe-every", "10"});
+    REQUIRE(r.exitCode == -SIGKILL);
+    auto recordings = recorder::findRecordings(dir.path());
+    REQUIRE(recordings.size() == 1);
+    auto progress = recorder::readProgress(recordings[0]);
+    REQUIRE(progress);
+    CHECK(progress->step == 30);
+    CHECK(progress->phase == "forward");
+    CHECK(progress->stepsBegun == 31);
+    auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
+    INFO(s.err);
+    REQUIRE(s.exitCode == 0);
+    std::string bundle = nlohmann::json::parse(s.out)["sealed"][0]["bundle"];
+    auto reader = formats::BundleReader::open(bundle);
+    auto view = formats::readRecords(*reader);
+    REQUIRE(view.status);
+    CHECK(view.status->state == "interrupted");
+    CHECK(view.status->lastStep == 30);
+    CHECK(view.status->lastPhase == "forward");
+    CHECK(view.status->stepsBegun == 31);
+    REQUIRE(!view.stepBegins.empty());
+    // Step 30 is in the bundle or named lost: never silently missing.
+    auto lost = formats::lostSteps(view);
+    bool recorded = view.stepBegins.back().step == 30;
+    CHECK((recorded || std::find(lost.begin(), lost.end(), 30) != lost.end()));
+    if (!recorded) {
+      bool warned = false;
+      for (const auto& w : view.status->warnings) warned |= w.find("the process was in step 30 (forward)") != std::string::npos;
+      CHECK(warned);
+    }
+  }
+}
+
+TEST_CASE("seal ignores a progress file that is missing, short or not one", "[recorder][kill]") {
+  for (std::string content : {std::string(), std::string("CCPROG1"), std::string(64, 'x')}) {
+    TempDir dir;
+    auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--fail", "kill", "--fail-step", "5",
+                        "--steps", "10", "--sleep-ms", "20"});
+    REQUIRE(r.exitCode == -SIGKILL);
+    auto recording = recorder::findRecordings(dir.path()).at(0);
+    auto path = fs::path(recording) / recorder::kProgressFileName;
+    if (content.empty()) {
+      fs::remove(path);
+    } else {
+      test::writeFile(path.string(), std::vector<uint8_t>(content.begin(), content.end()));
+    }
+    CHECK(!recorder::readProgress(recording));
+    auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
+    INFO(s.err);
+    REQUIRE(s.exitCode == 0);
+    auto view = formats::readRecords(*formats::BundleReader::open(nlohmann::json::parse(s.out)["sealed"][0]["bundle"]));
+    REQUIRE(view.status);
+    // Without the file, the step comes from the records (the sleep gave the writer time).
+    CHECK(view.status->lastStep == view.stepBegins.back().step);
+    CHECK(view.status->lastPhase.empty());
+  }
+}
+
 TEST_CASE("a file-size limit mid-run degrades the recording, never the training", "[recorder][disk]") {
   TempDir dir;
   // 160 KiB per file: a segment (a keyframe and 40 steps of about 6 KiB) outgrows it; the next

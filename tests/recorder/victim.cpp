@@ -1,6 +1,6 @@
 // crashcap-test-victim: a small real LibTorch training loop (a TorchScript MLP, SGD) under
 // the Recorder that fails on demand, for the crash-safety tests:
-//   --fail none|abort|segv|terminate|exception|uncaught|nonfinite|busy   at --fail-step S
+//   --fail none|abort|segv|kill|terminate|exception|uncaught|nonfinite|busy   at --fail-step S
 //   --fail setup   throws before the first step (no segment exists yet)
 // "exception" is caught in main and passed to Recorder::fail; "uncaught" leaves main;
 // "busy" never fails and runs until killed (SIGKILL tests). --report prints
@@ -86,6 +86,7 @@ int main(int argc, char** argv) {
       if (step == failStep) {
         if (fail == "abort") std::abort();
         if (fail == "segv") std::raise(SIGSEGV);
+        if (fail == "kill") std::raise(SIGKILL);
         if (fail == "terminate") std::terminate();
         if (fail == "exception" || fail == "uncaught")
           throw std::runtime_error("victim: injected failure at step " + std::to_string(step));

@@ -141,6 +141,7 @@ struct RunStatusData {
   std::vector<int64_t> lostSteps;       ///< steps whose records were dropped, ascending (the first 4096)
   uint64_t lostStepCount = 0;           ///< all of them
   uint64_t keyframesSkipped = 0;        ///< keyframes not taken: the writer was still writing the last
+  std::string lastPhase;                ///< where in lastStep the run was ("" unknown)
 };
 /// The most lost steps a run_status record lists.
 inline constexpr size_t kMaxListedLostSteps = 4096;

@@ -4,11 +4,13 @@
 //     run.ccap              recording info, environment, step program, optimizer spec
 //     segment-000001.ccap   a keyframe, then the steps after it; one file per keyframe
 //     segment-000002.ccap   ...
-// where every file is a bundle that may be unsealed or cut short (the writer died). Sealing
+//     progress              where the process is: step, phase, steps begun (ProgressPage)
+// where every .ccap file is a bundle that may be unsealed or cut short (the writer died). Sealing
 // copies every intact record of run.ccap and the retained segments, in order, into one
 // sealed bundle (no recompression), adds what the caller knows (crash, op trace, status),
 // and removes the recording. No LibTorch here: the CLI's `crashcap seal` uses it too.
 
+#include <atomic>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -24,6 +26,38 @@ namespace crashcap::recorder {
 inline constexpr const char* kOutputDirVariable = "CRASHCAP_DIR";
 inline constexpr const char* kRunFileName = "run.ccap";
 inline constexpr const char* kRecordingPrefix = "recording-";
+inline constexpr const char* kProgressFileName = "progress";
+
+/// Where in a step the training is.
+enum class Phase : int { Setup = 0, Forward, Backward, Optimizer, BetweenSteps };
+/// "setup", "forward", "backward", "optimizer", "between-steps"; "unknown" for anything else.
+const char* phaseName(Phase p);
+
+/// The progress file's layout. The recorder maps it shared and stores into it as the training
+/// goes (a few relaxed stores per step, no system call); the page cache keeps the newest values
+/// when the process is killed, so `seal` knows the step a SIGKILL or the OOM killer cut short
+/// even when its records never left the writer's queue. Native byte order: read on the machine
+/// that wrote it.
+struct ProgressPage {
+  static constexpr char kMagic[8] = {'C', 'C', 'P', 'R', 'O', 'G', '1', '\n'};
+  char magic[8];
+  std::atomic<int64_t> step;         ///< the newest step begun; -1 none
+  std::atomic<int32_t> phase;        ///< a Phase
+  uint32_t reserved;
+  std::atomic<uint64_t> stepsBegun;
+};
+static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free &&
+                  std::atomic<int32_t>::is_always_lock_free,
+              "the progress page is shared with the page cache: its atomics must be plain memory");
+
+struct Progress {
+  int64_t step = -1;
+  std::string phase;                 ///< phaseName
+  uint64_t stepsBegun = 0;
+};
+/// The recording's progress file; nullopt when it has none (written before it existed, or on a
+/// file system that cannot map it) or it is not one.
+std::optional<Progress> readProgress(const std::string& recording);
 
 /// "recording-20261121T233427Z-4242".
 std::string recordingDirName(int64_t timeNs, uint32_t pid);
@@ -67,6 +101,9 @@ struct SealReport {
   uint64_t tensors = 0;
   uint64_t steps = 0;              ///< step_begin records in the bundle
   int64_t firstStep = -1, lastStep = -1;
+  /// For an interrupted recording: the step its progress file says the process had begun (it
+  /// may be newer than lastStep when the newest records never reached the disk); -1 unknown.
+  int64_t begunStep = -1;
   std::vector<std::string> lost;   ///< one line per file that was cut short or damaged
   uint64_t bytes = 0;
 };

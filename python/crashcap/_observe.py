@@ -150,8 +150,15 @@ def _model_of(optimizer_params):
     the optimizers' parameters are taken in the order of the parameters they own first. A
     parameter no module owns is kept as a loose tensor."""
     # By type, not isinstance: isinstance reads __class__, which some objects answer with a warning.
-    module_type = torch.nn.Module
-    modules = [o for o in gc.get_objects() if issubclass(type(o), module_type) and type(o) is not _Roots]
+    # A set of the module classes that exist now makes the scan of every live object a lookup each.
+    module_types, todo = set(), [torch.nn.Module]
+    while todo:
+        t = todo.pop()
+        if t not in module_types:
+            module_types.add(t)
+            todo.extend(type.__subclasses__(t))
+    module_types.discard(_Roots)
+    modules = [o for o in gc.get_objects() if type(o) in module_types]
     children = {id(c) for m in modules for c in m._modules.values() if c is not None}
     wanted = {id(p): k for k, p in enumerate(optimizer_params)}
     candidates = []

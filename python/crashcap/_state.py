@@ -303,7 +303,8 @@ def program_sources():
     """[(path, sha256, bytes, contents or None)] of the program's own source files: the main
     script and the modules it imported from its own directory, the working directory or a
     PYTHONPATH entry, not from installed packages, the standard library or elsewhere (the
-    system's sitecustomize)."""
+    system's sitecustomize). A file is installed when its path, as imported or resolved, lies under
+    a site or standard-library directory."""
     cwd = os.path.realpath(os.getcwd())
     installed = _installed_roots()
     files = []
@@ -318,8 +319,13 @@ def program_sources():
         f = getattr(module, "__file__", None)
         if f and f.endswith(".py"):
             files.append(f)
+    # Most of the ~1000 modules a torch program has imported live under an installed root by their
+    # path as given: skipped without resolving it (realpath costs a system call per component).
+    installed_prefixes = tuple(r.rstrip(os.sep) + os.sep for r in installed)
     seen, out, kept = set(), [], 0
     for f in files:
+        if f.startswith(installed_prefixes):
+            continue
         real = os.path.realpath(f)
         if real in seen or not os.path.isfile(real) or any(_under(real, r) for r in installed):
             continue

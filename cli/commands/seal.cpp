@@ -45,12 +45,15 @@ int seal(const Options& s) {
                      {"steps", rep.steps},
                      {"first_step", rep.firstStep >= 0 ? json(rep.firstStep) : json(nullptr)},
                      {"last_step", rep.lastStep >= 0 ? json(rep.lastStep) : json(nullptr)},
+                     {"begun_step", rep.begunStep >= 0 ? json(rep.begunStep) : json(nullptr)},
                      {"lost", rep.lost},
                      {"bytes", rep.bytes}});
     } else {
       std::cout << fmt::format("sealed {} -> {} ({}): {} steps", r, rep.out, rep.state, rep.steps);
       if (rep.steps) std::cout << fmt::format(" ({}..{})", rep.firstStep, rep.lastStep);
       std::cout << fmt::format(", {} tensors, {}\n", rep.tensors, inspect::formatBytes(rep.bytes));
+      if (rep.begunStep > rep.lastStep)
+        std::cout << fmt::format("  the process was in step {}: its records never reached the disk\n", rep.begunStep);
       for (const auto& l : rep.lost) std::cout << "  lost: " << l << "\n";
       std::cout << fmt::format("next: crashcap inspect {}\n", rep.out);
     }

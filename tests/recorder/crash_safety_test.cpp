@@ -267,7 +267,9 @@ TEST_CASE("after SIGKILL, the progress file names the step and phase the process
     auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
     INFO(s.err);
     REQUIRE(s.exitCode == 0);
-    std::string bundle = nlohmann::json::parse(s.out)["sealed"][0]["bundle"];
+    auto sealed = nlohmann::json::parse(s.out)["sealed"][0];
+    CHECK(sealed["begun_step"] == 30);
+    std::string bundle = sealed["bundle"];
     auto reader = formats::BundleReader::open(bundle);
     auto view = formats::readRecords(*reader);
     REQUIRE(view.status);

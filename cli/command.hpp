@@ -42,6 +42,7 @@ inline constexpr TorchCommand kTorchCommands[] = {
     {"bisect", "Find what the failure needs: the first failing step, op, samples of the batch, or setting"},
     {"triage", "Run a fixed plan of experiments and print the hypothesis table"},
     {"report", "A Markdown bug report from a crash bundle, with the triage table, ready to paste"},
+    {"pack", "The smallest bundle that still replays the crash, to attach to a bug report"},
 };
 /// The summary of a command of kTorchCommands.
 const char* torchCommandSummary(const std::string& name);

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 #include <unistd.h>
 
+#include <cctype>
 #include <cstdio>
 #include <cstring>
 #include <fstream>
@@ -61,6 +62,28 @@ std::vector<int64_t> parseRows(const std::string& text) {
     at = comma + 1;
   }
   return rows;
+}
+
+uint64_t parseByteSize(const std::string& text, const std::string& option) {
+  static const std::pair<const char*, uint64_t> units[] = {
+      {"", 1},          {"B", 1},           {"K", 1000},         {"KB", 1000},         {"KiB", 1024},
+      {"M", 1000000},   {"MB", 1000000},    {"MiB", 1u << 20},   {"G", 1000000000},    {"GB", 1000000000},
+      {"GiB", 1u << 30}};
+  size_t digits = 0;
+  while (digits < text.size() && (std::isdigit(static_cast<unsigned char>(text[digits])) || text[digits] == '.')) ++digits;
+  const std::string unit = text.substr(digits);
+  for (const auto& [name, scale] : units) {
+    if (unit != name || digits == 0) continue;
+    try {
+      size_t used = 0;
+      double value = std::stod(text.substr(0, digits), &used);
+      if (used == digits && value > 0 && value * static_cast<double>(scale) < 1.8e19)
+        return static_cast<uint64_t>(value * static_cast<double>(scale));
+    } catch (const std::exception&) {
+    }
+  }
+  throw Error(ErrorCode::InvalidArgument, fmt::format("{}: '{}' is not a size", option, text),
+              fmt::format("give a positive number with K, M or G (powers of 1000) or KiB, MiB, GiB, e.g. {} 25M", option));
 }
 
 std::string joinRows(const std::vector<int64_t>& rows) {

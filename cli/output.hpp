@@ -43,6 +43,10 @@ std::vector<int64_t> parseRows(const std::string& text);
 /// {0, 3, 5} -> "0,3,5".
 std::string joinRows(const std::vector<int64_t>& rows);
 
+/// "25M" -> 25000000: a number with an optional unit, K, M, G (powers of 1000) or KiB, MiB, GiB
+/// (powers of 1024), B allowed after K/M/G; anything else is Error{InvalidArgument} naming `option`.
+uint64_t parseByteSize(const std::string& text, const std::string& option);
+
 /// Writes `text` to `path` through `path.partial` and a rename, so a reader never sees half a file.
 void writeFileAtomically(const std::string& path, const std::string& text);
 

@@ -1,4 +1,4 @@
-// In a `crashcap` without LibTorch: replay, bisect, triage and report, listed in --help, each
+// In a `crashcap` without LibTorch: replay, bisect, triage, report and pack, listed in --help, each
 // saying what it needs. (With LibTorch, `crashcap` hands these commands to `crashcap-torch`
 // before it parses anything: main.cpp.)
 #include <fmt/format.h>
@@ -30,6 +30,7 @@ Command replayCommand(CLI::App& root) { return needsTorch(root, kTorchCommands[0
 Command bisectCommand(CLI::App& root) { return needsTorch(root, kTorchCommands[1]); }
 Command triageCommand(CLI::App& root) { return needsTorch(root, kTorchCommands[2]); }
 Command reportCommand(CLI::App& root) { return needsTorch(root, kTorchCommands[3]); }
+Command packCommand(CLI::App& root) { return needsTorch(root, kTorchCommands[4]); }
 
 }  // namespace
 }  // namespace crashcap::cli
@@ -38,3 +39,4 @@ CRASHCAP_COMMAND(200, crashcap::cli::replayCommand)
 CRASHCAP_COMMAND(210, crashcap::cli::bisectCommand)
 CRASHCAP_COMMAND(220, crashcap::cli::triageCommand)
 CRASHCAP_COMMAND(230, crashcap::cli::reportCommand)
+CRASHCAP_COMMAND(240, crashcap::cli::packCommand)

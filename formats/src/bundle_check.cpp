@@ -307,13 +307,20 @@ void PartialOutput::commit() {
 }
 
 CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
-                       const std::function<bool(const RecordEntry&)>& keep, bool decodeChunks) {
+                       const std::function<bool(const RecordEntry&)>& keep, bool decodeChunks,
+                       const std::function<bool(const TensorInfo&)>& keepTensor) {
   CopyReport report;
   // Records whose checksums hold can still fail to decode (a body that is no zstd frame):
   // decode every record first and drop tensors that have such a chunk.
+  std::unordered_set<uint64_t> leftOut;  // chunks of the tensors keepTensor rejected
+  if (keepTensor)
+    for (const auto& t : reader.tensors())
+      if (!keepTensor(t))
+        leftOut.insert(t.chunkRecords.begin(), t.chunkRecords.end());
   std::unordered_map<uint64_t, std::string> undecodable;
   for (const auto& r : reader.records()) {
     if (!decodeChunks && r.type == static_cast<uint16_t>(RecordType::TensorChunk)) continue;
+    if (leftOut.count(r.offset)) continue;
     try {
       (void)reader.readRecord(r.offset);
     } catch (const Error& e) {
@@ -322,6 +329,7 @@ CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
   }
   std::unordered_map<uint64_t, const TensorInfo*> chunkOwner;
   for (const auto& t : reader.tensors()) {
+    if (keepTensor && !keepTensor(t)) continue;
     bool ok = std::none_of(t.chunkRecords.begin(), t.chunkRecords.end(),
                            [&](uint64_t off) { return undecodable.count(off) > 0; });
     if (!ok) {
@@ -333,6 +341,7 @@ CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
   std::unordered_map<uint64_t, uint64_t> moved;
   for (const auto& r : reader.records()) {
     bool isChunk = r.type == static_cast<uint16_t>(RecordType::TensorChunk);
+    if (isChunk && leftOut.count(r.offset)) continue;
     if ((isChunk && !chunkOwner.count(r.offset)) || undecodable.count(r.offset)) {
       ++report.recordsSkipped;
       continue;

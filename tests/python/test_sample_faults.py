@@ -39,6 +39,15 @@ def test_a_python_sample_crash_is_recorded_replayed_bit_for_bit_and_triaged(faul
     assert replay["keyframe"] < 16 <= replay["step"], "the keyframe must lie in an earlier epoch than the crash"
     assert all(s["bitwise"] for s in replay["steps"] if s["recorded_loss"] is not None)
 
+    # Packed for a bug report: one keyframe and the steps after it, and the same replay.
+    packed = tmp_path / "packed.ccap"
+    pack = crashcap_json("pack", bundle, "-o", packed)
+    assert pack["keyframe_step"] == replay["keyframe"] and pack["last_step"] == replay["step"], pack
+    assert pack["packed_bytes"] < pack["original_bytes"]
+    again = crashcap_json("replay", packed)
+    assert (again["verdict"], again["error"]) == (replay["verdict"], replay["error"])
+    assert again["first_nonfinite_op"] == replay["first_nonfinite_op"]
+
     triage = crashcap_json("triage", bundle)
     verdicts = {h["id"]: h["verdict"] for h in triage["hypotheses"]}
     assert verdicts[hypothesis] == "confirmed", triage["hypotheses"]

@@ -87,8 +87,10 @@ struct CopyReport {
 /// other than tensor chunks (every complete tensor is copied). Used by recover and by sealing a
 /// recording. With `decodeChunks` false, chunk bodies are not test-decompressed first (their
 /// checksums were checked by the scan that opened `reader`; only a writer bug could make one
-/// undecodable): much faster, for the crash path.
+/// undecodable): much faster, for the crash path. `keepTensor`, when given, may reject whole
+/// tensors (their chunks are neither copied nor indexed): `crashcap pack`.
 CopyReport copyRecords(const BundleReader& reader, BundleWriter& writer,
-                       const std::function<bool(const RecordEntry&)>& keep = {}, bool decodeChunks = true);
+                       const std::function<bool(const RecordEntry&)>& keep = {}, bool decodeChunks = true,
+                       const std::function<bool(const TensorInfo&)>& keepTensor = {});
 
 }  // namespace crashcap::formats

@@ -1,0 +1,110 @@
+// crashcap pack: the smallest bundle that still replays the crash, to attach to a bug report.
+#include <fmt/format.h>
+
+#include <iostream>
+
+#include "../command.hpp"
+#include "../output.hpp"
+#include "crashcap/investigate/pack.hpp"
+#include "crashcap/inspect/summary.hpp"
+
+namespace crashcap::cli {
+namespace {
+
+struct Options {
+  std::string bundle;
+  std::string out;
+  std::string maxSize;
+  bool force = false;
+  ReadOptions read;
+};
+
+json packJson(const investigate::PackReport& r, uint64_t maxBytes) {
+  auto step = [](int64_t s) { return s >= 0 ? json(s) : json(nullptr); };
+  json indices = json::array();
+  for (const auto& [s, rows] : r.datasetIndices) indices.push_back({{"step", s}, {"indices", rows}});
+  json parts = json::array();
+  for (const auto& p : r.parts) parts.push_back({{"what", p.what}, {"bytes", p.bytes}});
+  return {{"bundle", r.in},
+          {"out", r.tooLarge ? json(nullptr) : json(r.out)},
+          {"original_bytes", r.originalBytes},
+          {"packed_bytes", r.packedBytes},
+          {"max_bytes", maxBytes ? json(maxBytes) : json(nullptr)},
+          {"too_large", r.tooLarge},
+          {"crash_step", step(r.crashStep)},
+          {"keyframe_step", step(r.keyframeStep)},
+          {"first_step", step(r.firstStep)},
+          {"last_step", step(r.lastStep)},
+          {"steps", r.steps},
+          {"samples", r.samples},
+          {"dataset_indices", indices},
+          {"weight_tensors", r.weightTensors},
+          {"sources", r.sources},
+          {"keyframes_left_out", r.keyframesLeftOut},
+          {"steps_left_out", r.stepsLeftOut},
+          {"contents", r.contents},
+          {"parts", parts},
+          {"warnings", r.warnings}};
+}
+
+std::string packText(const investigate::PackReport& r, uint64_t maxBytes) {
+  std::string s;
+  if (r.tooLarge) {
+    s += fmt::format("not written: the packed bundle would be {}, over --max-size {}\n", inspect::formatBytes(r.packedBytes),
+                     inspect::formatBytes(maxBytes));
+  } else {
+    s += fmt::format("packed {} ({}) -> {} ({})\n", r.in, inspect::formatBytes(r.originalBytes), r.out,
+                     inspect::formatBytes(r.packedBytes));
+  }
+  if (r.keyframeStep >= 0)
+    s += fmt::format("replays    from the keyframe at step {} to step {} (the crash is at step {})\n", r.keyframeStep,
+                     r.lastStep, r.crashStep);
+  s += fmt::format("left out   {} keyframe(s), {} step(s)\n", r.keyframesLeftOut, r.stepsLeftOut);
+  s += "holds\n";
+  for (const auto& c : r.contents) s += "  - " + c + "\n";
+  s += "largest\n";
+  for (const auto& p : r.parts) s += fmt::format("  {:>10}  {}\n", inspect::formatBytes(p.bytes), p.what);
+  for (const auto& w : r.warnings) s += "warning: " + w + "\n";
+  if (r.tooLarge)
+    s += "to shrink it: the keyframe is the model's whole state and stays; record with keyframes closer together "
+         "(--keyframe-every) so fewer batches lie between the keyframe and the crash, or allow a larger --max-size\n";
+  else
+    s += fmt::format("next: crashcap replay {}\n", r.out);
+  return s;
+}
+
+Command packCommand(CLI::App& root) {
+  auto o = std::make_shared<Options>();
+  auto* cmd = root.add_subcommand("pack", "The smallest bundle that still replays the crash, to attach to a bug report");
+  cmd->add_option("bundle", o->bundle, "Crash bundle")->required();
+  cmd->add_option("-o,--out", o->out, "The packed bundle to write")->required();
+  auto* maxSize = cmd->add_option("--max-size", o->maxSize,
+                  "Refuse (exit 1, nothing written) when the packed bundle would be larger: 25M, 100MiB, 2G");
+  cmd->add_flag("--force", o->force, "Replace OUT when it exists");
+  addReadOptions(cmd, o->read);
+  cmd->footer(
+      "Keeps the newest keyframe at or before the crash step from which every step up to the crash is in the\n"
+      "bundle, those steps' batches, and the program, optimizer, environment, crash and traces; every other\n"
+      "keyframe and step is left out. It says what the attachment holds (training samples and their dataset\n"
+      "indices, weights, source files) for whoever must approve sharing it.\n"
+      "Example: crashcap pack crash.ccap -o attach.ccap --max-size 25M && crashcap replay attach.ccap");
+  return {cmd, [o, maxSize] {
+            investigate::PackOptions po;
+            po.out = o->out;
+            po.force = o->force;
+            po.maxBytes = maxSize->count() ? parseByteSize(o->maxSize, "--max-size") : 0;
+            po.limits = o->read.limits();
+            auto r = investigate::packBundle(o->bundle, po);
+            if (o->read.json)
+              printJson(packJson(r, po.maxBytes));
+            else
+              std::cout << packText(r, po.maxBytes);
+            return r.tooLarge ? kExitCheckFailed : kExitOk;
+          },
+          &o->read.json};
+}
+
+}  // namespace
+}  // namespace crashcap::cli
+
+CRASHCAP_COMMAND(240, crashcap::cli::packCommand)

@@ -1,0 +1,263 @@
+#include "crashcap/investigate/pack.hpp"
+
+#include <fmt/format.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/inspect/summary.hpp"
+
+namespace crashcap::investigate {
+
+namespace fs = std::filesystem;
+using formats::RecordType;
+
+namespace {
+
+/// The number after `prefix` in "steps/12/batch/image" ("steps/"), "keyframes/40/..." ("keyframes/").
+std::optional<int64_t> stepOf(const std::string& name, const std::string& prefix) {
+  if (name.compare(0, prefix.size(), prefix) != 0) return std::nullopt;
+  const char* first = name.data() + prefix.size();
+  const char* last = name.data() + name.size();
+  int64_t step = 0;
+  auto [end, ec] = std::from_chars(first, last, step);
+  if (ec != std::errc() || end == first || (end != last && *end != '/')) return std::nullopt;
+  return step;
+}
+
+std::string stepsText(int64_t first, int64_t last) {
+  return first == last ? fmt::format("step {}", first) : fmt::format("steps {}..{}", first, last);
+}
+
+std::string listText(const std::vector<int64_t>& values, size_t shown) {
+  std::string s;
+  for (size_t i = 0; i < values.size() && i < shown; ++i) s += (i ? ", " : "") + std::to_string(values[i]);
+  if (values.size() > shown) s += fmt::format(", ... ({} in all)", values.size());
+  return s;
+}
+
+}  // namespace
+
+PackReport packBundle(const std::string& in, const PackOptions& o) {
+  PackReport rep;
+  rep.in = in;
+  rep.out = o.out;
+  if (o.out.empty())
+    throw Error(ErrorCode::InvalidArgument, "pack needs an output path", "give one with -o OUT.ccap");
+  std::error_code ec;
+  if (!fs::exists(in, ec)) throw Error(ErrorCode::NotFound, fmt::format("no such file: {}", in));
+  struct stat a {}, b {};
+  if (::stat(in.c_str(), &a) == 0 && ::stat(o.out.c_str(), &b) == 0) {
+    if (a.st_dev == b.st_dev && a.st_ino == b.st_ino)
+      throw Error(ErrorCode::InvalidArgument, fmt::format("{} and {} are the same file", in, o.out),
+                  "pack never modifies the bundle it packs; give another output path");
+    if (!o.force)
+      throw Error(ErrorCode::InvalidArgument, fmt::format("{} already exists", o.out),
+                  "choose another output path, or pass --force to replace it");
+  }
+  rep.originalBytes = fs::file_size(in, ec);
+
+  auto reader = formats::BundleReader::open(in, o.limits);
+  if (!reader->report().complete())
+    rep.warnings.push_back(fmt::format("{} is damaged ({}): packed from what is intact", in, reader->report().summary()));
+  const auto view = formats::readRecords(*reader);
+
+  // The step that failed: the crash's, else where a killed process was (its run status), else the last recorded.
+  std::map<int64_t, const formats::StepBeginData*> begun;
+  for (const auto& s : view.stepBegins) begun[s.step] = &s;
+  if (view.crash && view.crash->step >= 0)
+    rep.crashStep = view.crash->step;
+  else if (view.status && view.status->state == "interrupted" && view.status->stepsBegun > 0 && view.status->lastStep >= 0)
+    rep.crashStep = view.status->lastStep;
+  else if (!begun.empty())
+    rep.crashStep = begun.rbegin()->first;
+  if (!view.crash) rep.warnings.push_back("the bundle has no crash record: packed around its last step");
+
+  // The newest recorded step at or before it (a killed process's last step may not have reached the disk).
+  int64_t target = -1;
+  if (auto it = begun.upper_bound(rep.crashStep); it != begun.begin() && rep.crashStep >= 0) target = std::prev(it)->first;
+  if (target >= 0 && target != rep.crashStep)
+    rep.warnings.push_back(fmt::format("step {}'s batch is not in the bundle: packed up to step {}, the newest recorded",
+                                       rep.crashStep, target));
+
+  auto stepWhole = [&](int64_t step) {
+    auto it = begun.find(step);
+    if (it == begun.end()) return false;
+    for (const auto& n : it->second->batch)
+      if (!reader->find(n)) return false;
+    for (const auto& n : it->second->rng)
+      if (!reader->find(n)) return false;
+    return true;
+  };
+  auto keyframeWhole = [&](const formats::KeyframeData& k) {
+    for (const auto* names : {&k.parameters, &k.buffers, &k.optimizerState, &k.documents})
+      for (const auto& n : *names)
+        if (!reader->find(n)) return false;
+    return true;
+  };
+  // The newest keyframe at or before the target from which every step up to it is whole.
+  std::vector<const formats::KeyframeData*> keyframes;
+  for (const auto& k : view.keyframes)
+    if (k.step <= target) keyframes.push_back(&k);
+  std::sort(keyframes.begin(), keyframes.end(), [](auto* x, auto* y) { return x->step > y->step; });
+  for (const auto* k : keyframes) {
+    if (!keyframeWhole(*k)) continue;
+    bool whole = true;
+    for (int64_t s = k->step; s <= target && whole; ++s) whole = stepWhole(s);
+    if (whole) {
+      rep.keyframeStep = k->step;
+      break;
+    }
+  }
+  std::set<int64_t> keptSteps;
+  if (rep.keyframeStep >= 0) {
+    for (int64_t s = rep.keyframeStep; s <= target; ++s) keptSteps.insert(s);
+  } else {
+    if (target >= 0) keptSteps.insert(target);
+    rep.warnings.push_back(
+        target < 0 ? std::string("the bundle records no step: the packed bundle holds the crash and the environment, and "
+                                 "cannot replay")
+                   : fmt::format("no keyframe at or before step {} with every step after it in the bundle: the packed "
+                                 "bundle keeps that step's batch as evidence, but cannot replay it",
+                                 target));
+  }
+  if (!keptSteps.empty()) {
+    rep.firstStep = *keptSteps.begin();
+    rep.lastStep = *keptSteps.rbegin();
+    rep.steps = keptSteps.size();
+  }
+  for (const auto& k : view.keyframes)
+    if (k.step != rep.keyframeStep) ++rep.keyframesLeftOut;
+  for (const auto& [step, s] : begun)
+    if (!keptSteps.count(step)) ++rep.stepsLeftOut;
+
+  auto keepTensor = [&](const formats::TensorInfo& t) {
+    if (auto s = stepOf(t.name, "steps/")) return keptSteps.count(*s) > 0;
+    if (auto s = stepOf(t.name, "keyframes/")) return *s == rep.keyframeStep;
+    return true;
+  };
+  auto keepRecord = [&](const formats::RecordEntry& r) {
+    const auto type = static_cast<RecordType>(r.type);
+    if (type != RecordType::StepBegin && type != RecordType::StepEnd && type != RecordType::Keyframe) return true;
+    auto raw = reader->readRecord(r.offset);
+    if (type == RecordType::StepBegin) return keptSteps.count(formats::decodeStepBegin(raw.meta, o.limits).step) > 0;
+    if (type == RecordType::StepEnd) return keptSteps.count(formats::decodeStepEnd(raw.meta, o.limits).step) > 0;
+    return formats::decodeKeyframe(raw.meta, o.limits).step == rep.keyframeStep;
+  };
+
+  // What the attachment holds, and what of it is largest.
+  uint64_t batchBytes = 0, rngBytes = 0, keyframeBytes = 0, otherBytes = 0;
+  for (const auto& t : reader->tensors()) {
+    if (!keepTensor(t)) continue;
+    if (auto s = stepOf(t.name, "steps/")) {
+      (t.name.find("/rng/") != std::string::npos ? rngBytes : batchBytes) += t.storedBytes;
+    } else if (stepOf(t.name, "keyframes/")) {
+      keyframeBytes += t.storedBytes;
+      ++rep.weightTensors;
+    } else {
+      otherBytes += t.storedBytes;
+      ++rep.otherTensors;
+    }
+  }
+  for (int64_t step : keptSteps) {
+    const auto* s = begun.at(step);
+    uint64_t rows = 0;
+    for (const auto& n : s->batch) {
+      const auto* t = reader->find(n);
+      if (!t) continue;
+      if (rows == 0) rows = t->shape.empty() ? 1 : static_cast<uint64_t>(std::max<int64_t>(t->shape[0], 0));
+      if (n == formats::batchTensorName(step, "index") && t->dtype == formats::DType::Int64 &&
+          t->totalBytes <= reader->limits().maxTensorBytes) {
+        auto bytes = reader->readTensor(*t);
+        std::vector<int64_t> indices(bytes.size() / sizeof(int64_t));
+        std::memcpy(indices.data(), bytes.data(), indices.size() * sizeof(int64_t));
+        rep.datasetIndices.emplace_back(step, std::move(indices));
+      }
+    }
+    rep.samples += rows;
+  }
+  if (view.program)
+    for (const auto& f : view.program->sources)
+      if (!f.tensor.empty() && reader->find(f.tensor)) rep.sources.push_back(f.path);
+
+  if (rep.steps) {
+    std::string line = fmt::format("{} training sample{}: the batch{} of {}", rep.samples, rep.samples == 1 ? "" : "s",
+                                   rep.steps == 1 ? "" : "es", stepsText(rep.firstStep, rep.lastStep));
+    if (!rep.datasetIndices.empty()) {
+      std::set<int64_t> distinct;
+      for (const auto& [step, indices] : rep.datasetIndices) distinct.insert(indices.begin(), indices.end());
+      line += fmt::format(", dataset indices {}", listText({distinct.begin(), distinct.end()}, 12));
+    }
+    rep.contents.push_back(line);
+  } else {
+    rep.contents.push_back("no training samples");
+  }
+  if (rep.keyframeStep >= 0)
+    rep.contents.push_back(fmt::format("the model's weights, buffers and optimizer state at step {}: {} tensors ({})",
+                                       rep.keyframeStep, rep.weightTensors, inspect::formatBytes(keyframeBytes)));
+  else
+    rep.contents.push_back("no weights");
+  if (!rep.sources.empty())
+    rep.contents.push_back(fmt::format("the program's source files: {}", [&] {
+      std::string s;
+      for (size_t i = 0; i < rep.sources.size() && i < 8; ++i) s += (i ? ", " : "") + rep.sources[i];
+      if (rep.sources.size() > 8) s += fmt::format(", ... ({} in all)", rep.sources.size());
+      return s;
+    }()));
+  if (view.program && view.program->format == "torchscript")
+    rep.contents.push_back("the step program (TorchScript: the model's code and the loss)");
+  if (reader->environment())
+    rep.contents.push_back("the environment: host name, command line (secret values withheld), library versions, "
+                           "the environment variables crashcap keeps");
+  if (view.crash || view.supervision)
+    rep.contents.push_back(
+        fmt::format("the crash: its error text and stack{}{}", view.opTrace ? ", the last ops (names and input shapes, no values)" : "",
+                    view.supervision ? ", the tails of the run's output" : ""));
+  rep.contents.push_back("no other data");
+
+  if (keyframeBytes) rep.parts.push_back({fmt::format("the keyframe at step {}", rep.keyframeStep), keyframeBytes});
+  if (batchBytes) rep.parts.push_back({fmt::format("the batches of {}", stepsText(rep.firstStep, rep.lastStep)), batchBytes});
+  if (rngBytes) rep.parts.push_back({"the generator states", rngBytes});
+  if (otherBytes) rep.parts.push_back({"the step program and source files", otherBytes});
+  std::sort(rep.parts.begin(), rep.parts.end(), [](const PackPart& x, const PackPart& y) { return x.bytes > y.bytes; });
+
+  formats::PartialOutput output(o.out);
+  formats::WriterOptions wo;
+  wo.overwrite = true;
+  wo.producer = "crashcap pack";
+  auto writer = formats::BundleWriter::createCopy(output.path(), reader->fileHeader(), wo);
+  auto copied = formats::copyRecords(*reader, *writer, keepRecord, true, keepTensor);
+  std::string note = fmt::format("packed from {} ({}): ", fs::path(in).filename().string(),
+                                 inspect::formatBytes(rep.originalBytes));
+  note += rep.keyframeStep >= 0 ? fmt::format("keyframe {}, {}", rep.keyframeStep, stepsText(rep.firstStep, rep.lastStep))
+                                : std::string("no keyframe");
+  note += fmt::format("; left out {} keyframe(s) and {} step(s)", rep.keyframesLeftOut, rep.stepsLeftOut);
+  for (const auto& c : rep.contents) note += "\nholds: " + c;
+  for (const auto& w : rep.warnings) note += "\nwarning: " + w;
+  for (const auto& l : copied.lines) note += "\n" + l;
+  if (note.size() > formats::kMaxNoteTextBytes) note.resize(formats::kMaxNoteTextBytes - 16);
+  writer->writeNote("crashcap.pack", note);
+  writer->seal();
+  const uint64_t bytes = writer->stats().fileBytes;
+  writer.reset();
+  if (o.maxBytes && bytes > o.maxBytes) {
+    rep.tooLarge = true;  // OUT.partial goes with `output`
+    rep.packedBytes = bytes;
+    return rep;
+  }
+  output.commit();
+  rep.packedBytes = bytes;
+  return rep;
+}
+
+}  // namespace crashcap::investigate

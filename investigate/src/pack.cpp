@@ -81,7 +81,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     rep.crashStep = view.status->lastStep;
   else if (!begun.empty())
     rep.crashStep = begun.rbegin()->first;
-  if (!view.crash) rep.warnings.push_back("the bundle has no crash record: packed around its last step");
+  if (!view.crash && !view.supervision)
+    rep.warnings.push_back("the bundle has no crash record: packed around its last step");
 
   // The newest recorded step at or before it (a killed process's last step may not have reached the disk).
   int64_t target = -1;

@@ -40,7 +40,7 @@ step "6. Which sample? Delta debugging over the batch rows, every experiment a r
 show "$CC" bisect samples "$bundle"
 
 step "7. A classifier fed an out-of-range label: the exception's own text is kept, and triage names the cause"
-expect_fail "$BIN/crashcap-sample-cls" --steps 20 --record "$WORK/cls" --fault bad-label --fault-step 7 --fault-row 5
+expect_fail "$BIN/crashcap-sample-cls" --steps 20 --record "$WORK/cls" --fault bad-label --fault-step 7 --fault-row 5 --keyframe-every 5
 show "$CC" inspect "$(ls "$WORK"/cls/crash-*.ccap)"
 show "$CC" triage "$(ls "$WORK"/cls/crash-*.ccap)"
 show "$CC" report "$(ls "$WORK"/cls/crash-*.ccap)" -o "$WORK/bug-report.md"

@@ -59,7 +59,10 @@ std::string packText(const investigate::PackReport& r, uint64_t maxBytes) {
   if (r.keyframeStep >= 0)
     s += fmt::format("replays    from the keyframe at step {} to step {} (the crash is at step {})\n", r.keyframeStep,
                      r.lastStep, r.crashStep);
-  s += fmt::format("left out   {} keyframe(s), {} step(s)\n", r.keyframesLeftOut, r.stepsLeftOut);
+  if (r.keyframesLeftOut || r.stepsLeftOut)
+    s += fmt::format("left out   {} keyframe(s), {} step(s)\n", r.keyframesLeftOut, r.stepsLeftOut);
+  else
+    s += "left out   nothing: the bundle already is one keyframe and the steps from it to the crash\n";
   s += "holds\n";
   for (const auto& c : r.contents) s += "  - " + c + "\n";
   s += "largest\n";

@@ -127,20 +127,22 @@ void LiveWriter::mapProgress(const std::string& dir) {
   // that cannot do this leaves the page in memory: the recording works, and `seal` knows the
   // step only from the records that reached the disk.
   const std::string path = (fs::path(dir) / kProgressFileName).string();
-  auto fail = [&](const char* what) {
+  auto fail = [&](const char* what, int error) {
     addWarning(fmt::format("no progress file in {} ({}: {}); after a SIGKILL the step comes from the records alone",
-                           dir, what, std::strerror(errno)));
+                           dir, what, error ? std::strerror(error) : "short write"));
     std::error_code ec;
     fs::remove(path, ec);
   };
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return fail("open");
+  if (fd < 0) return fail("open", errno);
   static const unsigned char zeros[kProgressBytes] = {};
+  errno = 0;
   bool written = ::pwrite(fd, zeros, sizeof zeros, 0) == static_cast<ssize_t>(sizeof zeros);
   void* file = written ? ::mmap(nullptr, kProgressBytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+  const int error = errno;
   ::close(fd);
-  if (file == MAP_FAILED) return fail(written ? "mmap" : "write");
-  if (!movePage(file)) return fail("mremap");
+  if (file == MAP_FAILED) return fail(written ? "mmap" : "write", error);
+  if (int error = movePage(file)) return fail("mremap", error);
 }
 
 void LiveWriter::unmapProgress() {
@@ -148,11 +150,12 @@ void LiveWriter::unmapProgress() {
   if (memory != MAP_FAILED) movePage(memory);
 }
 
-bool LiveWriter::movePage(void* fresh) {
+int LiveWriter::movePage(void* fresh) {
   std::memcpy(fresh, page_, sizeof(ProgressPage));
-  if (::mremap(fresh, kProgressBytes, kProgressBytes, MREMAP_MAYMOVE | MREMAP_FIXED, page_) != MAP_FAILED) return true;
+  if (::mremap(fresh, kProgressBytes, kProgressBytes, MREMAP_MAYMOVE | MREMAP_FIXED, page_) != MAP_FAILED) return 0;
+  const int error = errno;
   ::munmap(fresh, kProgressBytes);
-  return false;
+  return error;
 }
 
 void LiveWriter::startRecording() {

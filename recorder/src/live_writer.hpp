@@ -150,7 +150,9 @@ class LiveWriter {
   /// After a write error: the page goes back to memory, so that a full disk can never make a
   /// store into it fault (SIGBUS) in the training.
   void unmapProgress();
-  bool movePage(void* fresh);
+  /// Moves `fresh` (a mapping holding nothing yet) over the page with the page's values; 0, or
+  /// the errno of a failure (then the page stays as it was).
+  int movePage(void* fresh);
   void applyRetention();
   void degrade(const std::string& why);
   void handleCrash();

@@ -6,6 +6,7 @@
 #include "../command.hpp"
 #include "../output.hpp"
 #include "crashcap/investigate/pack.hpp"
+#include "crashcap/formats/error.hpp"
 #include "crashcap/inspect/summary.hpp"
 
 namespace crashcap::cli {
@@ -16,8 +17,22 @@ struct Options {
   std::string out;
   std::string maxSize;
   bool force = false;
+  bool noReplay = false;
   ReadOptions read;
 };
+
+/// The replay pack ran first: its verdict, and whether it wrote the keyframe at the failing step.
+json replayJson(const investigate::PackReport& r) {
+  if (!r.replay) return r.replayFailed.empty() ? json(nullptr) : json({{"failed", r.replayFailed}});
+  const auto& p = *r.replay;
+  return {{"verdict", replayer::verdictName(p.verdict)},
+          {"error", p.error.empty() ? json(nullptr) : json(p.error)},
+          {"first_nonfinite_op", p.firstNonFiniteOp ? json(p.firstNonFiniteOp->name) : json(nullptr)},
+          {"from_keyframe", p.keyframe},
+          {"replay_ms", p.loadMs + p.replayMs},
+          {"keyframe_materialised", p.keyframeWritten.has_value()},
+          {"keyframe_not_materialised", p.keyframeNotWritten.empty() ? json(nullptr) : json(p.keyframeNotWritten)}};
+}
 
 json packJson(const investigate::PackReport& r, uint64_t maxBytes) {
   auto step = [](int64_t s) { return s >= 0 ? json(s) : json(nullptr); };
@@ -44,7 +59,9 @@ json packJson(const investigate::PackReport& r, uint64_t maxBytes) {
           {"steps_left_out", r.stepsLeftOut},
           {"contents", r.contents},
           {"parts", parts},
-          {"warnings", r.warnings}};
+          {"warnings", r.warnings},
+          {"replay", replayJson(r)},
+          {"pack_ms", r.packMs}};
 }
 
 std::string packText(const investigate::PackReport& r, uint64_t maxBytes) {
@@ -56,9 +73,17 @@ std::string packText(const investigate::PackReport& r, uint64_t maxBytes) {
     s += fmt::format("packed {} ({}) -> {} ({})\n", r.in, inspect::formatBytes(r.originalBytes), r.out,
                      inspect::formatBytes(r.packedBytes));
   }
+  if (r.replay)
+    s += fmt::format("replayed   steps {}..{} before packing: {}{}\n", r.replay->keyframe, r.replay->step,
+                     replayer::verdictName(r.replay->verdict), r.replay->error.empty() ? "" : " (" + lastLine(r.replay->error) + ")");
   if (r.keyframeStep >= 0)
-    s += fmt::format("replays    from the keyframe at step {} to step {} (the crash is at step {})\n", r.keyframeStep,
-                     r.lastStep, r.crashStep);
+    s += fmt::format("replays    from the keyframe at step {} to step {} (the crash is at step {}){}\n", r.keyframeStep,
+                     r.lastStep, r.crashStep,
+                     r.replay && r.replay->keyframeWritten
+                         ? fmt::format("; that keyframe was written by the replay, whose steps {}..{} matched the recording "
+                                       "bit for bit",
+                                       r.replay->keyframe, r.keyframeStep - 1)
+                         : "");
   if (r.keyframesLeftOut || r.stepsLeftOut)
     s += fmt::format("left out   {} keyframe(s), {} step(s)\n", r.keyframesLeftOut, r.stepsLeftOut);
   else
@@ -84,17 +109,23 @@ Command packCommand(CLI::App& root) {
   auto* maxSize = cmd->add_option("--max-size", o->maxSize,
                   "Refuse (exit 1, nothing written) when the packed bundle would be larger: 25M, 100MiB, 2G");
   cmd->add_flag("--force", o->force, "Replace OUT when it exists");
+  cmd->add_flag("--no-replay", o->noReplay,
+                "Do not replay first: keep the newest recorded keyframe and every step after it, checking nothing");
   addReadOptions(cmd, o->read);
   cmd->footer(
-      "Keeps the newest keyframe at or before the crash step from which every step up to the crash is in the\n"
-      "bundle, those steps' batches, and the program, optimizer, environment, crash and traces; every other\n"
-      "keyframe and step is left out. It says what the attachment holds (training samples and their dataset\n"
-      "indices, weights, source files) for whoever must approve sharing it.\n"
+      "Replays the crash first (as `crashcap replay` does). When every step from the newest keyframe to the\n"
+      "crash replays bit for bit, the replay writes the state the crash step starts from as a new keyframe,\n"
+      "and the attachment holds that keyframe and the crash step's batch alone. Otherwise (or with\n"
+      "--no-replay) it keeps the newest keyframe and every step from it to the crash. The program, optimizer,\n"
+      "environment, crash and traces are kept; every other keyframe and step is left out. It says what the\n"
+      "attachment holds (training samples and their dataset indices, weights, source files) for whoever must\n"
+      "approve sharing it, and warns when the crash does not reproduce here.\n"
       "Example: crashcap pack crash.ccap -o attach.ccap --max-size 25M && crashcap replay attach.ccap");
   return {cmd, [o, maxSize] {
             investigate::PackOptions po;
             po.out = o->out;
             po.force = o->force;
+            po.replay = !o->noReplay;
             po.maxBytes = maxSize->count() ? parseByteSize(o->maxSize, "--max-size") : 0;
             po.limits = o->read.limits();
             auto r = investigate::packBundle(o->bundle, po);

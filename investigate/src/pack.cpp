@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <map>
@@ -17,6 +18,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/inspect/summary.hpp"
+#include "crashcap/investigate/replays.hpp"
 
 namespace crashcap::investigate {
 
@@ -50,6 +52,7 @@ std::string listText(const std::vector<int64_t>& values, size_t shown) {
 }  // namespace
 
 PackReport packBundle(const std::string& in, const PackOptions& o) {
+  const auto t0 = std::chrono::steady_clock::now();
   PackReport rep;
   rep.in = in;
   rep.out = o.out;
@@ -121,6 +124,54 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       break;
     }
   }
+  // Replay the crash from that keyframe: does the attachment reproduce, and, when every step up
+  // to the crash replays bit for bit, the state the crash step starts from, as a keyframe.
+  std::unique_ptr<formats::BundleReader> materialised;
+  std::optional<formats::KeyframeData> materialisedRecord;
+  if (o.replay && rep.keyframeStep >= 0) {
+    replayer::ReplayOptions ro;
+    ro.step = target;
+    ro.allowChangedSources = changedSourcesAllowed();
+    const std::string keyframeOut = fs::absolute(o.out).string() + ".keyframe";
+    struct Remove {
+      std::string path;
+      ~Remove() {
+        std::error_code ec;
+        fs::remove(path, ec);
+      }
+    } removeLater{keyframeOut};
+    if (rep.keyframeStep < target) ro.keyframeOut = keyframeOut;
+    try {
+      rep.replay = investigate::replay(in, ro);
+    } catch (const ProgramKilled& e) {
+      rep.replayFailed = e.what();
+    } catch (const Error& e) {
+      rep.replayFailed = e.message();
+    }
+    if (rep.replay) {
+      const auto& r = *rep.replay;
+      if (!replayer::reproduces(r.verdict))
+        rep.warnings.push_back(fmt::format(
+            "the crash does not reproduce from this bundle here (replay verdict {}{}): packed anyway; the attachment "
+            "replays no better than the bundle",
+            replayer::verdictName(r.verdict), r.error.empty() ? "" : ", " + lastLine(r.error)));
+      if (r.keyframeWritten) {
+        materialised = formats::BundleReader::open(keyframeOut, o.limits);
+        auto view = formats::readRecords(*materialised);
+        if (view.keyframes.size() == 1 && view.keyframes[0].step == target) materialisedRecord = view.keyframes[0];
+      } else if (!ro.keyframeOut.empty()) {
+        rep.warnings.push_back(fmt::format("no keyframe at step {}: {}; packed from the keyframe at step {} with every "
+                                           "step after it",
+                                           target, r.keyframeNotWritten, rep.keyframeStep));
+      }
+    } else {
+      rep.warnings.push_back(fmt::format("the crash could not be replayed here ({}): packed from the keyframe at step "
+                                         "{} with every step after it, unchecked",
+                                         lastLine(rep.replayFailed), rep.keyframeStep));
+    }
+    if (materialisedRecord) rep.keyframeStep = target;
+  }
+
   std::set<int64_t> keptSteps;
   if (rep.keyframeStep >= 0) {
     for (int64_t s = rep.keyframeStep; s <= target; ++s) keptSteps.insert(s);
@@ -138,14 +189,17 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     rep.lastStep = *keptSteps.rbegin();
     rep.steps = keptSteps.size();
   }
-  for (const auto& k : view.keyframes)
-    if (k.step != rep.keyframeStep) ++rep.keyframesLeftOut;
+  rep.keyframesLeftOut = view.keyframes.size();
   for (const auto& [step, s] : begun)
     if (!keptSteps.count(step)) ++rep.stepsLeftOut;
 
+  // The recorded keyframe kept: none when the replay materialised one at the target.
+  const int64_t recordedKeyframe = materialisedRecord ? -1 : rep.keyframeStep;
+  for (const auto& k : view.keyframes)
+    if (k.step == recordedKeyframe) --rep.keyframesLeftOut;
   auto keepTensor = [&](const formats::TensorInfo& t) {
     if (auto s = stepOf(t.name, "steps/")) return keptSteps.count(*s) > 0;
-    if (auto s = stepOf(t.name, "keyframes/")) return *s == rep.keyframeStep;
+    if (auto s = stepOf(t.name, "keyframes/")) return *s == recordedKeyframe;
     return true;
   };
   auto keepRecord = [&](const formats::RecordEntry& r) {
@@ -154,11 +208,16 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     auto raw = reader->readRecord(r.offset);
     if (type == RecordType::StepBegin) return keptSteps.count(formats::decodeStepBegin(raw.meta, o.limits).step) > 0;
     if (type == RecordType::StepEnd) return keptSteps.count(formats::decodeStepEnd(raw.meta, o.limits).step) > 0;
-    return formats::decodeKeyframe(raw.meta, o.limits).step == rep.keyframeStep;
+    return formats::decodeKeyframe(raw.meta, o.limits).step == recordedKeyframe;
   };
 
   // What the attachment holds, and what of it is largest.
   uint64_t batchBytes = 0, rngBytes = 0, keyframeBytes = 0, otherBytes = 0;
+  if (materialised)
+    for (const auto& t : materialised->tensors()) {
+      keyframeBytes += t.storedBytes;
+      if (t.name.find("/documents/") == std::string::npos) ++rep.weightTensors;
+    }
   for (const auto& t : reader->tensors()) {
     if (!keepTensor(t)) continue;
     if (auto s = stepOf(t.name, "steps/")) {
@@ -239,11 +298,23 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   wo.producer = "crashcap pack";
   auto writer = formats::BundleWriter::createCopy(output.path(), reader->fileHeader(), wo);
   auto copied = formats::copyRecords(*reader, *writer, keepRecord, true, keepTensor);
+  if (materialisedRecord) {
+    for (const auto& t : materialised->tensors()) {
+      auto bytes = materialised->readTensor(t);
+      writer->writeTensor(t.name, t.dtype, t.shape, bytes.data(), bytes.size());
+    }
+    formats::writeMetaRecord(*writer, *materialisedRecord);
+  }
   std::string note = fmt::format("packed from {} ({}): ", fs::path(in).filename().string(),
                                  inspect::formatBytes(rep.originalBytes));
-  note += rep.keyframeStep >= 0 ? fmt::format("keyframe {}, {}", rep.keyframeStep, stepsText(rep.firstStep, rep.lastStep))
+  note += rep.keyframeStep >= 0 ? fmt::format("keyframe {}{}, {}", rep.keyframeStep,
+                                              materialisedRecord ? " (materialised by a bit-for-bit replay)" : "",
+                                              stepsText(rep.firstStep, rep.lastStep))
                                 : std::string("no keyframe");
   note += fmt::format("; left out {} keyframe(s) and {} step(s)", rep.keyframesLeftOut, rep.stepsLeftOut);
+  if (rep.replay)
+    note += fmt::format("\nreplayed before packing: {}{}", replayer::verdictName(rep.replay->verdict),
+                        rep.replay->error.empty() ? "" : " (" + lastLine(rep.replay->error) + ")");
   for (const auto& c : rep.contents) note += "\nholds: " + c;
   for (const auto& w : rep.warnings) note += "\nwarning: " + w;
   for (const auto& l : copied.lines) note += "\n" + l;
@@ -259,6 +330,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   }
   output.commit();
   rep.packedBytes = bytes;
+  rep.packMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }
 

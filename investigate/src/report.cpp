@@ -52,6 +52,29 @@ std::string markdownReport(const std::string& bundle, const std::optional<Triage
     }
     md += "\n";
   }
+  if (replay && !replayer::reproduces(replay->verdict))
+    md += fmt::format("\n**The crash does not reproduce in replay here** (verdict {}): the bundle alone may not be enough "
+                      "to reproduce it; the cause may lie outside what was recorded (the program's own code around the "
+                      "step, the machine).\n",
+                      replayer::verdictName(replay->verdict));
+  // A bundle `crashcap pack` made says so in a note: what it holds, and whether the crash reproduced
+  // when it was packed.
+  for (const auto& note : reader->notes()) {
+    if (note.key != "crashcap.pack") continue;
+    md += "\n## Attachment\nThis bundle was made by `crashcap pack` for sharing:\n";
+    size_t start = 0;
+    while (start < note.text.size()) {
+      size_t end = note.text.find('\n', start);
+      if (end == std::string::npos) end = note.text.size();
+      std::string line = note.text.substr(start, end - start);
+      start = end + 1;
+      if (line.empty()) continue;
+      if (line.rfind("warning: ", 0) == 0 && line.find("does not reproduce") != std::string::npos)
+        md += "- **" + line + "**\n";
+      else
+        md += "- " + line + "\n";
+    }
+  }
   md += "\n## Environment\n";
   md += fmt::format("- OS: {} ({}), WSL2: {}\n", fact("os.name"), fact("os.kernel"), fact("os.wsl2"));
   md += fmt::format("- CPU: {}\n", fact("cpu.model"));

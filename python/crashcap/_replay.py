@@ -133,6 +133,11 @@ class Driver:
             _state.restore_module_modes(self.rec.model, s.read_text(docs["modules"]).decode())
 
     def _begin(self, step):
+        if step == self.session.target and self.session.wants_keyframe:
+            # The state the target step starts from, kept as the recorder keeps a keyframe (the
+            # engine writes it only when every step so far replayed bit for bit).
+            tensors, documents = self.rec._keyframe(step)
+            self.session.write_keyframe(tensors, documents)
         batch, structure, lrs, generators = self.session.begin_step(step)
         self.current = step
         groups = self.rec.optimizer.param_groups

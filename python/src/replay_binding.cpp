@@ -122,6 +122,14 @@ void bindReplay(py::module_& m) {
              auto st = s.replay().beginStep(step);
              return py::make_tuple(st.batch, st.structure, st.learningRates, st.generators);
            })
+      .def_property_readonly("wants_keyframe", [](Session& s) { return s.replay().wantsKeyframe(); })
+      .def(
+          "write_keyframe",
+          [](Session& s, const replayer::DrivenReplay::NamedTensors& optimizer,
+             const std::vector<std::pair<std::string, std::string>>& documents) {
+            s.replay().writeKeyframe(optimizer, documents);
+          },
+          py::arg("optimizer"), py::arg("documents"))
       .def("start_probe", [](Session& s) { s.replay().startProbe(); })
       .def("end_step", [](Session& s, const at::Tensor& loss) { s.replay().endStep(loss); })
       .def("step_failed", [](Session& s, const std::string& error) { s.replay().stepFailed(error); })

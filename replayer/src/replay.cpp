@@ -29,7 +29,9 @@
 #include <map>
 #include <sstream>
 
+#include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
@@ -671,6 +673,63 @@ struct Run {
     if (r.step < target && !result.divergedAt && departs) result.divergedAt = r.step;
   }
 
+  /// ReplayOptions::keyframeOut, as the target step begins: the state it starts from, as a bundle
+  /// holding one keyframe, when every step before it replayed bit for bit as recorded (so the
+  /// state is the recording's, to the bit). `optimizer` and `documents` are named as the
+  /// recorder names them under keyframes/<step>/optimizer/ and keyframes/<step>/documents/.
+  void writeKeyframe(const std::map<std::string, at::Tensor>& params, const std::map<std::string, at::Tensor>& buffers,
+                     const std::vector<std::pair<std::string, at::Tensor>>& optimizer,
+                     const std::vector<formats::NumberEntry>& scalars,
+                     const std::vector<std::pair<std::string, std::string>>& documents) {
+    if (options.keyframeOut.empty() || result.keyframeWritten || !result.keyframeNotWritten.empty()) return;
+    auto refuse = [&](std::string why) { result.keyframeNotWritten = std::move(why); };
+    if (keyframe->step == target) return refuse(fmt::format("the bundle already has a keyframe at step {}", target));
+    if (!result.sameSetup || wide)
+      return refuse("the replay does not run as recorded (device, dtype, settings or torch differ), so its state is "
+                    "not the recording's to the bit");
+    if (stopBefore <= target) return refuse("the recording lost a step before the target");
+    for (const auto& r : result.steps) {
+      if (!r.error.empty()) return refuse(fmt::format("step {} failed in the replay: {}", r.step, lastLine(r.error)));
+      if (!r.recorded) return refuse(fmt::format("step {} has no recorded fingerprint to check the replay against", r.step));
+      if (!r.bitwise) return refuse(fmt::format("step {} did not replay bit for bit", r.step));
+    }
+    if (result.steps.empty() || result.steps.back().step + 1 != target ||
+        static_cast<int64_t>(result.steps.size()) != target - keyframe->step)
+      return refuse("the replay did not run every step from the keyframe to the target");
+    try {
+      formats::PartialOutput output(options.keyframeOut);
+      formats::WriterOptions wo;
+      wo.overwrite = true;
+      wo.producer = "crashcap replay";
+      wo.durability.syncOnSeal = false;  // a working file of the caller's
+      auto writer = formats::BundleWriter::create(output.path(), wo);
+      formats::KeyframeData kf;
+      kf.step = target;
+      auto add = [&](const std::string& part, const std::string& name, const at::Tensor& t, std::vector<std::string>& names) {
+        if (!t.defined()) return;
+        auto full = formats::keyframeTensorName(target, part, name);
+        formats::torch::writeTensor(*writer, full, t.detach());
+        names.push_back(full);
+      };
+      for (const auto& [name, t] : params) add("parameters", name, t, kf.parameters);
+      for (const auto& [name, t] : buffers) add("buffers", name, t, kf.buffers);
+      for (const auto& [name, t] : optimizer) add("optimizer", name, t, kf.optimizerState);
+      kf.optimizerScalars = scalars;
+      for (const auto& [name, text] : documents) {
+        auto full = formats::keyframeTensorName(target, "documents", name);
+        writer->writeTensor(full, formats::DType::UInt8, {static_cast<int64_t>(text.size())}, text.data(), text.size());
+        kf.documents.push_back(full);
+      }
+      formats::writeMetaRecord(*writer, kf);
+      writer->seal();
+      writer.reset();
+      output.commit();
+      result.keyframeWritten = target;
+    } catch (const std::exception& e) {
+      refuse(fmt::format("writing {} failed: {}", options.keyframeOut, e.what()));
+    }
+  }
+
   /// The verdict, against what the recording says happened at the target.
   ReplayResult finish() {
     result.replayMs = msSince(t1);
@@ -836,6 +895,16 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
   const int64_t target = run.target;
   for (int64_t s : run.steps()) {
     const auto& begin = *run.begins.at(s);
+    if (s == target && !options.keyframeOut.empty()) {
+      std::vector<std::pair<std::string, at::Tensor>> state;
+      std::vector<formats::NumberEntry> scalars;
+      for (const auto& [name, p] : params) {
+        auto ps = formats::torch::parameterState(*optimizer, p);
+        for (const auto& [key, t] : ps.tensors) state.emplace_back(name + "/" + key, t);
+        if (ps.step) scalars.push_back({name + "/step", static_cast<double>(*ps.step)});
+      }
+      run.writeKeyframe(params, buffers, state, scalars, {});
+    }
     StepReplay r;
     Batch inputs = run.beginStep(s, program.inputs(begin), r);
     for (size_t g = 0; g < optimizer->param_groups().size() && g < begin.learningRates.size(); ++g)
@@ -1121,6 +1190,16 @@ DrivenReplay::Step DrivenReplay::beginStep(int64_t step) {
   m.ended = false;
   return out;
 }
+
+void DrivenReplay::writeKeyframe(const NamedTensors& optimizerState, const std::vector<std::pair<std::string, std::string>>& documents) {
+  auto& m = *impl_;
+  m.close();  // the previous step's update is done by now
+  if (m.comparison.side != ComparisonSide::Both) return;
+  std::vector<formats::NumberEntry> scalars;
+  m.run.writeKeyframe(m.params, m.buffers, optimizerState, scalars, documents);
+}
+
+bool DrivenReplay::wantsKeyframe() const { return !impl_->run.options.keyframeOut.empty(); }
 
 void DrivenReplay::startProbe() {
   auto& m = *impl_;

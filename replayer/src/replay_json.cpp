@@ -243,7 +243,9 @@ json toJson(const ReplayResult& r) {
           {"settings", r.settings},
           {"recorded_settings", r.recordedSettings},
           {"same_setup", r.sameSetup},
-          {"threads", r.threads}};
+          {"threads", r.threads},
+          {"keyframe_written", nullable(r.keyframeWritten)},
+          {"keyframe_not_written", nullable(r.keyframeNotWritten)}};
 }
 
 ReplayResult replayResultFromJson(const json& j) {
@@ -271,13 +273,16 @@ ReplayResult replayResultFromJson(const json& j) {
   r.recordedSettings = stringMap(j, "recorded_settings");
   r.sameSetup = flag(j, "same_setup");
   r.threads = static_cast<int>(integer(j, "threads"));
+  r.keyframeWritten = optInteger(j, "keyframe_written");  // both absent before they existed
+  r.keyframeNotWritten = optText(j, "keyframe_not_written");
   return r;
 }
 
 json toJson(const ReplayOptions& o) {
   return {{"step", o.step},         {"instrument", o.instrument}, {"device", o.device},
           {"dtype", o.dtype},       {"settings", o.settings},     {"rows", o.rows},
-          {"from_earliest_keyframe", o.fromEarliestKeyframe}, {"allow_changed_sources", o.allowChangedSources}};
+          {"from_earliest_keyframe", o.fromEarliestKeyframe}, {"allow_changed_sources", o.allowChangedSources},
+          {"keyframe_out", o.keyframeOut}};
 }
 
 ReplayOptions replayOptionsFromJson(const json& j) {
@@ -290,6 +295,7 @@ ReplayOptions replayOptionsFromJson(const json& j) {
   o.rows = integers(at(j, "rows"), "rows");
   o.fromEarliestKeyframe = flag(j, "from_earliest_keyframe");
   o.allowChangedSources = j.is_object() && j.value("allow_changed_sources", false);  // absent before it existed
+  o.keyframeOut = optText(j, "keyframe_out");
   return o;
 }
 

@@ -1,6 +1,7 @@
 // crashcap pack: the packed bundle replays to the same verdict, error and first non-finite op as
-// the bundle it came from, holds one keyframe and the steps from it to the crash, says what it
-// holds, and refuses bad input clearly.
+// the bundle it came from; it holds one keyframe, at the failing step when a bit-for-bit replay
+// could write it (else the newest recorded one and the steps from it to the crash); it says what
+// it holds, warns when the crash does not reproduce, and refuses bad input clearly.
 #include <catch2/catch.hpp>
 
 #include <filesystem>
@@ -51,7 +52,8 @@ std::string opName(const json& replayed) {
 
 }  // namespace
 
-TEST_CASE("a packed bundle replays every sample fault as the original does, from one keyframe", "[investigate][pack]") {
+TEST_CASE("a packed bundle replays every sample fault as the original does, from one keyframe at the failing step",
+          "[investigate][pack]") {
   struct Case {
     const char* sample;
     const char* fault;
@@ -61,38 +63,109 @@ TEST_CASE("a packed bundle replays every sample fault as the original does, from
                  Case{"crashcap-sample-seg", "dice-eps0"}, Case{"crashcap-sample-seg", "lr-blowup"}}) {
     INFO(c.sample << " --fault " << c.fault);
     test::TempDir dir;
-    // Keyframes at 0, 4, 8: the crash at step 9 needs the one at 8 and steps 8..9.
+    // Keyframes at 0, 4, 8: pack replays the crash from the one at 8, and the state the crash
+    // step starts from becomes the packed bundle's one keyframe.
     const std::string bundle = recordFault(dir, c.sample, c.fault, 14, 9, 4);
+    auto before = replay(bundle);
+    REQUIRE(before["verdict"] == "reproduced-bitwise");
+    const int64_t crashStep = before["step"];
     const std::string packed = dir.file("packed.ccap");
     auto p = runJson({test::binPath("crashcap"), "pack", bundle, "-o", packed, "--json"});
     CHECK(p["out"] == packed);
     CHECK(p["too_large"] == false);
-    const int64_t crashStep = p["crash_step"];
-    const int64_t keyframe = p["keyframe_step"];
-    CHECK(keyframe <= crashStep);
-    CHECK(p["first_step"] == keyframe);
-    CHECK(p["last_step"] == crashStep);
+    CHECK(p["crash_step"] == crashStep);
+    CHECK(p["replay"]["verdict"] == "reproduced-bitwise");
+    CHECK(p["replay"]["from_keyframe"] == before["keyframe"]);
+    CHECK(p["warnings"].empty());
     CHECK(p["packed_bytes"].get<uint64_t>() < p["original_bytes"].get<uint64_t>());
     CHECK(p["packed_bytes"].get<uint64_t>() == fs::file_size(packed));
+    // A keyframe is materialised whenever the newest recorded one is before the crash step.
+    const bool materialised = before["keyframe"].get<int64_t>() < crashStep;
+    CHECK(p["replay"]["keyframe_materialised"] == materialised);
+    CHECK(p["keyframe_step"] == crashStep);
+    CHECK(p["first_step"] == crashStep);
+    CHECK(p["last_step"] == crashStep);
 
     auto view = formats::readRecords(*formats::BundleReader::open(packed));
     REQUIRE(view.keyframes.size() == 1);
-    CHECK(view.keyframes[0].step == keyframe);
-    std::set<int64_t> steps;
-    for (const auto& s : view.stepBegins) steps.insert(s.step);
-    CHECK(*steps.begin() == keyframe);
-    CHECK(*steps.rbegin() == crashStep);
-    CHECK(steps.size() == static_cast<size_t>(crashStep - keyframe + 1));
+    CHECK(view.keyframes[0].step == crashStep);
+    REQUIRE(view.stepBegins.size() == 1);
+    CHECK(view.stepBegins[0].step == crashStep);
     CHECK(view.crash);
     CHECK(view.program);
 
-    auto before = replay(bundle);
     auto after = replay(packed);
-    CHECK(after["verdict"] == before["verdict"]);
+    CHECK(after["verdict"] == "reproduced-bitwise");
+    CHECK(after["keyframe"] == crashStep);
     CHECK(after["error"] == before["error"]);
     CHECK(opName(after) == opName(before));
-    CHECK(after["verdict"] == "reproduced-bitwise");
+
+    // Without the replay: the recorded keyframe and every step from it to the crash.
+    const std::string unchecked = dir.file("unchecked.ccap");
+    auto u = runJson({test::binPath("crashcap"), "pack", bundle, "-o", unchecked, "--no-replay", "--json"});
+    CHECK(u["replay"].is_null());
+    CHECK(u["keyframe_step"] == before["keyframe"]);
+    CHECK(u["first_step"] == before["keyframe"]);
+    CHECK(u["last_step"] == crashStep);
+    auto afterUnchecked = replay(unchecked);
+    CHECK(afterUnchecked["verdict"] == "reproduced-bitwise");
+    CHECK(afterUnchecked["error"] == before["error"]);
+    CHECK(opName(afterUnchecked) == opName(before));
   }
+}
+
+TEST_CASE("a crash far from its keyframe packs into one keyframe, at the failing step", "[investigate][pack]") {
+  test::TempDir dir;
+  // A keyframe every 50 steps and the crash at step 49: the bundle's only keyframe is step 0's.
+  const std::string bundle = recordFault(dir, "crashcap-sample-seg", "nan-sample", 60, 49, 50);
+  auto original = formats::readRecords(*formats::BundleReader::open(bundle));
+  REQUIRE(original.keyframes.size() == 1);
+  REQUIRE(original.keyframes[0].step == 0);
+  const std::string packed = dir.file("packed.ccap");
+  auto p = runJson({test::binPath("crashcap"), "pack", bundle, "-o", packed, "--json"});
+  CHECK(p["replay"]["keyframe_materialised"] == true);
+  CHECK(p["keyframe_step"] == 49);
+  CHECK(p["steps"] == 1);
+  CHECK(p["steps_left_out"] == 49);
+  CHECK(p["keyframes_left_out"] == 1);
+  auto view = formats::readRecords(*formats::BundleReader::open(packed));
+  REQUIRE(view.keyframes.size() == 1);
+  CHECK(view.keyframes[0].step == 49);
+  // The optimizer's state at step 49: SGD with momentum has a momentum buffer per parameter by
+  // then, which step 0's keyframe did not.
+  CHECK(view.keyframes[0].optimizerState.size() == view.keyframes[0].parameters.size());
+  CHECK(original.keyframes[0].optimizerState.empty());
+  REQUIRE(view.stepBegins.size() == 1);
+  CHECK(view.stepBegins[0].step == 49);
+  // The batches of 49 steps are left out: the attachment is a fraction of the bundle.
+  CHECK(p["packed_bytes"].get<uint64_t>() * 3 < p["original_bytes"].get<uint64_t>());
+  auto after = replay(packed);
+  CHECK(after["verdict"] == "reproduced-bitwise");
+  CHECK(after["keyframe"] == 49);
+  CHECK(after["steps"].size() == 1);
+  CHECK(opName(after) == opName(replay(bundle)));
+}
+
+TEST_CASE("pack on a bundle whose crash does not reproduce packs it anyway and says so", "[investigate][pack]") {
+  test::TempDir dir;
+  // The victim throws from its own loop, outside the step program: a replay runs the step clean.
+  auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--fail", "exception", "--fail-step",
+                      "6", "--steps", "10", "--keyframe-every", "4"},
+                     300);
+  auto bundles = test::bundlesIn(dir.path());
+  REQUIRE(bundles.size() == 1);
+  const std::string packed = dir.file("packed.ccap");
+  auto p = runJson({test::binPath("crashcap"), "pack", bundles[0], "-o", packed, "--json"});
+  CHECK(p["replay"]["verdict"] == "not-reproduced");
+  CHECK(p["warnings"].dump().find("does not reproduce") != std::string::npos);
+  CHECK(fs::exists(packed));
+  // The steps before the crash replayed bit for bit, so the keyframe is still the crash step's.
+  CHECK(p["keyframe_step"] == 6);
+  CHECK(replay(packed)["verdict"] == "not-reproduced");
+  // The packed bundle keeps the fact in its note, where the report finds it.
+  auto note = test::run({test::binPath("crashcap"), "report", packed, "--no-triage"});
+  INFO(note.out << note.err);
+  CHECK(note.out.find("does not reproduce") != std::string::npos);
 }
 
 TEST_CASE("pack says what the attachment holds: samples with their dataset indices, weights, no other data",
@@ -100,22 +173,29 @@ TEST_CASE("pack says what the attachment holds: samples with their dataset indic
   test::TempDir dir;
   const std::string bundle = recordFault(dir, "crashcap-sample-cls", "nan-sample", 8, 5, 4);
   auto p = runJson({test::binPath("crashcap"), "pack", bundle, "-o", dir.file("p.ccap"), "--json"});
-  REQUIRE(p["keyframe_step"] == 4);
-  // Steps 4 and 5, batch 32 (the sample's default): 64 samples, each named by its dataset index.
-  CHECK(p["samples"] == 64);
-  REQUIRE(p["dataset_indices"].size() == 2);
-  CHECK(p["dataset_indices"][0]["step"] == 4);
+  REQUIRE(p["keyframe_step"] == 5);
+  // Step 5 alone, batch 32 (the sample's default): 32 samples, each named by its dataset index.
+  CHECK(p["samples"] == 32);
+  REQUIRE(p["dataset_indices"].size() == 1);
+  CHECK(p["dataset_indices"][0]["step"] == 5);
   CHECK(p["dataset_indices"][0]["indices"].size() == 32);
   auto contents = p["contents"].dump();
-  CHECK(contents.find("64 training samples: the batches of steps 4..5, dataset indices") != std::string::npos);
-  CHECK(contents.find("weights, buffers and optimizer state at step 4") != std::string::npos);
+  CHECK(contents.find("32 training samples: the batch of step 5, dataset indices") != std::string::npos);
+  CHECK(contents.find("weights, buffers and optimizer state at step 5") != std::string::npos);
   CHECK(p["contents"].back() == "no other data");
-  CHECK(p["keyframes_left_out"] == 1);
-  CHECK(p["steps_left_out"] == 4);
+  CHECK(p["keyframes_left_out"] == 2);
+  CHECK(p["steps_left_out"] == 5);
+  // Without the replay, the recorded keyframe at 4 and steps 4..5.
+  auto u = runJson({test::binPath("crashcap"), "pack", bundle, "-o", dir.file("u.ccap"), "--no-replay", "--json"});
+  CHECK(u["samples"] == 64);
+  CHECK(u["contents"].dump().find("64 training samples: the batches of steps 4..5") != std::string::npos);
+  CHECK(u["keyframes_left_out"] == 1);
+  CHECK(u["steps_left_out"] == 4);
   // The text says the same for a person.
   auto r = test::run({test::binPath("crashcap"), "pack", bundle, "-o", dir.file("q.ccap")});
   REQUIRE(r.exitCode == 0);
-  CHECK(r.out.find("holds\n  - 64 training samples") != std::string::npos);
+  CHECK(r.out.find("holds\n  - 32 training samples") != std::string::npos);
+  CHECK(r.out.find("written by the replay") != std::string::npos);
   CHECK(r.out.find("next: crashcap replay") != std::string::npos);
 }
 

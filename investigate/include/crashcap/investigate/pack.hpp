@@ -1,20 +1,25 @@
 #pragma once
 // `crashcap pack`: the smallest bundle that still replays a crash, to attach to a bug report.
 // A crash bundle holds the whole retained window (several keyframes, every batch of every step
-// in it); the crash needs one keyframe and the steps from it to the crash. Pack keeps the newest
-// keyframe at or before the crash step from which every step up to the crash is in the bundle,
-// those steps (batches, generator states, fingerprints), and everything that is not a step or
-// a keyframe (program, optimizer spec, environment, crash, op and kernel traces, the run's
-// record), copied record for record without recompression. It says what the attachment holds in
-// the words a privacy reviewer needs: how many training samples, which dataset indices, whose
-// weights, which source files.
+// in it); the crash needs the state its step started from and that step's batch. Pack replays
+// the crash from the newest keyframe at or before it; when every step up to the crash replays bit
+// for bit, the replay writes the state the crash step starts from as a keyframe (a keyframe *at*
+// the failing step), and the attachment holds that keyframe and the one step. When it cannot
+// (the replay departs, runs elsewhere, or is not asked for), pack falls back to the newest
+// keyframe and every step from it to the crash. Everything that is not a step or a keyframe
+// (program, optimizer spec, environment, crash, op and kernel traces, the run's record) is copied
+// record for record without recompression. It says what the attachment holds in the words a
+// privacy reviewer needs: how many training samples, which dataset indices, whose weights, which
+// source files.
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "crashcap/formats/limits.hpp"
+#include "crashcap/replayer/replay.hpp"
 
 namespace crashcap::investigate {
 
@@ -22,6 +27,10 @@ struct PackOptions {
   std::string out;                  ///< the packed bundle; required
   bool force = false;               ///< replace `out` when it exists
   uint64_t maxBytes = 0;            ///< over this, nothing is written (tooLarge); 0: no limit
+  /// Replay the crash first (by the bundle's route, as `crashcap replay` does): to write the
+  /// keyframe at the failing step, and to say whether the attachment reproduces. false: pack
+  /// from the recorded keyframes alone, checking nothing.
+  bool replay = true;
   formats::ReaderLimits limits;
 };
 
@@ -50,6 +59,11 @@ struct PackReport {
   std::vector<std::string> warnings;  ///< what makes it less than a full reproduction
   std::vector<PackPart> parts;        ///< biggest first
   bool tooLarge = false;              ///< over maxBytes: nothing written
+  /// The replay of the crash from the original bundle (PackOptions::replay); nullopt when none
+  /// ran. Its keyframeWritten says whether the kept keyframe is one it materialised.
+  std::optional<replayer::ReplayResult> replay;
+  std::string replayFailed;           ///< why the replay could not run ("" when it ran or was not asked for)
+  double packMs = 0;                  ///< the whole pack, its replay included
 };
 
 /// Packs `in` into options.out (OUT.partial, renamed when whole). Throws Error{InvalidArgument}

@@ -87,6 +87,13 @@ class DrivenReplay {
   /// at the target the gradients are cleared when it compares, and the Reference side widens the
   /// model, the batch and the default dtype to float64.
   Step beginStep(int64_t step);
+  /// ReplayOptions::keyframeOut asks for the target step's state as a keyframe.
+  bool wantsKeyframe() const;
+  /// Just before beginStep(target), after the program's update of the step before it: writes the
+  /// keyframe ReplayOptions::keyframeOut asks for (the engine's weights and buffers, and the
+  /// program's optimizer state and documents, named as the recorder names them) when every step
+  /// so far replayed bit for bit; the result says whether it did.
+  void writeKeyframe(const NamedTensors& optimizerState, const std::vector<std::pair<std::string, std::string>>& documents);
   /// The program's own code of the step starts (its batch is in place, its generators restored):
   /// at the target, the op probe starts here, so that it sees the step's ops and no others.
   void startProbe();

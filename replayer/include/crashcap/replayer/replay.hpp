@@ -54,6 +54,12 @@ struct ReplayOptions {
   /// A program that replays itself (a Python training) may run even when its source files differ
   /// from the ones the recording hashed; without it, it refuses and names them.
   bool allowChangedSources = false;
+  /// Materialise a keyframe at the target step: when every step from the replay's keyframe to the
+  /// target replayed bit for bit as recorded, the state the target step starts from (weights,
+  /// buffers, optimizer state, the program's documents) is written to this path as a bundle
+  /// holding that one keyframe (`crashcap pack` puts it into the attachment). ReplayResult says
+  /// whether it was written and, when not, why. "": none.
+  std::string keyframeOut;
 };
 
 /// Summary statistics of one op input or output.
@@ -134,6 +140,9 @@ struct ReplayResult {
   /// What differs from the recording beyond device, dtype and settings, in words: another torch
   /// version, changed source files. Each makes the setup not the recorded one.
   std::vector<std::string> notes;
+  /// ReplayOptions::keyframeOut: the step of the keyframe written, or why none was.
+  std::optional<int64_t> keyframeWritten;
+  std::string keyframeNotWritten;
 };
 
 /// Replays `bundle`. Throws crashcap::Error (NotFound: no such step or keyframe; Unsupported:

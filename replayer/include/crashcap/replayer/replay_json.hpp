@@ -20,7 +20,8 @@ namespace crashcap::replayer {
 /// first_nonfinite_op, steps [{step, loss, grad_norm, recorded_loss, recorded_grad_norm, bitwise,
 /// error, lr, weight_norm, weights_finite}], steps_replayed, batch_size, rows, lost_steps (verdict
 /// "recording-incomplete": the steps of the window the recording lost), load_ms, replay_ms, device,
-/// recorded_device, dtype, settings, recorded_settings, same_setup, threads.
+/// recorded_device, dtype, settings, recorded_settings, same_setup, threads, keyframe_written (the
+/// step of the keyframe ReplayOptions::keyframeOut asked for, or null), keyframe_not_written (why not).
 nlohmann::json toJson(const ReplayResult& r);
 ReplayResult replayResultFromJson(const nlohmann::json& j);
 
@@ -28,7 +29,8 @@ ReplayResult replayResultFromJson(const nlohmann::json& j);
 nlohmann::json toJson(const std::vector<StepReplay>& steps);
 std::vector<StepReplay> stepReplaysFromJson(const nlohmann::json& j, const char* key);
 
-/// Keys: step, instrument, device, dtype, settings, rows, from_earliest_keyframe.
+/// Keys: step, instrument, device, dtype, settings, rows, from_earliest_keyframe,
+/// allow_changed_sources, keyframe_out.
 nlohmann::json toJson(const ReplayOptions& o);
 ReplayOptions replayOptionsFromJson(const nlohmann::json& j);
 

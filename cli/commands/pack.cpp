@@ -18,6 +18,8 @@ struct Options {
   std::string maxSize;
   bool force = false;
   bool noReplay = false;
+  std::string rows = "all";
+  double timeout = 300;
   ReadOptions read;
 };
 
@@ -55,6 +57,9 @@ json packJson(const investigate::PackReport& r, uint64_t maxBytes) {
           {"dataset_indices", indices},
           {"weight_tensors", r.weightTensors},
           {"sources", r.sources},
+          {"batch_size", r.batchSize},
+          {"rows", r.rows.empty() ? json(nullptr) : json(r.rows)},
+          {"row_replays", r.rowReplays},
           {"keyframes_left_out", r.keyframesLeftOut},
           {"steps_left_out", r.stepsLeftOut},
           {"contents", r.contents},
@@ -93,9 +98,15 @@ std::string packText(const investigate::PackReport& r, uint64_t maxBytes) {
   s += "largest\n";
   for (const auto& p : r.parts) s += fmt::format("  {:>10}  {}\n", inspect::formatBytes(p.bytes), p.what);
   for (const auto& w : r.warnings) s += "warning: " + w + "\n";
-  if (r.tooLarge)
-    s += "to shrink it: the keyframe is the model's whole state and stays; record with keyframes closer together "
-         "(--keyframe-every) so fewer batches lie between the keyframe and the crash, or allow a larger --max-size\n";
+  if (r.tooLarge) {
+    s += "to shrink it: the keyframe is the model's whole state and stays;";
+    if (r.steps > 1)
+      s += " fewer batches lie between the keyframe and the crash when the crash replays bit for bit here (pack then "
+           "writes a keyframe at the crash step) or when the training records keyframes closer together "
+           "(--keyframe-every);";
+    if (r.rows.empty() && r.batchSize > 1) s += " --rows culprit keeps only the rows the failure needs;";
+    s += " or allow a larger --max-size\n";
+  }
   else
     s += fmt::format("next: crashcap replay {}\n", r.out);
   return s;
@@ -109,6 +120,10 @@ Command packCommand(CLI::App& root) {
   auto* maxSize = cmd->add_option("--max-size", o->maxSize,
                   "Refuse (exit 1, nothing written) when the packed bundle would be larger: 25M, 100MiB, 2G");
   cmd->add_flag("--force", o->force, "Replace OUT when it exists");
+  cmd->add_option("--rows", o->rows,
+                  "Rows of the crash step's batch to keep: all, culprit (those bisect samples finds), or a list 3,5")
+      ->capture_default_str();
+  cmd->add_option("--timeout", o->timeout, "Seconds per experiment of --rows culprit")->capture_default_str();
   cmd->add_flag("--no-replay", o->noReplay,
                 "Do not replay first: keep the newest recorded keyframe and every step after it, checking nothing");
   addReadOptions(cmd, o->read);
@@ -119,13 +134,17 @@ Command packCommand(CLI::App& root) {
       "--no-replay) it keeps the newest keyframe and every step from it to the crash. The program, optimizer,\n"
       "environment, crash and traces are kept; every other keyframe and step is left out. It says what the\n"
       "attachment holds (training samples and their dataset indices, weights, source files) for whoever must\n"
-      "approve sharing it, and warns when the crash does not reproduce here.\n"
+      "approve sharing it, and warns when the crash does not reproduce here. --rows culprit keeps only the\n"
+      "crash step's rows that the failure needs (a bisect samples on the pack), with their dataset indices.\n"
       "Example: crashcap pack crash.ccap -o attach.ccap --max-size 25M && crashcap replay attach.ccap");
   return {cmd, [o, maxSize] {
             investigate::PackOptions po;
             po.out = o->out;
             po.force = o->force;
             po.replay = !o->noReplay;
+            po.rows = o->rows;
+            po.experimentTimeoutSeconds = o->timeout;
+            po.progress = !o->read.json;
             po.maxBytes = maxSize->count() ? parseByteSize(o->maxSize, "--max-size") : 0;
             po.limits = o->read.limits();
             auto r = investigate::packBundle(o->bundle, po);

@@ -1,5 +1,6 @@
 #include "crashcap/investigate/pack.hpp"
 
+#include <ATen/ATen.h>
 #include <fmt/format.h>
 #include <sys/stat.h>
 
@@ -17,7 +18,9 @@
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
+#include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/inspect/summary.hpp"
+#include "crashcap/investigate/bisect.hpp"
 #include "crashcap/investigate/replays.hpp"
 
 namespace crashcap::investigate {
@@ -197,7 +200,18 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   const int64_t recordedKeyframe = materialisedRecord ? -1 : rep.keyframeStep;
   for (const auto& k : view.keyframes)
     if (k.step == recordedKeyframe) --rep.keyframesLeftOut;
+  // The crash step's batch: which of its tensors are per row (first dimension the batch's).
+  std::set<std::string> rowTensors;
+  if (target >= 0 && keptSteps.count(target)) {
+    for (const auto& n : begun.at(target)->batch)
+      if (const auto* t = reader->find(n); t && !t->shape.empty()) {
+        if (rep.batchSize == 0) rep.batchSize = t->shape[0];
+        if (t->shape[0] == rep.batchSize) rowTensors.insert(n);
+      }
+  }
+  bool cutRows = false;  // the rows of rep.rows replace the crash step's batch
   auto keepTensor = [&](const formats::TensorInfo& t) {
+    if (cutRows && rowTensors.count(t.name)) return false;
     if (auto s = stepOf(t.name, "steps/")) return keptSteps.count(*s) > 0;
     if (auto s = stepOf(t.name, "keyframes/")) return *s == recordedKeyframe;
     return true;
@@ -207,29 +221,99 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     if (type != RecordType::StepBegin && type != RecordType::StepEnd && type != RecordType::Keyframe) return true;
     auto raw = reader->readRecord(r.offset);
     if (type == RecordType::StepBegin) return keptSteps.count(formats::decodeStepBegin(raw.meta, o.limits).step) > 0;
-    if (type == RecordType::StepEnd) return keptSteps.count(formats::decodeStepEnd(raw.meta, o.limits).step) > 0;
+    if (type == RecordType::StepEnd) {
+      // The recorded fingerprint of a cut batch is the whole batch's: it goes with the rows.
+      const int64_t step = formats::decodeStepEnd(raw.meta, o.limits).step;
+      return keptSteps.count(step) > 0 && !(cutRows && step == target);
+    }
     return formats::decodeKeyframe(raw.meta, o.limits).step == recordedKeyframe;
   };
 
-  // What the attachment holds, and what of it is largest.
-  uint64_t batchBytes = 0, rngBytes = 0, keyframeBytes = 0, otherBytes = 0;
-  if (materialised)
-    for (const auto& t : materialised->tensors()) {
-      keyframeBytes += t.storedBytes;
-      if (t.name.find("/documents/") == std::string::npos) ++rep.weightTensors;
+  // Writes the pack to `path`: the kept records as stored, the crash step's rows when cut, the
+  // materialised keyframe, and the note (when given). Returns its size.
+  formats::CopyReport copied;
+  auto write = [&](const std::string& path, const std::string& note) {
+    formats::WriterOptions wo;
+    wo.overwrite = true;
+    wo.producer = "crashcap pack";
+    auto writer = formats::BundleWriter::createCopy(path, reader->fileHeader(), wo);
+    copied = formats::copyRecords(*reader, *writer, keepRecord, true, keepTensor);
+    if (cutRows) {
+      const at::Tensor keep = at::tensor(rep.rows, at::kLong);
+      for (const auto& n : rowTensors)
+        formats::torch::writeTensor(*writer, n, formats::torch::readTensor(*reader, n).index_select(0, keep));
     }
-  for (const auto& t : reader->tensors()) {
-    if (!keepTensor(t)) continue;
-    if (auto s = stepOf(t.name, "steps/")) {
-      (t.name.find("/rng/") != std::string::npos ? rngBytes : batchBytes) += t.storedBytes;
-    } else if (stepOf(t.name, "keyframes/")) {
-      keyframeBytes += t.storedBytes;
-      ++rep.weightTensors;
+    if (materialisedRecord) {
+      for (const auto& t : materialised->tensors()) {
+        auto bytes = materialised->readTensor(t);
+        writer->writeTensor(t.name, t.dtype, t.shape, bytes.data(), bytes.size());
+      }
+      formats::writeMetaRecord(*writer, *materialisedRecord);
+    }
+    if (!note.empty()) writer->writeNote("crashcap.pack", note);
+    writer->seal();
+    return writer->stats().fileBytes;
+  };
+
+  // The rows to keep.
+  if (o.rows != "all" && o.rows != "culprit" && o.rows.empty())
+    throw Error(ErrorCode::InvalidArgument, "--rows needs all, culprit or a list of rows (3,5)");
+  if (o.rows != "all") {
+    if (rep.batchSize == 0)
+      throw Error(ErrorCode::InvalidArgument,
+                  target < 0 ? std::string("--rows: the bundle records no step whose rows could be chosen")
+                             : fmt::format("--rows: step {}'s batch has no rows to choose (no tensor with a first dimension)", target));
+    if (o.rows == "culprit") {
+      // bisect samples on a pack of all rows: its replays start at the crash step's keyframe.
+      const std::string stage = fs::absolute(o.out).string() + ".rows-search.ccap";
+      struct Remove {
+        std::string path;
+        ~Remove() {
+          std::error_code ec;
+          fs::remove(path, ec);
+        }
+      } removeLater{stage};
+      write(stage, "");
+      ExperimentOptions eo;
+      eo.timeoutSeconds = o.experimentTimeoutSeconds;
+      eo.progress = o.progress;
+      eo.allowChangedSources = changedSourcesAllowed();
+      ExperimentRunner runner(eo);
+      auto b = bisectSamples(stage, target, runner);
+      rep.rowReplays = b.replays;
+      if (b.reproduced && !b.rows.empty() && static_cast<int64_t>(b.rows.size()) < rep.batchSize) {
+        rep.rows = b.rows;
+      } else {
+        rep.warnings.push_back(
+            b.reproduced ? fmt::format("--rows culprit: the failure needs every row of step {}'s batch: all kept", target)
+                         : fmt::format("--rows culprit: the crash does not reproduce from step {}'s batch, so no rows can "
+                                       "be blamed: all kept",
+                                       target));
+      }
     } else {
-      otherBytes += t.storedBytes;
-      ++rep.otherTensors;
+      std::set<int64_t> chosen;
+      size_t pos = 0;
+      while (pos <= o.rows.size()) {
+        size_t comma = o.rows.find(',', pos);
+        if (comma == std::string::npos) comma = o.rows.size();
+        const std::string item = o.rows.substr(pos, comma - pos);
+        int64_t row = -1;
+        auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), row);
+        if (item.empty() || ec != std::errc() || end != item.data() + item.size() || row < 0)
+          throw Error(ErrorCode::InvalidArgument, fmt::format("--rows: '{}' is not a row number", item),
+                      "give all, culprit, or rows like 3,5");
+        if (row >= rep.batchSize)
+          throw Error(ErrorCode::InvalidArgument,
+                      fmt::format("--rows: row {} is outside step {}'s batch (rows 0..{})", row, target, rep.batchSize - 1));
+        chosen.insert(row);
+        pos = comma + 1;
+      }
+      if (static_cast<int64_t>(chosen.size()) < rep.batchSize) rep.rows.assign(chosen.begin(), chosen.end());
     }
+    cutRows = !rep.rows.empty();
   }
+
+  // What the attachment holds, in words.
   for (int64_t step : keptSteps) {
     const auto* s = begun.at(step);
     uint64_t rows = 0;
@@ -242,22 +326,46 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
         auto bytes = reader->readTensor(*t);
         std::vector<int64_t> indices(bytes.size() / sizeof(int64_t));
         std::memcpy(indices.data(), bytes.data(), indices.size() * sizeof(int64_t));
+        if (cutRows && step == target && rowTensors.count(n)) {
+          std::vector<int64_t> kept;
+          for (int64_t r : rep.rows) kept.push_back(indices.at(static_cast<size_t>(r)));
+          indices = kept;
+        }
         rep.datasetIndices.emplace_back(step, std::move(indices));
       }
     }
-    rep.samples += rows;
+    rep.samples += cutRows && step == target ? rep.rows.size() : rows;
   }
   if (view.program)
     for (const auto& f : view.program->sources)
       if (!f.tensor.empty() && reader->find(f.tensor)) rep.sources.push_back(f.path);
+  uint64_t keyframeBytes = 0;
+  if (materialised)
+    for (const auto& t : materialised->tensors()) {
+      keyframeBytes += t.storedBytes;
+      if (t.name.find("/documents/") == std::string::npos) ++rep.weightTensors;
+    }
+  for (const auto& t : reader->tensors())
+    if (keepTensor(t) && stepOf(t.name, "keyframes/") && t.name.find("/documents/") == std::string::npos) {
+      keyframeBytes += t.storedBytes;
+      ++rep.weightTensors;
+    }
 
   if (rep.steps) {
-    std::string line = fmt::format("{} training sample{}: the batch{} of {}", rep.samples, rep.samples == 1 ? "" : "s",
-                                   rep.steps == 1 ? "" : "es", stepsText(rep.firstStep, rep.lastStep));
+    std::string line;
+    if (cutRows && rep.steps == 1) {
+      line = fmt::format("{} training sample{}: row{} {} of the {} of step {}'s batch", rep.rows.size(),
+                         rep.rows.size() == 1 ? "" : "s", rep.rows.size() == 1 ? "" : "s", listText(rep.rows, 12),
+                         rep.batchSize, target);
+    } else {
+      line = fmt::format("{} training sample{}: the batch{} of {}", rep.samples, rep.samples == 1 ? "" : "s",
+                         rep.steps == 1 ? "" : "es", stepsText(rep.firstStep, rep.lastStep));
+      if (cutRows) line += fmt::format(" (of step {}'s, rows {} only)", target, listText(rep.rows, 12));
+    }
     if (!rep.datasetIndices.empty()) {
       std::set<int64_t> distinct;
       for (const auto& [step, indices] : rep.datasetIndices) distinct.insert(indices.begin(), indices.end());
-      line += fmt::format(", dataset indices {}", listText({distinct.begin(), distinct.end()}, 12));
+      line += fmt::format(", dataset ind{} {}", distinct.size() == 1 ? "ex" : "ices", listText({distinct.begin(), distinct.end()}, 12));
     }
     rep.contents.push_back(line);
   } else {
@@ -286,25 +394,6 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
                     view.supervision ? ", the tails of the run's output" : ""));
   rep.contents.push_back("no other data");
 
-  if (keyframeBytes) rep.parts.push_back({fmt::format("the keyframe at step {}", rep.keyframeStep), keyframeBytes});
-  if (batchBytes) rep.parts.push_back({fmt::format("the batches of {}", stepsText(rep.firstStep, rep.lastStep)), batchBytes});
-  if (rngBytes) rep.parts.push_back({"the generator states", rngBytes});
-  if (otherBytes) rep.parts.push_back({"the step program and source files", otherBytes});
-  std::sort(rep.parts.begin(), rep.parts.end(), [](const PackPart& x, const PackPart& y) { return x.bytes > y.bytes; });
-
-  formats::PartialOutput output(o.out);
-  formats::WriterOptions wo;
-  wo.overwrite = true;
-  wo.producer = "crashcap pack";
-  auto writer = formats::BundleWriter::createCopy(output.path(), reader->fileHeader(), wo);
-  auto copied = formats::copyRecords(*reader, *writer, keepRecord, true, keepTensor);
-  if (materialisedRecord) {
-    for (const auto& t : materialised->tensors()) {
-      auto bytes = materialised->readTensor(t);
-      writer->writeTensor(t.name, t.dtype, t.shape, bytes.data(), bytes.size());
-    }
-    formats::writeMetaRecord(*writer, *materialisedRecord);
-  }
   std::string note = fmt::format("packed from {} ({}): ", fs::path(in).filename().string(),
                                  inspect::formatBytes(rep.originalBytes));
   note += rep.keyframeStep >= 0 ? fmt::format("keyframe {}{}, {}", rep.keyframeStep,
@@ -312,24 +401,52 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
                                               stepsText(rep.firstStep, rep.lastStep))
                                 : std::string("no keyframe");
   note += fmt::format("; left out {} keyframe(s) and {} step(s)", rep.keyframesLeftOut, rep.stepsLeftOut);
+  if (cutRows)
+    note += fmt::format("; of step {}'s batch of {}, rows {} only{}", target, rep.batchSize, listText(rep.rows, 32),
+                        o.rows == "culprit" ? " (the culprits bisect samples found)" : "");
   if (rep.replay)
     note += fmt::format("\nreplayed before packing: {}{}", replayer::verdictName(rep.replay->verdict),
                         rep.replay->error.empty() ? "" : " (" + lastLine(rep.replay->error) + ")");
   for (const auto& c : rep.contents) note += "\nholds: " + c;
   for (const auto& w : rep.warnings) note += "\nwarning: " + w;
-  for (const auto& l : copied.lines) note += "\n" + l;
-  if (note.size() > formats::kMaxNoteTextBytes) note.resize(formats::kMaxNoteTextBytes - 16);
-  writer->writeNote("crashcap.pack", note);
-  writer->seal();
-  const uint64_t bytes = writer->stats().fileBytes;
-  writer.reset();
+  // The copy's losses are known only after it; the note is written last, so a first pass finds them.
+  formats::PartialOutput output(o.out);
+  uint64_t bytes = write(output.path(), note);
+  if (!copied.lines.empty()) {
+    for (const auto& l : copied.lines) note += "\n" + l;
+    if (note.size() > formats::kMaxNoteTextBytes) note.resize(formats::kMaxNoteTextBytes - 16);
+    bytes = write(output.path(), note);
+  }
+
+  // What is largest, measured on the written file.
+  {
+    auto packed = formats::BundleReader::open(output.path(), o.limits);
+    uint64_t batchBytes = 0, rngBytes = 0, kfBytes = 0, otherBytes = 0;
+    for (const auto& t : packed->tensors()) {
+      if (stepOf(t.name, "steps/"))
+        (t.name.find("/rng/") != std::string::npos ? rngBytes : batchBytes) += t.storedBytes;
+      else if (stepOf(t.name, "keyframes/"))
+        kfBytes += t.storedBytes;
+      else {
+        otherBytes += t.storedBytes;
+        ++rep.otherTensors;
+      }
+    }
+    if (kfBytes) rep.parts.push_back({fmt::format("the keyframe at step {}", rep.keyframeStep), kfBytes});
+    if (batchBytes)
+      rep.parts.push_back({fmt::format("the batch{} of {}{}", rep.steps == 1 ? "" : "es", stepsText(rep.firstStep, rep.lastStep),
+                                       cutRows ? fmt::format(" ({} of step {}'s rows)", rep.rows.size(), target) : ""),
+                           batchBytes});
+    if (rngBytes) rep.parts.push_back({"the generator states", rngBytes});
+    if (otherBytes) rep.parts.push_back({"the step program and source files", otherBytes});
+    std::sort(rep.parts.begin(), rep.parts.end(), [](const PackPart& x, const PackPart& y) { return x.bytes > y.bytes; });
+  }
+  rep.packedBytes = bytes;
   if (o.maxBytes && bytes > o.maxBytes) {
     rep.tooLarge = true;  // OUT.partial goes with `output`
-    rep.packedBytes = bytes;
     return rep;
   }
   output.commit();
-  rep.packedBytes = bytes;
   rep.packMs = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
   return rep;
 }

@@ -168,6 +168,54 @@ TEST_CASE("pack on a bundle whose crash does not reproduce packs it anyway and s
   CHECK(note.out.find("does not reproduce") != std::string::npos);
 }
 
+TEST_CASE("pack --rows keeps only the crash step's culprit rows, with their dataset indices, and still reproduces",
+          "[investigate][pack]") {
+  for (const char* fault : {"nan-sample", "bad-label"}) {
+    INFO(fault);
+    test::TempDir dir;
+    // Row 2 of step 5's batch of 32 carries the fault.
+    const std::string bundle = recordFault(dir, "crashcap-sample-cls", fault, 8, 5, 4);
+    auto before = replay(bundle);
+    const std::string packed = dir.file("culprit.ccap");
+    auto p = runJson({test::binPath("crashcap"), "pack", bundle, "-o", packed, "--rows", "culprit", "--json"});
+    CHECK(p["rows"] == json::array({2}));
+    CHECK(p["batch_size"] == 32);
+    CHECK(p["row_replays"].get<int>() > 0);
+    CHECK(p["samples"] == 1);
+    REQUIRE(p["dataset_indices"].size() == 1);
+    CHECK(p["dataset_indices"][0]["indices"].size() == 1);
+    CHECK(p["contents"][0].get<std::string>().find("1 training sample: row 2 of the 32 of step 5's batch, dataset index") == 0);
+    auto view = formats::readRecords(*formats::BundleReader::open(packed));
+    REQUIRE(view.stepBegins.size() == 1);
+    auto reader = formats::BundleReader::open(packed);
+    for (const auto& name : view.stepBegins[0].batch) {
+      const auto* t = reader->find(name);
+      REQUIRE(t);
+      CHECK(t->shape.at(0) == 1);
+    }
+    // The whole batch's fingerprint went with the other rows.
+    CHECK(view.stepEnds.empty());
+    auto after = replay(packed);
+    CHECK((after["verdict"] == "reproduced" || after["verdict"] == "reproduced-bitwise"));
+    CHECK(after["error"].is_null() == before["error"].is_null());
+    CHECK(after["keyframe"] == 5);
+  }
+  SECTION("a list of rows, and rows that are not rows") {
+    test::TempDir dir;
+    const std::string bundle = recordFault(dir, "crashcap-sample-cls", "nan-sample", 8, 5, 4);
+    auto p = runJson({test::binPath("crashcap"), "pack", bundle, "-o", dir.file("l.ccap"), "--rows", "5,2", "--json"});
+    CHECK(p["rows"] == json::array({2, 5}));
+    CHECK(p["samples"] == 2);
+    CHECK(replay(dir.file("l.ccap"))["verdict"] == "reproduced");
+    for (std::string bad : {"x", "2,,3", "32", "-1", ""}) {
+      auto r = test::run({test::binPath("crashcap"), "pack", bundle, "-o", dir.file("bad.ccap"), "--rows", bad});
+      INFO(bad << ": " << r.err);
+      CHECK(r.exitCode == 2);
+      CHECK(!fs::exists(dir.file("bad.ccap")));
+    }
+  }
+}
+
 TEST_CASE("pack says what the attachment holds: samples with their dataset indices, weights, no other data",
           "[investigate][pack]") {
   test::TempDir dir;

@@ -57,6 +57,14 @@ def test_a_python_sample_crash_is_recorded_replayed_bit_for_bit_and_triaged(faul
     def op(r):
         return None if r["first_nonfinite_op"] is None else {k: v for k, v in r["first_nonfinite_op"].items() if k != "seq"}
     assert op(again) == op(replay)
+    if rows is not None:
+        # Only the culprit rows of the crash step, named by dataset index, and it still fails so.
+        culprits = crashcap_json("pack", bundle, "-o", tmp_path / "culprit.ccap", "--rows", "culprit")
+        assert culprits["rows"] == rows and culprits["samples"] == len(rows), culprits
+        assert len(culprits["dataset_indices"][0]["indices"]) == len(rows), culprits
+        cut = crashcap_json("replay", tmp_path / "culprit.ccap")
+        assert cut["verdict"] in ("reproduced", "reproduced-bitwise"), cut
+        assert (cut["error"] is None) == (replay["error"] is None)
 
     triage = crashcap_json("triage", bundle)
     verdicts = {h["id"]: h["verdict"] for h in triage["hypotheses"]}

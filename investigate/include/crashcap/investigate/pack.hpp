@@ -31,6 +31,14 @@ struct PackOptions {
   /// keyframe at the failing step, and to say whether the attachment reproduces. false: pack
   /// from the recorded keyframes alone, checking nothing.
   bool replay = true;
+  /// Which rows of the crash step's batch to keep: "all" (default), "culprit" (the rows `bisect
+  /// samples` finds the failure needs, searched on the packed bundle), or a list "3,5". Only the
+  /// crash step's batch is cut (tensors whose first dimension is the batch's, its dataset index
+  /// among them), and its recorded fingerprint goes with the rows it no longer matches.
+  std::string rows = "all";
+  /// Of the culprit search's experiments.
+  double experimentTimeoutSeconds = 300;
+  bool progress = false;
   formats::ReaderLimits limits;
 };
 
@@ -62,12 +70,16 @@ struct PackReport {
   /// The replay of the crash from the original bundle (PackOptions::replay); nullopt when none
   /// ran. Its keyframeWritten says whether the kept keyframe is one it materialised.
   std::optional<replayer::ReplayResult> replay;
+  /// The crash step's batch rows kept (PackOptions::rows), empty: all of them.
+  std::vector<int64_t> rows;
+  int64_t batchSize = 0;              ///< rows of the crash step's batch as recorded
+  int rowReplays = 0;                 ///< experiments of the culprit search
   std::string replayFailed;           ///< why the replay could not run ("" when it ran or was not asked for)
   double packMs = 0;                  ///< the whole pack, its replay included
 };
 
 /// Packs `in` into options.out (OUT.partial, renamed when whole). Throws Error{InvalidArgument}
-/// when `out` exists (without force) or is the input, Error{NotFound}/{Corrupt}/{Truncated} as
+/// when `out` exists (without force) or is the input, or rows names a row outside the batch, Error{NotFound}/{Corrupt}/{Truncated} as
 /// the reader does for a file it cannot read at all. A damaged but readable bundle is packed from
 /// what is intact, with a warning.
 PackReport packBundle(const std::string& in, const PackOptions& options);

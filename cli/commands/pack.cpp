@@ -20,6 +20,7 @@ struct Options {
   bool noReplay = false;
   std::string rows = "all";
   double timeout = 300;
+  bool zip = false;
   ReadOptions read;
 };
 
@@ -46,6 +47,8 @@ json packJson(const investigate::PackReport& r, uint64_t maxBytes) {
           {"out", r.tooLarge ? json(nullptr) : json(r.out)},
           {"original_bytes", r.originalBytes},
           {"packed_bytes", r.packedBytes},
+          {"bundle_bytes", r.bundleBytes},
+          {"zip_entries", r.zipEntries.empty() ? json(nullptr) : json(r.zipEntries)},
           {"max_bytes", maxBytes ? json(maxBytes) : json(nullptr)},
           {"too_large", r.tooLarge},
           {"crash_step", step(r.crashStep)},
@@ -66,6 +69,9 @@ json packJson(const investigate::PackReport& r, uint64_t maxBytes) {
           {"parts", parts},
           {"warnings", r.warnings},
           {"replay", replayJson(r)},
+          {"packed_replay", r.packedReplay ? json({{"verdict", replayer::verdictName(r.packedReplay->verdict)},
+                                                   {"error", r.packedReplay->error.empty() ? json(nullptr) : json(r.packedReplay->error)}})
+                                           : json(nullptr)},
           {"pack_ms", r.packMs}};
 }
 
@@ -97,6 +103,12 @@ std::string packText(const investigate::PackReport& r, uint64_t maxBytes) {
   for (const auto& c : r.contents) s += "  - " + c + "\n";
   s += "largest\n";
   for (const auto& p : r.parts) s += fmt::format("  {:>10}  {}\n", inspect::formatBytes(p.bytes), p.what);
+  if (r.packedReplay)
+    s += fmt::format("the attachment replays: {}\n", replayer::verdictName(r.packedReplay->verdict));
+  if (!r.zipEntries.empty() && !r.tooLarge) {
+    s += "zip holds\n";
+    for (const auto& e : r.zipEntries) s += "  " + e + "\n";
+  }
   for (const auto& w : r.warnings) s += "warning: " + w + "\n";
   if (r.tooLarge) {
     s += "to shrink it: the keyframe is the model's whole state and stays;";
@@ -107,8 +119,11 @@ std::string packText(const investigate::PackReport& r, uint64_t maxBytes) {
     if (r.rows.empty() && r.batchSize > 1) s += " --rows culprit keeps only the rows the failure needs;";
     s += " or allow a larger --max-size\n";
   }
-  else
+  else if (r.zipEntries.empty())
     s += fmt::format("next: crashcap replay {}\n", r.out);
+  else
+    s += fmt::format("next: attach {} to the issue; whoever gets it unzips it and runs crashcap replay {}\n", r.out,
+                     r.zipEntries.front());
   return s;
 }
 
@@ -123,6 +138,8 @@ Command packCommand(CLI::App& root) {
   cmd->add_option("--rows", o->rows,
                   "Rows of the crash step's batch to keep: all, culprit (those bisect samples finds), or a list 3,5")
       ->capture_default_str();
+  cmd->add_flag("--zip", o->zip,
+                "OUT is a .zip holding the packed bundle and report.md, ready to attach to an issue (--max-size applies to it)");
   cmd->add_option("--timeout", o->timeout, "Seconds per experiment of --rows culprit")->capture_default_str();
   cmd->add_flag("--no-replay", o->noReplay,
                 "Do not replay first: keep the newest recorded keyframe and every step after it, checking nothing");
@@ -136,13 +153,15 @@ Command packCommand(CLI::App& root) {
       "attachment holds (training samples and their dataset indices, weights, source files) for whoever must\n"
       "approve sharing it, and warns when the crash does not reproduce here. --rows culprit keeps only the\n"
       "crash step's rows that the failure needs (a bisect samples on the pack), with their dataset indices.\n"
-      "Example: crashcap pack crash.ccap -o attach.ccap --max-size 25M && crashcap replay attach.ccap");
+      "Example: crashcap pack crash.ccap -o attach.ccap --max-size 25M && crashcap replay attach.ccap\n"
+      "         crashcap pack crash.ccap -o crash.zip --zip --rows culprit --max-size 25M");
   return {cmd, [o, maxSize] {
             investigate::PackOptions po;
             po.out = o->out;
             po.force = o->force;
             po.replay = !o->noReplay;
             po.rows = o->rows;
+            po.zip = o->zip;
             po.experimentTimeoutSeconds = o->timeout;
             po.progress = !o->read.json;
             po.maxBytes = maxSize->count() ? parseByteSize(o->maxSize, "--max-size") : 0;

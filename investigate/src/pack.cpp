@@ -22,6 +22,8 @@
 #include "crashcap/inspect/summary.hpp"
 #include "crashcap/investigate/bisect.hpp"
 #include "crashcap/investigate/replays.hpp"
+#include "crashcap/investigate/report.hpp"
+#include "zip_writer.hpp"
 
 namespace crashcap::investigate {
 
@@ -411,16 +413,27 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   for (const auto& w : rep.warnings) note += "\nwarning: " + w;
   // The copy's losses are known only after it; the note is written last, so a first pass finds them.
   formats::PartialOutput output(o.out);
-  uint64_t bytes = write(output.path(), note);
+  // With zip, the bundle goes into the zip from a working file beside it.
+  const std::string bundlePath = o.zip ? fs::absolute(o.out).string() + ".ccap.partial" : output.path();
+  struct Remove {
+    std::string path;
+    bool armed;
+    ~Remove() {
+      std::error_code ec;
+      if (armed) fs::remove(path, ec);
+    }
+  } removeBundle{bundlePath, o.zip};
+  uint64_t bytes = write(bundlePath, note);
   if (!copied.lines.empty()) {
     for (const auto& l : copied.lines) note += "\n" + l;
     if (note.size() > formats::kMaxNoteTextBytes) note.resize(formats::kMaxNoteTextBytes - 16);
-    bytes = write(output.path(), note);
+    bytes = write(bundlePath, note);
   }
+  rep.bundleBytes = bytes;
 
   // What is largest, measured on the written file.
   {
-    auto packed = formats::BundleReader::open(output.path(), o.limits);
+    auto packed = formats::BundleReader::open(bundlePath, o.limits);
     uint64_t batchBytes = 0, rngBytes = 0, kfBytes = 0, otherBytes = 0;
     for (const auto& t : packed->tensors()) {
       if (stepOf(t.name, "steps/"))
@@ -440,6 +453,28 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     if (rngBytes) rep.parts.push_back({"the generator states", rngBytes});
     if (otherBytes) rep.parts.push_back({"the step program and source files", otherBytes});
     std::sort(rep.parts.begin(), rep.parts.end(), [](const PackPart& x, const PackPart& y) { return x.bytes > y.bytes; });
+  }
+  if (o.zip) {
+    fs::path name = fs::path(o.out).filename();
+    const std::string bundleName = name.replace_extension(".ccap").string();
+    std::vector<ZipEntry> entries;
+    entries.push_back({bundleName, bundlePath, "", false});
+    // The report describes the attachment: its own replay, not the original's.
+    if (o.replay) {
+      replayer::ReplayOptions ro;
+      ro.allowChangedSources = changedSourcesAllowed();
+      try {
+        rep.packedReplay = investigate::replay(bundlePath, ro);
+      } catch (const std::exception& e) {
+        rep.warnings.push_back(fmt::format("the packed bundle could not be replayed for its report: {}", lastLine(e.what())));
+      }
+    }
+    entries.push_back({"report.md", "",
+                       markdownReport(bundlePath, std::nullopt, rep.packedReplay ? &*rep.packedReplay : nullptr, bundleName),
+                       true});
+    for (const auto& e : entries) rep.zipEntries.push_back(e.name);
+    writeZip(output.path(), entries);
+    bytes = fs::file_size(output.path());
   }
   rep.packedBytes = bytes;
   if (o.maxBytes && bytes > o.maxBytes) {

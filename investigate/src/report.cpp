@@ -20,8 +20,10 @@ std::string jsonList(const std::vector<int64_t>& v) { return fmt::format("[{}]",
 
 }  // namespace
 
-std::string markdownReport(const std::string& bundle, const std::optional<Triage>& triage) {
-  auto reader = formats::BundleReader::open(bundle);
+std::string markdownReport(const std::string& path, const std::optional<Triage>& triage,
+                           const replayer::ReplayResult* replayed, const std::string& shownAs) {
+  auto reader = formats::BundleReader::open(path);
+  const std::string& bundle = shownAs.empty() ? path : shownAs;
   // The story is what `crashcap inspect` prints; the report prints the same facts as Markdown.
   auto story = inspect::storyJson(*reader);
   const json& crash = story["crash"];
@@ -29,7 +31,7 @@ std::string markdownReport(const std::string& bundle, const std::optional<Triage
   auto fact = [&](const char* k) { return facts.contains(k) ? facts[k].get<std::string>() : std::string("unknown"); };
   std::string error = crash.is_null() ? std::string("(no crash record)") : lastLine(crash["error"].get<std::string>());
   std::string stepText = crash.is_null() || crash["step"].is_null() ? "?" : crash["step"].dump();
-  const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : nullptr;
+  const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : replayed;
   std::string title = error.substr(0, 80);
   std::replace(title.begin(), title.end(), '"', '\'');  // keep the front matter valid YAML
   std::string md;
@@ -43,6 +45,7 @@ std::string markdownReport(const std::string& bundle, const std::optional<Triage
   } else {
     md += fmt::format("Training fails at step {} in the {} phase with `{}`.", stepText, crash["phase"].get<std::string>(),
                       error);
+    if (!triage && replay) md += fmt::format(" Replay: **{}**.", replayer::verdictName(replay->verdict));
     if (triage) {
       std::vector<std::string> confirmed;
       for (const auto& h : triage->hypotheses)
@@ -93,7 +96,7 @@ std::string markdownReport(const std::string& bundle, const std::optional<Triage
   md += fmt::format("2. `crashcap inspect {}` (what was recorded, the crash, the last ops)\n", bundle);
   md += fmt::format("3. `crashcap replay {}` (re-runs step {} from keyframe {}, bit for bit on the CPU)\n", bundle,
                     stepText, replay ? std::to_string(replay->keyframe) : "?");
-  md += fmt::format("4. `crashcap triage {}` (the experiments below)\n", bundle);
+  md += fmt::format("4. `crashcap triage {}` ({})\n", bundle, triage ? "the experiments below" : "the experiments that name the cause");
   md += "\n## Expected Behavior\nThe step completes with a finite loss and training continues.\n";
   md += "\n## Actual Behavior\n";
   if (!crash.is_null()) {

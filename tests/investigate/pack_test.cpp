@@ -216,6 +216,35 @@ TEST_CASE("pack --rows keeps only the crash step's culprit rows, with their data
   }
 }
 
+TEST_CASE("pack --zip writes the attachment an issue tracker takes: the bundle and its report, which replay",
+          "[investigate][pack]") {
+  test::TempDir dir;
+  const std::string bundle = recordFault(dir, "crashcap-sample-cls", "nan-sample", 8, 5, 4);
+  const std::string zip = dir.file("crash.zip");
+  auto p = runJson({test::binPath("crashcap"), "pack", bundle, "-o", zip, "--zip", "--max-size", "25M", "--json"});
+  CHECK(p["zip_entries"] == json::array({"crash.ccap", "report.md"}));
+  CHECK(p["packed_bytes"].get<uint64_t>() == fs::file_size(zip));
+  CHECK(p["bundle_bytes"].get<uint64_t>() <= p["packed_bytes"].get<uint64_t>());
+  CHECK(p["packed_replay"]["verdict"] == "reproduced-bitwise");
+  CHECK(!fs::exists(zip + ".ccap.partial"));
+  // Unpacked by another zip reader (Python's), the bundle replays and the report describes it.
+  const std::string unpacked = dir.file("unpacked");
+  auto u = test::run({"/usr/bin/python3", "-m", "zipfile", "-e", zip, unpacked});
+  INFO(u.out << u.err);
+  REQUIRE(u.exitCode == 0);
+  CHECK(replay(unpacked + "/crash.ccap")["verdict"] == "reproduced-bitwise");
+  const std::string md = test::readText(unpacked + "/report.md");
+  CHECK(md.find("bundle: \"crash.ccap\"") != std::string::npos);
+  CHECK(md.find("Replay: **reproduced-bitwise**") != std::string::npos);
+  CHECK(md.find("## Attachment") != std::string::npos);
+  CHECK(md.find("holds: 32 training samples: the batch of step 5") != std::string::npos);
+  // --max-size is the zip's: too small, nothing is written.
+  auto r = test::run({test::binPath("crashcap"), "pack", bundle, "-o", dir.file("small.zip"), "--zip", "--max-size", "20K"}, 300);
+  CHECK(r.exitCode == 1);
+  CHECK(!fs::exists(dir.file("small.zip")));
+  CHECK(!fs::exists(dir.file("small.zip.ccap.partial")));
+}
+
 TEST_CASE("pack says what the attachment holds: samples with their dataset indices, weights, no other data",
           "[investigate][pack]") {
   test::TempDir dir;

@@ -39,6 +39,9 @@ struct PackOptions {
   /// Of the culprit search's experiments.
   double experimentTimeoutSeconds = 300;
   bool progress = false;
+  /// OUT is a .zip holding the packed bundle (named as OUT with .ccap) and report.md: the form an
+  /// issue tracker takes. --max-size applies to the zip.
+  bool zip = false;
   formats::ReaderLimits limits;
 };
 
@@ -51,7 +54,9 @@ struct PackPart {
 struct PackReport {
   std::string in, out;
   uint64_t originalBytes = 0;
-  uint64_t packedBytes = 0;         ///< 0 when nothing was written
+  uint64_t packedBytes = 0;         ///< 0 when nothing was written; with zip, the zip's size
+  uint64_t bundleBytes = 0;         ///< the packed bundle's (inside the zip, with zip)
+  std::vector<std::string> zipEntries;  ///< the names inside the zip
   int64_t crashStep = -1;           ///< the step the crash happened in; -1: no crash record
   int64_t keyframeStep = -1;        ///< the one keyframe kept; -1: none could be
   int64_t firstStep = -1, lastStep = -1;  ///< the steps kept
@@ -74,6 +79,8 @@ struct PackReport {
   std::vector<int64_t> rows;
   int64_t batchSize = 0;              ///< rows of the crash step's batch as recorded
   int rowReplays = 0;                 ///< experiments of the culprit search
+  /// With zip: the packed bundle's own replay, which its report states.
+  std::optional<replayer::ReplayResult> packedReplay;
   std::string replayFailed;           ///< why the replay could not run ("" when it ran or was not asked for)
   double packMs = 0;                  ///< the whole pack, its replay included
 };

@@ -10,8 +10,11 @@
 
 namespace crashcap::investigate {
 
-/// The report of `bundle`; with `triage`, its hypothesis table and culprit too. Throws
+/// The report of `bundle`; with `triage`, its hypothesis table and culprit too. Without triage,
+/// `replay` (when given) is the replay it states. `shownAs`: the bundle's name in the report ("":
+/// `bundle`), for a report that travels with its bundle under another name. Throws
 /// crashcap::Error when the bundle cannot be read.
-std::string markdownReport(const std::string& bundle, const std::optional<Triage>& triage);
+std::string markdownReport(const std::string& bundle, const std::optional<Triage>& triage,
+                           const replayer::ReplayResult* replay = nullptr, const std::string& shownAs = "");
 
 }  // namespace crashcap::investigate

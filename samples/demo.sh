@@ -46,9 +46,9 @@ show "$CC" triage "$(ls "$WORK"/cls/crash-*.ccap)"
 show "$CC" report "$(ls "$WORK"/cls/crash-*.ccap)" -o "$WORK/bug-report.md"
 printf '\033[2m(the first lines of the report, ready to paste into a bug tracker)\033[0m\n'
 sed -n '/^## Summary/,/^## Steps/p' "$WORK/bug-report.md"
-printf '\033[2m(and the bundle to attach beside it: one keyframe and the steps from it to the crash, still replaying)\033[0m\n'
-show "$CC" pack "$(ls "$WORK"/cls/crash-*.ccap)" -o "$WORK/attach.ccap"
-"$CC" replay "$WORK/attach.ccap" | grep -E '^verdict|^error' || true
+printf '\033[2m(and the attachment: a keyframe written at the failing step by a bit-for-bit replay, only the culprit row, and a report, in a zip)\033[0m\n'
+show "$CC" pack "$(ls "$WORK"/cls/crash-*.ccap)" -o "$WORK/attach.zip" --zip --rows culprit --max-size 25M
+(mkdir -p "$WORK/unzipped" && cd "$WORK/unzipped" && /usr/bin/python3 -m zipfile -e "$WORK/attach.zip" . && "$CC" replay attach.ccap | grep -E '^verdict|^error') || true
 
 step "7b. A PyTorch training written in Python: recorded by the crashcap package, replayed in its own loop"
 PYDIR=$(cd "$BIN/../python" 2>/dev/null && pwd || true)

@@ -1,4 +1,5 @@
 // crashcap report: a Markdown bug report from a crash bundle, with the triage table.
+#include <filesystem>
 #include <iostream>
 
 #include "../command.hpp"
@@ -15,6 +16,8 @@ struct Options {
   bool noTriage = false;
   double timeout = 600;
   bool allowDamaged = false;
+  bool html = false;
+  std::string htmlOut;
 };
 
 int report(const Options& o) {
@@ -27,7 +30,31 @@ int report(const Options& o) {
     to.experiments.allowDamaged = o.allowDamaged;
     triage = investigate::runTriage(o.bundle, to);
   }
-  std::string md = investigate::markdownReport(o.bundle, triage);
+  std::string why;
+  if ((o.html || !o.htmlOut.empty()) && !investigate::htmlReportAvailable(&why))
+    throw Error(ErrorCode::Unsupported, "no HTML report: " + why, "write the Markdown report (without --html)");
+  if (o.html) {
+    std::string html = investigate::htmlReport(o.bundle, triage);
+    if (o.out.empty()) {
+      std::cout << html;
+    } else {
+      writeFileAtomically(o.out, html);
+      std::cerr << "wrote " << o.out << "\n";
+    }
+    return kExitOk;
+  }
+  std::string link;
+  if (!o.htmlOut.empty()) {
+    writeFileAtomically(o.htmlOut, investigate::htmlReport(o.bundle, triage));
+    std::cerr << "wrote " << o.htmlOut << "\n";
+    // The Markdown links it as a path from where the Markdown lies.
+    namespace fs = std::filesystem;
+    std::error_code ec;
+    const fs::path base = o.out.empty() ? fs::current_path() : fs::absolute(o.out).parent_path();
+    link = fs::absolute(o.htmlOut).lexically_relative(base).string();
+    if (link.empty()) link = o.htmlOut;
+  }
+  std::string md = investigate::markdownReport(o.bundle, triage, nullptr, "", link);
   if (o.out.empty()) {
     std::cout << md;
   } else {
@@ -42,9 +69,19 @@ Command reportCommand(CLI::App& root) {
   auto* cmd = root.add_subcommand("report", torchCommandSummary("report"));
   cmd->add_option("bundle", o->bundle, "Crash bundle")->required();
   cmd->add_option("-o,--out", o->out, "Write the report to this file (default: stdout)");
+  cmd->add_flag("--html", o->html,
+                "Write one self-contained HTML page with plots instead of Markdown (it loads nothing: open it anywhere)");
+  cmd->add_option("--html-out", o->htmlOut, "Also write the HTML report to this file; the Markdown links it");
   cmd->add_flag("--no-triage", o->noTriage, "Skip the experiments (faster; no hypothesis table)");
   cmd->add_option("--timeout", o->timeout, "Seconds per triage experiment")->capture_default_str();
   addAllowDamaged(cmd, o->allowDamaged);
+  cmd->footer(
+      "Markdown in the shape issue trackers ask for (summary, environment, steps to reproduce, logs, root cause\n"
+      "from triage). --html writes the same facts as one HTML page with plots: loss, gradient norm, weight norm\n"
+      "and learning rate per recorded step with the crash marked, the first non-finite op's values, the culprit\n"
+      "rows beside a normal row (image rows as pictures), the triage table, the environment, the kernel trace.\n"
+      "Examples: crashcap report crash.ccap -o bug.md --html-out bug.html\n"
+      "          crashcap report crash.ccap --html -o report.html --no-triage");
   addAllowChangedSource(cmd);
   return {cmd, [o] { return report(*o); }};
 }

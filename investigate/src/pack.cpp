@@ -469,9 +469,13 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
         rep.warnings.push_back(fmt::format("the packed bundle could not be replayed for its report: {}", lastLine(e.what())));
       }
     }
-    entries.push_back({"report.md", "",
-                       markdownReport(bundlePath, std::nullopt, rep.packedReplay ? &*rep.packedReplay : nullptr, bundleName),
+    const replayer::ReplayResult* packedReplay = rep.packedReplay ? &*rep.packedReplay : nullptr;
+    std::string why;
+    const bool html = htmlReportAvailable(&why);
+    if (!html) rep.warnings.push_back("the zip holds no report.html: " + why);
+    entries.push_back({"report.md", "", markdownReport(bundlePath, std::nullopt, packedReplay, bundleName, html ? "report.html" : ""),
                        true});
+    if (html) entries.push_back({"report.html", "", htmlReport(bundlePath, std::nullopt, packedReplay, bundleName), true});
     for (const auto& e : entries) rep.zipEntries.push_back(e.name);
     writeZip(output.path(), entries);
     bytes = fs::file_size(output.path());

@@ -21,7 +21,7 @@ std::string jsonList(const std::vector<int64_t>& v) { return fmt::format("[{}]",
 }  // namespace
 
 std::string markdownReport(const std::string& path, const std::optional<Triage>& triage,
-                           const replayer::ReplayResult* replayed, const std::string& shownAs) {
+                           const replayer::ReplayResult* replayed, const std::string& shownAs, const std::string& htmlLink) {
   auto reader = formats::BundleReader::open(path);
   const std::string& bundle = shownAs.empty() ? path : shownAs;
   // The story is what `crashcap inspect` prints; the report prints the same facts as Markdown.
@@ -55,6 +55,10 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     }
     md += "\n";
   }
+  if (!htmlLink.empty())
+    md += fmt::format("\nThe same report with plots (loss, gradient norm, weight norm, learning rate; the culprit rows): "
+                      "[{}]({}).\n",
+                      htmlLink, htmlLink);
   if (replay && !replayer::reproduces(replay->verdict))
     md += fmt::format("\n**The crash does not reproduce in replay here** (verdict {}): the bundle alone may not be enough "
                       "to reproduce it; the cause may lie outside what was recorded (the program's own code around the "

@@ -222,7 +222,7 @@ TEST_CASE("pack --zip writes the attachment an issue tracker takes: the bundle a
   const std::string bundle = recordFault(dir, "crashcap-sample-cls", "nan-sample", 8, 5, 4);
   const std::string zip = dir.file("crash.zip");
   auto p = runJson({test::binPath("crashcap"), "pack", bundle, "-o", zip, "--zip", "--max-size", "25M", "--json"});
-  CHECK(p["zip_entries"] == json::array({"crash.ccap", "report.md"}));
+  CHECK(p["zip_entries"] == json::array({"crash.ccap", "report.md", "report.html"}));
   CHECK(p["packed_bytes"].get<uint64_t>() == fs::file_size(zip));
   CHECK(p["bundle_bytes"].get<uint64_t>() <= p["packed_bytes"].get<uint64_t>());
   CHECK(p["packed_replay"]["verdict"] == "reproduced-bitwise");
@@ -237,6 +237,10 @@ TEST_CASE("pack --zip writes the attachment an issue tracker takes: the bundle a
   CHECK(md.find("bundle: \"crash.ccap\"") != std::string::npos);
   CHECK(md.find("Replay: **reproduced-bitwise**") != std::string::npos);
   CHECK(md.find("## Attachment") != std::string::npos);
+  CHECK(md.find("[report.html](report.html)") != std::string::npos);
+  const std::string html = test::readText(unpacked + "/report.html");
+  CHECK(html.find("Training crash at step 5") != std::string::npos);
+  CHECK(html.find("Chart.js") != std::string::npos);
   CHECK(md.find("holds: 32 training samples: the batch of step 5") != std::string::npos);
   // --max-size is the zip's: too small, nothing is written.
   auto r = test::run({test::binPath("crashcap"), "pack", bundle, "-o", dir.file("small.zip"), "--zip", "--max-size", "20K"}, 300);

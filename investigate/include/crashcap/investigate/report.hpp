@@ -14,7 +14,20 @@ namespace crashcap::investigate {
 /// `replay` (when given) is the replay it states. `shownAs`: the bundle's name in the report ("":
 /// `bundle`), for a report that travels with its bundle under another name. Throws
 /// crashcap::Error when the bundle cannot be read.
+/// `htmlLink`: the HTML report written beside it, which the Markdown links ("" none).
 std::string markdownReport(const std::string& bundle, const std::optional<Triage>& triage,
-                           const replayer::ReplayResult* replay = nullptr, const std::string& shownAs = "");
+                           const replayer::ReplayResult* replay = nullptr, const std::string& shownAs = "",
+                           const std::string& htmlLink = "");
+
+/// The same facts as one self-contained HTML page with plots (`crashcap report --html`): the loss,
+/// gradient norm, weight norm and learning rate of the recorded steps with the crash marked, the
+/// first non-finite op's inputs and outputs, the culprit rows beside a normal row of the batch
+/// (pictures of image-like rows), the triage table, the environment and the kernel trace. The
+/// plots are drawn by Chart.js, embedded in the page: it loads nothing. Throws Error{Unsupported}
+/// when this build has no Chart.js (htmlReportAvailable says why).
+std::string htmlReport(const std::string& bundle, const std::optional<Triage>& triage,
+                       const replayer::ReplayResult* replay = nullptr, const std::string& shownAs = "");
+/// Whether this build can write HTML reports; `why` says why not.
+bool htmlReportAvailable(std::string* why = nullptr);
 
 }  // namespace crashcap::investigate

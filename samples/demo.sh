@@ -43,8 +43,9 @@ step "7. A classifier fed an out-of-range label: the exception's own text is kep
 expect_fail "$BIN/crashcap-sample-cls" --steps 20 --record "$WORK/cls" --fault bad-label --fault-step 7 --fault-row 5 --keyframe-every 5
 show "$CC" inspect "$(ls "$WORK"/cls/crash-*.ccap)"
 show "$CC" triage "$(ls "$WORK"/cls/crash-*.ccap)"
-show "$CC" report "$(ls "$WORK"/cls/crash-*.ccap)" -o "$WORK/bug-report.md"
-printf '\033[2m(the first lines of the report, ready to paste into a bug tracker)\033[0m\n'
+PAGE=$(cd "$BIN/.." && pwd)/demo-report.html   # kept after the demo: open it in a browser
+show "$CC" report "$(ls "$WORK"/cls/crash-*.ccap)" -o "$WORK/bug-report.md" --html-out "$PAGE"
+printf '\033[2m(the first lines of the report, ready to paste into a bug tracker; the same with plots: %s)\033[0m\n' "$PAGE"
 sed -n '/^## Summary/,/^## Steps/p' "$WORK/bug-report.md"
 printf '\033[2m(and the attachment: a keyframe written at the failing step by a bit-for-bit replay, only the culprit row, and a report, in a zip)\033[0m\n'
 show "$CC" pack "$(ls "$WORK"/cls/crash-*.ccap)" -o "$WORK/attach.zip" --zip --rows culprit --max-size 25M

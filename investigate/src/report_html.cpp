@@ -18,6 +18,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
+#include "crashcap/inspect/demangle.hpp"
 #include "crashcap/inspect/story.hpp"
 #include "crashcap/investigate/report.hpp"
 
@@ -310,16 +311,23 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
       }
     std::vector<std::pair<std::string, std::pair<uint64_t, double>>> top(byName.begin(), byName.end());
     std::sort(top.begin(), top.end(), [](const auto& x, const auto& y) { return x.second.second > y.second.second; });
+    // Demangled in one go (the demangler runs in a child process, once per call).
+    std::vector<std::string> symbols;
+    for (size_t i = 0; i < top.size() && i < 10; ++i) symbols.push_back(top[i].first);
+    for (const auto* e : {&k.firstError, &k.stickyError}) symbols.push_back(*e ? (*e)->symbol : "");
+    const std::vector<std::string> shown = inspect::demangleSymbols(symbols);
+    const size_t kernels = std::min<size_t>(top.size(), 10);
     body += fmt::format("<p>process {}: {} activities ({} kept), {} launches.</p>\n", k.pid, k.totalActivities,
                         k.activities.size(), k.totalLaunches);
     for (const auto* e : {&k.firstError, &k.stickyError})
       if (*e)
         body += fmt::format("<p class=\"error\">{} error: <code>{}</code> from <code>{}</code>{}</p>\n",
                             e == &k.firstError ? "first" : "context-poisoning", escape((*e)->name.empty() ? std::to_string((*e)->code) : (*e)->name),
-                            escape((*e)->api), (*e)->symbol.empty() ? "" : " launching <code>" + escape((*e)->symbol) + "</code>");
+                            escape((*e)->api),
+                            (*e)->symbol.empty() ? "" : " launching <code>" + escape(shown[kernels + (e == &k.firstError ? 0 : 1)]) + "</code>");
     body += "<table><tr><th>kernel</th><th>launches</th><th>total ms</th></tr>";
-    for (size_t i = 0; i < top.size() && i < 10; ++i)
-      body += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td>{:.3f}</td></tr>", escape(top[i].first),
+    for (size_t i = 0; i < kernels; ++i)
+      body += fmt::format("<tr><td><code>{}</code></td><td>{}</td><td>{:.3f}</td></tr>", escape(shown[i]),
                           top[i].second.first, top[i].second.second);
     body += "</table>\n";
   }

@@ -176,3 +176,18 @@ TEST_CASE("crashcap inspect --trace works end to end, and the inspect story poin
   CHECK(launchesAlone.exitCode == 2);
   CHECK_THAT(launchesAlone.err, Catch::Contains("--trace"));
 }
+
+TEST_CASE("the HTML report summarises a bundle's kernel trace: its errors and its most expensive kernels",
+          "[inspect][trace][cli]") {
+  test::TempDir dir;
+  const auto bundle = dir.file("crash.ccap");
+  writeBundle(bundle, {opTrace(), {recordedTrace()}, std::nullopt, true});
+  const auto page = dir.file("report.html");
+  auto r = runCrashcap({"report", bundle, "--html", "-o", page, "--no-triage"});
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  const std::string html = test::readText(page);
+  CHECK_THAT(html, Catch::Contains("<h2>GPU kernel trace</h2>"));
+  CHECK_THAT(html, Catch::Contains("context-poisoning error: <code>cudaErrorIllegalInstruction</code>"));
+  CHECK_THAT(html, Catch::Contains("<th>kernel</th><th>launches</th><th>total ms</th>"));
+}

@@ -75,6 +75,23 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
                   "choose another output path, or pass --force to replace it");
   }
   rep.originalBytes = fs::file_size(in, ec);
+  // A list of rows is checked before anything runs; whether they are in the batch, once it is known.
+  if (o.rows != "all" && o.rows != "culprit" && o.rows.empty())
+    throw Error(ErrorCode::InvalidArgument, "--rows needs all, culprit or a list of rows (3,5)");
+  std::set<int64_t> chosen;
+  if (o.rows != "all" && o.rows != "culprit")
+    for (size_t pos = 0; pos <= o.rows.size();) {
+      size_t comma = o.rows.find(',', pos);
+      if (comma == std::string::npos) comma = o.rows.size();
+      const std::string item = o.rows.substr(pos, comma - pos);
+      int64_t row = -1;
+      auto [end, err] = std::from_chars(item.data(), item.data() + item.size(), row);
+      if (item.empty() || err != std::errc() || end != item.data() + item.size() || row < 0)
+        throw Error(ErrorCode::InvalidArgument, fmt::format("--rows: '{}' is not a row number", item),
+                    "give all, culprit, or rows like 3,5");
+      chosen.insert(row);
+      pos = comma + 1;
+    }
 
   auto reader = formats::BundleReader::open(in, o.limits);
   if (!reader->report().complete())
@@ -258,8 +275,6 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   };
 
   // The rows to keep.
-  if (o.rows != "all" && o.rows != "culprit" && o.rows.empty())
-    throw Error(ErrorCode::InvalidArgument, "--rows needs all, culprit or a list of rows (3,5)");
   if (o.rows != "all") {
     if (rep.batchSize == 0)
       throw Error(ErrorCode::InvalidArgument,
@@ -293,23 +308,10 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
                                        target));
       }
     } else {
-      std::set<int64_t> chosen;
-      size_t pos = 0;
-      while (pos <= o.rows.size()) {
-        size_t comma = o.rows.find(',', pos);
-        if (comma == std::string::npos) comma = o.rows.size();
-        const std::string item = o.rows.substr(pos, comma - pos);
-        int64_t row = -1;
-        auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), row);
-        if (item.empty() || ec != std::errc() || end != item.data() + item.size() || row < 0)
-          throw Error(ErrorCode::InvalidArgument, fmt::format("--rows: '{}' is not a row number", item),
-                      "give all, culprit, or rows like 3,5");
+      for (int64_t row : chosen)
         if (row >= rep.batchSize)
           throw Error(ErrorCode::InvalidArgument,
                       fmt::format("--rows: row {} is outside step {}'s batch (rows 0..{})", row, target, rep.batchSize - 1));
-        chosen.insert(row);
-        pos = comma + 1;
-      }
       if (static_cast<int64_t>(chosen.size()) < rep.batchSize) rep.rows.assign(chosen.begin(), chosen.end());
     }
     cutRows = !rep.rows.empty();

@@ -146,6 +146,24 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       break;
     }
   }
+  // The crash step's batch: which of its tensors are per row (first dimension the batch's). Rows
+  // asked for are checked against it before anything runs.
+  std::set<std::string> rowTensors;
+  if (target >= 0)
+    for (const auto& n : begun.at(target)->batch)
+      if (const auto* t = reader->find(n); t && !t->shape.empty()) {
+        if (rep.batchSize == 0) rep.batchSize = t->shape[0];
+        if (t->shape[0] == rep.batchSize) rowTensors.insert(n);
+      }
+  if (o.rows != "all" && rep.batchSize == 0)
+    throw Error(ErrorCode::InvalidArgument,
+                target < 0 ? std::string("--rows: the bundle records no step whose rows could be chosen")
+                           : fmt::format("--rows: step {}'s batch has no rows to choose (no tensor with a first dimension)", target));
+  for (int64_t row : chosen)
+    if (row >= rep.batchSize)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("--rows: row {} is outside step {}'s batch (rows 0..{})", row, target, rep.batchSize - 1));
+
   // Replay the crash from that keyframe: does the attachment reproduce, and, when every step up
   // to the crash replays bit for bit, the state the crash step starts from, as a keyframe.
   std::unique_ptr<formats::BundleReader> materialised;
@@ -160,6 +178,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       ~Remove() {
         std::error_code ec;
         fs::remove(path, ec);
+        fs::remove(path + ".partial", ec);  // a replay that died while writing it
       }
     } removeLater{keyframeOut};
     if (rep.keyframeStep < target) ro.keyframeOut = keyframeOut;
@@ -169,6 +188,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       rep.replayFailed = e.what();
     } catch (const Error& e) {
       rep.replayFailed = e.message();
+    } catch (const std::exception& e) {
+      rep.replayFailed = e.what();  // a LibTorch error loading the program, memory: the fallback still packs
     }
     if (rep.replay) {
       const auto& r = *rep.replay;
@@ -177,14 +198,21 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
             "the crash does not reproduce from this bundle here (replay verdict {}{}): packed anyway; the attachment "
             "replays no better than the bundle",
             replayer::verdictName(r.verdict), r.error.empty() ? "" : ", " + lastLine(r.error)));
-      if (r.keyframeWritten) {
+      // The keyframe was written before the target step ran; the target's own fingerprint, when
+      // recorded, checks the last update before it too.
+      std::string notUsed = r.keyframeNotWritten;
+      for (const auto& s : r.steps)
+        if (s.step == target && s.recorded && !s.bitwise && r.keyframeWritten)
+          notUsed = fmt::format("step {} itself did not replay bit for bit, so the state it started from is unproven", target);
+      if (r.keyframeWritten && notUsed.empty()) {
         materialised = formats::BundleReader::open(keyframeOut, o.limits);
         auto view = formats::readRecords(*materialised);
         if (view.keyframes.size() == 1 && view.keyframes[0].step == target) materialisedRecord = view.keyframes[0];
       } else if (!ro.keyframeOut.empty()) {
+        if (notUsed.empty()) notUsed = fmt::format("the replay did not reach step {}", target);
         rep.warnings.push_back(fmt::format("no keyframe at step {}: {}; packed from the keyframe at step {} with every "
                                            "step after it",
-                                           target, r.keyframeNotWritten, rep.keyframeStep));
+                                           target, notUsed, rep.keyframeStep));
       }
     } else {
       rep.warnings.push_back(fmt::format("the crash could not be replayed here ({}): packed from the keyframe at step "
@@ -219,15 +247,6 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   const int64_t recordedKeyframe = materialisedRecord ? -1 : rep.keyframeStep;
   for (const auto& k : view.keyframes)
     if (k.step == recordedKeyframe) --rep.keyframesLeftOut;
-  // The crash step's batch: which of its tensors are per row (first dimension the batch's).
-  std::set<std::string> rowTensors;
-  if (target >= 0 && keptSteps.count(target)) {
-    for (const auto& n : begun.at(target)->batch)
-      if (const auto* t = reader->find(n); t && !t->shape.empty()) {
-        if (rep.batchSize == 0) rep.batchSize = t->shape[0];
-        if (t->shape[0] == rep.batchSize) rowTensors.insert(n);
-      }
-  }
   bool cutRows = false;  // the rows of rep.rows replace the crash step's batch
   auto keepTensor = [&](const formats::TensorInfo& t) {
     if (cutRows && rowTensors.count(t.name)) return false;
@@ -276,10 +295,6 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
 
   // The rows to keep.
   if (o.rows != "all") {
-    if (rep.batchSize == 0)
-      throw Error(ErrorCode::InvalidArgument,
-                  target < 0 ? std::string("--rows: the bundle records no step whose rows could be chosen")
-                             : fmt::format("--rows: step {}'s batch has no rows to choose (no tensor with a first dimension)", target));
     if (o.rows == "culprit") {
       // bisect samples on a pack of all rows: its replays start at the crash step's keyframe.
       const std::string stage = fs::absolute(o.out).string() + ".rows-search.ccap";
@@ -308,10 +323,6 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
                                        target));
       }
     } else {
-      for (int64_t row : chosen)
-        if (row >= rep.batchSize)
-          throw Error(ErrorCode::InvalidArgument,
-                      fmt::format("--rows: row {} is outside step {}'s batch (rows 0..{})", row, target, rep.batchSize - 1));
       if (static_cast<int64_t>(chosen.size()) < rep.batchSize) rep.rows.assign(chosen.begin(), chosen.end());
     }
     cutRows = !rep.rows.empty();
@@ -461,8 +472,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     const std::string bundleName = name.replace_extension(".ccap").string();
     std::vector<ZipEntry> entries;
     entries.push_back({bundleName, bundlePath, "", false});
-    // The report describes the attachment: its own replay, not the original's.
-    if (o.replay) {
+    // The report describes the attachment: its own replay, not the original's (when it can replay).
+    if (o.replay && rep.keyframeStep >= 0) {
       replayer::ReplayOptions ro;
       ro.allowChangedSources = changedSourcesAllowed();
       try {

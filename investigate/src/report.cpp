@@ -31,6 +31,8 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   auto fact = [&](const char* k) { return facts.contains(k) ? facts[k].get<std::string>() : std::string("unknown"); };
   std::string error = crash.is_null() ? std::string("(no crash record)") : lastLine(crash["error"].get<std::string>());
   std::string stepText = crash.is_null() || crash["step"].is_null() ? "?" : crash["step"].dump();
+  // A crash the supervisor saw outside any step has no phase.
+  const std::string phase = !crash.is_null() && crash["phase"].is_string() ? crash["phase"].get<std::string>() : "unknown";
   const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : replayed;
   std::string title = error.substr(0, 80);
   std::replace(title.begin(), title.end(), '"', '\'');  // keep the front matter valid YAML
@@ -43,7 +45,7 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   if (crash.is_null()) {
     md += fmt::format("The recording ends without a crash record (state: {}).\n", story["status"].dump());
   } else {
-    md += fmt::format("Training fails at step {} in the {} phase with `{}`.", stepText, crash["phase"].get<std::string>(),
+    md += fmt::format("Training fails at step {} in the {} phase with `{}`.", stepText, phase,
                       error);
     if (!triage && replay) md += fmt::format(" Replay: **{}**.", replayer::verdictName(replay->verdict));
     if (triage) {
@@ -105,7 +107,7 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   md += "\n## Actual Behavior\n";
   if (!crash.is_null()) {
     md += fmt::format("- Step {} fails ({}, phase {}): `{}`\n", stepText, crash["kind"].get<std::string>(),
-                      crash["phase"].get<std::string>(), error);
+                      phase, error);
     if (!crash["signal"].is_null()) md += fmt::format("- The process died by {}.\n", crash["signal_name"].get<std::string>());
   }
   if (replay) {

@@ -154,7 +154,7 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   body += fmt::format("<li>bundle <code>{}</code></li>", escape(bundle));
   if (!crash.is_null())
     body += fmt::format("<li>{} in the {} phase{}</li>", escape(crash["kind"].get<std::string>()),
-                        escape(crash["phase"].get<std::string>()),
+                        escape(crash["phase"].is_string() ? crash["phase"].get<std::string>() : "unknown"),
                         crash["signal_name"].is_string() ? ", " + escape(crash["signal_name"].get<std::string>()) : "");
   if (replay) {
     body += fmt::format("<li>replay: <b>{}</b> (steps {}..{} from keyframe {})</li>", replayer::verdictName(replay->verdict),
@@ -333,9 +333,10 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   }
 
   json data = {{"steps", steps}, {"crash_step", crashStep >= 0 ? json(crashStep) : json(nullptr)}, {"pictures", pictures}};
-  std::string dataText = data.dump();
-  // A "</" inside a script element would end it.
-  for (size_t at = dataText.find("</"); at != std::string::npos; at = dataText.find("</", at + 3)) dataText.replace(at, 2, "<\\/");
+  // Names from the bundle need not be UTF-8; and no "<" may reach the script element's text, where
+  // "</script" or "<!--" would change how the page parses.
+  std::string dataText = data.dump(-1, ' ', false, json::error_handler_t::replace);
+  for (size_t at = dataText.find('<'); at != std::string::npos; at = dataText.find('<', at)) dataText.replace(at, 1, "\\u003c");
 
   std::string html;
   html += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";

@@ -212,6 +212,7 @@ TEST_CASE("pack --rows keeps only the crash step's culprit rows, with their data
       INFO(bad << ": " << r.err);
       CHECK(r.exitCode == 2);
       CHECK(!fs::exists(dir.file("bad.ccap")));
+      CHECK(!fs::exists(dir.file("bad.ccap.keyframe")));
     }
   }
 }
@@ -246,7 +247,9 @@ TEST_CASE("pack --zip writes the attachment an issue tracker takes: the bundle a
   auto r = test::run({test::binPath("crashcap"), "pack", bundle, "-o", dir.file("small.zip"), "--zip", "--max-size", "20K"}, 300);
   CHECK(r.exitCode == 1);
   CHECK(!fs::exists(dir.file("small.zip")));
+  CHECK(!fs::exists(dir.file("small.zip.partial")));
   CHECK(!fs::exists(dir.file("small.zip.ccap.partial")));
+  CHECK(!fs::exists(dir.file("small.zip.keyframe")));
 }
 
 TEST_CASE("pack says what the attachment holds: samples with their dataset indices, weights, no other data",

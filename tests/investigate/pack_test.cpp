@@ -146,6 +146,27 @@ TEST_CASE("a crash far from its keyframe packs into one keyframe, at the failing
   CHECK(opName(after) == opName(replay(bundle)));
 }
 
+TEST_CASE("when the replay departs from the recording, pack keeps the recorded keyframe and the steps after it",
+          "[investigate][pack]") {
+  test::TempDir dir;
+  const std::string bundle = recordFault(dir, "crashcap-sample-cls", "nan-sample", 14, 9, 4);
+  // The fault-injection hook moves step 8's conv output by one ulp in the replay alone (a
+  // nondeterministic kernel): step 8 no longer matches its fingerprint, so its state is unproven.
+  const std::string packed = dir.file("packed.ccap");
+  auto p = runJson({"/usr/bin/env", "CRASHCAP_FAULT_INJECT=op=aten::conv2d;step=8;mode=perturb", test::binPath("crashcap"),
+                    "pack", bundle, "-o", packed, "--json"});
+  CHECK(p["replay"]["verdict"] == "diverged");
+  CHECK(p["replay"]["keyframe_materialised"] == false);
+  CHECK(p["replay"]["keyframe_not_materialised"] == "step 8 did not replay bit for bit");
+  CHECK(p["warnings"].dump().find("no keyframe at step 9: step 8 did not replay bit for bit") != std::string::npos);
+  CHECK(p["keyframe_step"] == 8);
+  CHECK(p["first_step"] == 8);
+  CHECK(p["last_step"] == 9);
+  CHECK(!fs::exists(packed + ".keyframe"));
+  // Without the perturbation, the attachment replays as the recording did.
+  CHECK(replay(packed)["verdict"] == "reproduced-bitwise");
+}
+
 TEST_CASE("pack on a bundle whose crash does not reproduce packs it anyway and says so", "[investigate][pack]") {
   test::TempDir dir;
   // The victim throws from its own loop, outside the step program: a replay runs the step clean.

@@ -102,6 +102,7 @@ LiveWriter::LiveWriter(LiveWriterOptions options) : page_(anonymousProgressPage(
     throw Error(ErrorCode::Io, fmt::format("cannot create the output directory {}: {}", options_.outputDir, ec.message()),
                 "check the path and its permissions, or pass another directory");
   startRecording();
+  settleProgress();  // no step has begun: this thread is the page's only user yet
   // A full file-size limit must surface as EFBIG from write(2), which the writer turns into
   // a counted drop, not as SIGXFSZ killing the training.
   struct sigaction old {};
@@ -117,15 +118,17 @@ LiveWriter::~LiveWriter() {
   cv_.notify_all();
   if (thread_.joinable()) thread_.join();
   if (activeWriter() == this) setActiveWriter(nullptr);
+  if (void* pending = pendingPage_.exchange(nullptr)) ::munmap(pending, kProgressBytes);
   ::munmap(page_, kProgressBytes);
 }
 
 void LiveWriter::mapProgress(const std::string& dir) {
   // The file is written whole (its blocks allocated now, so a store into the mapping never
-  // faults for want of disk), mapped, given the page's values, and the mapping moved over the
-  // page in one step (mremap): the training's stores never meet an unmapped page. A file system
-  // that cannot do this leaves the page in memory: the recording works, and `seal` knows the
-  // step only from the records that reached the disk.
+  // faults for want of disk) and mapped; the training thread gives it the page's values and
+  // moves it over the page in one step (mremap) at its next step: its stores never meet an
+  // unmapped page, and none is lost between the copy and the move. A file system that cannot
+  // do this leaves the page in memory: the recording works, and `seal` knows the step only from
+  // the records that reached the disk.
   const std::string path = (fs::path(dir) / kProgressFileName).string();
   auto fail = [&](const char* what, int error) {
     addWarning(fmt::format("no progress file in {} ({}: {}); after a SIGKILL the step comes from the records alone",
@@ -142,12 +145,25 @@ void LiveWriter::mapProgress(const std::string& dir) {
   const int error = errno;
   ::close(fd);
   if (file == MAP_FAILED) return fail(written ? "mmap" : "write", error);
-  if (int error = movePage(file)) return fail("mremap", error);
+  offerPage(file);
 }
 
 void LiveWriter::unmapProgress() {
   void* memory = ::mmap(nullptr, kProgressBytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
-  if (memory != MAP_FAILED) movePage(memory);
+  if (memory != MAP_FAILED) offerPage(memory);
+}
+
+void LiveWriter::offerPage(void* fresh) {
+  if (void* stale = pendingPage_.exchange(fresh, std::memory_order_acq_rel)) ::munmap(stale, kProgressBytes);
+}
+
+void LiveWriter::settlePending() {
+  void* fresh = pendingPage_.exchange(nullptr, std::memory_order_acq_rel);
+  if (!fresh) return;
+  if (int error = movePage(fresh))
+    addWarning(fmt::format("the progress page could not be moved ({}): after a SIGKILL the step comes from the "
+                           "records alone",
+                           std::strerror(error)));
 }
 
 int LiveWriter::movePage(void* fresh) {

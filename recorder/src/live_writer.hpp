@@ -118,6 +118,13 @@ class LiveWriter {
   std::atomic<int64_t>& currentStep = page_->step;
   std::atomic<int>& phase = page_->phase;
   std::atomic<uint64_t>& stepsBegun = page_->stepsBegun;
+  /// Called by the training thread before it stores into the page (beginStep): moves a page the
+  /// writer thread prepared (a new recording's progress file; memory after a write error) over
+  /// the page. Only the thread that stores may move it: a store between the copy of the values
+  /// and the move would be lost.
+  void settleProgress() {
+    if (pendingPage_.load(std::memory_order_acquire)) settlePending();
+  }
 
   /// Produces the op ring at crash time (called on the writer thread).
   void setOpsSnapshot(std::function<std::optional<formats::OpTraceData>()> fn);
@@ -153,6 +160,10 @@ class LiveWriter {
   /// Moves `fresh` (a mapping holding nothing yet) over the page with the page's values; 0, or
   /// the errno of a failure (then the page stays as it was).
   int movePage(void* fresh);
+  /// Hands `fresh` to the training thread's next settleProgress (replacing one not yet taken).
+  void offerPage(void* fresh);
+  void settlePending();
+  std::atomic<void*> pendingPage_{nullptr};
   void applyRetention();
   void degrade(const std::string& why);
   void handleCrash();

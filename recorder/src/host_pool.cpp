@@ -65,6 +65,25 @@ void HostPool::give(void* p, uint64_t bytes) {
   for (void* q : evicted) std::free(q);
 }
 
+void HostPool::setIdleLimit(uint64_t idleLimit) {
+  std::vector<void*> evicted;
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    idleLimit_ = idleLimit;
+    while (idleBytes_ > idleLimit_) {
+      evicted.push_back(idle_.front().p);
+      idleBytes_ -= idle_.front().bytes;
+      idle_.pop_front();
+    }
+  }
+  for (void* q : evicted) std::free(q);
+}
+
+uint64_t HostPool::idleLimit() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return idleLimit_;
+}
+
 uint64_t HostPool::idleBytes() const {
   std::lock_guard<std::mutex> lk(mu_);
   return idleBytes_;

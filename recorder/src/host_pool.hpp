@@ -28,6 +28,11 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   /// nullptr when the memory cannot be had.
   std::shared_ptr<void> acquire(uint64_t bytes);
 
+  /// Changes how many idle bytes it keeps (the recorder raises it to hold one keyframe's copies);
+  /// a lower limit frees the least recently returned buffers now.
+  void setIdleLimit(uint64_t idleLimit);
+  uint64_t idleLimit() const;
+
   uint64_t idleBytes() const;
   uint64_t liveBytes() const;   ///< handed out and not yet returned
 

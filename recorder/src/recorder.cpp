@@ -78,6 +78,8 @@ struct Recorder::Impl {
   std::unique_ptr<detail::LiveWriter> writer;
   /// Reused host buffers for the copies the writer owns (up to queueBytes of them idle).
   std::shared_ptr<detail::HostPool> pool;
+  uint64_t keyframeCopyBytes = 0;  ///< host bytes the last keyframe's copies took
+  bool poolWarned = false;
   std::string notRecordingReason;
 
   std::vector<std::pair<std::string, at::Tensor>> parameters, buffers;
@@ -337,7 +339,27 @@ struct Recorder::Impl {
     return bytes;
   }
 
+  /// Lets the pool keep the keyframe's buffers (up to the policy's bound) when the writer is done
+  /// with them, so that the next keyframe copies into memory already mapped.
+  void keepKeyframeBuffers() {
+    if (!pool) return;
+    uint64_t bound = policy.keyframePoolBytes;
+    if (bound == 0) {
+      const long pages = ::sysconf(_SC_PHYS_PAGES), pageSize = ::sysconf(_SC_PAGESIZE);
+      bound = pages > 0 && pageSize > 0 ? static_cast<uint64_t>(pages) * static_cast<uint64_t>(pageSize) / 4 : 0;
+    }
+    if (keyframeCopyBytes > bound && !poolWarned) {
+      poolWarned = true;
+      warn(fmt::format("a keyframe copies {:.0f} MiB of state, more than the {:.0f} MiB the recorder keeps for "
+                       "keyframes (Policy::keyframePoolBytes): each keyframe copies into fresh memory, several times "
+                       "slower than a memcpy",
+                       keyframeCopyBytes / 1048576.0, bound / 1048576.0));
+    }
+    pool->setIdleLimit(policy.queueBytes + std::min(keyframeCopyBytes, bound));
+  }
+
   std::vector<Job> keyframeJobs(int64_t step) {
+    keyframeCopyBytes = 0;
     std::vector<Job> jobs;
     Job start;
     start.kind = Job::Kind::StartSegment;
@@ -349,6 +371,7 @@ struct Recorder::Impl {
                    std::vector<std::string>& names) {
       auto full = formats::keyframeTensorName(step, part, name);
       if (auto job = hostCopy(full, t)) {
+        if (job->owner) keyframeCopyBytes += detail::HostPool::sizeClass(job->size);
         jobs.push_back(tensorJob(std::move(*job)));
         names.push_back(full);
       }
@@ -708,6 +731,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
   at::DisableRecordFunctionGuard notAnOp;  // the recorder's own copies are not the training's ops
   m.writeEnvironment();
   m.writeModuleProgram(batch);
+  m.writer->settleProgress();
   m.writer->currentStep.store(step, std::memory_order_relaxed);
   m.writer->stepsBegun.fetch_add(1, std::memory_order_relaxed);
   // A keyframe goes in the keyframe lane and the step in the step lane: a keyframe that does not
@@ -722,6 +746,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
       m.lastKeyframe = step;
       m.keyframeDue = false;
       ++m.keyframes;
+      m.keepKeyframeBuffers();
     }
   }
   m.writer->push(m.stepJobs(step, previousStep, batch, std::move(structure)));

@@ -78,6 +78,12 @@ struct Policy {
   /// recorded. The step program's archive (once per run) is always taken. Memory held by the
   /// queue: up to queueBytes of steps plus queueBytes (or one larger keyframe) of keyframes.
   uint64_t queueBytes = 512ull << 20;
+  /// Host memory kept idle between keyframes for the next keyframe's copies, beyond the
+  /// queueBytes the batches' copies may keep: a keyframe copied into memory the last one used
+  /// costs a memcpy, one copied into fresh memory several times that (every page is faulted in,
+  /// and unmapped again after the write). 0 (the default): one keyframe's worth, at most a quarter
+  /// of the machine's memory; a state larger than that is said in one warning.
+  uint64_t keyframePoolBytes = 0;
   uint64_t syncEveryBytes = 64ull << 20;  ///< fdatasync cadence of the writer thread
   double crashDrainSeconds = 10;        ///< how long the crash path may spend draining
   bool crashGuard = true;               ///< install signal and std::terminate handlers
@@ -173,7 +179,7 @@ struct RecorderStats {
   uint64_t keyframesSkipped = 0;
   int64_t writtenThrough = -1;          ///< newest step whose batch reached the OS
   /// Host memory the recorder's copies hold: reused buffers, in the writer's queue or idle
-  /// (at most queueBytes idle).
+  /// (at most queueBytes plus Policy::keyframePoolBytes idle).
   uint64_t bufferPoolBytes = 0;
   bool degraded = false;                ///< a write failed; see warnings
   bool recording = false;               ///< false when the directory could not be used at all

@@ -33,14 +33,17 @@ int report(const Options& o) {
   std::string why;
   if ((o.html || !o.htmlOut.empty()) && !investigate::htmlReportAvailable(&why))
     throw Error(ErrorCode::Unsupported, "no HTML report: " + why, "write the Markdown report (without --html)");
-  if (o.html) {
-    std::string html = investigate::htmlReport(o.bundle, triage);
+  // To the file -o names, else to stdout.
+  auto emit = [&](const std::string& text) {
     if (o.out.empty()) {
-      std::cout << html;
+      std::cout << text;
     } else {
-      writeFileAtomically(o.out, html);
+      writeFileAtomically(o.out, text);
       std::cerr << "wrote " << o.out << "\n";
     }
+  };
+  if (o.html) {
+    emit(investigate::htmlReport(o.bundle, triage));
     return kExitOk;
   }
   std::string link;
@@ -49,18 +52,11 @@ int report(const Options& o) {
     std::cerr << "wrote " << o.htmlOut << "\n";
     // The Markdown links it as a path from where the Markdown lies.
     namespace fs = std::filesystem;
-    std::error_code ec;
     const fs::path base = o.out.empty() ? fs::current_path() : fs::absolute(o.out).parent_path();
     link = fs::absolute(o.htmlOut).lexically_relative(base).string();
     if (link.empty()) link = o.htmlOut;
   }
-  std::string md = investigate::markdownReport(o.bundle, triage, nullptr, "", link);
-  if (o.out.empty()) {
-    std::cout << md;
-  } else {
-    writeFileAtomically(o.out, md);
-    std::cerr << "wrote " << o.out << "\n";
-  }
+  emit(investigate::markdownReport(o.bundle, triage, nullptr, "", link));
   return kExitOk;
 }
 

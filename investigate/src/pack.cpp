@@ -43,6 +43,15 @@ std::optional<int64_t> stepOf(const std::string& name, const std::string& prefix
   return step;
 }
 
+/// Working files pack writes beside its output, removed however pack ends.
+struct RemoveOnExit {
+  std::vector<std::string> paths;
+  ~RemoveOnExit() {
+    std::error_code ec;
+    for (const auto& p : paths) fs::remove(p, ec);
+  }
+};
+
 std::string stepsText(int64_t first, int64_t last) {
   return first == last ? fmt::format("step {}", first) : fmt::format("steps {}..{}", first, last);
 }
@@ -173,14 +182,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     ro.step = target;
     ro.allowChangedSources = changedSourcesAllowed();
     const std::string keyframeOut = fs::absolute(o.out).string() + ".keyframe";
-    struct Remove {
-      std::string path;
-      ~Remove() {
-        std::error_code ec;
-        fs::remove(path, ec);
-        fs::remove(path + ".partial", ec);  // a replay that died while writing it
-      }
-    } removeLater{keyframeOut};
+    // With its partial file: a replay that died while writing it.
+    RemoveOnExit removeLater{{keyframeOut, keyframeOut + ".partial"}};
     if (rep.keyframeStep < target) ro.keyframeOut = keyframeOut;
     try {
       rep.replay = investigate::replay(in, ro);
@@ -298,13 +301,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     if (o.rows == "culprit") {
       // bisect samples on a pack of all rows: its replays start at the crash step's keyframe.
       const std::string stage = fs::absolute(o.out).string() + ".rows-search.ccap";
-      struct Remove {
-        std::string path;
-        ~Remove() {
-          std::error_code ec;
-          fs::remove(path, ec);
-        }
-      } removeLater{stage};
+      RemoveOnExit removeLater{{stage}};
       write(stage, "");
       ExperimentOptions eo;
       eo.timeoutSeconds = o.experimentTimeoutSeconds;
@@ -428,14 +425,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   formats::PartialOutput output(o.out);
   // With zip, the bundle goes into the zip from a working file beside it.
   const std::string bundlePath = o.zip ? fs::absolute(o.out).string() + ".ccap.partial" : output.path();
-  struct Remove {
-    std::string path;
-    bool armed;
-    ~Remove() {
-      std::error_code ec;
-      if (armed) fs::remove(path, ec);
-    }
-  } removeBundle{bundlePath, o.zip};
+  RemoveOnExit removeBundle{o.zip ? std::vector<std::string>{bundlePath} : std::vector<std::string>{}};
   uint64_t bytes = write(bundlePath, note);
   if (!copied.lines.empty()) {
     for (const auto& l : copied.lines) note += "\n" + l;

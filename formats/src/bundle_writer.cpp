@@ -134,6 +134,11 @@ struct BundleWriter::Impl {
   uint64_t nextTensorId = 1;
   detail::Compressor compressor;
   std::vector<uint8_t> scratch;
+  /// The encoded chunk or body, reused: a compressed chunk is as large as the chunk, and a fresh
+  /// buffer per chunk would be mapped and unmapped each time (page faults, and TLB shootdowns on
+  /// every core the process runs on).
+  detail::EncodedBody encoded;
+  std::vector<std::unique_ptr<detail::EncodedBody>> spareBodies;  ///< the same, for the encode pool's chunks
   std::unique_ptr<EncodePool> pool;
   /// Tensor roles whose last compression saved too little: how many times each was stored raw
   /// since (WriterOptions::rawRetryEvery).
@@ -301,7 +306,7 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
   auto chunkLen = [&](uint64_t i) { return std::min(chunk, total - i * chunk); };
 
   if (!m.pool || count == 1) {
-    detail::EncodedBody body;
+    detail::EncodedBody& body = m.encoded;
     for (uint64_t i = 0; i < count; ++i) {
       detail::encodeBody(m.compressor, src + i * chunk, chunkLen(i), level, shuffle, m.options.minSavings, m.scratch,
                          body);
@@ -324,7 +329,13 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
     const double minSavings = m.options.minSavings;
     while (done < count) {
       while (next < count && next - done < window) {
-        auto body = std::make_unique<detail::EncodedBody>();
+        std::unique_ptr<detail::EncodedBody> body;
+        if (m.spareBodies.empty()) {
+          body = std::make_unique<detail::EncodedBody>();
+        } else {
+          body = std::move(m.spareBodies.back());
+          m.spareBodies.pop_back();
+        }
         auto* out = body.get();
         const uint8_t* in = src + next * chunk;
         uint64_t len = chunkLen(next);
@@ -336,6 +347,7 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
       }
       inflight.front().first.get();
       writeChunk(done, *inflight.front().second);
+      m.spareBodies.push_back(std::move(inflight.front().second));
       inflight.pop_front();
       ++done;
     }
@@ -379,7 +391,7 @@ uint64_t BundleWriter::writeRecord(uint16_t type, const std::vector<uint8_t>& me
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("record body is {} bytes; readers accept at most {} by default", bodySize,
                             ReaderLimits{}.maxChunkBytes));
-  detail::EncodedBody enc;
+  detail::EncodedBody& enc = impl_->encoded;
   detail::encodeBody(impl_->compressor, static_cast<const uint8_t*>(body), bodySize,
                      compress ? std::max(1, impl_->options.zstdLevel) : 0, 0, impl_->options.minSavings,
                      impl_->scratch, enc);

@@ -56,14 +56,15 @@ Compressor::Compressor() : ctx_(ZSTD_createCCtx()) {
 
 Compressor::~Compressor() { ZSTD_freeCCtx(ctx_); }
 
-void Compressor::compress(const void* in, size_t size, int level, std::vector<uint8_t>& out) {
+size_t Compressor::compress(const void* in, size_t size, int level, std::vector<uint8_t>& out) {
   ZSTD_CCtx_setParameter(ctx_, ZSTD_c_compressionLevel, level);
-  out.resize(ZSTD_compressBound(size));
+  // Grown, never shrunk: the buffer is reused, and resizing it each time would zero it each time.
+  if (out.size() < ZSTD_compressBound(size)) out.resize(ZSTD_compressBound(size));
   size_t n = ZSTD_compress2(ctx_, out.data(), out.size(), in, size);
   if (ZSTD_isError(n))
     throw Error(ErrorCode::Internal, fmt::format("zstd compression of {} bytes at level {} failed: {}", size, level,
                                                  ZSTD_getErrorName(n)));
-  out.resize(n);
+  return n;
 }
 
 namespace {
@@ -115,7 +116,6 @@ std::string Decompressor::decompress(const void* in, size_t size, void* out, siz
 
 void encodeBody(Compressor& c, const uint8_t* in, size_t size, int level, size_t shuffleElement, double minSavings,
                 std::vector<uint8_t>& scratch, EncodedBody& out) {
-  out.owned.clear();
   out.codec = Codec::None;
   out.shuffle = 0;
   out.data = in;
@@ -123,21 +123,18 @@ void encodeBody(Compressor& c, const uint8_t* in, size_t size, int level, size_t
   if (level <= 0 || size == 0) return;
   const uint8_t* src = in;
   if (shuffleElement > 1 && size % shuffleElement == 0) {
-    scratch.resize(size);
+    if (scratch.size() < size) scratch.resize(size);
     shuffleBytes(in, scratch.data(), size, shuffleElement);
     src = scratch.data();
   } else {
     shuffleElement = 0;
   }
-  c.compress(src, size, level, out.owned);
-  if (double(out.owned.size()) > double(size) * (1.0 - minSavings)) {
-    out.owned.clear();
-    return;  // not worth it: store the caller's bytes as they are
-  }
+  const size_t n = c.compress(src, size, level, out.owned);
+  if (double(n) > double(size) * (1.0 - minSavings)) return;  // not worth it: store the caller's bytes as they are
   out.codec = Codec::Zstd;
   out.shuffle = uint8_t(shuffleElement);
   out.data = out.owned.data();
-  out.size = out.owned.size();
+  out.size = n;
 }
 
 }  // namespace crashcap::formats::detail

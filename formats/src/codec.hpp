@@ -24,8 +24,9 @@ class Compressor {
   ~Compressor();
   Compressor(const Compressor&) = delete;
   Compressor& operator=(const Compressor&) = delete;
-  /// Compresses into `out` (resized to the frame size).
-  void compress(const void* in, size_t size, int level, std::vector<uint8_t>& out);
+  /// Compresses into the start of `out` (grown to zstd's bound when smaller, never shrunk, so a
+  /// buffer reused for every chunk is allocated once); returns the frame's size.
+  size_t compress(const void* in, size_t size, int level, std::vector<uint8_t>& out);
 
  private:
   ZSTD_CCtx* ctx_;
@@ -54,7 +55,7 @@ class Decompressor {
 struct EncodedBody {
   Codec codec = Codec::None;
   uint8_t shuffle = 0;           ///< element size used for shuffling, 0 for none
-  std::vector<uint8_t> owned;    ///< encoded bytes when codec != None
+  std::vector<uint8_t> owned;    ///< holds the encoded bytes (its first `size`) when codec != None; reused
   const uint8_t* data = nullptr; ///< what to write
   size_t size = 0;
 };

@@ -1,17 +1,39 @@
 #include "host_pool.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <iterator>
 #include <vector>
 
 namespace crashcap::recorder::detail {
 
+void* HostPool::allocate(uint64_t bytes) {
+  if (bytes < kPrivateBytes) {
+    void* p = nullptr;
+    return ::posix_memalign(&p, 64, bytes) == 0 ? p : nullptr;
+  }
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  // Best effort: without it a child shares the pages, which costs time, never correctness.
+  (void)::madvise(p, bytes, MADV_DONTFORK);
+  return p;
+}
+
+HostPool::HostPool(uint64_t idleLimit) : idleLimit_(idleLimit), ownerPid_(::getpid()) {}
+
+void HostPool::release(void* p, uint64_t bytes) const {
+  if (bytes < kPrivateBytes) std::free(p);
+  else if (::getpid() == ownerPid_) ::munmap(p, bytes);
+}
+
 std::shared_ptr<HostPool> HostPool::create(uint64_t idleLimit) {
   return std::shared_ptr<HostPool>(new HostPool(idleLimit));
 }
 
 HostPool::~HostPool() {
-  for (auto& i : idle_) std::free(i.p);
+  for (auto& i : idle_) release(i.p, i.bytes);
 }
 
 uint64_t HostPool::sizeClass(uint64_t bytes) {
@@ -36,7 +58,7 @@ std::shared_ptr<void> HostPool::acquire(uint64_t requested) {
       }
     liveBytes_ += bytes;
   }
-  if (!p && ::posix_memalign(&p, 64, bytes) != 0) {
+  if (!p && !(p = allocate(bytes))) {
     std::lock_guard<std::mutex> lk(mu_);
     liveBytes_ -= bytes;
     return nullptr;
@@ -46,37 +68,37 @@ std::shared_ptr<void> HostPool::acquire(uint64_t requested) {
 }
 
 void HostPool::give(void* p, uint64_t bytes) {
-  std::vector<void*> evicted;
+  std::vector<Idle> evicted;
   {
     std::lock_guard<std::mutex> lk(mu_);
     liveBytes_ -= bytes;
     if (bytes > idleLimit_) {
-      evicted.push_back(p);
+      evicted.push_back({bytes, p});
     } else {
       idle_.push_back({bytes, p});
       idleBytes_ += bytes;
       while (idleBytes_ > idleLimit_) {  // the least recently returned go first
-        evicted.push_back(idle_.front().p);
+        evicted.push_back(idle_.front());
         idleBytes_ -= idle_.front().bytes;
         idle_.pop_front();
       }
     }
   }
-  for (void* q : evicted) std::free(q);
+  for (const Idle& i : evicted) release(i.p, i.bytes);
 }
 
 void HostPool::setIdleLimit(uint64_t idleLimit) {
-  std::vector<void*> evicted;
+  std::vector<Idle> evicted;
   {
     std::lock_guard<std::mutex> lk(mu_);
     idleLimit_ = idleLimit;
     while (idleBytes_ > idleLimit_) {
-      evicted.push_back(idle_.front().p);
+      evicted.push_back(idle_.front());
       idleBytes_ -= idle_.front().bytes;
       idle_.pop_front();
     }
   }
-  for (void* q : evicted) std::free(q);
+  for (const Idle& i : evicted) release(i.p, i.bytes);
 }
 
 uint64_t HostPool::idleLimit() const {

@@ -6,6 +6,12 @@
 // Trainings copy the same sizes every step, so a buffer the writer is done with serves the next
 // copy of its size class (sizes rounded up by at most 1/16, so that a batch padded to a varying
 // length still finds one); idle buffers beyond the limit go, least recently returned first.
+//
+// Buffers of kPrivateBytes and more are mapped on their own and withheld from child processes
+// (MADV_DONTFORK). A training forks: a DataLoader starts its workers anew every epoch. Pages a
+// child shares are copied on the parent's next write to them (a page fault and a 4 KiB copy
+// each), and the recorder rewrites its buffers every step; a child never reads them (only the
+// writer thread, which a child does not have, does).
 
 #include <cstdint>
 #include <list>
@@ -23,6 +29,9 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   /// The size class of `bytes`: rounded up to a 1/16 step of its power of two (at least 64).
   static uint64_t sizeClass(uint64_t bytes);
 
+  /// Buffers at least this large are mappings of their own, not inherited by a forked child.
+  static constexpr uint64_t kPrivateBytes = 64 << 10;
+
   /// A buffer of at least `bytes` (> 0), 64-byte aligned, back in the pool when its last owner
   /// lets go.
   /// nullptr when the memory cannot be had.
@@ -37,14 +46,19 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   uint64_t liveBytes() const;   ///< handed out and not yet returned
 
  private:
-  explicit HostPool(uint64_t idleLimit) : idleLimit_(idleLimit) {}
+  explicit HostPool(uint64_t idleLimit);
   void give(void* p, uint64_t bytes);
+  static void* allocate(uint64_t bytes);
+  /// Frees a buffer. In a forked child a private buffer's range is not the child's: the address
+  /// may hold the child's own memory by then, so it is left alone.
+  void release(void* p, uint64_t bytes) const;
 
   struct Idle {
     uint64_t bytes;  ///< its size class
     void* p;
   };
   uint64_t idleLimit_;
+  const int ownerPid_;  ///< the process that mapped the private buffers
   mutable std::mutex mu_;
   std::list<Idle> idle_;  ///< least recently returned first
   uint64_t idleBytes_ = 0, liveBytes_ = 0;

@@ -202,7 +202,7 @@ void LiveWriter::writeRun(const Job& job) {
     run_->writeRecord(job.type, job.meta, job.body.data(), job.body.size(), !job.body.empty());
 }
 
-bool LiveWriter::push(std::vector<Job> jobs, Lane lane) {
+bool LiveWriter::push(std::vector<Job> jobs, Lane lane, bool wake) {
   uint64_t bytes = 0;
   for (auto& j : jobs) {
     bytes += j.bytes();
@@ -234,7 +234,7 @@ bool LiveWriter::push(std::vector<Job> jobs, Lane lane) {
     }
     return false;
   }
-  cv_.notify_one();
+  if (wake) cv_.notify_one();
   return true;
 }
 

@@ -53,15 +53,28 @@ std::unique_ptr<Ring> gRingOwner;
 std::atomic<Ring*> gRing{nullptr};
 std::atomic<int64_t>* gStep = nullptr;
 std::atomic<int>* gPhase = nullptr;
-at::CallbackHandle gOpHandle = 0, gBackwardHandle = 0;
-bool gRunning = false;
+std::atomic<bool> gRunning{false};
+/// Counts starts: callbacks a thread registered for an earlier observer are removed by that
+/// thread the next time it asks (a thread can only remove its own).
+std::atomic<uint64_t> gGeneration{0};
 
-thread_local int tBackwardDepth = 0;
-thread_local uint64_t tThread = 0;
-// The ops this thread is inside of, innermost last: their end callbacks find their entries.
 constexpr int kMaxOpDepth = 64;
-thread_local uint64_t tOpStack[kMaxOpDepth];
-thread_local int tOpDepth = 0;
+
+/// What the callbacks keep per thread, in one thread_local: the recorder is a shared library
+/// loaded at run time (the Python extension), where each thread_local costs a __tls_get_addr
+/// call, and the callbacks run for every op.
+struct ThreadState {
+  int backwardDepth = 0;  ///< inside a BACKWARD_FUNCTION scope
+  int engineDepth = 0;    ///< inside an "autograd::engine::" scope
+  int opDepth = 0;
+  uint64_t thread = 0;    ///< the thread's id, once asked
+  /// This thread's callbacks (0: none registered) and the observer generation they belong to.
+  at::CallbackHandle opHandle = 0, backwardHandle = 0;
+  uint64_t generation = 0;
+  /// The ops this thread is inside of, innermost last: their end callbacks find their entries.
+  uint64_t opStack[kMaxOpDepth];
+};
+thread_local ThreadState tState;
 
 int64_t monotonicNs() {
   timespec ts;
@@ -69,20 +82,20 @@ int64_t monotonicNs() {
   return static_cast<int64_t>(ts.tv_sec) * 1'000'000'000 + ts.tv_nsec;
 }
 
-uint64_t thisThread() {
-  if (!tThread) tThread = static_cast<uint64_t>(::syscall(SYS_gettid));
-  return tThread;
+uint64_t thisThread(ThreadState& ts) {
+  if (!ts.thread) ts.thread = static_cast<uint64_t>(::syscall(SYS_gettid));
+  return ts.thread;
 }
 
-void record(const at::RecordFunction& fn, bool backward) {
+void record(const at::RecordFunction& fn, const char* name, bool backward, ThreadState& ts) {
   Ring* ring = gRing.load(std::memory_order_acquire);
   if (!ring) return;
   uint64_t index = ring->next.fetch_add(1, std::memory_order_relaxed);
   // An async op may end on another thread: it goes into the ring, not onto this thread's stack
   // (its end would pop a sibling's entry).
   if (!fn.isAsync()) {
-    if (tOpDepth < kMaxOpDepth) tOpStack[tOpDepth] = index;
-    ++tOpDepth;
+    if (ts.opDepth < kMaxOpDepth) ts.opStack[ts.opDepth] = index;
+    ++ts.opDepth;
     cupti::pushOp(index);  // kernels launched from here on link to this op (a no-op without a tracer)
   }
   Entry& e = ring->entries[index % ring->entries.size()];
@@ -91,15 +104,13 @@ void record(const at::RecordFunction& fn, bool backward) {
   std::atomic_thread_fence(std::memory_order_release);
   e.startNs = monotonicNs();
   e.endNs.store(0, std::memory_order_relaxed);
-  const char* name = fn.name();
-  size_t i = 0;
-  if (name)
-    for (; i + 1 < kNameBytes && name[i]; ++i) e.name[i] = name[i];
-  e.name[i] = '\0';
+  const size_t n = name ? ::strnlen(name, kNameBytes - 1) : 0;
+  std::memcpy(e.name, name ? name : "", n);
+  e.name[n] = '\0';
   e.backward = backward;
   e.sequenceNr = fn.seqNr();
   e.step = gStep ? gStep->load(std::memory_order_relaxed) : -1;
-  e.thread = thisThread();
+  e.thread = thisThread(ts);
   e.inputCount = 0;
   // Inputs: check everything before touching it (a callback must never throw: LibTorch
   // would catch it and log a backtrace per op).
@@ -131,13 +142,13 @@ void record(const at::RecordFunction& fn, bool backward) {
 }
 
 /// An op returned: its end time, and the kernel link back to the enclosing op.
-void finish(const at::RecordFunction& fn) {
-  if (tOpDepth == 0 || fn.isAsync()) return;  // it began before the observer did, or is not on the stack
-  --tOpDepth;
+void finish(const at::RecordFunction& fn, ThreadState& ts) {
+  if (ts.opDepth == 0 || fn.isAsync()) return;  // it began before the observer did, or is not on the stack
+  --ts.opDepth;
   cupti::popOp();
   Ring* ring = gRing.load(std::memory_order_acquire);
-  if (!ring || tOpDepth >= kMaxOpDepth) return;
-  uint64_t index = tOpStack[tOpDepth];
+  if (!ring || ts.opDepth >= kMaxOpDepth) return;
+  uint64_t index = ts.opStack[ts.opDepth];
   Entry& e = ring->entries[index % ring->entries.size()];
   if (e.committed.load(std::memory_order_acquire) == index + 1) e.endNs.store(monotonicNs(), std::memory_order_relaxed);
 }
@@ -146,11 +157,10 @@ void finish(const at::RecordFunction& fn) {
 /// node. It is wider than the node's own (BACKWARD_FUNCTION) scope: the engine also accumulates
 /// and checks the node's gradients inside it (aten::add_, aten::to, aten::sum_to_size), and those
 /// ops are backward ops too.
-bool isEngineScope(const at::RecordFunction& fn) {
-  const char* name = fn.name();
-  return name && std::strncmp(name, "autograd::engine::", 18) == 0;
+bool isEngineScope(const char* name) {
+  // Nearly every op is "aten::...": the second letter settles it before any string compare.
+  return name && name[0] == 'a' && name[1] == 'u' && std::strncmp(name, "autograd::engine::", 18) == 0;
 }
-thread_local int tEngineDepth = 0;
 
 /// Set in a child the process forks (a DataLoader worker): the observer's callbacks are inherited
 /// with LibTorch, but the child's ops are not the training's, and cost it nothing here.
@@ -159,41 +169,45 @@ void onForkChild() { gForkedChild.store(true, std::memory_order_relaxed); }
 
 void onOpEnd(const at::RecordFunction& fn, at::ObserverContext*) {
   if (gForkedChild.load(std::memory_order_relaxed)) return;
-  if (isEngineScope(fn) && tEngineDepth > 0) --tEngineDepth;
-  finish(fn);
+  ThreadState& ts = tState;
+  if (ts.engineDepth > 0 && isEngineScope(fn.name())) --ts.engineDepth;
+  finish(fn, ts);
 }
 
 std::unique_ptr<at::ObserverContext> onOp(const at::RecordFunction& fn) {
-  if (gForkedChild.load(std::memory_order_relaxed)) return nullptr;
-  bool engine = isEngineScope(fn);
-  if (engine) {
-    ++tEngineDepth;
+  if (gForkedChild.load(std::memory_order_relaxed) || !gRunning.load(std::memory_order_relaxed)) return nullptr;
+  ThreadState& ts = tState;
+  const char* name = fn.name();
+  if (isEngineScope(name)) {
+    ++ts.engineDepth;
     if (gPhase) {
       // The first autograd node of a step moves the step from forward to backward.
       int expected = static_cast<int>(Phase::Forward);
       gPhase->compare_exchange_strong(expected, static_cast<int>(Phase::Backward), std::memory_order_relaxed);
     }
   }
-  record(fn, tBackwardDepth > 0 || tEngineDepth > 0);
+  record(fn, name, ts.backwardDepth > 0 || ts.engineDepth > 0, ts);
   return nullptr;
 }
 
 std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction& fn) {
-  if (gForkedChild.load(std::memory_order_relaxed)) return nullptr;
-  ++tBackwardDepth;
+  if (gForkedChild.load(std::memory_order_relaxed) || !gRunning.load(std::memory_order_relaxed)) return nullptr;
+  ThreadState& ts = tState;
+  ++ts.backwardDepth;
   if (gPhase) {
     // The first autograd node of a step moves the step from forward to backward.
     int expected = static_cast<int>(Phase::Forward);
     gPhase->compare_exchange_strong(expected, static_cast<int>(Phase::Backward), std::memory_order_relaxed);
   }
-  record(fn, true);
+  record(fn, fn.name(), true, ts);
   return nullptr;
 }
 
 void onBackwardEnd(const at::RecordFunction& fn, at::ObserverContext*) {
   if (gForkedChild.load(std::memory_order_relaxed)) return;
-  if (tBackwardDepth > 0) --tBackwardDepth;
-  finish(fn);
+  ThreadState& ts = tState;
+  if (ts.backwardDepth > 0) --ts.backwardDepth;
+  finish(fn, ts);
 }
 
 std::string dtypeText(int8_t d) {
@@ -216,7 +230,35 @@ std::string dtypeText(int8_t d) {
   return s;
 }
 
+/// Removes this thread's callbacks, if it has any.
+void removeThisThreadsCallbacks(ThreadState& ts) {
+  if (ts.opHandle) at::removeCallback(ts.opHandle);
+  if (ts.backwardHandle) at::removeCallback(ts.backwardHandle);
+  ts.opHandle = ts.backwardHandle = 0;
+}
+
 }  // namespace
+
+void observeOpsOnThisThread(bool on) {
+  ThreadState& ts = tState;
+  const uint64_t generation = gGeneration.load(std::memory_order_acquire);
+  if (ts.generation != generation) {  // callbacks of an observer that stopped since
+    removeThisThreadsCallbacks(ts);
+    ts.generation = generation;
+  }
+  if (!on || !gRunning.load(std::memory_order_acquire) || gForkedChild.load(std::memory_order_relaxed)) {
+    removeThisThreadsCallbacks(ts);
+    return;
+  }
+  if (ts.opHandle) return;
+  // Thread-local callbacks travel with the thread's state where LibTorch hands work to other
+  // threads (the autograd engine's device threads): the step's backward on a GPU is observed too.
+  ts.opHandle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback(&onOp, &onOpEnd).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
+  ts.backwardHandle = at::addThreadLocalCallback(at::RecordFunctionCallback(&onBackwardStart, &onBackwardEnd)
+                                                     .needsInputs(false)
+                                                     .scopes({at::RecordScope::BACKWARD_FUNCTION}));
+}
 
 bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase) {
   std::lock_guard<std::mutex> lk(gMu);
@@ -231,21 +273,17 @@ bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<in
   if (gRingOwner) retired.push_back(std::move(gRingOwner));
   gRingOwner = std::make_unique<Ring>(capacity);
   gRing.store(gRingOwner.get(), std::memory_order_release);
-  gOpHandle = at::addGlobalCallback(
-      at::RecordFunctionCallback(&onOp, &onOpEnd).needsInputs(true).scopes({at::RecordScope::FUNCTION}));
-  gBackwardHandle = at::addGlobalCallback(at::RecordFunctionCallback(&onBackwardStart, &onBackwardEnd)
-                                              .needsInputs(false)
-                                              .scopes({at::RecordScope::BACKWARD_FUNCTION}));
-  gRunning = true;
+  gGeneration.fetch_add(1, std::memory_order_acq_rel);
+  gRunning.store(true, std::memory_order_release);
+  observeOpsOnThisThread(true);
   return true;
 }
 
 void stopOpObserver() {
   std::lock_guard<std::mutex> lk(gMu);
   if (!gRunning) return;
-  at::removeCallback(gOpHandle);
-  at::removeCallback(gBackwardHandle);
-  gRunning = false;
+  gRunning.store(false, std::memory_order_release);
+  removeThisThreadsCallbacks(tState);  // other threads' stay registered, inert, until they ask again
   gStep = nullptr;
   gPhase = nullptr;
   // The ring itself stays: a crash after close can still be described.

@@ -22,6 +22,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -112,8 +113,19 @@ struct Recorder::Impl {
   std::string lastCrashBundle;
   bool closed = false;
   std::vector<std::string> warnings;
+  /// The process this recorder records. A child the training forks (a DataLoader worker, a
+  /// helper that then exits normally) inherits the recorder without its writer thread or its
+  /// private buffers (host_pool.hpp): there every call does nothing (forkedAway()).
+  pid_t ownerPid = ::getpid();
 
   bool recording() const { return writer != nullptr; }
+  bool forkedAway() const { return ::getpid() != ownerPid; }
+  /// In a forked child: the writer's thread is not in this process, so it is never joined or
+  /// closed here; its memory is left to the child's exit.
+  void abandonInChild() {
+    closed = true;
+    (void)writer.release();
+  }
 
   /// In a process started to serve a replay: serves it once the model and the step function are
   /// both known, and ends the process (the training loop after this point is not the replay's).
@@ -203,29 +215,35 @@ struct Recorder::Impl {
   /// training thread).
   std::optional<detail::TensorJob> hostCopy(const std::string& name, const at::Tensor& tensor) {
     if (!tensor.defined()) return std::nullopt;
-    at::Tensor src = tensor.detach().resolve_conj().resolve_neg();
-    auto dtype = formats::torch::toDType(src.scalar_type());
+    auto dtype = formats::torch::toDType(tensor.scalar_type());
     if (!dtype) {
       warn(fmt::format("tensor '{}' has dtype {}, which bundles do not hold; not recorded", name,
-                       c10::toString(src.scalar_type())));
+                       c10::toString(tensor.scalar_type())));
       return std::nullopt;
     }
     detail::TensorJob job;
     job.name = name;
     job.dtype = *dtype;
-    job.shape.assign(src.sizes().begin(), src.sizes().end());
-    at::Tensor host;
-    const uint64_t bytes = static_cast<uint64_t>(src.numel()) * src.element_size();
-    if (src.device().is_cpu() && pool && bytes > 0) {
+    job.shape.assign(tensor.sizes().begin(), tensor.sizes().end());
+    const uint64_t bytes = static_cast<uint64_t>(tensor.numel()) * tensor.element_size();
+    if (tensor.device().is_cpu() && pool && bytes > 0) {
       if (auto buffer = pool->acquire(bytes)) {
-        host = at::from_blob(buffer.get(), src.sizes(), src.options().device(at::kCPU));
-        host.copy_(src);
+        // A row-major CPU tensor is its bytes: memcpy them. copy_ would build a TensorIterator
+        // (and detach a new tensor) for every batch tensor and generator state of every step.
+        if (tensor.layout() == at::kStrided && tensor.is_contiguous() && !tensor.is_conj() && !tensor.is_neg()) {
+          std::memcpy(buffer.get(), tensor.data_ptr(), bytes);
+        } else {
+          at::Tensor src = tensor.detach().resolve_conj().resolve_neg();
+          at::from_blob(buffer.get(), src.sizes(), src.options().device(at::kCPU)).copy_(src);
+        }
         job.data = buffer.get();
         job.size = bytes;
         job.owner = std::move(buffer);
         return job;
       }
     }
+    at::Tensor src = tensor.detach().resolve_conj().resolve_neg();
+    at::Tensor host;
     if (src.device().is_cpu()) {
       host = src.clone(at::MemoryFormat::Contiguous);
     } else {
@@ -707,6 +725,10 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) { return beginSt
 
 StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string structure) {
   auto& m = *impl_;
+  if (m.forkedAway()) {
+    m.abandonInChild();
+    return StepGuard(nullptr, step);
+  }
   if (step <= m.lastStep)
     throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
                          fmt::format("beginStep({}) after step {}: steps must increase", step, m.lastStep));
@@ -751,10 +773,15 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
   }
   m.writer->push(m.stepJobs(step, previousStep, batch, std::move(structure)));
   m.setPhase(Phase::Forward);
+  if (m.observerStarted) detail::observeOpsOnThisThread(true);
   return StepGuard(this, step);
 }
 
 std::string Recorder::fail(const std::exception& error) {
+  if (impl_->forkedAway()) {
+    impl_->abandonInChild();
+    return "";
+  }
   formats::CrashData c;
   c.errorType = detail::exceptionTypeName(error);
   c.error = error.what();
@@ -773,6 +800,10 @@ std::string Recorder::fail(const std::exception& error) {
 
 std::string Recorder::fail(const Failure& failure) {
   auto& m = *impl_;
+  if (m.forkedAway()) {
+    m.abandonInChild();
+    return "";
+  }
   if (failure.kind == "nonfinite" && m.crashRecordedStep == m.lastStep && !m.pendingCrash) return m.lastCrashBundle;
   formats::CrashData crash = m.pendingCrash ? *m.pendingCrash : m.crashHere("exception", m.lastStep);
   crash.kind = failure.kind;
@@ -795,6 +826,7 @@ std::string Recorder::fail(std::exception_ptr error) {
 
 void Recorder::close() {
   auto& m = *impl_;
+  if (m.forkedAway()) m.abandonInChild();
   if (m.closed) return;
   m.closed = true;
   if (m.pendingCrash) m.sealCrash(std::move(*m.pendingCrash));
@@ -820,14 +852,16 @@ void Recorder::close() {
   m.step = nullptr;
 }
 
-void Recorder::warn(const std::string& warning, bool print) { impl_->warn(warning, print); }
+void Recorder::warn(const std::string& warning, bool print) {
+  if (!impl_->forkedAway()) impl_->warn(warning, print);
+}
 
 RecorderStats Recorder::stats() const {
   RecorderStats s;
   const auto& m = *impl_;
   s.keyframes = m.keyframes;
   s.warnings = m.warnings;
-  if (!m.writer) return s;
+  if (!m.writer || m.forkedAway()) return s;
   s.recording = true;
   s.stepsBegun = m.writer->stepsBegun.load();
   s.writtenThrough = m.writer->writtenThrough();
@@ -859,6 +893,10 @@ void StepGuard::end(const at::Tensor& loss) {
   if (!recorder_ || ended_) return;
   ended_ = true;
   auto& m = *recorder_->impl_;
+  if (m.forkedAway()) {
+    m.abandonInChild();
+    return;
+  }
   formats::StepEndData fp;
   fp.step = step_;
   fp.durationNs = formats::unixTimeNs() - m.stepStartNs;
@@ -867,8 +905,11 @@ void StepGuard::end(const at::Tensor& loss) {
     at::DisableRecordFunctionGuard notAnOp;
     at::Tensor l = loss.detach();
     std::vector<at::Tensor> grads;
+    grads.reserve(m.parameters.size());
+    // The gradients as they are (no detach: that makes a new tensor each, and NoGradGuard already
+    // keeps the norm out of autograd).
     for (const auto& [name, p] : m.parameters)
-      if (p.grad().defined()) grads.push_back(p.grad().detach());
+      if (p.grad().defined()) grads.push_back(p.grad());
     bool onCpu = l.device().is_cpu();
     for (const auto& g : grads) onCpu = onCpu && g.device().is_cpu();
     if (onCpu) {
@@ -885,8 +926,11 @@ void StepGuard::end(const at::Tensor& loss) {
     fp.nonFinite = onCpu && (!std::isfinite(fp.loss) || (m.policy.checkGradients && fp.hasGradNorm &&
                                                          !std::isfinite(fp.gradNorm)));
   }
+  // The optimizer's update and what runs until the next step are not observed (op_ring.hpp).
+  if (m.observerStarted) detail::observeOpsOnThisThread(false);
   if (m.writer) {
-    m.writer->push({Recorder::Impl::recordJob(fp)});
+    // Not woken for: the next step's batch wakes the writer, which writes this first.
+    m.writer->push({Recorder::Impl::recordJob(fp)}, detail::Lane::Step, /*wake=*/false);
     m.setPhase(Phase::Optimizer);
   }
   if (fp.nonFinite && m.policy.nonFinite == NonFinitePolicy::Raise) {
@@ -915,6 +959,10 @@ void StepGuard::end(const at::Tensor& loss) {
 StepGuard::~StepGuard() {
   if (!recorder_) return;
   auto& m = *recorder_->impl_;
+  if (m.forkedAway()) {
+    m.abandonInChild();
+    return;
+  }
   if (std::uncaught_exceptions() > uncaught_) {
     // The step is failing with an exception we cannot see from here: remember where, and
     // let fail() (or close(), or the next beginStep) seal it with whatever text it has.

@@ -1,8 +1,15 @@
 // The recorder's reused host buffers (recorder/src/host_pool.hpp).
 #include <catch2/catch.hpp>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <string>
 
 #include "host_pool.hpp"
 
@@ -65,4 +72,80 @@ TEST_CASE("buffers outlive the recorder's handle on the pool") {
   std::memset(buffer.get(), 7, 128);
   buffer.reset();
   SUCCEED("no use after free (ASan builds check it)");
+}
+
+namespace {
+/// The VmFlags line of the mapping that holds `p` in /proc/self/smaps ("" when none does).
+std::string mappingFlags(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  bool inside = false;
+  const auto at = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(smaps, line)) {
+    unsigned long from = 0, to = 0;
+    if (std::sscanf(line.c_str(), "%lx-%lx ", &from, &to) == 2 && line.find('-') < line.find(' ')) {
+      inside = from <= at && at < to;
+    } else if (inside && line.rfind("VmFlags:", 0) == 0) {
+      return line;
+    }
+  }
+  return "";
+}
+}  // namespace
+
+TEST_CASE("large buffers are withheld from forked children, small ones come from the heap") {
+  auto pool = HostPool::create(64 << 20);
+  auto large = pool->acquire(HostPool::kPrivateBytes);
+  auto small = pool->acquire(HostPool::kPrivateBytes / 2);
+  REQUIRE(large);
+  REQUIRE(small);
+  CHECK(reinterpret_cast<uintptr_t>(large.get()) % 4096 == 0);
+  // "dc": do not copy on fork. A DataLoader forks its workers every epoch; without it every page
+  // of the buffer would be copied on the recorder's next write to it.
+  std::string flags = mappingFlags(large.get());
+  INFO(flags);
+  CHECK(flags.find(" dc") != std::string::npos);
+  CHECK(mappingFlags(small.get()).find(" dc") == std::string::npos);
+
+  // The child has no such mapping: a read there would fault, so the recorder never reads it there.
+  pid_t child = ::fork();
+  if (child == 0) {
+    std::string inChild = mappingFlags(large.get());
+    std::_Exit(inChild.empty() ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+
+  // Returned and reused as before.
+  void* first = large.get();
+  large.reset();
+  CHECK(pool->acquire(HostPool::kPrivateBytes).get() == first);
+}
+
+TEST_CASE("a forked child that frees the pool leaves the memory at a private buffer's address alone") {
+  auto pool = HostPool::create(64 << 20);
+  void* at = nullptr;
+  {
+    auto buffer = pool->acquire(HostPool::kPrivateBytes);
+    REQUIRE(buffer);
+    at = buffer.get();
+  }  // idle in the pool now
+  pid_t child = ::fork();
+  if (child == 0) {
+    // The range is free in the child, so the child's own memory may come to live there.
+    void* mine = ::mmap(at, HostPool::kPrivateBytes, PROT_READ | PROT_WRITE,
+                        MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, -1, 0);
+    if (mine != at) std::_Exit(2);
+    std::memset(mine, 7, HostPool::kPrivateBytes);
+    pool.reset();  // frees the idle buffers: must not unmap the child's memory
+    volatile unsigned char* bytes = static_cast<unsigned char*>(mine);
+    std::_Exit(bytes[0] == 7 && bytes[HostPool::kPrivateBytes - 1] == 7 ? 0 : 1);
+  }
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  INFO("child status " << status);
+  CHECK(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
 }

@@ -35,7 +35,7 @@ def flatten(batch, extra=()):
 
     `extra`: [(name, tensor)] stored beside the batch's own tensors but not part of its
     structure (the dataset indices the loader's sampler drew), each only when its name is free;
-    replay rebuilds the batch without them."""
+    replay rebuilds the batch without them. A callable in place of the tensor is called only then."""
     tensors = []
     used = set()
 
@@ -78,7 +78,7 @@ def flatten(batch, extra=()):
     for name, tensor in extra:
         if name not in used:
             used.add(name)
-            tensors.append((name, tensor))
+            tensors.append((name, tensor() if callable(tensor) else tensor))
             added = True
     flat = not added and "dict" in root and all(
         isinstance(k, str) and "tensor" in node and node["tensor"] == k for k, node in root["dict"])

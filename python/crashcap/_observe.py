@@ -143,12 +143,22 @@ class _Several:
                 o.load_state_dict(state[str(k)])
 
 
-def _model_of(optimizer_params):
-    """(model, description): the modules that own `optimizer_params`, as one nn.Module.
+# The modules the program made (and unpickled, or deep-copied) since install(): where the model is
+# looked for first. Weakly held: a module the program drops is gone from it.
+_modules_made = weakref.WeakSet()
 
-    The roots are the live modules that are no other module's child; of those, the ones owning
-    the optimizers' parameters are taken in the order of the parameters they own first. A
-    parameter no module owns is kept as a loose tensor."""
+
+def _module_made(module):
+    try:
+        _modules_made.add(module)
+    except TypeError:  # a module class whose __slots__ leave no room for a weak reference
+        pass
+
+
+def _all_live_modules():
+    """Every live nn.Module, found among all the objects the garbage collector tracks (tens of
+    milliseconds in a large program): for the modules made before install() or without calling
+    nn.Module.__init__."""
     # By type, not isinstance: isinstance reads __class__, which some objects answer with a warning.
     # A set of the module classes that exist now makes the scan of every live object a lookup each.
     module_types, todo = set(), [torch.nn.Module]
@@ -157,8 +167,13 @@ def _model_of(optimizer_params):
         if t not in module_types:
             module_types.add(t)
             todo.extend(type.__subclasses__(t))
-    module_types.discard(_Roots)
-    modules = [o for o in gc.get_objects() if type(o) in module_types]
+    return [o for o in gc.get_objects() if type(o) in module_types]
+
+
+def _roots_owning(modules, optimizer_params):
+    """(roots, loose): the modules of `modules` that are no other's child and own the parameters,
+    in the order of the parameters they own first; the parameters none of them owns."""
+    modules = [m for m in modules if type(m) is not _Roots]
     children = {id(c) for m in modules for c in m._modules.values() if c is not None}
     wanted = {id(p): k for k, p in enumerate(optimizer_params)}
     candidates = []
@@ -175,7 +190,19 @@ def _model_of(optimizer_params):
         if owned - covered:
             roots.append(m)
             covered |= owned
-    loose = [p for k, p in enumerate(optimizer_params) if k not in covered]
+    return roots, [p for k, p in enumerate(optimizer_params) if k not in covered]
+
+
+def _model_of(optimizer_params):
+    """(model, description): the modules that own `optimizer_params`, as one nn.Module.
+
+    The roots are the live modules that are no other module's child; of those, the ones owning
+    the optimizers' parameters are taken in the order of the parameters they own first. A
+    parameter no module owns is kept as a loose tensor. The modules made since install() are
+    searched first; all live objects only when they leave a parameter unowned."""
+    roots, loose = _roots_owning(list(_modules_made), optimizer_params)
+    if loose:
+        roots, loose = _roots_owning(_all_live_modules(), optimizer_params)
     if len(roots) == 1 and not loose:
         return roots[0], type(roots[0]).__name__
     words = [type(r).__name__ for r in roots] + ([f"{len(loose)} parameter(s) of no module"] if loose else [])
@@ -320,7 +347,7 @@ class Observer:
         if indices is not None:
             first = next((t for t in _tensors(batch)), None)
             if first is not None and first.dim() > 0 and first.size(0) == len(indices):
-                extra = (("index", torch.tensor(indices, dtype=torch.int64)),)
+                extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)  # made only when kept
         step = self.step
         self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
         self.step += 1
@@ -649,6 +676,13 @@ def install(policy=None, replay=False):
 
     dl.DataLoader.__init__ = DataLoader_init
 
+    # Modules, as they are made: the model is found among them (_model_of) without a scan of every
+    # live object. __setstate__ is how unpickling and copy.deepcopy (an EMA copy) make them.
+    for name in ("__init__", "__setstate__"):
+        method = torch.nn.Module.__dict__.get(name)
+        if method is not None and not getattr(method, "_crashcap_observed", False):
+            setattr(torch.nn.Module, name, _after_call(method, _module_made))  # subclasses reach it through super()
+
     loader_iter = dl.DataLoader.__iter__
 
     @functools.wraps(loader_iter)
@@ -781,17 +815,23 @@ def _observed_step(step):
     return observed
 
 
-def _after_init(cls, seen):
-    init = cls.__dict__.get("__init__")
-    if init is None or getattr(init, "_crashcap_observed", False):
-        return
+def _after_call(method, seen):
+    """`method`, then seen(self); marked so that it is wrapped once."""
 
-    @functools.wraps(init)
+    @functools.wraps(method)
     def observed(self, *args, **kwargs):
-        init(self, *args, **kwargs)
+        result = method(self, *args, **kwargs)
         seen(self)
+        return result
     observed._crashcap_observed = True
-    cls.__init__ = observed
+    return observed
+
+
+def _after_init(cls, seen):
+    """Calls seen(instance) after `cls`'s own __init__ (once, however often it is asked)."""
+    init = cls.__dict__.get("__init__")
+    if init is not None and not getattr(init, "_crashcap_observed", False):
+        cls.__init__ = _after_call(init, seen)
 
 
 def start_from_environment():

@@ -206,19 +206,75 @@ def _bits_float(b):
     return struct.unpack("<d", struct.pack("<q", int(b)))[0]
 
 
-def python_generators():
-    """[(name, int64 tensor)]: random's state, and numpy's global one when numpy is imported."""
-    out = []
-    version, words, gauss = random.getstate()
-    out.append(("python", torch.tensor([version, *words, gauss is not None, _float_bits(gauss or 0.0)],
-                                       dtype=torch.int64)))
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        kind, keys, pos, has_gauss, cached = numpy.random.get_state()
-        if kind == "MT19937":
-            out.append(("numpy", torch.cat([torch.from_numpy(keys.astype("int64")),
-                                            torch.tensor([pos, has_gauss, _float_bits(cached)], dtype=torch.int64)])))
-    return out
+class _Generators:
+    """[(name, int64 tensor)] each step: random's state, and numpy's global one when numpy is
+    imported. Called on the training thread at every step, where its cost counts: in a training the
+    main process rarely draws from either (its DataLoader workers have their own), so a state that
+    has not changed since the last step is given as the same tensor again, found without building
+    it anew.
+
+    - random: its state tuple compared with the last one (the compare is C's, the tensor is not
+      built again).
+    - numpy: its legacy get_state() is slow (37 us). The MT19937 words are read in place through
+      the bit generator's ctypes address; get_state() is called only when they moved, or when the
+      last state held a cached Gaussian (drawing it changes has_gauss and not the words)."""
+
+    def __init__(self):
+        self._python = (None, None)          # (state tuple, tensor)
+        self._numpy = None                   # (bit generator, live words view, their bytes then, tensor, has_gauss)
+
+    def __call__(self):
+        out = []
+        state = random.getstate()
+        last, tensor = self._python
+        if state != last:
+            version, words, gauss = state
+            tensor = torch.tensor([version, *words, gauss is not None, _float_bits(gauss or 0.0)], dtype=torch.int64)
+            self._python = (state, tensor)
+        out.append(("python", tensor))
+        numpy = sys.modules.get("numpy")
+        if numpy is not None:
+            tensor = self._numpy_state(numpy)
+            if tensor is not None:
+                out.append(("numpy", tensor))
+        return out
+
+    def _numpy_state(self, numpy):
+        cached = self._numpy
+        bits = _numpy_bit_generator(numpy)
+        # bytes == bytes: numpy.array_equal costs five times more, most of it its own machinery
+        if cached is not None and bits is not None and cached[0] is bits and not cached[4] and cached[1].tobytes() == cached[2]:
+            return cached[3]
+        kind, keys, pos, has_gauss, gauss = numpy.random.get_state()
+        if kind != "MT19937":
+            return None
+        tensor = torch.cat([torch.from_numpy(keys.astype("int64")),
+                            torch.tensor([pos, has_gauss, _float_bits(gauss)], dtype=torch.int64)])
+        words = _numpy_words(numpy, bits)
+        self._numpy = (bits, words, words.tobytes(), tensor, bool(has_gauss)) if words is not None else None
+        return tensor
+
+
+def _numpy_bit_generator(numpy):
+    """The MT19937 under numpy's global RandomState (numpy >= 1.17), or None."""
+    try:
+        return numpy.random.mtrand._rand._bit_generator
+    except AttributeError:
+        return None
+
+
+def _numpy_words(numpy, bits):
+    """A live uint32 view of the bit generator's 624 words and position (its mt19937_state), or None."""
+    try:
+        import ctypes
+        if type(bits).__name__ != "MT19937":
+            return None
+        return numpy.ctypeslib.as_array((ctypes.c_uint32 * 625).from_address(bits.ctypes.state_address))
+    except Exception:  # no ctypes interface: the state is read through get_state() every step
+        return None
+
+
+python_generators = _Generators()
 
 
 def restore_python_generator(state):

@@ -171,6 +171,47 @@ def test_an_error_raised_from_another_keeps_the_chain_and_still_replays_bit_for_
     assert replay["verdict"] == "reproduced-bitwise", replay  # the last lines agree
 
 
+def test_a_child_the_training_forks_exits_normally_and_the_recording_goes_on(tmp_path):
+    # A child that returns through Python's exit (atexit, the Recorder's close) inherits the
+    # recorder without its writer thread: before, its close waited for that thread forever. Its
+    # own steps and errors are not the training's.
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(PROLOGUE) + textwrap.dedent("""\
+        import os
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, quiet=True)
+        for step in range(7):
+            with rec.step(step, torch.randn(5, 4)):
+                loss = model(torch.randn(5, 4)).pow(2).mean()
+                loss.backward()
+                rec.end(loss)
+                opt.step()
+                opt.zero_grad()
+            if step == 3:
+                pid = os.fork()
+                if pid == 0:
+                    with rec.step(1000, torch.randn(5, 4)):
+                        rec.end(model(torch.randn(5, 4)).sum())
+                    try:
+                        raise ValueError("the child's own error")
+                    except ValueError as e:
+                        assert rec.fail(e) == ""
+                    sys.exit(0)
+                _, status = os.waitpid(pid, 0)
+                print("child status", status)
+        rec.close()
+        """))
+    r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "child status 0" in r.stdout
+    runs = os.listdir(tmp_path / "runs")
+    assert not [f for f in runs if f.startswith("crash-")], runs
+    recording = [d for d in runs if d.startswith("recording-")]
+    assert len(recording) == 1, runs
+    crashcap("seal", tmp_path / "runs" / recording[0], "-o", tmp_path / "all.ccap", check=True)
+    story = crashcap_json("inspect", tmp_path / "all.ccap")
+    assert story["steps"]["count"] == 7 and story["steps"]["last"] == 6, story["steps"]
+
+
 def test_signal_handlers_wait_while_a_crash_is_recorded_and_run_after_it():
     from crashcap._recorder import _SignalHandlersDeferred
     calls = []

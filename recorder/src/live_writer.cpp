@@ -317,10 +317,16 @@ void LiveWriter::loop() {
     Job job;
     {
       std::unique_lock<std::mutex> lk(mu_);
-      // The timeout bounds how long a crash requested from a signal handler (which cannot
-      // notify a condition variable) waits for this thread.
-      cv_.wait_for(lk, std::chrono::milliseconds(20),
-                   [&] { return !queue_.empty() || stop_ || crashPending_.load(std::memory_order_acquire); });
+      if (queue_.empty() && !crashPending_.load(std::memory_order_acquire)) {
+        // Idle: said at once (close() waits for it), then asleep until a push wakes it. The
+        // timeout bounds how long a crash requested from a signal handler (which cannot notify
+        // a condition variable) and a push that does not wake (push's `wake`) wait.
+        busy_ = false;
+        idle_.notify_all();
+        if (stop_) return;
+        cv_.wait_for(lk, std::chrono::milliseconds(20),
+                     [&] { return !queue_.empty() || stop_ || crashPending_.load(std::memory_order_acquire); });
+      }
       if (crashPending_.load(std::memory_order_acquire)) {
         lk.unlock();
         try {
@@ -333,12 +339,7 @@ void LiveWriter::loop() {
         }
         continue;
       }
-      if (queue_.empty()) {
-        busy_ = false;
-        idle_.notify_all();
-        if (stop_) return;
-        continue;
-      }
+      if (queue_.empty()) continue;  // woken to stop, or the poll's timeout: idle again above
       job = std::move(queue_.front());
       queue_.pop_front();
       dequeued(job);
@@ -618,6 +619,7 @@ void LiveWriter::close(formats::RunStatusData status) {
     std::unique_lock<std::mutex> lk(mu_);
     if (closed_) return;
     closed_ = true;
+    cv_.notify_all();  // records pushed without waking it (the last step's end) are written now
     idle_.wait(lk, [&] { return queue_.empty() && !busy_ && !crashPending_.load(); });
     stop_ = true;
   }

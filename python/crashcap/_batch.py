@@ -29,6 +29,43 @@ def _part(key):
     return text[:_MAX_PART]
 
 
+def _name_for(path, used):
+    name = "/".join(path) if path else "batch"
+    candidate, k = name, 1
+    while candidate in used:
+        candidate = f"{name}~{k}"
+        k += 1
+    used.add(candidate)
+    return candidate
+
+
+def _walk(value, path, tensors, used):
+    """The structure node of `value`; its tensors appended to `tensors` under fresh names."""
+    if isinstance(value, torch.Tensor):
+        name = _name_for(path, used)
+        tensors.append((name, value))
+        return {"tensor": name}
+    if isinstance(value, dict):
+        items = []
+        for key, sub in value.items():
+            plain_key = key if isinstance(key, (str, int)) and not isinstance(key, bool) else str(key)
+            items.append([plain_key, _walk(sub, path + [_part(key)], tensors, used)])
+        return {"dict": items}
+    if isinstance(value, tuple):
+        return {"tuple": [_walk(sub, path + [str(i)], tensors, used) for i, sub in enumerate(value)]}
+    if isinstance(value, list):
+        # A list of plain values (file names, ids) is one value, not a node per element.
+        if all(v is None or isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))
+               for v in value):
+            return {"value": value}
+        return {"list": [_walk(sub, path + [str(i)], tensors, used) for i, sub in enumerate(value)]}
+    if value is None or isinstance(value, (str, bool, int)):
+        return {"value": value}
+    if isinstance(value, float):
+        return {"value": value} if math.isfinite(value) else {"opaque": f"float {value!r}"}
+    return {"opaque": f"{type(value).__module__}.{type(value).__qualname__}: {repr(value)[:200]}"}
+
+
 def flatten(batch, extra=()):
     """(tensors, structure): tensors as [(name, tensor)], structure as JSON text ("" when the
     batch is a flat dict of tensors with plain string keys, the C++ recorder's form).
@@ -36,44 +73,12 @@ def flatten(batch, extra=()):
     `extra`: [(name, tensor)] stored beside the batch's own tensors but not part of its
     structure (the dataset indices the loader's sampler drew), each only when its name is free;
     replay rebuilds the batch without them. A callable in place of the tensor is called only then."""
+    # Module-level helpers, not nested closures: a recursive closure is a reference cycle, and
+    # one that held the batch's tensors kept every step's batch (shared memory from the loader's
+    # workers) alive until the garbage collector happened to run.
     tensors = []
     used = set()
-
-    def name_for(path):
-        name = "/".join(path) if path else "batch"
-        candidate, k = name, 1
-        while candidate in used:
-            candidate = f"{name}~{k}"
-            k += 1
-        used.add(candidate)
-        return candidate
-
-    def walk(value, path):
-        if isinstance(value, torch.Tensor):
-            name = name_for(path)
-            tensors.append((name, value))
-            return {"tensor": name}
-        if isinstance(value, dict):
-            items = []
-            for key, sub in value.items():
-                plain_key = key if isinstance(key, (str, int)) and not isinstance(key, bool) else str(key)
-                items.append([plain_key, walk(sub, path + [_part(key)])])
-            return {"dict": items}
-        if isinstance(value, tuple):
-            return {"tuple": [walk(sub, path + [str(i)]) for i, sub in enumerate(value)]}
-        if isinstance(value, list):
-            # A list of plain values (file names, ids) is one value, not a node per element.
-            if all(v is None or isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))
-                   for v in value):
-                return {"value": value}
-            return {"list": [walk(sub, path + [str(i)]) for i, sub in enumerate(value)]}
-        if value is None or isinstance(value, (str, bool, int)):
-            return {"value": value}
-        if isinstance(value, float):
-            return {"value": value} if math.isfinite(value) else {"opaque": f"float {value!r}"}
-        return {"opaque": f"{type(value).__module__}.{type(value).__qualname__}: {repr(value)[:200]}"}
-
-    root = walk(batch, [])
+    root = _walk(batch, [], tensors, used)
     added = False
     for name, tensor in extra:
         if name not in used:
@@ -94,19 +99,18 @@ def rebuild(structure, tensors):
     `tensors` lacks become None."""
     if not structure:
         return dict(tensors)
-    root = json.loads(structure)
+    return _build(json.loads(structure), tensors)
 
-    def build(node):
-        if "tensor" in node:
-            return tensors.get(node["tensor"])
-        if "tuple" in node:
-            return tuple(build(n) for n in node["tuple"])
-        if "list" in node:
-            return [build(n) for n in node["list"]]
-        if "dict" in node:
-            return {key: build(n) for key, n in node["dict"]}
-        if "value" in node:
-            return node["value"]
-        return None
 
-    return build(root)
+def _build(node, tensors):
+    if "tensor" in node:
+        return tensors.get(node["tensor"])
+    if "tuple" in node:
+        return tuple(_build(n, tensors) for n in node["tuple"])
+    if "list" in node:
+        return [_build(n, tensors) for n in node["list"]]
+    if "dict" in node:
+        return {key: _build(n, tensors) for key, n in node["dict"]}
+    if "value" in node:
+        return node["value"]
+    return None

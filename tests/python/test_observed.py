@@ -157,6 +157,34 @@ def test_the_bootstrap_runs_the_sitecustomize_it_hides_and_a_program_without_tor
     assert r.stdout.split() == ["ran", "False", "False"], r.stdout
 
 
+def test_a_recorded_batch_is_freed_when_the_training_drops_it_not_when_the_garbage_collector_runs(tmp_path):
+    # Batches from worker processes live in shared memory: a batch the recorder kept alive in a
+    # reference cycle would pile up (every step's, until a collection) beside the training's own.
+    script = tmp_path / "held.py"
+    script.write_text(textwrap.dedent("""
+        import gc, weakref, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        gc.disable()
+        data = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+        loader = DataLoader(data, batch_size=8, num_workers=2)
+        model = torch.nn.Linear(8, 3)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        kept = []
+        for x, y in loader:
+            kept += [weakref.ref(x), weakref.ref(y)]
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        del x, y
+        print("alive", sum(r() is not None for r in kept), "of", len(kept))
+    """))
+    bare = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert bare.stdout.strip() == "alive 0 of 16", bare
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, script, cwd=tmp_path)
+    assert r.returncode == 0 and "recording this training from DataLoader #0" in r.stderr, r.stderr
+    assert r.stdout.strip() == "alive 0 of 16", r.stdout
+
+
 def test_record_options_without_record_are_refused(tmp_path):
     r = crashcap("run", "--nonfinite", "record", "--dir", tmp_path, "--", PYTHON, "-c", "pass")
     assert r.returncode == 2 and "add --record" in r.stderr, r.stderr

@@ -12,9 +12,12 @@
 //   zstd       `zstd -1 -T0` on the same bytes in a file (the page cache holds it)
 // and the recorder's counters: keyframes taken and skipped, steps lost. JSON: {"sizes": [{state_mb,
 // stall_ms, memcpy_ms, stall_over_memcpy, writer_mb_s, zstd_mb_s, write_over_zstd, auto_interval,
-// keyframes, keyframes_skipped, dropped_steps}, ...]}. auto_interval is null until the recorder
-// chooses its cadence itself. --keyframe-pool-mb sets Policy::keyframePoolBytes (1: keep nothing
-// for keyframes beyond the batches' queueBytes, as the recorder did before it had the bound).
+// keyframes, keyframes_skipped, dropped_steps}, ...]}. auto_interval is the interval the
+// recorder's automatic cadence chose from the run's own measurements (stats().autoKeyframeInterval:
+// the copy, the writer's time, the step time), while the run itself keeps a keyframe every --every
+// steps so that the stall is measured on several warm keyframes.
+// --keyframe-pool-mb sets Policy::keyframePoolBytes (1: keep nothing for keyframes beyond the
+// batches' queueBytes, as the recorder did before it had the bound).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -67,6 +70,8 @@ struct Weights : torch::nn::Module {
 struct Size {
   double stateMb = 0, stallMs = 0, memcpyMs = 0, writerMbS = 0, zstdMbS = 0;
   uint64_t keyframes = 0, skipped = 0, lost = 0;
+  int64_t autoInterval = 0;
+  double copyS = 0, writeS = 0, stepS = 0;
 };
 
 Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, uint64_t poolBytes, const fs::path& scratch) {
@@ -132,6 +137,10 @@ Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, u
     out.keyframes = stats.keyframes;
     out.skipped = stats.keyframesSkipped;
     out.lost = stats.lostStepCount;
+    out.autoInterval = stats.autoKeyframeInterval;
+    out.copyS = stats.keyframeCopySeconds;
+    out.writeS = stats.keyframeWriteSeconds;
+    out.stepS = stats.stepSeconds;
     rec.close();
   }
   fs::remove_all(dir);
@@ -217,7 +226,10 @@ int main(int argc, char** argv) {
                           {"writer_mb_s", s.writerMbS},
                           {"zstd_mb_s", s.zstdMbS},
                           {"write_over_zstd", s.zstdMbS > 0 ? s.writerMbS / s.zstdMbS : 0},
-                          {"auto_interval", nullptr},
+                          {"auto_interval", s.autoInterval},
+                          {"keyframe_copy_ms", 1000 * s.copyS},
+                          {"keyframe_write_ms", 1000 * s.writeS},
+                          {"measured_step_ms", 1000 * s.stepS},
                           {"keyframe_every", every},
                           {"keyframe_pool_bytes", poolBytes ? nlohmann::json(poolBytes) : nlohmann::json("default")},
                           {"steps", steps},
@@ -227,9 +239,9 @@ int main(int argc, char** argv) {
                           {"dropped_steps", s.lost}};
       if (!json)
         std::cerr << fmt::format("{:7.0f} MB  stall {:8.1f} ms  memcpy {:7.1f} ms  x{:.2f}  writer {:6.0f} MB/s  zstd -T0 {:6.0f} "
-                                 "MB/s  x{:.2f}  keyframes {} (skipped {})  lost steps {}\n",
+                                 "MB/s  x{:.2f}  keyframes {} (skipped {})  lost steps {}  auto interval {}\n",
                                  s.stateMb, s.stallMs, s.memcpyMs, j["stall_over_memcpy"].get<double>(), s.writerMbS,
-                                 s.zstdMbS, j["write_over_zstd"].get<double>(), s.keyframes, s.skipped, s.lost);
+                                 s.zstdMbS, j["write_over_zstd"].get<double>(), s.keyframes, s.skipped, s.lost, s.autoInterval);
       sizes.push_back(std::move(j));
     }
   } catch (const std::exception& e) {

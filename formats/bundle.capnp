@@ -256,6 +256,9 @@ struct RunStatus {
   lostStepCount @8 :UInt64;
   keyframesSkipped @9 :UInt64;  # keyframes not taken because the last one was still being written
   lastPhase @10 :Text;          # where in lastStep the run was ("forward", "backward", ...; "" unknown)
+  keyframeInterval @11 :Int64;  # steps between keyframes at the end (the policy's, or the one the
+                                # automatic cadence chose); 0 unknown
+  bufferPoolPeakBytes @12 :UInt64;  # the most host memory the recorder's copies held at once
 }
 
 # Record type 13. What `crashcap run` saw of one run of the supervised command: how it ended,

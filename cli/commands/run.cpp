@@ -108,7 +108,8 @@ Command runCommand(CLI::App& root) {
                   "default) or is only recorded (record)")
       ->check(CLI::IsMember({"raise", "record"}));
   cmd->add_option("--keyframe-every", o->keyframeEvery,
-                  "With --record: a keyframe (weights and optimizer state) every N steps (default 50)")
+                  "With --record: a keyframe (weights and optimizer state) every N steps (default: chosen from what a "
+                  "keyframe costs, at least every 50 steps; docs/RECORDING.md)")
       ->check(CLI::PositiveNumber);
   cmd->add_flag("--no-trace", o->noTrace, "Do not inject the kernel tracer (libcrashcap_inject.so via CUDA_INJECTION64_PATH)");
   cmd->prefix_command();  // without --, the first word that is not an option starts the command

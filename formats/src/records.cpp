@@ -223,6 +223,8 @@ std::vector<uint8_t> encodeMeta(const RunStatusData& v) {
   r.setLostStepCount(std::max<uint64_t>(v.lostStepCount, v.lostSteps.size()));
   r.setKeyframesSkipped(v.keyframesSkipped);
   r.setLastPhase(v.lastPhase);
+  r.setKeyframeInterval(v.keyframeInterval);
+  r.setBufferPoolPeakBytes(v.bufferPoolPeakBytes);
   return toBytes(b);
 }
 
@@ -659,6 +661,8 @@ RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimi
     v.lostStepCount = r.getLostStepCount();
     v.keyframesSkipped = r.getKeyframesSkipped();
     v.lastPhase = text(r.getLastPhase(), 64, "run phase");
+    v.keyframeInterval = r.getKeyframeInterval();
+    v.bufferPoolPeakBytes = r.getBufferPoolPeakBytes();
     return v;
   });
 }

@@ -205,9 +205,11 @@ class Recorder:
     tensors in order (a tensor; a tuple's or list's items; a dict's values, nested ones flattened)
     and returns the loss, and which the loop calls for its loss; its parameters are the
     optimizer's. The recording then replays in crashcap without Python (docs/PYTHON.md).
-    keyframe_every, retain_segments, retain_bytes, op_trace_depth, nonfinite ("raise" |
-    "record"), check_gradients, zstd_level, queue_bytes, crash_guard, kernel_trace, quiet: the
-    recorder's policy (docs/RECORDING.md).
+    keyframe_every (steps, or "auto", the default: chosen from what keyframes cost),
+    keyframe_budget (with "auto": the share of the step time keyframes may cost, 0.01),
+    retain_segments, retain_bytes, op_trace_depth, nonfinite ("raise" | "record"),
+    check_gradients, zstd_level, queue_bytes, crash_guard, kernel_trace, quiet: the recorder's
+    policy (docs/RECORDING.md).
     """
 
     def __init__(self, directory=None, model=None, optimizer=None, *, scheduler=None, grad_scaler=None, program=None,
@@ -217,7 +219,7 @@ class Recorder:
             raise TypeError("crashcap.Recorder needs model=<the torch.nn.Module being trained>")
         if optimizer is None or not hasattr(optimizer, "param_groups") or not hasattr(optimizer, "state_dict"):
             raise TypeError("crashcap.Recorder needs optimizer=<its torch.optim optimizer>")
-        known = {"keyframe_every", "retain_segments", "retain_bytes", "op_trace_depth", "nonfinite", "check_gradients",
+        known = {"keyframe_every", "keyframe_budget", "retain_segments", "retain_bytes", "op_trace_depth", "nonfinite", "check_gradients",
                  "zstd_level", "queue_bytes", "crash_guard", "kernel_trace", "all_environment_variables", "quiet"}
         unknown = sorted(set(policy) - known)
         if unknown:

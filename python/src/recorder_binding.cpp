@@ -48,7 +48,20 @@ std::function<R(Args...)> fromPython(py::object fn) {
 rec::Policy policyFrom(const py::dict& o) {
   rec::Policy p;
   auto get = [&](const char* k) -> py::object { return o.contains(k) ? py::object(o[k]) : py::object(py::none()); };
-  if (!get("keyframe_every").is_none()) p.keyframeEvery = get("keyframe_every").cast<int64_t>();
+  if (auto every = get("keyframe_every"); !every.is_none()) {
+    if (py::isinstance<py::str>(every)) {
+      if (every.cast<std::string>() != "auto")
+        throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
+                              "keyframe_every must be a number of steps or \"auto\" (got \"" + every.cast<std::string>() + "\")");
+      p.keyframeEvery = rec::Policy::kKeyframeEveryAuto;
+    } else {
+      p.keyframeEvery = every.cast<int64_t>();
+      if (p.keyframeEvery < 1)
+        throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
+                              "keyframe_every must be >= 1, or \"auto\" (got " + std::to_string(p.keyframeEvery) + ")");
+    }
+  }
+  if (!get("keyframe_budget").is_none()) p.keyframeBudget = get("keyframe_budget").cast<double>();
   if (!get("retain_segments").is_none()) p.retainSegments = get("retain_segments").cast<size_t>();
   if (!get("retain_bytes").is_none()) p.retainBytes = get("retain_bytes").cast<uint64_t>();
   if (!get("op_trace_depth").is_none()) p.opTraceDepth = get("op_trace_depth").cast<size_t>();
@@ -81,6 +94,12 @@ py::dict statsOf(const rec::RecorderStats& s) {
   d["keyframes_skipped"] = s.keyframesSkipped;
   d["written_through"] = s.writtenThrough;
   d["buffer_pool_bytes"] = s.bufferPoolBytes;
+  d["buffer_pool_peak_bytes"] = s.bufferPoolPeakBytes;
+  d["keyframe_interval"] = s.keyframeInterval;
+  d["auto_keyframe_interval"] = s.autoKeyframeInterval;
+  d["keyframe_copy_seconds"] = s.keyframeCopySeconds;
+  d["keyframe_write_seconds"] = s.keyframeWriteSeconds;
+  d["step_seconds"] = s.stepSeconds;
   d["degraded"] = s.degraded;
   d["recording"] = s.recording;
   d["warnings"] = s.warnings;

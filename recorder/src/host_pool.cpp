@@ -1,3 +1,4 @@
+#include <algorithm>
 #include "host_pool.hpp"
 
 #include <sys/mman.h>
@@ -57,6 +58,7 @@ std::shared_ptr<void> HostPool::acquire(uint64_t requested) {
         break;
       }
     liveBytes_ += bytes;
+    peakBytes_ = std::max(peakBytes_, liveBytes_ + idleBytes_);
   }
   if (!p && !(p = allocate(bytes))) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -114,6 +116,11 @@ uint64_t HostPool::idleBytes() const {
 uint64_t HostPool::liveBytes() const {
   std::lock_guard<std::mutex> lk(mu_);
   return liveBytes_;
+}
+
+uint64_t HostPool::peakBytes() const {
+  std::lock_guard<std::mutex> lk(mu_);
+  return peakBytes_;
 }
 
 }  // namespace crashcap::recorder::detail

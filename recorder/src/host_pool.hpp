@@ -44,6 +44,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
 
   uint64_t idleBytes() const;
   uint64_t liveBytes() const;   ///< handed out and not yet returned
+  uint64_t peakBytes() const;   ///< the most it held at once, handed out and idle
 
  private:
   explicit HostPool(uint64_t idleLimit);
@@ -61,7 +62,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   const int ownerPid_;  ///< the process that mapped the private buffers
   mutable std::mutex mu_;
   std::list<Idle> idle_;  ///< least recently returned first
-  uint64_t idleBytes_ = 0, liveBytes_ = 0;
+  uint64_t idleBytes_ = 0, liveBytes_ = 0, peakBytes_ = 0;
 };
 
 }  // namespace crashcap::recorder::detail

@@ -270,6 +270,8 @@ void LiveWriter::fillStatus(formats::RunStatusData& status) const {
   status.lostSteps = s.lostSteps;
   status.lostStepCount = s.lostStepCount;
   status.keyframesSkipped = s.keyframesSkipped;
+  status.keyframeInterval = keyframeInterval.load(std::memory_order_relaxed);
+  status.bufferPoolPeakBytes = bufferPoolPeakBytes.load(std::memory_order_relaxed);
 }
 
 void LiveWriter::countDrop(uint64_t records, uint64_t bytes) {
@@ -431,6 +433,7 @@ void LiveWriter::process(Job& job) {
         // After a crash sealed the recording, a program that goes on records into a fresh
         // one, started at its next keyframe (never per job: a failing directory must not
         // multiply).
+        keyframeStarted_ = std::chrono::steady_clock::now();
         if (needNewRecording_) {
           startRecording();
           needNewRecording_ = false;
@@ -449,6 +452,10 @@ void LiveWriter::process(Job& job) {
         if (needNewRecording_ || !segmentUsable()) break;
         segment_->writeRecord(job.type, job.meta, job.body.data(), job.body.size(), !job.body.empty());
         if (job.commitsStep) writtenThrough_.store(job.step, std::memory_order_release);
+        if (job.endsKeyframe)
+          keyframeWriteNs_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                                     std::chrono::steady_clock::now() - keyframeStarted_).count(),
+                                 std::memory_order_relaxed);
         return;
     }
   } catch (const Error& e) {

@@ -7,6 +7,7 @@
 // No LibTorch here.
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <deque>
@@ -56,6 +57,7 @@ struct Job {
   std::vector<uint8_t> meta, body; ///< Record, RunRecord
   int64_t step = -1;               ///< StartSegment: its keyframe step; Record: the step it commits
   bool commitsStep = false;        ///< a step_begin: once written, the step reached the OS
+  bool endsKeyframe = false;       ///< the last job of a keyframe (its record): the write is timed to it
   Lane lane{};                     ///< the lane it was admitted in (set by push)
   uint64_t bytes() const { return tensor.size + meta.size() + body.size(); }
 };
@@ -108,6 +110,10 @@ class LiveWriter {
   /// Counts a keyframe not taken at `step` (its `bytes` did not fit the keyframe lane); the first
   /// one warns.
   void skipKeyframe(int64_t step, uint64_t bytes);
+  /// How long the writer took for the newest keyframe it finished, from opening its segment to
+  /// writing its record (steps queued meanwhile included: it is the writer's pace); 0 before the
+  /// first. Read by the recorder's keyframe cadence.
+  double lastKeyframeWriteSeconds() const { return keyframeWriteNs_.load(std::memory_order_relaxed) / 1e9; }
   /// A warning of the recorder's own (not the writer's), kept in the run status with the writer's.
   void addWarning(std::string warning);
   /// The writer's counts in a run_status record (state, stepsBegun and lastStep are the caller's).
@@ -121,6 +127,9 @@ class LiveWriter {
   std::atomic<int64_t>& currentStep = page_->step;
   std::atomic<int>& phase = page_->phase;
   std::atomic<uint64_t>& stepsBegun = page_->stepsBegun;
+  /// The recorder's own numbers for the run status (stored at every step).
+  std::atomic<int64_t> keyframeInterval{0};
+  std::atomic<uint64_t> bufferPoolPeakBytes{0};
   /// Called by the training thread before it stores into the page (beginStep): moves a page the
   /// writer thread prepared (a new recording's progress file; memory after a write error) over
   /// the page. Only the thread that stores may move it: a store between the copy of the values
@@ -195,6 +204,8 @@ class LiveWriter {
   bool stop_ = false;
   bool closed_ = false;
   std::atomic<int64_t> writtenThrough_{-1};
+  std::atomic<int64_t> keyframeWriteNs_{0};
+  std::chrono::steady_clock::time_point keyframeStarted_{};  ///< writer thread only
 
   // Crash hand-off. `crashPending_` is set by the failing thread (possibly in a signal
   // handler); the writer thread does the work and bumps `crashDone_`.

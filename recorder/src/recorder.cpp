@@ -101,6 +101,16 @@ struct Recorder::Impl {
   int64_t lastStep = -1;
   int64_t lastKeyframe = -1;
   bool keyframeDue = true;
+  // The keyframe cadence: Policy::keyframeEvery, or chosen from what keyframes cost (chooseInterval).
+  int64_t interval = 0;
+  int64_t autoInterval = 0;         ///< what the automatic cadence would choose now
+  double stepSeconds = 0;           ///< moving average of the time between beginSteps, keyframe copies left out
+  double keyframeCopySeconds = 0;   ///< the last keyframe's copy on the training thread
+  double copyThisStep = 0;          ///< the keyframe copy in the last beginStep (not the training's time)
+  int64_t previousBeginNs = 0;
+  uint64_t stepRecordBytes = 0;     ///< the last step's records as queued (uncompressed)
+  uint64_t lastKeyframeBytes = 0;   ///< the state a keyframe copies (keyframeBytes), at the last one due
+  bool cadenceWarned = false;
   uint64_t keyframes = 0;
   bool environmentWritten = false;
   int64_t stepStartNs = 0;
@@ -324,7 +334,9 @@ struct Recorder::Impl {
     // Replay must run the step program the same way: the optimised graph's backward can
     // differ in the last bit from the unoptimised one.
     fact("torch.jit.graph_executor_optimize", yes(torch::jit::getGraphExecutorOptimize()));
-    fact("recorder.keyframe_every", std::to_string(policy.keyframeEvery));
+    fact("recorder.keyframe_every", policy.keyframeEvery == Policy::kKeyframeEveryAuto
+                                        ? std::string("auto")
+                                        : std::to_string(policy.keyframeEvery));
     fact("recorder.op_trace_depth", std::to_string(policy.opTraceDepth));
     fact("recorder.nonfinite", policy.nonFinite == NonFinitePolicy::Raise ? "raise" : "record");
     if (foreign)
@@ -359,6 +371,66 @@ struct Recorder::Impl {
 
   /// Lets the pool keep the keyframe's buffers (up to the policy's bound) when the writer is done
   /// with them, so that the next keyframe copies into memory already mapped.
+  /// Steps between keyframes from now on (docs/RECORDING.md, "Keyframe cadence"). A keyframe
+  /// costs its copy on the training thread and the writer's time on one of the machine's cores;
+  /// the interval spreads that over enough steps to stay under policy.keyframeBudget of the step
+  /// time, lets the writer finish one keyframe well before the next is due, and keeps two
+  /// segments (a keyframe and its steps each) within retainBytes.
+  int64_t chooseInterval() {
+    autoInterval = chooseAutoInterval();
+    return policy.keyframeEvery != Policy::kKeyframeEveryAuto ? policy.keyframeEvery : autoInterval;
+  }
+
+  /// What the automatic cadence chooses (also with a fixed one: stats() shows it).
+  int64_t chooseAutoInterval() {
+    int64_t k = Policy::kAutoKeyframeEveryMin;
+    if (stepSeconds <= 0 || keyframeCopySeconds <= 0 || !writer) return k;
+    static const double cores = std::max(1u, std::thread::hardware_concurrency());
+    const double write = writer->lastKeyframeWriteSeconds();
+    auto steps = [&](double seconds) { return static_cast<int64_t>(std::ceil(seconds / stepSeconds)); };
+    const int64_t byWriter = steps(1.25 * write);
+    k = std::max({k, steps((keyframeCopySeconds + write / cores) / std::max(policy.keyframeBudget, 1e-4)), byWriter});
+    // The disk bound, once the writer's pace is known: an interval shorter than that would only
+    // have keyframes skipped.
+    if (policy.retainBytes && stepRecordBytes && lastKeyframeBytes && write > 0) {
+      const uint64_t keyframe = lastKeyframeBytes, half = policy.retainBytes / 2;
+      const bool warnNow = !cadenceWarned && policy.keyframeEvery == Policy::kKeyframeEveryAuto;
+      const int64_t byDisk = keyframe < half ? static_cast<int64_t>((half - keyframe) / stepRecordBytes) : 0;
+      if (byDisk < std::max<int64_t>(byWriter, 1)) {
+        // No interval helps: retention keeps two segments, over retainBytes, whatever the cadence.
+        if (warnNow)
+          warn(fmt::format("a keyframe holds {:.0f} MiB: two of them and the steps the writer needs between them do "
+                           "not fit in retainBytes ({:.0f} MiB), which the retained window needs; the recording keeps "
+                           "its two newest segments above the bound. Raise retainBytes to at least {:.0f} MiB",
+                           keyframe / 1048576.0, policy.retainBytes / 1048576.0, 2.5 * keyframe / 1048576.0));
+        cadenceWarned = cadenceWarned || warnNow;
+      } else if (byDisk < k) {
+        const int64_t fits = byDisk;
+        if (warnNow)
+          warn(fmt::format("a keyframe of {:.0f} MiB every {} steps would not fit twice in retainBytes ({:.0f} MiB) "
+                           "with the steps between them: keyframes come every {} steps instead, above the {:.1f}% "
+                           "budget; raise retainBytes to keep both",
+                           keyframe / 1048576.0, k, policy.retainBytes / 1048576.0, fits, 100 * policy.keyframeBudget));
+        cadenceWarned = cadenceWarned || warnNow;
+        k = fits;
+      }
+    }
+    return k;
+  }
+
+  /// At every beginStep: the step time's moving average (the first interval, the training's
+  /// warm-up, counts as it comes and is soon outweighed).
+  void measureStep() {
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (previousBeginNs) {
+      const double seconds = std::max(0.0, (now - previousBeginNs) / 1e9 - copyThisStep);
+      stepSeconds = stepSeconds > 0 ? 0.9 * stepSeconds + 0.1 * seconds : seconds;
+    }
+    previousBeginNs = now;
+    copyThisStep = 0;
+  }
+
   void keepKeyframeBuffers() {
     if (!pool) return;
     uint64_t bound = policy.keyframePoolBytes;
@@ -413,6 +485,7 @@ struct Recorder::Impl {
       }
     }
     jobs.push_back(recordJob(kf));
+    jobs.back().endsKeyframe = true;
     return jobs;
   }
 
@@ -506,9 +579,15 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
     if (const char* fromRun = std::getenv(kOutputDirVariable)) outputDir = fromRun;  // set by `crashcap run`
   impl_->outputDir = std::move(outputDir);
   impl_->policy = policy;
-  if (impl_->policy.keyframeEvery < 1)
+  if (impl_->policy.keyframeEvery < 0)
     throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
-                         fmt::format("keyframeEvery is {}; it must be >= 1", impl_->policy.keyframeEvery));
+                         fmt::format("keyframeEvery is {}; it must be >= 1, or Policy::kKeyframeEveryAuto",
+                                     impl_->policy.keyframeEvery));
+  if (!(impl_->policy.keyframeBudget > 0 && impl_->policy.keyframeBudget <= 1))
+    throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
+                         fmt::format("keyframeBudget is {}; it must be a share of the step time in (0, 1]",
+                                     impl_->policy.keyframeBudget));
+  impl_->interval = impl_->chooseInterval();
   try {
     impl_->replayRequest = replayer::replayRequestOfThisProcess();
   } catch (const crashcap::Error& e) {
@@ -758,20 +837,35 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
   m.writer->stepsBegun.fetch_add(1, std::memory_order_relaxed);
   // A keyframe goes in the keyframe lane and the step in the step lane: a keyframe that does not
   // fit is skipped (and tried again at the next step), and the step is kept either way.
-  if (m.keyframeDue || step - m.lastKeyframe >= m.policy.keyframeEvery) {
-    const uint64_t bytes = m.keyframeBytes();
+  m.measureStep();
+  if (m.keyframeDue || step - m.lastKeyframe >= m.interval) {
+    const uint64_t bytes = m.lastKeyframeBytes = m.keyframeBytes();
     if (!m.writer->wouldAccept(bytes, detail::Lane::Keyframe)) {
       // The writer is still writing the last keyframe: do not copy the model just to drop it.
       m.writer->skipKeyframe(step, bytes);
       m.keyframeDue = true;
-    } else if (m.writer->push(m.keyframeJobs(step), detail::Lane::Keyframe)) {
-      m.lastKeyframe = step;
-      m.keyframeDue = false;
-      ++m.keyframes;
-      m.keepKeyframeBuffers();
+    } else {
+      const auto copyStart = std::chrono::steady_clock::now();
+      auto jobs = m.keyframeJobs(step);
+      if (m.writer->push(std::move(jobs), detail::Lane::Keyframe)) {
+        m.lastKeyframe = step;
+        m.keyframeDue = false;
+        ++m.keyframes;
+        m.keepKeyframeBuffers();
+      }
+      m.copyThisStep = m.keyframeCopySeconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - copyStart).count();
     }
   }
-  m.writer->push(m.stepJobs(step, previousStep, batch, std::move(structure)));
+  m.interval = m.chooseInterval();
+  m.writer->keyframeInterval.store(m.interval, std::memory_order_relaxed);
+  if (m.pool) m.writer->bufferPoolPeakBytes.store(m.pool->peakBytes(), std::memory_order_relaxed);
+  {
+    auto jobs = m.stepJobs(step, previousStep, batch, std::move(structure));
+    m.stepRecordBytes = 0;
+    for (const auto& j : jobs) m.stepRecordBytes += j.bytes();
+    m.writer->push(std::move(jobs));
+  }
   m.setPhase(Phase::Forward);
   if (m.observerStarted) detail::observeOpsOnThisThread(true);
   return StepGuard(this, step);
@@ -865,7 +959,15 @@ RecorderStats Recorder::stats() const {
   s.recording = true;
   s.stepsBegun = m.writer->stepsBegun.load();
   s.writtenThrough = m.writer->writtenThrough();
-  if (m.pool) s.bufferPoolBytes = m.pool->idleBytes() + m.pool->liveBytes();
+  if (m.pool) {
+    s.bufferPoolBytes = m.pool->idleBytes() + m.pool->liveBytes();
+    s.bufferPoolPeakBytes = m.pool->peakBytes();
+  }
+  s.keyframeInterval = m.interval;
+  s.autoKeyframeInterval = m.autoInterval;
+  s.keyframeCopySeconds = m.keyframeCopySeconds;
+  s.keyframeWriteSeconds = m.writer->lastKeyframeWriteSeconds();
+  s.stepSeconds = m.stepSeconds;
   auto w = m.writer->stats();
   s.droppedRecords = w.droppedRecords;
   s.droppedBytes = w.droppedBytes;

@@ -142,6 +142,8 @@ struct RunStatusData {
   uint64_t lostStepCount = 0;           ///< all of them
   uint64_t keyframesSkipped = 0;        ///< keyframes not taken: the writer was still writing the last
   std::string lastPhase;                ///< where in lastStep the run was ("" unknown)
+  int64_t keyframeInterval = 0;         ///< steps between keyframes at the end; 0 unknown
+  uint64_t bufferPoolPeakBytes = 0;     ///< the most host memory the recorder's copies held
 };
 /// The most lost steps a run_status record lists.
 inline constexpr size_t kMaxListedLostSteps = 4096;

@@ -21,7 +21,8 @@ struct StoryOptions {
 /// completed, last_loss, last_grad_norm, lost [steps the recorder lost]}, keyframes [steps], crash (null or {kind, step,
 /// phase, error, error_type, signal (null when none), signal_name, stack, time}), last_ops,
 /// op_trace {total_ops, capacity}, crash_tensors [{name, dtype, shape, stats}],
-/// dropped_records, dropped_bytes, segments_deleted, keyframes_skipped, status, warnings, problems.
+/// dropped_records, dropped_bytes, segments_deleted, keyframes_skipped, keyframe_interval (0 unknown),
+/// buffer_pool_peak_bytes, status, warnings, problems.
 nlohmann::json storyJson(const formats::BundleReader& reader, const StoryOptions& options = {});
 std::string storyText(const formats::BundleReader& reader, const StoryOptions& options = {});
 

@@ -59,7 +59,17 @@ enum class NonFinitePolicy {
 
 /// What the recorder keeps and how hard it tries. Defaults suit a long run on one machine.
 struct Policy {
-  int64_t keyframeEvery = 50;           ///< steps between keyframes (>= 1)
+  /// keyframeEvery's value for a cadence the recorder chooses from what keyframes cost.
+  static constexpr int64_t kKeyframeEveryAuto = 0;
+  /// Steps between keyframes (>= 1), or kKeyframeEveryAuto (the default): at least
+  /// kAutoKeyframeEveryMin, and as many more as keep a keyframe's cost under keyframeBudget of the
+  /// step time and the writer within its pace (docs/RECORDING.md, "Keyframe cadence"). Every
+  /// step's batch is kept whatever the cadence.
+  int64_t keyframeEvery = kKeyframeEveryAuto;
+  static constexpr int64_t kAutoKeyframeEveryMin = 50;
+  /// With the automatic cadence: the share of the training's time keyframes may cost (the copy
+  /// on the training thread, and the writer's time on one of the machine's cores).
+  double keyframeBudget = 0.01;
   size_t retainSegments = 4;            ///< keep at most this many segments (one per keyframe); 0 = all
   uint64_t retainBytes = 8ull << 30;    ///< and at most this many bytes of them; 0 = no limit
   size_t opTraceDepth = 256;            ///< ops kept in the ring; 0 turns the op observer off
@@ -177,10 +187,19 @@ struct RecorderStats {
   /// Keyframes not taken because the last one was still being written (each is tried again at
   /// the next step; the steps themselves are kept).
   uint64_t keyframesSkipped = 0;
+  /// Steps between keyframes now: Policy::keyframeEvery, or what the automatic cadence chose.
+  int64_t keyframeInterval = 0;
+  /// What the automatic cadence would choose from the same measurements (with a fixed cadence too).
+  int64_t autoKeyframeInterval = 0;
+  /// What the last keyframe cost: its copy on the training thread, and the writer's time for it
+  /// (0 until one is written).
+  double keyframeCopySeconds = 0, keyframeWriteSeconds = 0;
+  double stepSeconds = 0;               ///< the training's step time, a moving average
   int64_t writtenThrough = -1;          ///< newest step whose batch reached the OS
   /// Host memory the recorder's copies hold: reused buffers, in the writer's queue or idle
   /// (at most queueBytes plus Policy::keyframePoolBytes idle).
   uint64_t bufferPoolBytes = 0;
+  uint64_t bufferPoolPeakBytes = 0;     ///< the most they held at once
   bool degraded = false;                ///< a write failed; see warnings
   bool recording = false;               ///< false when the directory could not be used at all
   std::vector<std::string> warnings;

@@ -91,3 +91,26 @@ def test_an_unknown_option_is_a_type_error_that_lists_the_known_ones(tmp_path):
         crashcap.Recorder("runs", model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1), keyframes=3)
     """)], cwd=tmp_path, capture_output=True, text=True)
     assert r.returncode != 0 and "unknown options ['keyframes']" in r.stderr and "keyframe_every" in r.stderr
+
+
+def test_a_keyframe_cadence_that_is_neither_steps_nor_auto_is_refused_and_auto_is_the_default(tmp_path):
+    r = subprocess.run([PYTHON, "-c", textwrap.dedent("""
+        import torch, crashcap
+        model = torch.nn.Linear(3, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for bad in ("fast", 0, -2):
+            try:
+                crashcap.Recorder("runs", model=model, optimizer=opt, keyframe_every=bad, quiet=True)
+            except crashcap.Error as e:
+                print("refused", bad, e)
+        for every in ("auto", None, 7):
+            policy = {} if every is None else {"keyframe_every": every}
+            rec = crashcap.Recorder("runs", model=model, optimizer=opt, quiet=True, **policy)
+            print("interval", every, rec.stats()["keyframe_interval"])
+            rec.close()
+    """)], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert [l.split()[1] for l in lines if l.startswith("refused")] == ["fast", "0", "-2"], r.stdout
+    assert 'must be a number of steps or "auto"' in r.stdout and 'must be >= 1, or "auto"' in r.stdout
+    assert [l for l in lines if l.startswith("interval")] == ["interval auto 50", "interval None 50", "interval 7 7"]

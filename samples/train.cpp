@@ -167,6 +167,7 @@ int sampleMain(Task task, int argc, char** argv) {
         o.seed = std::stoull(value());
       } else if (a == "--keyframe-every") {
         o.policy.keyframeEvery = std::stoll(value());
+        if (o.policy.keyframeEvery < 1) throw std::invalid_argument("--keyframe-every must be >= 1");
       } else if (a == "--batch") {
         o.batch = std::stoll(value());
       } else if (a == "--optimizer") {
@@ -188,7 +189,7 @@ int sampleMain(Task task, int argc, char** argv) {
       throw std::invalid_argument("bad-label needs class labels: use crashcap-sample-cls");
     if (task == Task::Cls && o.fault.fault == Fault::DiceEps0)
       throw std::invalid_argument("dice-eps0 needs the Dice loss: use crashcap-sample-seg");
-    if (o.steps < 1 || o.policy.keyframeEvery < 1) throw std::invalid_argument("--steps and --keyframe-every must be >= 1");
+    if (o.steps < 1) throw std::invalid_argument("--steps must be >= 1");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "%s: %s\n", name, e.what());
     usage(stderr);

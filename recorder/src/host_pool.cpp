@@ -1,9 +1,9 @@
-#include <algorithm>
 #include "host_pool.hpp"
 
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iterator>
 #include <vector>
@@ -58,7 +58,8 @@ std::shared_ptr<void> HostPool::acquire(uint64_t requested) {
         break;
       }
     liveBytes_ += bytes;
-    peakBytes_ = std::max(peakBytes_, liveBytes_ + idleBytes_);
+    if (liveBytes_ + idleBytes_ > peakBytes_.load(std::memory_order_relaxed))
+      peakBytes_.store(liveBytes_ + idleBytes_, std::memory_order_relaxed);
   }
   if (!p && !(p = allocate(bytes))) {
     std::lock_guard<std::mutex> lk(mu_);
@@ -118,9 +119,6 @@ uint64_t HostPool::liveBytes() const {
   return liveBytes_;
 }
 
-uint64_t HostPool::peakBytes() const {
-  std::lock_guard<std::mutex> lk(mu_);
-  return peakBytes_;
-}
+uint64_t HostPool::peakBytes() const { return peakBytes_.load(std::memory_order_relaxed); }
 
 }  // namespace crashcap::recorder::detail

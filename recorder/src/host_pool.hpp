@@ -13,6 +13,7 @@
 // each), and the recorder rewrites its buffers every step; a child never reads them (only the
 // writer thread, which a child does not have, does).
 
+#include <atomic>
 #include <cstdint>
 #include <list>
 #include <memory>
@@ -44,7 +45,7 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
 
   uint64_t idleBytes() const;
   uint64_t liveBytes() const;   ///< handed out and not yet returned
-  uint64_t peakBytes() const;   ///< the most it held at once, handed out and idle
+  uint64_t peakBytes() const;   ///< the most it held at once, handed out and idle (no lock)
 
  private:
   explicit HostPool(uint64_t idleLimit);
@@ -62,7 +63,8 @@ class HostPool : public std::enable_shared_from_this<HostPool> {
   const int ownerPid_;  ///< the process that mapped the private buffers
   mutable std::mutex mu_;
   std::list<Idle> idle_;  ///< least recently returned first
-  uint64_t idleBytes_ = 0, liveBytes_ = 0, peakBytes_ = 0;
+  uint64_t idleBytes_ = 0, liveBytes_ = 0;
+  std::atomic<uint64_t> peakBytes_{0};  ///< written under mu_, read without it (at every step)
 };
 
 }  // namespace crashcap::recorder::detail

@@ -101,13 +101,12 @@ struct Recorder::Impl {
   int64_t lastStep = -1;
   int64_t lastKeyframe = -1;
   bool keyframeDue = true;
-  // The keyframe cadence: Policy::keyframeEvery, or chosen from what keyframes cost (chooseInterval).
-  int64_t interval = 0;
-  int64_t autoInterval = 0;         ///< what the automatic cadence would choose now
+  // The keyframe cadence: Policy::keyframeEvery, or chosen from what keyframes cost (interval()).
+  int64_t autoInterval = Policy::kAutoKeyframeEveryMin;  ///< what the automatic cadence chooses now
   double stepSeconds = 0;           ///< moving average of the time between beginSteps, keyframe copies left out
   double keyframeCopySeconds = 0;   ///< the last keyframe's copy on the training thread
   double copyThisStep = 0;          ///< the keyframe copy in the last beginStep (not the training's time)
-  int64_t previousBeginNs = 0;
+  std::optional<std::chrono::steady_clock::time_point> previousBegin;
   uint64_t stepRecordBytes = 0;     ///< the last step's records as queued (uncompressed)
   uint64_t lastKeyframeBytes = 0;   ///< the state a keyframe copies (keyframeBytes), at the last one due
   bool cadenceWarned = false;
@@ -369,19 +368,17 @@ struct Recorder::Impl {
     return bytes;
   }
 
-  /// Lets the pool keep the keyframe's buffers (up to the policy's bound) when the writer is done
-  /// with them, so that the next keyframe copies into memory already mapped.
   /// Steps between keyframes from now on (docs/RECORDING.md, "Keyframe cadence"). A keyframe
   /// costs its copy on the training thread and the writer's time on one of the machine's cores;
   /// the interval spreads that over enough steps to stay under policy.keyframeBudget of the step
   /// time, lets the writer finish one keyframe well before the next is due, and keeps two
   /// segments (a keyframe and its steps each) within retainBytes.
-  int64_t chooseInterval() {
-    autoInterval = chooseAutoInterval();
+  int64_t interval() const {
     return policy.keyframeEvery != Policy::kKeyframeEveryAuto ? policy.keyframeEvery : autoInterval;
   }
 
-  /// What the automatic cadence chooses (also with a fixed one: stats() shows it).
+  /// What the automatic cadence chooses from the measurements so far (also with a fixed cadence:
+  /// stats() shows it). Warns once when retainBytes bounds it.
   int64_t chooseAutoInterval() {
     int64_t k = Policy::kAutoKeyframeEveryMin;
     if (stepSeconds <= 0 || keyframeCopySeconds <= 0 || !writer) return k;
@@ -396,23 +393,23 @@ struct Recorder::Impl {
       const uint64_t keyframe = lastKeyframeBytes, half = policy.retainBytes / 2;
       const bool warnNow = !cadenceWarned && policy.keyframeEvery == Policy::kKeyframeEveryAuto;
       const int64_t byDisk = keyframe < half ? static_cast<int64_t>((half - keyframe) / stepRecordBytes) : 0;
+      std::string why;
       if (byDisk < std::max<int64_t>(byWriter, 1)) {
         // No interval helps: retention keeps two segments, over retainBytes, whatever the cadence.
-        if (warnNow)
-          warn(fmt::format("a keyframe holds {:.0f} MiB: two of them and the steps the writer needs between them do "
-                           "not fit in retainBytes ({:.0f} MiB), which the retained window needs; the recording keeps "
-                           "its two newest segments above the bound. Raise retainBytes to at least {:.0f} MiB",
-                           keyframe / 1048576.0, policy.retainBytes / 1048576.0, 2.5 * keyframe / 1048576.0));
-        cadenceWarned = cadenceWarned || warnNow;
+        why = fmt::format("a keyframe holds {:.0f} MiB: two of them and the steps the writer needs between them do "
+                          "not fit in retainBytes ({:.0f} MiB), which the retained window needs; the recording keeps "
+                          "its two newest segments above the bound. Raise retainBytes to at least {:.0f} MiB",
+                          keyframe / 1048576.0, policy.retainBytes / 1048576.0, 2.5 * keyframe / 1048576.0);
       } else if (byDisk < k) {
-        const int64_t fits = byDisk;
-        if (warnNow)
-          warn(fmt::format("a keyframe of {:.0f} MiB every {} steps would not fit twice in retainBytes ({:.0f} MiB) "
-                           "with the steps between them: keyframes come every {} steps instead, above the {:.1f}% "
-                           "budget; raise retainBytes to keep both",
-                           keyframe / 1048576.0, k, policy.retainBytes / 1048576.0, fits, 100 * policy.keyframeBudget));
-        cadenceWarned = cadenceWarned || warnNow;
-        k = fits;
+        why = fmt::format("a keyframe of {:.0f} MiB every {} steps would not fit twice in retainBytes ({:.0f} MiB) "
+                          "with the steps between them: keyframes come every {} steps instead, above the {:.1f}% "
+                          "budget; raise retainBytes to keep both",
+                          keyframe / 1048576.0, k, policy.retainBytes / 1048576.0, byDisk, 100 * policy.keyframeBudget);
+        k = byDisk;
+      }
+      if (!why.empty() && warnNow) {
+        cadenceWarned = true;
+        warn(why);
       }
     }
     return k;
@@ -421,16 +418,17 @@ struct Recorder::Impl {
   /// At every beginStep: the step time's moving average (the first interval, the training's
   /// warm-up, counts as it comes and is soon outweighed).
   void measureStep() {
-    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now().time_since_epoch()).count();
-    if (previousBeginNs) {
-      const double seconds = std::max(0.0, (now - previousBeginNs) / 1e9 - copyThisStep);
+    const auto now = std::chrono::steady_clock::now();
+    if (previousBegin) {
+      const double seconds = std::max(0.0, std::chrono::duration<double>(now - *previousBegin).count() - copyThisStep);
       stepSeconds = stepSeconds > 0 ? 0.9 * stepSeconds + 0.1 * seconds : seconds;
     }
-    previousBeginNs = now;
+    previousBegin = now;
     copyThisStep = 0;
   }
 
+  /// Lets the pool keep the keyframe's buffers (up to the policy's bound) when the writer is done
+  /// with them, so that the next keyframe copies into memory already mapped.
   void keepKeyframeBuffers() {
     if (!pool) return;
     uint64_t bound = policy.keyframePoolBytes;
@@ -587,7 +585,6 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
     throw crashcap::Error(crashcap::ErrorCode::InvalidArgument,
                          fmt::format("keyframeBudget is {}; it must be a share of the step time in (0, 1]",
                                      impl_->policy.keyframeBudget));
-  impl_->interval = impl_->chooseInterval();
   try {
     impl_->replayRequest = replayer::replayRequestOfThisProcess();
   } catch (const crashcap::Error& e) {
@@ -838,7 +835,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
   // A keyframe goes in the keyframe lane and the step in the step lane: a keyframe that does not
   // fit is skipped (and tried again at the next step), and the step is kept either way.
   m.measureStep();
-  if (m.keyframeDue || step - m.lastKeyframe >= m.interval) {
+  if (m.keyframeDue || step - m.lastKeyframe >= m.interval()) {
     const uint64_t bytes = m.lastKeyframeBytes = m.keyframeBytes();
     if (!m.writer->wouldAccept(bytes, detail::Lane::Keyframe)) {
       // The writer is still writing the last keyframe: do not copy the model just to drop it.
@@ -857,8 +854,8 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
           std::chrono::duration<double>(std::chrono::steady_clock::now() - copyStart).count();
     }
   }
-  m.interval = m.chooseInterval();
-  m.writer->keyframeInterval.store(m.interval, std::memory_order_relaxed);
+  m.autoInterval = m.chooseAutoInterval();
+  m.writer->keyframeInterval.store(m.interval(), std::memory_order_relaxed);
   if (m.pool) m.writer->bufferPoolPeakBytes.store(m.pool->peakBytes(), std::memory_order_relaxed);
   {
     auto jobs = m.stepJobs(step, previousStep, batch, std::move(structure));
@@ -963,7 +960,7 @@ RecorderStats Recorder::stats() const {
     s.bufferPoolBytes = m.pool->idleBytes() + m.pool->liveBytes();
     s.bufferPoolPeakBytes = m.pool->peakBytes();
   }
-  s.keyframeInterval = m.interval;
+  s.keyframeInterval = m.interval();
   s.autoKeyframeInterval = m.autoInterval;
   s.keyframeCopySeconds = m.keyframeCopySeconds;
   s.keyframeWriteSeconds = m.writer->lastKeyframeWriteSeconds();

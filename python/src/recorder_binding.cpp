@@ -89,6 +89,7 @@ py::dict statsOf(const rec::RecorderStats& s) {
   d["dropped_records"] = s.droppedRecords;
   d["dropped_bytes"] = s.droppedBytes;
   d["segments_deleted"] = s.segmentsDeleted;
+  d["recording_peak_bytes"] = s.recordingPeakBytes;
   d["lost_steps"] = s.lostSteps;
   d["lost_step_count"] = s.lostStepCount;
   d["keyframes_skipped"] = s.keyframesSkipped;

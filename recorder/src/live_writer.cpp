@@ -392,30 +392,53 @@ void LiveWriter::startSegment() {
   applyRetention();
 }
 
-void LiveWriter::applyRetention() {
+void LiveWriter::applyRetention(uint64_t coming) {
   auto files = segmentFiles(recording_);
-  if (files.size() <= 1) return;
   std::vector<uint64_t> sizes;
-  uint64_t total = 0;
+  std::error_code ec;
+  uint64_t total = fs::file_size(fs::path(recording_) / kRunFileName, ec);
+  if (ec) total = 0;
   for (const auto& f : files) {
-    std::error_code ec;
     uint64_t s = fs::file_size(f, ec);
     sizes.push_back(ec ? 0 : s);
     total += sizes.back();
   }
   size_t first = 0;
-  // The newest segment (just opened) always stays; so does the one before it, which holds
-  // the steps up to this keyframe.
+  // Counted: run.ccap and every segment, the growing one included, so that the files on disk
+  // stay within retainBytes and not just the finished segments. The newest segment (being
+  // written) always stays; so does the one before it, which holds the steps up to its keyframe.
   while (files.size() - first > 2 &&
          ((options_.retainSegments && files.size() - first > options_.retainSegments) ||
-          (options_.retainBytes && total > options_.retainBytes))) {
-    std::error_code ec;
+          (options_.retainBytes && total + coming > options_.retainBytes))) {
     fs::remove(files[first], ec);
     total -= sizes[first];
     ++first;
     std::lock_guard<std::mutex> lk(statsMu_);
     stats_.segmentsDeleted++;
   }
+  const uint64_t growing = files.empty() ? 0 : sizes.back();
+  settledBytes_ = total - growing;
+  deletableSegments_ = files.size() - first > 2 ? files.size() - first - 2 : 0;
+  notePeak(total);
+}
+
+void LiveWriter::makeRoom(uint64_t bytes) {
+  // A record's headers and meta beyond its job's bytes: far less than this.
+  constexpr uint64_t kRecordSlack = 4096;
+  if (!options_.retainBytes || deletableSegments_ == 0) return;
+  const uint64_t coming = bytes + kRecordSlack;
+  // The write would take the recording over retainBytes: the oldest segment goes first, not at
+  // the next keyframe.
+  if (settledBytes_ + segment_->stats().fileBytes + coming > options_.retainBytes) applyRetention(coming);
+}
+
+void LiveWriter::afterWrite() { notePeak(settledBytes_ + segment_->stats().fileBytes); }
+
+void LiveWriter::notePeak(uint64_t total) {
+  if (total <= peakBytes_) return;
+  peakBytes_ = total;
+  std::lock_guard<std::mutex> lk(statsMu_);
+  stats_.recordingPeakBytes = total;
 }
 
 void LiveWriter::process(Job& job) {
@@ -446,11 +469,15 @@ void LiveWriter::process(Job& job) {
           countDrop(1, job.bytes());
           return;
         }
+        makeRoom(job.tensor.size);
         segment_->writeTensor(job.tensor.name, job.tensor.dtype, job.tensor.shape, job.tensor.data, job.tensor.size);
+        afterWrite();
         return;
       case Job::Kind::Record:
         if (needNewRecording_ || !segmentUsable()) break;
+        makeRoom(job.meta.size() + job.body.size());
         segment_->writeRecord(job.type, job.meta, job.body.data(), job.body.size(), !job.body.empty());
+        afterWrite();
         if (job.commitsStep) writtenThrough_.store(job.step, std::memory_order_release);
         if (job.endsKeyframe)
           keyframeWriteNs_.store(std::chrono::duration_cast<std::chrono::nanoseconds>(

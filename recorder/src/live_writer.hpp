@@ -78,6 +78,7 @@ struct LiveWriterStats {
   uint64_t droppedRecords = 0;
   uint64_t droppedBytes = 0;
   uint64_t segmentsDeleted = 0;
+  uint64_t recordingPeakBytes = 0;  ///< the most the recording's files held on disk at once
   uint64_t segments = 0;
   std::vector<int64_t> lostSteps;   ///< steps whose step_begin could not be queued (first kMaxListedLostSteps)
   uint64_t lostStepCount = 0;
@@ -176,7 +177,19 @@ class LiveWriter {
   void offerPage(void* fresh);
   void settlePending();
   std::atomic<void*> pendingPage_{nullptr};
-  void applyRetention();
+  /// Deletes the oldest segments while the recording's files (run.ccap and every segment, the
+  /// growing one included) are over retainBytes or more than retainSegments, always keeping the
+  /// two newest segments. `coming`: bytes about to be written, counted as if they were.
+  void applyRetention(uint64_t coming = 0);
+  /// Before a write of `bytes` into the growing segment: deletes the oldest segments when the
+  /// write would take the recording over retainBytes.
+  void makeRoom(uint64_t bytes);
+  /// After a write: the recording's peak size.
+  void afterWrite();
+  void notePeak(uint64_t total);
+  uint64_t settledBytes_ = 0;        ///< writer thread: run.ccap and the finished segments, as of the last retention
+  size_t deletableSegments_ = 0;     ///< writer thread: finished segments retention may still delete
+  uint64_t peakBytes_ = 0;           ///< writer thread: the largest the recording's files have been
   void degrade(const std::string& why);
   void handleCrash();
   bool segmentUsable() const { return segment_ && !segmentBroken_; }

@@ -969,6 +969,7 @@ RecorderStats Recorder::stats() const {
   s.droppedRecords = w.droppedRecords;
   s.droppedBytes = w.droppedBytes;
   s.segmentsDeleted = w.segmentsDeleted;
+  s.recordingPeakBytes = w.recordingPeakBytes;
   s.lostSteps = w.lostSteps;
   s.lostStepCount = w.lostStepCount;
   s.keyframesSkipped = w.keyframesSkipped;

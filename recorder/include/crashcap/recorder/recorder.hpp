@@ -71,7 +71,11 @@ struct Policy {
   /// on the training thread, and the writer's time on one of the machine's cores).
   double keyframeBudget = 0.01;
   size_t retainSegments = 4;            ///< keep at most this many segments (one per keyframe); 0 = all
-  uint64_t retainBytes = 8ull << 30;    ///< and at most this many bytes of them; 0 = no limit
+  /// And at most this many bytes of recording on disk (run.ccap and the segments, the one being
+  /// written included; 0 = no limit): the oldest segment is deleted as soon as the growing one
+  /// crosses it. The two newest segments always stay, so that the window starts at a keyframe
+  /// and holds the steps before the newest one; the automatic cadence keeps two within it.
+  uint64_t retainBytes = 8ull << 30;
   size_t opTraceDepth = 256;            ///< ops kept in the ring; 0 turns the op observer off
   /// Trace CUDA kernels with CUPTI (crashcap::cupti) and put the trace into crash bundles;
   /// without a GPU the bundle says why there is none. Off when libcrashcap_inject.so already
@@ -180,6 +184,7 @@ struct RecorderStats {
   uint64_t droppedRecords = 0;          ///< records that could not be written (queue or disk full)
   uint64_t droppedBytes = 0;
   uint64_t segmentsDeleted = 0;         ///< by the retention budget
+  uint64_t recordingPeakBytes = 0;      ///< the most the recording's files (run.ccap, segments) held at once
   /// Steps whose records could not be queued (the writer was behind on steps): replay cannot
   /// cross them, and says so. The first formats::kMaxListedLostSteps; lostStepCount counts all.
   std::vector<int64_t> lostSteps;

@@ -72,6 +72,7 @@ struct Size {
   uint64_t keyframes = 0, skipped = 0, lost = 0;
   int64_t autoInterval = 0;
   double copyS = 0, writeS = 0, stepS = 0;
+  unsigned copyThreads = 0;
 };
 
 Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, uint64_t poolBytes, const fs::path& scratch) {
@@ -139,6 +140,7 @@ Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, u
     out.lost = stats.lostStepCount;
     out.autoInterval = stats.autoKeyframeInterval;
     out.copyS = stats.keyframeCopySeconds;
+    out.copyThreads = stats.keyframeCopyThreads;
     out.writeS = stats.keyframeWriteSeconds;
     out.stepS = stats.stepSeconds;
     rec.close();
@@ -153,7 +155,7 @@ Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, u
   {
     crashcap::formats::WriterOptions wo;
     wo.zstdLevel = policy.zstdLevel;
-    wo.compressionThreads = policy.compressionThreads;
+    wo.compressionThreads = crashcap::recorder::Policy::compressionThreadsFor(policy.compressionThreads, bytes);
     wo.durability.syncOnSeal = false;
     const fs::path file = scratch / "writer.ccap";
     auto writer = crashcap::formats::BundleWriter::create(file.string(), wo);
@@ -228,6 +230,7 @@ int main(int argc, char** argv) {
                           {"write_over_zstd", s.zstdMbS > 0 ? s.writerMbS / s.zstdMbS : 0},
                           {"auto_interval", s.autoInterval},
                           {"keyframe_copy_ms", 1000 * s.copyS},
+                          {"keyframe_copy_threads", s.copyThreads},
                           {"keyframe_write_ms", 1000 * s.writeS},
                           {"measured_step_ms", 1000 * s.stepS},
                           {"keyframe_every", every},

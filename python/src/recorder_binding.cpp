@@ -100,6 +100,7 @@ py::dict statsOf(const rec::RecorderStats& s) {
   d["auto_keyframe_interval"] = s.autoKeyframeInterval;
   d["keyframe_copy_seconds"] = s.keyframeCopySeconds;
   d["keyframe_write_seconds"] = s.keyframeWriteSeconds;
+  d["keyframe_bytes"] = s.keyframeBytes;
   d["step_seconds"] = s.stepSeconds;
   d["degraded"] = s.degraded;
   d["recording"] = s.recording;

@@ -359,7 +359,7 @@ void LiveWriter::loop() {
   }
 }
 
-void LiveWriter::startSegment() {
+void LiveWriter::startSegment(unsigned compressionThreads) {
   if (segment_) {
     try {
       if (!segmentBroken_) segment_->sync();
@@ -376,7 +376,7 @@ void LiveWriter::startSegment() {
   // not compressed again for a while. docs/PERFORMANCE.md has the measurement.
   wo.minSavings = kRecorderMinSavings;
   wo.rawRetryEvery = 16;
-  wo.compressionThreads = options_.compressionThreads;
+  wo.compressionThreads = compressionThreads;
   wo.durability.syncEveryBytes = options_.syncEveryBytes;
   wo.producer = "crashcap recorder";
   wo.firstTensorId = (segmentIndex_ << 32) + 1;  // unique across the segments sealing merges
@@ -461,7 +461,7 @@ void LiveWriter::process(Job& job) {
           startRecording();
           needNewRecording_ = false;
         }
-        startSegment();
+        startSegment(job.compressionThreads);
         return;
       case Job::Kind::Tensor:
         if (needNewRecording_ || !segmentUsable()) break;
@@ -664,7 +664,7 @@ void LiveWriter::close(formats::RunStatusData status) {
   // With the live segment broken (disk full, file-size limit) the status goes into a new,
   // small segment, so the drops are on record once space returns.
   for (int attempt = 0; attempt < 2; ++attempt) {
-    if (!segmentUsable()) startSegment();
+    if (!segmentUsable()) startSegment(options_.compressionThreads);
     if (!segmentUsable()) continue;
     try {
       formats::writeMetaRecord(*segment_, status);

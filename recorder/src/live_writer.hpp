@@ -58,6 +58,7 @@ struct Job {
   int64_t step = -1;               ///< StartSegment: its keyframe step; Record: the step it commits
   bool commitsStep = false;        ///< a step_begin: once written, the step reached the OS
   bool endsKeyframe = false;       ///< the last job of a keyframe (its record): the write is timed to it
+  unsigned compressionThreads = 0; ///< StartSegment: zstd threads for the segment (0: the writer thread)
   Lane lane{};                     ///< the lane it was admitted in (set by push)
   uint64_t bytes() const { return tensor.size + meta.size() + body.size(); }
 };
@@ -65,7 +66,7 @@ struct Job {
 struct LiveWriterOptions {
   std::string outputDir;            ///< the directory that holds recordings and crash bundles
   int zstdLevel = 1;
-  unsigned compressionThreads = 0;
+  unsigned compressionThreads = 0;  ///< for run.ccap, crash bundles and a segment started after a crash
   uint64_t queueBytes = 512ull << 20;
   size_t retainSegments = 4;        ///< 0 = no limit
   uint64_t retainBytes = 0;         ///< 0 = no limit
@@ -165,7 +166,7 @@ class LiveWriter {
   void process(Job& job);
   void startRecording();
   void writeRun(const Job& job);
-  void startSegment();
+  void startSegment(unsigned compressionThreads);
   void mapProgress(const std::string& dir);
   /// After a write error: the page goes back to memory, so that a full disk can never make a
   /// store into it fault (SIGBUS) in the training.

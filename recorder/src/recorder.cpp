@@ -41,6 +41,7 @@
 #include "crashcap/replayer/program_replay.hpp"
 #include "crashcap/recorder/environment.hpp"
 #include "host_pool.hpp"
+#include "parallel_copy.hpp"
 #include "live_writer.hpp"
 #include "crashcap/cupti/trace_file.hpp"
 #include "crashcap/cupti/tracer.hpp"
@@ -108,6 +109,7 @@ struct Recorder::Impl {
   double copyThisStep = 0;          ///< the keyframe copy in the last beginStep (not the training's time)
   std::optional<std::chrono::steady_clock::time_point> previousBegin;
   uint64_t stepRecordBytes = 0;     ///< the last step's records as queued (uncompressed)
+  unsigned copyThreads = 0;          ///< threads the last keyframe's copy used
   uint64_t lastKeyframeBytes = 0;   ///< the state a keyframe copies (keyframeBytes), at the last one due
   bool cadenceWarned = false;
   uint64_t keyframes = 0;
@@ -222,7 +224,17 @@ struct Recorder::Impl {
   /// A host copy the writer can own. CPU tensors are copied now; device tensors are copied
   /// asynchronously into pinned memory and the writer waits for the copy (never the
   /// training thread).
-  std::optional<detail::TensorJob> hostCopy(const std::string& name, const at::Tensor& tensor) {
+  /// Copies a keyframe defers to do all at once, with every core (detail::copyInParallel); the
+  /// tensors keep their sources alive until then.
+  struct DeferredCopies {
+    std::vector<detail::CopyTask> tasks;
+    std::vector<at::Tensor> sources;
+  };
+
+  /// A host copy of `tensor` for the writer. With `defer`, a contiguous CPU tensor's bytes are
+  /// copied later, by copyInParallel over `defer`, before the job reaches the writer.
+  std::optional<detail::TensorJob> hostCopy(const std::string& name, const at::Tensor& tensor,
+                                            DeferredCopies* defer = nullptr) {
     if (!tensor.defined()) return std::nullopt;
     auto dtype = formats::torch::toDType(tensor.scalar_type());
     if (!dtype) {
@@ -240,7 +252,12 @@ struct Recorder::Impl {
         // A row-major CPU tensor is its bytes: memcpy them. copy_ would build a TensorIterator
         // (and detach a new tensor) for every batch tensor and generator state of every step.
         if (tensor.layout() == at::kStrided && tensor.is_contiguous() && !tensor.is_conj() && !tensor.is_neg()) {
-          std::memcpy(buffer.get(), tensor.data_ptr(), bytes);
+          if (defer) {
+            defer->tasks.push_back({buffer.get(), tensor.data_ptr(), bytes});
+            defer->sources.push_back(tensor);
+          } else {
+            std::memcpy(buffer.get(), tensor.data_ptr(), bytes);
+          }
         } else {
           at::Tensor src = tensor.detach().resolve_conj().resolve_neg();
           at::from_blob(buffer.get(), src.sizes(), src.options().device(at::kCPU)).copy_(src);
@@ -452,13 +469,15 @@ struct Recorder::Impl {
     Job start;
     start.kind = Job::Kind::StartSegment;
     start.step = step;
+    start.compressionThreads = Policy::compressionThreadsFor(policy.compressionThreads, lastKeyframeBytes);
     jobs.push_back(std::move(start));
     formats::KeyframeData kf;
     kf.step = step;
+    DeferredCopies copies;
     auto add = [&](const std::string& part, const std::string& name, const at::Tensor& t,
                    std::vector<std::string>& names) {
       auto full = formats::keyframeTensorName(step, part, name);
-      if (auto job = hostCopy(full, t)) {
+      if (auto job = hostCopy(full, t, &copies)) {
         if (job->owner) keyframeCopyBytes += detail::HostPool::sizeClass(job->size);
         jobs.push_back(tensorJob(std::move(*job)));
         names.push_back(full);
@@ -482,6 +501,8 @@ struct Recorder::Impl {
         kf.documents.push_back(full);
       }
     }
+    // The state's bytes, with every core: the training waits for this copy and nothing else.
+    copyThreads = detail::copyInParallel(copies.tasks);
     jobs.push_back(recordJob(kf));
     jobs.back().endsKeyframe = true;
     return jobs;
@@ -599,7 +620,7 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
   detail::LiveWriterOptions wo;
   wo.outputDir = impl_->outputDir;
   wo.zstdLevel = policy.zstdLevel;
-  wo.compressionThreads = policy.compressionThreads;
+  wo.compressionThreads = Policy::compressionThreadsFor(policy.compressionThreads, 0);
   wo.queueBytes = policy.queueBytes;
   wo.retainSegments = policy.retainSegments;
   wo.retainBytes = policy.retainBytes;
@@ -963,6 +984,8 @@ RecorderStats Recorder::stats() const {
   s.keyframeInterval = m.interval();
   s.autoKeyframeInterval = m.autoInterval;
   s.keyframeCopySeconds = m.keyframeCopySeconds;
+  s.keyframeBytes = m.lastKeyframeBytes;
+  s.keyframeCopyThreads = m.copyThreads;
   s.keyframeWriteSeconds = m.writer->lastKeyframeWriteSeconds();
   s.stepSeconds = m.stepSeconds;
   auto w = m.writer->stats();

@@ -24,6 +24,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -31,6 +32,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -84,7 +86,21 @@ struct Policy {
   NonFinitePolicy nonFinite = NonFinitePolicy::Raise;
   bool checkGradients = true;           ///< a non-finite gradient norm is non-finite too
   int zstdLevel = 1;                    ///< 0 stores raw
-  unsigned compressionThreads = 0;      ///< extra threads for zstd; 0 = the writer thread itself
+  /// compressionThreads's value for: chosen by the keyframe's size (compressionThreadsFor).
+  static constexpr unsigned kCompressionThreadsAuto = ~0u;
+  /// A keyframe of at least this many bytes is compressed by threads under kCompressionThreadsAuto.
+  static constexpr uint64_t kAutoCompressionMinBytes = 64ull << 20;
+  /// Threads that compress a segment's tensors while the writer thread writes; 0 = the writer
+  /// thread compresses alone. kCompressionThreadsAuto (the default): one per core (at most 8)
+  /// for a segment whose keyframe is kAutoCompressionMinBytes or more, else 0. The work is the
+  /// same either way; threads finish a large keyframe sooner, so the next one can come sooner.
+  unsigned compressionThreads = kCompressionThreadsAuto;
+  /// What compressionThreads means for a segment whose keyframe holds `keyframeBytes`.
+  static unsigned compressionThreadsFor(unsigned setting, uint64_t keyframeBytes) {
+    if (setting != kCompressionThreadsAuto) return setting;
+    if (keyframeBytes < kAutoCompressionMinBytes) return 0;
+    return std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
+  }
   /// The writer's queue budget, once for steps and once for keyframes. Step records (batches,
   /// generator states, fingerprints) beyond it are dropped and the step is counted as lost; a
   /// keyframe beyond it is skipped and tried again at the next step, and the step is kept. An
@@ -199,6 +215,8 @@ struct RecorderStats {
   /// What the last keyframe cost: its copy on the training thread, and the writer's time for it
   /// (0 until one is written).
   double keyframeCopySeconds = 0, keyframeWriteSeconds = 0;
+  uint64_t keyframeBytes = 0;           ///< the last keyframe's tensors, uncompressed
+  unsigned keyframeCopyThreads = 0;     ///< threads its copy used (every core for a large state)
   double stepSeconds = 0;               ///< the training's step time, a moving average
   int64_t writtenThrough = -1;          ///< newest step whose batch reached the OS
   /// Host memory the recorder's copies hold: reused buffers, in the writer's queue or idle

@@ -519,6 +519,36 @@ std::vector<at::Tensor> makeClsBatch(uint64_t seed, int64_t step, int64_t batchS
   return {image, label};
 }
 
+SampleModel makeWideModel(uint64_t seed, int64_t width, int64_t layers) {
+  if (width < 1 || layers < 1)
+    throw std::invalid_argument("a wide model needs width >= 1 and layers >= 1, not " + std::to_string(width) + " and " +
+                                std::to_string(layers));
+  Builder b(seed);
+  Module m = b.module("WideMlp");
+  std::string forward = "def forward(self, x: Tensor, y: Tensor) -> Tensor:\n    h = x\n";
+  for (int64_t i = 0; i < layers; ++i) {
+    const std::string name = "fc" + std::to_string(i);
+    m.register_module(name, b.linear(width, width));
+    forward += "    h = torch.tanh(self." + name + ".forward(h))\n";
+  }
+  forward += "    return torch.mse_loss(h, y)\n";
+  m.define(forward);
+  return {m, {"x", "y"}};
+}
+
+std::vector<at::Tensor> makeWideBatch(uint64_t seed, int64_t step, int64_t batchSize, int64_t width,
+                                      const FaultPlan& plan) {
+  Rng rng(batchSeed(seed, step));
+  auto x = rng.normal({batchSize, width}, 1.0);
+  // A target the model can learn: each feature is the next one's, squashed.
+  auto y = (x.roll(-1, 1) * 0.8).tanh();
+  if (firesAt(plan, Fault::NanSample, step)) {
+    checkRow(plan, batchSize);
+    x[plan.row].narrow(0, width / 2, std::min<int64_t>(4, width - width / 2)).fill_(std::numeric_limits<float>::quiet_NaN());
+  }
+  return {x, y};
+}
+
 double learningRate(double base, int64_t step, const FaultPlan& plan) {
   if (plan.fault != Fault::LrBlowup || step < plan.step) return base;
   return base * std::pow(kLrBlowupFactor, static_cast<double>(step - plan.step + 1));

@@ -82,6 +82,18 @@ SampleModel makeClsModel(uint64_t seed, int64_t numClasses = 10);
 std::vector<at::Tensor> makeClsBatch(uint64_t seed, int64_t step, int64_t batchSize, int64_t numClasses,
                                      const FaultPlan& plan);
 
+/// A wide multi-layer perceptron, for trainings whose state is large: `layers` linear layers of
+/// width x width (tanh after each) and a mean-squared-error loss; its weights are
+/// layers * width * (width + 1) floats (6 layers of 4096: 403 MB, 1.2 GB with Adam's moments).
+/// Inputs: x [N,width], y [N,width] float32. Throws std::invalid_argument for width or layers < 1.
+SampleModel makeWideModel(uint64_t seed, int64_t width, int64_t layers);
+
+/// Batch `step` of the wide model's data, {x, y}: x ~ N(0, 1), y[i] = tanh(0.8 x[i+1]) (a shift the
+/// layers can learn). Deterministic in
+/// (seed, step). Applies plan's NanSample (four NaN features in row plan.row) when plan.step == step.
+std::vector<at::Tensor> makeWideBatch(uint64_t seed, int64_t step, int64_t batchSize, int64_t width,
+                                      const FaultPlan& plan);
+
 /// The factor by which LrBlowup multiplies the learning rate at each step from plan.step on.
 constexpr double kLrBlowupFactor = 1e8;
 

@@ -28,8 +28,8 @@ std::unique_ptr<torch::optim::Optimizer> makeOptimizer(const std::string& kind, 
 }
 
 double baseLr(const TrainOptions& o) {
-  if (o.optimizer == "adam") return 1e-3;
-  return o.task == Task::Seg ? 0.02 : 0.05;
+  if (o.optimizer == "adam") return o.task == Task::Wide ? 1e-4 : 1e-3;
+  return o.task == Task::Seg ? 0.02 : o.task == Task::Cls ? 0.05 : 0.01;
 }
 
 }  // namespace
@@ -47,10 +47,10 @@ TrainResult train(const TrainOptions& o) {
   // and is the state the recorder captures before each step.
   torch::manual_seed(o.seed);
   const int64_t classes = 10;
-  const int64_t batchSize = o.batch > 0 ? o.batch : (o.task == Task::Seg ? 8 : 32);
-  SampleModel model = o.task == Task::Seg
-                          ? makeSegModel(o.seed, o.fault.fault == Fault::DiceEps0 ? 0.0 : 1e-6)
-                          : makeClsModel(o.seed, classes);
+  const int64_t batchSize = o.batch > 0 ? o.batch : (o.task == Task::Seg ? 8 : o.task == Task::Cls ? 32 : 16);
+  SampleModel model = o.task == Task::Seg   ? makeSegModel(o.seed, o.fault.fault == Fault::DiceEps0 ? 0.0 : 1e-6)
+                      : o.task == Task::Cls ? makeClsModel(o.seed, classes)
+                                            : makeWideModel(o.seed, o.wideWidth, o.wideLayers);
   std::vector<at::Tensor> params;
   for (const auto& p : model.module.parameters()) params.push_back(p);
   const double lr0 = baseLr(o);
@@ -68,8 +68,9 @@ TrainResult train(const TrainOptions& o) {
   int64_t step = 0;
   try {
     for (; step < o.steps; ++step) {
-      auto batch = o.task == Task::Seg ? makeSegBatch(o.seed, step, batchSize, o.fault)
-                                       : makeClsBatch(o.seed, step, batchSize, classes, o.fault);
+      auto batch = o.task == Task::Seg   ? makeSegBatch(o.seed, step, batchSize, o.fault)
+                   : o.task == Task::Cls ? makeClsBatch(o.seed, step, batchSize, classes, o.fault)
+                                         : makeWideBatch(o.seed, step, batchSize, o.wideWidth, o.fault);
       double lr = learningRate(lr0, step, o.fault);
       testing::setFaultStep(step);
       for (auto& g : optimizer->param_groups()) g.options().set_lr(lr);
@@ -102,6 +103,7 @@ TrainResult train(const TrainOptions& o) {
       result.stepSeconds.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
       result.recorderSeconds.push_back(inRecorder);
       result.losses.push_back(loss.item<double>());
+      if (o.afterStep) o.afterStep(step, rec ? &*rec : nullptr);
       if (o.printEvery > 0 && (step % o.printEvery == 0 || step + 1 == o.steps))
         std::printf("step %4lld  loss %.5f  lr %.3g\n", static_cast<long long>(step), result.losses.back(), lr);
       std::fflush(stdout);

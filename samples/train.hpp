@@ -5,6 +5,7 @@
 // the handler.
 
 #include <cstdint>
+#include <functional>
 #include <optional>
 #include <string>
 #include <vector>
@@ -14,7 +15,9 @@
 
 namespace crashcap::samples {
 
-enum class Task { Seg, Cls };
+/// Seg and Cls: the two small samples; Wide: a wide MLP (makeWideModel) whose state is as large as
+/// wideWidth and wideLayers make it.
+enum class Task { Seg, Cls, Wide };
 
 struct TrainOptions {
   Task task = Task::Seg;
@@ -22,7 +25,9 @@ struct TrainOptions {
   std::string recordDir;           ///< empty: no recorder
   FaultPlan fault;
   uint64_t seed = 0;
-  int64_t batch = 0;               ///< 0: the task's default (8 seg, 32 cls)
+  int64_t batch = 0;               ///< 0: the task's default (8 seg, 32 cls, 16 wide)
+  int64_t wideWidth = 4096;        ///< Task::Wide: the layers' width
+  int64_t wideLayers = 6;          ///< Task::Wide: how many layers
   std::string optimizer = "sgd";   ///< "sgd" | "adam"
   int threads = 0;                 ///< 0: LibTorch's default
   bool jitOptimize = false;        ///< leave TorchScript's graph executor optimising (LibTorch's default)
@@ -32,6 +37,8 @@ struct TrainOptions {
   bool anomalyMode = false;        ///< torch autograd anomaly detection (the reference overhead)
   recorder::Policy policy;         ///< used when recordDir is set
   int printEvery = 10;             ///< progress lines; 0 = silent
+  /// Called after each completed step with the recorder (null without one): a benchmark's probe.
+  std::function<void(int64_t step, const recorder::Recorder* recorder)> afterStep;
 };
 
 struct TrainResult {

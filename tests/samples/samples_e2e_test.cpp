@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
 
 #include "crashcap/formats/bundle_check.hpp"
@@ -12,6 +13,7 @@
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/inspect/story.hpp"
 #include "models.hpp"
+#include "train.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -125,4 +127,41 @@ TEST_CASE("a sample without a fault trains, and without --record writes nothing"
   CHECK(bad.err.find("crashcap-sample-cls") != std::string::npos);
   auto unrecorded = test::run({test::binPath("crashcap-sample-seg"), "--steps", "8", "--fault", "nan-sample"}, 300);
   CHECK(unrecorded.exitCode == 1);  // the sample's own check still fails the run
+}
+
+TEST_CASE("the wide model trains, and its NaN sample ends a recorded run in a bundle that replays bit for bit",
+          "[samples][wide]") {
+  samples::TrainOptions clean;
+  clean.task = samples::Task::Wide;
+  clean.wideWidth = 64;
+  clean.wideLayers = 3;
+  clean.steps = 20;
+  clean.optimizer = "adam";
+  clean.printEvery = 0;
+  auto trained = samples::train(clean);
+  REQUIRE_FALSE(trained.failed);
+  REQUIRE(trained.losses.size() == 20);
+  for (double l : trained.losses) CHECK(std::isfinite(l));
+  CHECK(trained.losses.back() < trained.losses.front());  // it learns
+
+  test::TempDir dir;
+  samples::TrainOptions faulty = clean;
+  faulty.steps = 8;
+  faulty.recordDir = dir.path();
+  faulty.policy.quiet = true;
+  faulty.fault.fault = samples::Fault::NanSample;
+  faulty.fault.step = 6;
+  faulty.fault.row = 2;
+  auto failed = samples::train(faulty);
+  CHECK(failed.failed);
+  CHECK(failed.failedStep == 6);
+  REQUIRE_FALSE(failed.bundle.empty());
+  auto story = inspect::storyJson(*formats::BundleReader::open(failed.bundle));
+  CHECK(story["crash"]["step"] == 6);
+  auto r = test::run({test::binPath("crashcap"), "replay", failed.bundle, "--json"}, 300);
+  INFO(r.out << r.err);
+  REQUIRE(r.exitCode == 0);
+  auto replay = nlohmann::json::parse(r.out);
+  CHECK(replay["verdict"] == "reproduced-bitwise");
+  CHECK(replay["step"] == 6);
 }

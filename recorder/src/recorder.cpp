@@ -401,9 +401,12 @@ struct Recorder::Impl {
     if (stepSeconds <= 0 || keyframeCopySeconds <= 0 || !writer) return k;
     static const double cores = std::max(1u, std::thread::hardware_concurrency());
     const double write = writer->lastKeyframeWriteSeconds();
+    // The writer's processor time: its wall time on every thread that compressed (the busy
+    // threads' share of the machine is what the training loses).
+    const double writeCpu = write * std::max(1u, Policy::compressionThreadsFor(policy.compressionThreads, lastKeyframeBytes));
     auto steps = [&](double seconds) { return static_cast<int64_t>(std::ceil(seconds / stepSeconds)); };
     const int64_t byWriter = steps(1.25 * write);
-    k = std::max({k, steps((keyframeCopySeconds + write / cores) / std::max(policy.keyframeBudget, 1e-4)), byWriter});
+    k = std::max({k, steps((keyframeCopySeconds + writeCpu / cores) / std::max(policy.keyframeBudget, 1e-4)), byWriter});
     // The disk bound, once the writer's pace is known: an interval shorter than that would only
     // have keyframes skipped.
     if (policy.retainBytes && stepRecordBytes && lastKeyframeBytes && write > 0) {

@@ -62,6 +62,7 @@ int main(int argc, char** argv) {
   int largeRounds = 3;
   int64_t largeSteps = 200, largeLayers = 8;
   int largeThreads = 1;
+  unsigned largeCompression = crashcap::recorder::Policy::kCompressionThreadsAuto;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") json = true;
@@ -73,10 +74,12 @@ int main(int argc, char** argv) {
     else if (a == "--large-steps" && i + 1 < argc) largeSteps = std::max<int64_t>(2, std::atoll(argv[++i]));
     else if (a == "--large-layers" && i + 1 < argc) largeLayers = std::max<int64_t>(1, std::atoll(argv[++i]));
     else if (a == "--large-threads" && i + 1 < argc) largeThreads = std::max(1, std::atoi(argv[++i]));
+    else if (a == "--large-compression-threads" && i + 1 < argc) largeCompression = std::strtoul(argv[++i], nullptr, 10);
     else {
       std::fprintf(stderr,
                    "usage: crashcap-bench-record [--json] [--rounds N] [--steps N] [--task seg|cls] [--threads T]\n"
-                   "                             [--large-rounds N] [--large-steps N] [--large-layers L] [--large-threads T]\n");
+                   "                             [--large-rounds N] [--large-steps N] [--large-layers L] [--large-threads T]\n"
+                   "                             [--large-compression-threads N] (default: the policy's automatic choice)\n");
       return 2;
     }
   }
@@ -179,6 +182,7 @@ int main(int argc, char** argv) {
         if (which == 1) {
           o.recordDir = (scratch / fmt::format("large-{}", r)).string();
           o.policy.quiet = true;
+          o.policy.compressionThreads = largeCompression;
         }
         auto result = crashcap::samples::train(o);
         if (!result.failed || result.failedStep != largeSteps) {

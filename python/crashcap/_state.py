@@ -288,12 +288,14 @@ def restore_numpy_generator(state):
     numpy.random.set_state(("MT19937", numpy.array(v[:624], dtype=numpy.uint32), v[624], v[625], _bits_float(v[626])))
 
 
-def dataloader_worker_failure(exc, wait=2.0):
+def dataloader_worker_failure(exc, wait=10.0):
     """The DataLoader's own word on a worker that died ("DataLoader worker (pid 123) is killed by
     signal: Segmentation fault."), or None. A broken pipe from a dying worker (ConnectionResetError,
     EOFError) often reaches the training before the worker's exit does (a worker that segfaults
     dumps core first), so for those, when DataLoader workers ran in this process, it waits up to
-    `wait` seconds for the exit to show."""
+    `wait` seconds for the exit to show. The wait ends as soon as it does; 2 s was too short on a
+    loaded 2-core machine, where writing a worker's core took longer and the bundle kept only
+    "Connection reset by peer"."""
     check = getattr(torch._C, "_error_if_any_worker_fails", None)
     if check is None:
         return None

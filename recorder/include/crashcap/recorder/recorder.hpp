@@ -99,7 +99,9 @@ struct Policy {
   static unsigned compressionThreadsFor(unsigned setting, uint64_t keyframeBytes) {
     if (setting != kCompressionThreadsAuto) return setting;
     if (keyframeBytes < kAutoCompressionMinBytes) return 0;
-    return std::min(8u, std::max(1u, std::thread::hardware_concurrency()));
+    // Asked once: the cadence asks at every step, and the answer can cost a file read.
+    static const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    return std::min(8u, cores);
   }
   /// The writer's queue budget, once for steps and once for keyframes. Step records (batches,
   /// generator states, fingerprints) beyond it are dropped and the step is counted as lost; a

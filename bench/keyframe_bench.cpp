@@ -5,19 +5,25 @@
 // the cores a training would leave it). Measured in the same run:
 //   stall      the training thread's time in beginStep on a keyframe step, less its median on the
 //              other steps: the keyframe's copy
-//   memcpy     a plain memcpy of the same bytes into a buffer written before (the floor a copy
-//              can reach)
+//   memcpy     a plain memcpy (one thread) of the same bytes into a buffer written before, at the
+//              same moment of a step as a keyframe's copy: at the start of a step midway between
+//              two keyframes, after the last step's sleep, while the recorder runs. That is the
+//              floor the keyframe's copy is held to (the same caches, the same neighbours).
+//   warm memcpy the same memcpy three times back to back before the run (its median): the bytes
+//              are then in the caches when they fit, which a copy after a step cannot count on;
+//              reported beside it (stall_over_warm_memcpy)
 //   writer     the bundle writer with the recorder's options (zstd level 1, byte shuffle, 4 MiB
 //              chunks, compression threads as the policy says) writing the same tensors
 //   zstd       `zstd -1 -T0` on the same bytes in a file (the page cache holds it)
 // and the recorder's counters: keyframes taken and skipped, steps lost. JSON: {"sizes": [{state_mb,
 // stall_ms, memcpy_ms, stall_over_memcpy, writer_mb_s, zstd_mb_s, write_over_zstd, auto_interval,
-// keyframes, keyframes_skipped, dropped_steps}, ...]}. auto_interval is the interval the
+// keyframes, keyframes_skipped, keyframes_written_raw, dropped_steps}, ...]}. auto_interval is the interval the
 // recorder's automatic cadence chose from the run's own measurements (stats().autoKeyframeInterval:
 // the copy, the writer's time, the step time), while the run itself keeps a keyframe every --every
 // steps so that the stall is measured on several warm keyframes.
 // --keyframe-pool-mb sets Policy::keyframePoolBytes (1: keep nothing for keyframes beyond the
-// batches' queueBytes, as the recorder did before it had the bound).
+// batches' queueBytes, as the recorder did before it had the bound). --no-raw-when-behind turns
+// Policy::rawWhenBehind off (a keyframe the writer falls behind on is still compressed whole).
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
 #include <torch/torch.h>
@@ -68,14 +74,15 @@ struct Weights : torch::nn::Module {
 };
 
 struct Size {
-  double stateMb = 0, stallMs = 0, memcpyMs = 0, writerMbS = 0, zstdMbS = 0;
-  uint64_t keyframes = 0, skipped = 0, lost = 0;
+  double stateMb = 0, stallMs = 0, memcpyMs = 0, memcpyWarmMs = 0, writerMbS = 0, zstdMbS = 0;
+  uint64_t keyframes = 0, skipped = 0, writtenRaw = 0, lost = 0;
   int64_t autoInterval = 0;
   double copyS = 0, writeS = 0, stepS = 0;
   unsigned copyThreads = 0;
 };
 
-Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, uint64_t poolBytes, const fs::path& scratch) {
+Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, uint64_t poolBytes, bool rawWhenBehind,
+             const fs::path& scratch) {
   Size out;
   torch::manual_seed(0);
   auto model = std::make_shared<Weights>(stateBytes / 3);
@@ -94,27 +101,30 @@ Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, u
   out.stateMb = bytes / 1e6;
 
   // The floor: memcpy into memory that was written before (as a reused buffer would be).
-  {
-    std::vector<char> dst(bytes);
-    std::memset(dst.data(), 1, bytes);
-    std::vector<double> runs;
-    for (int r = 0; r < 3; ++r) {
-      auto t0 = Clock::now();
-      uint64_t at = 0;
-      for (const auto& t : state) {
-        const uint64_t n = static_cast<uint64_t>(t.numel()) * t.element_size();
-        std::memcpy(dst.data() + at, t.data_ptr(), n);
-        at += n;
-      }
-      runs.push_back(msSince(t0));
+  std::vector<char> dst(bytes);
+  std::memset(dst.data(), 1, bytes);
+  auto plainCopy = [&] {
+    auto t0 = Clock::now();
+    uint64_t at = 0;
+    for (const auto& t : state) {
+      const uint64_t n = static_cast<uint64_t>(t.numel()) * t.element_size();
+      std::memcpy(dst.data() + at, t.data_ptr(), n);
+      at += n;
     }
-    out.memcpyMs = median(runs);
+    return msSince(t0);
+  };
+  {
+    std::vector<double> runs;
+    for (int r = 0; r < 3; ++r) runs.push_back(plainCopy());
+    out.memcpyWarmMs = median(runs);
   }
+  std::vector<double> inStepCopies;
 
   // The recorder on a training of these weights.
   crashcap::recorder::Policy policy;
   policy.keyframeEvery = every;
   policy.keyframePoolBytes = poolBytes;
+  policy.rawWhenBehind = rawWhenBehind;
   policy.kernelTrace = false;
   policy.crashGuard = false;
   policy.quiet = true;
@@ -126,6 +136,7 @@ Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, u
     rec.setOptimizer(adam);
     const auto batch = torch::randn({32, 64});
     for (int64_t step = 0; step < steps; ++step) {
+      if (every >= 2 && step % every == every / 2) inStepCopies.push_back(plainCopy());
       const uint64_t before = rec.stats().keyframes;
       auto t0 = Clock::now();
       auto guard = rec.beginStep(step, {{"x", batch}});
@@ -137,6 +148,7 @@ Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, u
     auto stats = rec.stats();
     out.keyframes = stats.keyframes;
     out.skipped = stats.keyframesSkipped;
+    out.writtenRaw = stats.keyframesWrittenRaw;
     out.lost = stats.lostStepCount;
     out.autoInterval = stats.autoKeyframeInterval;
     out.copyS = stats.keyframeCopySeconds;
@@ -150,6 +162,8 @@ Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, u
   // are the steady cost when there are any.
   std::vector<double> steady(keyframeCalls.size() > 1 ? keyframeCalls.begin() + 1 : keyframeCalls.begin(), keyframeCalls.end());
   out.stallMs = std::max(0.0, median(steady) - median(otherCalls));
+  // With a keyframe at every step there is no step between two: the warm copy stands in.
+  out.memcpyMs = inStepCopies.empty() ? out.memcpyWarmMs : median(inStepCopies);
 
   // The writer on the same tensors, with the recorder's options.
   {
@@ -192,6 +206,7 @@ int main(int argc, char** argv) {
   int64_t steps = 31, every = 5;
   double stepMs = 200;
   uint64_t poolBytes = 0;
+  bool rawWhenBehind = true;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--json") json = true;
@@ -208,10 +223,11 @@ int main(int argc, char** argv) {
     else if (a == "--every" && i + 1 < argc) every = std::max<int64_t>(1, std::atoll(argv[++i]));
     else if (a == "--step-ms" && i + 1 < argc) stepMs = std::atof(argv[++i]);
     else if (a == "--keyframe-pool-mb" && i + 1 < argc) poolBytes = std::max<uint64_t>(1, std::stoull(argv[++i]) << 20);
+    else if (a == "--no-raw-when-behind") rawWhenBehind = false;
     else {
       std::fprintf(stderr,
                    "usage: crashcap-bench-keyframe [--json] [--sizes MB,MB,...] [--steps N] [--every K] [--step-ms MS] "
-                   "[--keyframe-pool-mb MB]\n");
+                   "[--keyframe-pool-mb MB] [--no-raw-when-behind]\n");
       return 2;
     }
   }
@@ -220,11 +236,13 @@ int main(int argc, char** argv) {
   nlohmann::json sizes = nlohmann::json::array();
   try {
     for (uint64_t mb : sizesMb) {
-      Size s = measure(mb << 20, steps, every, stepMs, poolBytes, scratch);
+      Size s = measure(mb << 20, steps, every, stepMs, poolBytes, rawWhenBehind, scratch);
       nlohmann::json j = {{"state_mb", s.stateMb},
                           {"stall_ms", s.stallMs},
                           {"memcpy_ms", s.memcpyMs},
                           {"stall_over_memcpy", s.memcpyMs > 0 ? s.stallMs / s.memcpyMs : 0},
+                          {"memcpy_warm_ms", s.memcpyWarmMs},
+                          {"stall_over_warm_memcpy", s.memcpyWarmMs > 0 ? s.stallMs / s.memcpyWarmMs : 0},
                           {"writer_mb_s", s.writerMbS},
                           {"zstd_mb_s", s.zstdMbS},
                           {"write_over_zstd", s.zstdMbS > 0 ? s.writerMbS / s.zstdMbS : 0},
@@ -239,12 +257,15 @@ int main(int argc, char** argv) {
                           {"step_ms", stepMs},
                           {"keyframes", s.keyframes},
                           {"keyframes_skipped", s.skipped},
+                          {"keyframes_written_raw", s.writtenRaw},
+                          {"raw_when_behind", rawWhenBehind},
                           {"dropped_steps", s.lost}};
       if (!json)
         std::cerr << fmt::format("{:7.0f} MB  stall {:8.1f} ms  memcpy {:7.1f} ms  x{:.2f}  writer {:6.0f} MB/s  zstd -T0 {:6.0f} "
-                                 "MB/s  x{:.2f}  keyframes {} (skipped {})  lost steps {}  auto interval {}\n",
+                                 "MB/s  x{:.2f}  keyframes {} (skipped {}, raw {})  lost steps {}  auto interval {}\n",
                                  s.stateMb, s.stallMs, s.memcpyMs, j["stall_over_memcpy"].get<double>(), s.writerMbS,
-                                 s.zstdMbS, j["write_over_zstd"].get<double>(), s.keyframes, s.skipped, s.lost, s.autoInterval);
+                                 s.zstdMbS, j["write_over_zstd"].get<double>(), s.keyframes, s.skipped, s.writtenRaw,
+                                 s.lost, s.autoInterval);
       sizes.push_back(std::move(j));
     }
   } catch (const std::exception& e) {

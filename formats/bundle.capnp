@@ -259,6 +259,7 @@ struct RunStatus {
   keyframeInterval @11 :Int64;  # steps between keyframes at the end (the policy's, or the one the
                                 # automatic cadence chose); 0 unknown
   bufferPoolPeakBytes @12 :UInt64;  # the most host memory the recorder's copies held at once
+  keyframesWrittenRaw @13 :UInt64;  # keyframes finished uncompressed because the writer fell behind
 }
 
 # Record type 13. What `crashcap run` saw of one run of the supervised command: how it ended,

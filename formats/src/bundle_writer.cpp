@@ -180,12 +180,14 @@ struct BundleWriter::Impl {
     encodeRecordHeader(h, head);
     const void* parts[3] = {head, meta.data(), body.data};
     uint64_t sizes[3] = {kRecordHeaderSize, meta.size(), body.size};
+    const auto started = std::chrono::steady_clock::now();
     try {
       file.writeAll(parts, sizes, 3, offset);
     } catch (...) {
       broken = true;
       throw;
     }
+    stats.writeNs += elapsedNs(started);
     uint64_t at = offset;
     offset += h.totalLength();
     sequence = std::max(sequence, h.sequence + 1);
@@ -199,8 +201,15 @@ struct BundleWriter::Impl {
     return at;
   }
 
+  static uint64_t elapsedNs(std::chrono::steady_clock::time_point since) {
+    return uint64_t(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - since)
+                        .count());
+  }
+
   void doSync() {
+    const auto started = std::chrono::steady_clock::now();
     file.datasync();
+    stats.writeNs += elapsedNs(started);
     bytesSinceSync = 0;
     stats.syncs++;
   }
@@ -362,6 +371,14 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
   m.tensors.push_back(std::move(info));
   return m.tensors.back().id;
 }
+
+void BundleWriter::setZstdLevel(int level) {
+  if (level < 0 || level > 19)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("zstd level {} is outside 0..19", level));
+  impl_->options.zstdLevel = level;
+}
+
+int BundleWriter::zstdLevel() const { return impl_->options.zstdLevel; }
 
 void BundleWriter::writeNote(const std::string& key, const std::string& text) {
   if (key.empty() || key.size() > 256)

@@ -225,6 +225,7 @@ std::vector<uint8_t> encodeMeta(const RunStatusData& v) {
   r.setLastPhase(v.lastPhase);
   r.setKeyframeInterval(v.keyframeInterval);
   r.setBufferPoolPeakBytes(v.bufferPoolPeakBytes);
+  r.setKeyframesWrittenRaw(v.keyframesWrittenRaw);
   return toBytes(b);
 }
 
@@ -663,6 +664,7 @@ RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimi
     v.lastPhase = text(r.getLastPhase(), 64, "run phase");
     v.keyframeInterval = r.getKeyframeInterval();
     v.bufferPoolPeakBytes = r.getBufferPoolPeakBytes();
+    v.keyframesWrittenRaw = r.getKeyframesWrittenRaw();
     return v;
   });
 }

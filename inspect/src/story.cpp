@@ -193,6 +193,7 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
     j["warnings"] = v.status->warnings;
     j["segments_deleted"] = v.status->segmentsDeleted;
     j["keyframes_skipped"] = v.status->keyframesSkipped;
+    j["keyframes_written_raw"] = v.status->keyframesWrittenRaw;
     j["keyframe_interval"] = v.status->keyframeInterval;
     j["buffer_pool_peak_bytes"] = v.status->bufferPoolPeakBytes;
   } else {
@@ -202,6 +203,7 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
     j["warnings"] = json::array();
     j["segments_deleted"] = 0;
     j["keyframes_skipped"] = 0;
+    j["keyframes_written_raw"] = 0;
     j["keyframe_interval"] = 0;
     j["buffer_pool_peak_bytes"] = 0;
   }
@@ -380,6 +382,9 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
       s += fmt::format("; {} old segments deleted by retention", str(j["segments_deleted"]));
     if (j["keyframes_skipped"].get<uint64_t>())
       s += fmt::format("; {} keyframes skipped (the last was still being written)", str(j["keyframes_skipped"]));
+    if (j["keyframes_written_raw"].get<uint64_t>())
+      s += fmt::format("; {} keyframes finished uncompressed (the writer had fallen behind)",
+                       str(j["keyframes_written_raw"]));
     if (j["keyframe_interval"].get<int64_t>() > 0)
       s += fmt::format("; a keyframe every {} steps", str(j["keyframe_interval"]));
     if (j["buffer_pool_peak_bytes"].get<uint64_t>())

@@ -93,6 +93,7 @@ py::dict statsOf(const rec::RecorderStats& s) {
   d["lost_steps"] = s.lostSteps;
   d["lost_step_count"] = s.lostStepCount;
   d["keyframes_skipped"] = s.keyframesSkipped;
+  d["keyframes_written_raw"] = s.keyframesWrittenRaw;
   d["written_through"] = s.writtenThrough;
   d["buffer_pool_bytes"] = s.bufferPoolBytes;
   d["buffer_pool_peak_bytes"] = s.bufferPoolPeakBytes;

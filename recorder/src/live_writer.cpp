@@ -207,6 +207,10 @@ bool LiveWriter::push(std::vector<Job> jobs, Lane lane, bool wake) {
   for (auto& j : jobs) {
     bytes += j.bytes();
     j.lane = lane;
+    if (j.kind == Job::Kind::StartSegment) {
+      std::lock_guard<std::mutex> lk(statsMu_);
+      j.skippedBefore = stats_.keyframesSkipped;
+    }
   }
   {
     std::lock_guard<std::mutex> lk(mu_);
@@ -270,6 +274,7 @@ void LiveWriter::fillStatus(formats::RunStatusData& status) const {
   status.lostSteps = s.lostSteps;
   status.lostStepCount = s.lostStepCount;
   status.keyframesSkipped = s.keyframesSkipped;
+  status.keyframesWrittenRaw = s.keyframesWrittenRaw;
   status.keyframeInterval = keyframeInterval.load(std::memory_order_relaxed);
   status.bufferPoolPeakBytes = bufferPoolPeakBytes.load(std::memory_order_relaxed);
 }
@@ -357,6 +362,60 @@ void LiveWriter::loop() {
       countDrop(1, job.bytes());
     }
   }
+}
+
+void LiveWriter::writeTensor(const Job& job) {
+  const bool keyframe = job.lane == Lane::Keyframe;
+  if (keyframe && !keyframeRaw_ && options_.rawWhenBehind && options_.zstdLevel > 0 && behind() && rawIsFaster()) {
+    keyframeRaw_ = true;
+    std::lock_guard<std::mutex> lk(statsMu_);
+    if (stats_.keyframesWrittenRaw++ == 0) {
+      const double compressMBs = compressedInBytes_ * 1e3 / compressNs_;
+      const double savings = 1.0 - double(compressedOutBytes_) / compressedInBytes_;
+      auto w = fmt::format(
+          "the writer fell behind while writing the keyframe of step {}: the rest of it is stored uncompressed "
+          "(measured: the disk takes {:.0f} MB/s, zstd {:.0f} MB/s saving {:.0f}%), so that steps are not dropped "
+          "and the next keyframe comes sooner; such keyframes are counted in the run status",
+          segmentStep_, diskBytes_ * 1e3 / diskNs_, compressMBs, 100 * savings);
+      stats_.warnings.push_back(w);
+      if (!options_.quiet) std::fprintf(stderr, "crashcap: warning: %s\n", w.c_str());
+    }
+  }
+  const int level = keyframe && keyframeRaw_ ? 0 : options_.zstdLevel;
+  if (segment_->zstdLevel() != level) segment_->setZstdLevel(level);
+  const formats::WriterStats before = segment_->stats();
+  const auto started = std::chrono::steady_clock::now();
+  segment_->writeTensor(job.tensor.name, job.tensor.dtype, job.tensor.shape, job.tensor.data, job.tensor.size);
+  const uint64_t wallNs = uint64_t(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count());
+  const formats::WriterStats& after = segment_->stats();
+  const uint64_t writeNs = after.writeNs - before.writeNs;
+  diskBytes_ += after.fileBytes - before.fileBytes;
+  diskNs_ += writeNs;
+  if (level > 0) {
+    compressedInBytes_ += job.tensor.size;
+    compressedOutBytes_ += after.storedBodyBytes - before.storedBodyBytes;
+    compressNs_ += wallNs > writeNs ? wallNs - writeNs : 0;
+  }
+}
+
+bool LiveWriter::behind() const {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (queued(Lane::Step) > options_.queueBytes / 2) return true;
+  }
+  std::lock_guard<std::mutex> lk(statsMu_);
+  return stats_.keyframesSkipped > skippedAtSegmentStart_;
+}
+
+bool LiveWriter::rawIsFaster() const {
+  // Nothing compressed yet, or nothing timed: no measurement to go by, so compression goes on
+  // (and measures).
+  if (compressedInBytes_ == 0 || compressNs_ == 0 || diskNs_ == 0) return false;
+  const double diskRate = double(diskBytes_) / diskNs_;
+  const double compressRate = double(compressedInBytes_) / compressNs_;
+  const double saved = 1.0 - double(compressedOutBytes_) / compressedInBytes_;
+  return diskRate > compressRate * saved;
 }
 
 void LiveWriter::startSegment(unsigned compressionThreads) {
@@ -457,6 +516,9 @@ void LiveWriter::process(Job& job) {
         // one, started at its next keyframe (never per job: a failing directory must not
         // multiply).
         keyframeStarted_ = std::chrono::steady_clock::now();
+        keyframeRaw_ = false;
+        segmentStep_ = job.step;
+        skippedAtSegmentStart_ = job.skippedBefore;
         if (needNewRecording_) {
           startRecording();
           needNewRecording_ = false;
@@ -470,7 +532,7 @@ void LiveWriter::process(Job& job) {
           return;
         }
         makeRoom(job.tensor.size);
-        segment_->writeTensor(job.tensor.name, job.tensor.dtype, job.tensor.shape, job.tensor.data, job.tensor.size);
+        writeTensor(job);
         afterWrite();
         return;
       case Job::Kind::Record:

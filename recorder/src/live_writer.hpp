@@ -59,6 +59,7 @@ struct Job {
   bool commitsStep = false;        ///< a step_begin: once written, the step reached the OS
   bool endsKeyframe = false;       ///< the last job of a keyframe (its record): the write is timed to it
   unsigned compressionThreads = 0; ///< StartSegment: zstd threads for the segment (0: the writer thread)
+  uint64_t skippedBefore = 0;      ///< StartSegment: keyframes skipped before it was queued (set by push)
   Lane lane{};                     ///< the lane it was admitted in (set by push)
   uint64_t bytes() const { return tensor.size + meta.size() + body.size(); }
 };
@@ -72,6 +73,10 @@ struct LiveWriterOptions {
   uint64_t retainBytes = 0;         ///< 0 = no limit
   uint64_t syncEveryBytes = 64ull << 20;
   double crashDrainSeconds = 10;
+  /// When the writer falls behind while writing a keyframe (the steps waiting behind it fill half
+  /// of queueBytes, or a keyframe was skipped meanwhile) and its measured rates say the disk takes
+  /// raw bytes faster than zstd saves them, the rest of that keyframe is stored raw.
+  bool rawWhenBehind = true;
   bool quiet = false;               ///< no warning on stderr (tests)
 };
 
@@ -84,6 +89,7 @@ struct LiveWriterStats {
   std::vector<int64_t> lostSteps;   ///< steps whose step_begin could not be queued (first kMaxListedLostSteps)
   uint64_t lostStepCount = 0;
   uint64_t keyframesSkipped = 0;
+  uint64_t keyframesWrittenRaw = 0; ///< keyframes whose rest was stored raw (rawWhenBehind)
   bool degraded = false;
   std::vector<std::string> warnings;
 };
@@ -167,6 +173,20 @@ class LiveWriter {
   void startRecording();
   void writeRun(const Job& job);
   void startSegment(unsigned compressionThreads);
+  /// Writes a tensor job into the segment, at the keyframe's level, and measures the writer's pace.
+  void writeTensor(const Job& job);
+  /// Whether the writer is behind now: steps waiting behind the keyframe fill half of queueBytes,
+  /// or a keyframe was skipped since this one was queued.
+  bool behind() const;
+  /// Whether raw bytes reach the disk faster than zstd makes them smaller, by the rates measured
+  /// so far: raw is faster when diskRate > compressRate * (1 - stored/raw).
+  bool rawIsFaster() const;
+  // The writer's pace, measured over the recording (writer thread only).
+  uint64_t compressedInBytes_ = 0, compressedOutBytes_ = 0, compressNs_ = 0;
+  uint64_t diskBytes_ = 0, diskNs_ = 0;
+  bool keyframeRaw_ = false;         ///< the keyframe being written is stored raw from here on
+  int64_t segmentStep_ = -1;         ///< the keyframe step of the segment being written
+  uint64_t skippedAtSegmentStart_ = 0;  ///< keyframes skipped before the segment's keyframe was queued
   void mapProgress(const std::string& dir);
   /// After a write error: the page goes back to memory, so that a full disk can never make a
   /// store into it fault (SIGBUS) in the training.

@@ -18,7 +18,7 @@ struct CopyTask {
 
 /// Below this many bytes in all, the copies run on the calling thread: a helper thread costs
 /// tens of microseconds to start.
-constexpr uint64_t kParallelCopyMinBytes = 16ull << 20;
+constexpr uint64_t kParallelCopyMinBytes = 8ull << 20;
 /// At most this many threads (the calling one included) share a copy.
 constexpr unsigned kParallelCopyMaxThreads = 8;
 

@@ -629,6 +629,7 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
   wo.retainBytes = policy.retainBytes;
   wo.syncEveryBytes = policy.syncEveryBytes;
   wo.crashDrainSeconds = policy.crashDrainSeconds;
+  wo.rawWhenBehind = policy.rawWhenBehind;
   wo.quiet = policy.quiet;
   impl_->pool = detail::HostPool::create(policy.queueBytes);
   try {
@@ -999,6 +1000,7 @@ RecorderStats Recorder::stats() const {
   s.lostSteps = w.lostSteps;
   s.lostStepCount = w.lostStepCount;
   s.keyframesSkipped = w.keyframesSkipped;
+  s.keyframesWrittenRaw = w.keyframesWrittenRaw;
   s.degraded = w.degraded;
   s.warnings.insert(s.warnings.end(), w.warnings.begin(), w.warnings.end());
   return s;

@@ -28,6 +28,7 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   OpTraceData ops{{{41, "aten::div", "forward", 17, 7, 1234, {{"float32", {8, 1}}, {"scalar", {}}}}}, 42, 256};
   CrashData crash{"nonfinite", 7, "forward", "non-finite loss", "NonFiniteError", 0, "", {"#0 f", "#1 g"}, 5, 42, 43};
   RunStatusData status{"crashed", 8, 7, 2, 100, {"queue full"}, 1, {3, 4}, 2, 1};
+  status.keyframesWrittenRaw = 2;
   bool seal = GENERATE(true, false);
   {
     auto w = BundleWriter::create(path);
@@ -73,6 +74,7 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   CHECK(v.status->lostSteps == std::vector<int64_t>{3, 4});
   CHECK(v.status->lostStepCount == 2);
   CHECK(v.status->keyframesSkipped == 1);
+  CHECK(v.status->keyframesWrittenRaw == 2);
   if (seal) CHECK(verifyBundle(path).ok());
 }
 

@@ -47,6 +47,7 @@ struct WriterStats {
   uint64_t storedBodyBytes = 0;  ///< body bytes as written
   uint64_t fileBytes = 0;        ///< everything written so far
   uint64_t syncs = 0;
+  uint64_t writeNs = 0;          ///< time spent handing bytes to the OS (pwritev and fdatasync)
 };
 
 /// Writes one bundle. Not thread-safe: one thread owns it (the recorder's background writer);
@@ -67,6 +68,11 @@ class BundleWriter {
   /// The name must be unique in the bundle. Returns the tensor id.
   uint64_t writeTensor(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                        const void* bytes, uint64_t size);
+
+  /// The zstd level of the bodies written from now on (0..19; 0 stores raw); the options' level
+  /// until called. The recorder's writer stores raw when compression cannot keep pace.
+  void setZstdLevel(int level);
+  int zstdLevel() const;
 
   /// Writes a Note record.
   void writeNote(const std::string& key, const std::string& text);

@@ -144,6 +144,7 @@ struct RunStatusData {
   std::string lastPhase;                ///< where in lastStep the run was ("" unknown)
   int64_t keyframeInterval = 0;         ///< steps between keyframes at the end; 0 unknown
   uint64_t bufferPoolPeakBytes = 0;     ///< the most host memory the recorder's copies held
+  uint64_t keyframesWrittenRaw = 0;     ///< keyframes finished uncompressed: the writer fell behind
 };
 /// The most lost steps a run_status record lists.
 inline constexpr size_t kMaxListedLostSteps = 4096;

@@ -95,6 +95,12 @@ struct Policy {
   /// for a segment whose keyframe is kAutoCompressionMinBytes or more, else 0. The work is the
   /// same either way; threads finish a large keyframe sooner, so the next one can come sooner.
   unsigned compressionThreads = kCompressionThreadsAuto;
+  /// When the writer falls behind while writing a keyframe (the steps waiting behind it fill half
+  /// of queueBytes, or the next keyframe came due and was skipped) and the rates it measured say
+  /// that raw bytes reach the disk sooner than zstd makes them smaller, the rest of that keyframe
+  /// is stored raw: larger on disk, but no step is dropped and the next keyframe comes sooner.
+  /// Counted in RecorderStats::keyframesWrittenRaw (docs/RECORDING.md, "When the writer falls behind").
+  bool rawWhenBehind = true;
   /// What compressionThreads means for a segment whose keyframe holds `keyframeBytes`.
   static unsigned compressionThreadsFor(unsigned setting, uint64_t keyframeBytes) {
     if (setting != kCompressionThreadsAuto) return setting;
@@ -210,6 +216,9 @@ struct RecorderStats {
   /// Keyframes not taken because the last one was still being written (each is tried again at
   /// the next step; the steps themselves are kept).
   uint64_t keyframesSkipped = 0;
+  /// Keyframes whose rest the writer stored uncompressed because it had fallen behind
+  /// (Policy::rawWhenBehind).
+  uint64_t keyframesWrittenRaw = 0;
   /// Steps between keyframes now: Policy::keyframeEvery, or what the automatic cadence chose.
   int64_t keyframeInterval = 0;
   /// What the automatic cadence would choose from the same measurements (with a fixed cadence too).

@@ -51,6 +51,9 @@ std::string formatRecordingId(const std::array<uint8_t, 16>& id) {
 
 namespace {
 
+/// After a chunk that did not compress, the writer tries every this-many-th chunk of the tensor.
+constexpr uint64_t kChunkRetryEvery = 8;
+
 /// A tensor's role: its name with every run of digits blanked ("steps/12/batch/image" ->
 /// "steps/#/batch/image"), so that one step's image and the next one's share it.
 std::string tensorRole(const std::string& name) {
@@ -300,9 +303,15 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
   if (level > 0 && m.options.rawRetryEvery > 0 && raw != m.rawRoles.end() && ++raw->second < m.options.rawRetryEvery)
     level = 0;
   bool compressed = false;
+  // Within a tensor, a chunk zstd could not shrink enough makes the writer try only every
+  // kChunkRetryEvery-th chunk after it, until one compresses again: a large tensor of noise (an
+  // fp32 weight matrix, an archive of them) costs a compression of a few chunks, not of all.
+  bool lastTriedFailed = false;
+  auto chunkLevel = [&](uint64_t i) { return lastTriedFailed && i % kChunkRetryEvery != 0 ? 0 : level; };
 
-  auto writeChunk = [&](uint64_t i, const detail::EncodedBody& body) {
+  auto writeChunk = [&](uint64_t i, const detail::EncodedBody& body, int triedLevel) {
     compressed = compressed || body.codec != Codec::None;
+    if (triedLevel > 0) lastTriedFailed = body.codec == Codec::None;
     meta.chunkIndex = uint32_t(i);
     meta.offset = i * chunk;
     meta.length = std::min(chunk, total - meta.offset);
@@ -317,21 +326,27 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
   if (!m.pool || count == 1) {
     detail::EncodedBody& body = m.encoded;
     for (uint64_t i = 0; i < count; ++i) {
-      detail::encodeBody(m.compressor, src + i * chunk, chunkLen(i), level, shuffle, m.options.minSavings, m.scratch,
+      const int tried = chunkLevel(i);
+      detail::encodeBody(m.compressor, src + i * chunk, chunkLen(i), tried, shuffle, m.options.minSavings, m.scratch,
                          body);
-      writeChunk(i, body);
+      writeChunk(i, body, tried);
     }
   } else {
     // Keep at most two chunks per thread in flight; write them back in order.
     const uint64_t window = 2ull * m.options.compressionThreads;
-    std::deque<std::pair<std::future<void>, std::unique_ptr<detail::EncodedBody>>> inflight;
+    struct Inflight {
+      std::future<void> done;
+      std::unique_ptr<detail::EncodedBody> body;
+      int level;
+    };
+    std::deque<Inflight> inflight;
     // If a write fails, the workers may still be encoding into these bodies (and reading the
     // caller's bytes): wait for all of them before unwinding frees anything.
     struct WaitAll {
       decltype(inflight)& jobs;
       ~WaitAll() {
         for (auto& j : jobs)
-          if (j.first.valid()) j.first.wait();
+          if (j.done.valid()) j.done.wait();
       }
     } waitAll{inflight};
     uint64_t next = 0, done = 0;
@@ -348,15 +363,16 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
         auto* out = body.get();
         const uint8_t* in = src + next * chunk;
         uint64_t len = chunkLen(next);
-        inflight.emplace_back(m.pool->submit([=](detail::Compressor& c, std::vector<uint8_t>& scratch) {
-          detail::encodeBody(c, in, len, level, shuffle, minSavings, scratch, *out);
-        }),
-                              std::move(body));
+        const int tried = chunkLevel(next);  // by the chunks written so far
+        inflight.push_back({m.pool->submit([=](detail::Compressor& c, std::vector<uint8_t>& scratch) {
+                              detail::encodeBody(c, in, len, tried, shuffle, minSavings, scratch, *out);
+                            }),
+                            std::move(body), tried});
         ++next;
       }
-      inflight.front().first.get();
-      writeChunk(done, *inflight.front().second);
-      m.spareBodies.push_back(std::move(inflight.front().second));
+      inflight.front().done.get();
+      writeChunk(done, *inflight.front().body, inflight.front().level);
+      m.spareBodies.push_back(std::move(inflight.front().body));
       inflight.pop_front();
       ++done;
     }

@@ -115,6 +115,39 @@ TEST_CASE("a tensor role that did not compress is stored raw until zstd is due t
   }
 }
 
+TEST_CASE("within a tensor, a chunk that did not compress makes zstd try only every 8th chunk after it",
+          "[formats][codec]") {
+  TempDir dir;
+  // 16 chunks of 4 KiB: noise first, zeros after. Chunk 0 is tried and stored raw; chunks 1..7
+  // are not tried (raw); chunk 8 is tried, compresses, and from then on every chunk is tried.
+  const uint64_t chunk = 4096;
+  std::vector<uint8_t> data(16 * chunk, 0);
+  auto noise = test::randomBytes(chunk, 5);
+  std::memcpy(data.data(), noise.data(), chunk);
+  for (unsigned threads : {0u, 2u}) {
+    INFO(threads << " compression threads");
+    WriterOptions o;
+    o.chunkBytes = chunk;
+    o.compressionThreads = threads;
+    const std::string path = dir.file("p" + std::to_string(threads) + ".ccap");
+    auto writer = BundleWriter::create(path, o);
+    writer->writeTensor("t", DType::UInt8, {int64_t(data.size())}, data.data(), data.size());
+    writer->seal();
+    auto reader = BundleReader::open(path);
+    const auto& t = reader->get("t");
+    if (threads == 0) {
+      CHECK(t.storedBytes >= 8 * chunk);  // chunks 0..7 raw
+      CHECK(t.storedBytes < 9 * chunk);   // chunks 8..15 compressed
+    } else {
+      // Threads decide by the chunks written when they are handed one: chunks 1..3 are already
+      // in flight (tried, and compressed) when chunk 0 comes back raw.
+      CHECK(t.storedBytes < 16 * chunk);
+    }
+    auto back = reader->readTensor(t);
+    CHECK(back == data);
+  }
+}
+
 TEST_CASE("compression threads write the same tensors as the calling thread", "[formats][threads]") {
   TempDir dir;
   std::vector<float> data = test::randomFloats(3'000'000, 4);

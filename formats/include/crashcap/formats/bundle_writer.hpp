@@ -26,7 +26,9 @@ struct WriterOptions {
   uint64_t chunkBytes = 4ull << 20;       ///< tensor chunk size; 4 KiB..64 MiB
   unsigned compressionThreads = 0;        ///< 0: compress on the calling thread
   bool shuffle = true;                    ///< byte-shuffle floating types before zstd
-  double minSavings = 0.05;               ///< store raw when zstd saves less than this fraction
+  /// A chunk is stored raw when zstd saves less than this fraction of it; within a tensor, the
+  /// chunks after such a chunk are tried only every 8th, until one compresses again.
+  double minSavings = 0.05;
   /// A tensor whose role (its name with the numbers blanked: steps/#/batch/image) did not compress
   /// last time is stored raw until its rawRetryEvery-th write, when zstd tries it again: noisy
   /// images cost a compression each step and save nothing. 0 (the default) tries every time; the

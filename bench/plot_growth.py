@@ -127,7 +127,7 @@ def main():
     p1 = Panel(0, "stall per keyframe", xs, [s["stall_ms"] for s in kf] + [s["memcpy_ms"] for s in kf], True, "ms")
     p1.frame()
     p1.series([(s["state_mb"], s["stall_ms"]) for s in kf], COLORS[0], "training thread's stall", 0)
-    p1.series([(s["state_mb"], s["memcpy_ms"]) for s in kf], COLORS[1], "memcpy of the same bytes", 1, dashed=True)
+    p1.series([(s["state_mb"], s["memcpy_ms"]) for s in kf], COLORS[1], "memcpy of the same bytes in the step", 1, dashed=True)
 
     p2 = Panel(W, "write rate", xs, [s["writer_mb_s"] for s in kf] + [s["zstd_mb_s"] for s in kf], False, "MB/s")
     p2.frame()

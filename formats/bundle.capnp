@@ -183,6 +183,9 @@ struct StepEnd {
   hasGradNorm @3 :Bool;
   nonFinite @4 :Bool;           # loss or gradient norm is NaN/Inf
   durationNs @5 :Int64;         # beginStep to end(loss)
+  gradNormMethod @6 :UInt8;     # how gradNorm was computed: 0 at::_foreach_norm and the norm of the
+                                # norms (LibTorch's), 1 blocked float32 sum of squares
+                                # (formats/torch/fingerprint.hpp)
 }
 
 # Record type 9. A keyframe: the full pre-step state of step `step`, whose tensors precede

@@ -148,6 +148,7 @@ std::vector<uint8_t> encodeMeta(const StepEndData& v) {
   r.setHasGradNorm(v.hasGradNorm);
   r.setNonFinite(v.nonFinite);
   r.setDurationNs(v.durationNs);
+  r.setGradNormMethod(static_cast<uint8_t>(v.gradNormMethod));
   return toBytes(b);
 }
 
@@ -305,6 +306,13 @@ StepEndData decodeStepEnd(const std::vector<uint8_t>& meta, const ReaderLimits& 
     v.hasGradNorm = r.getHasGradNorm();
     v.nonFinite = r.getNonFinite();
     v.durationNs = r.getDurationNs();
+    const uint8_t method = r.getGradNormMethod();
+    if (method > static_cast<uint8_t>(GradNormMethod::Blocked))
+      throw Error(ErrorCode::Corrupt,
+                  fmt::format("step_end of step {} names gradient-norm method {}, which this crashcap does not know",
+                              v.step, method),
+                  "a newer crashcap wrote it: replay it with that version");
+    v.gradNormMethod = static_cast<GradNormMethod>(method);
     return v;
   });
 }

@@ -35,6 +35,7 @@
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
 #include "crashcap/formats/torch/optimizer.hpp"
+#include "crashcap/formats/torch/fingerprint.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
@@ -1043,7 +1044,9 @@ void StepGuard::end(const at::Tensor& loss) {
     if (onCpu) {
       fp.loss = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
       if (!grads.empty()) {
-        fp.gradNorm = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
+        const auto norm = formats::torch::gradientNorm(grads);
+        fp.gradNorm = norm.value;
+        fp.gradNormMethod = norm.method;
         fp.hasGradNorm = true;
       }
     } else {

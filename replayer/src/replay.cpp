@@ -35,6 +35,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
+#include "crashcap/formats/torch/fingerprint.hpp"
 #include "crashcap/formats/torch/op_values.hpp"
 #include "crashcap/formats/torch/optimizer.hpp"
 #include "crashcap/formats/torch/settings.hpp"
@@ -585,6 +586,7 @@ struct Run {
       r.recorded = true;
       r.recordedLoss = e->second->loss;
       r.recordedGradNorm = e->second->gradNorm;
+      r.recordedGradNormMethod = static_cast<uint8_t>(e->second->gradNormMethod);
     }
     testing::setFaultStep(s);
     for (const auto& name : begin.rng) {
@@ -640,7 +642,8 @@ struct Run {
     for (const auto& p : ordered)
       if (p.grad().defined()) grads.push_back(p.grad().detach());
     if (!grads.empty()) {
-      r.gradNorm = at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
+      // The recording's method: the same bits for the same gradients.
+      r.gradNorm = formats::torch::gradientNorm(grads, static_cast<formats::GradNormMethod>(r.recordedGradNormMethod));
       r.hasGradNorm = true;
     }
     r.bitwise = r.recorded && sameBits(r.loss, r.recordedLoss) && (!r.hasGradNorm || sameBits(r.gradNorm, r.recordedGradNorm));

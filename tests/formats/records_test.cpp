@@ -24,6 +24,7 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   OptimizerSpecData spec{"adam", {{{"w", "b"}, {{"lr", 1e-3}, {"beta1", 0.9}}}}, 1.5, 2};
   StepBeginData begin{7, {"steps/7/batch/image"}, {"steps/7/rng/cpu"}, {0.25}, 123, 5, 6};
   StepEndData end{7, std::nan(""), 3.5, true, true, 999};
+  end.gradNormMethod = GradNormMethod::Blocked;
   KeyframeData kf{5, {"keyframes/5/parameters/w"}, {}, {"keyframes/5/optimizer/w/exp_avg"}, {{"w/step", 5}}};
   OpTraceData ops{{{41, "aten::div", "forward", 17, 7, 1234, {{"float32", {8, 1}}, {"scalar", {}}}}}, 42, 256};
   CrashData crash{"nonfinite", 7, "forward", "non-finite loss", "NonFiniteError", 0, "", {"#0 f", "#1 g"}, 5, 42, 43};
@@ -61,6 +62,7 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   REQUIRE(v.stepEnds.size() == 1);
   CHECK(std::isnan(v.stepEnds[0].loss));
   CHECK(v.stepEnds[0].nonFinite);
+  CHECK(v.stepEnds[0].gradNormMethod == GradNormMethod::Blocked);
   REQUIRE(v.keyframes.size() == 1);
   CHECK(v.keyframes[0].optimizerScalars.at(0).second == 5);
   REQUIRE(v.opTrace);

@@ -74,6 +74,12 @@ struct StepBeginData {
 };
 
 /// Type 8: a step's fingerprints.
+/// How a step's gradient norm was computed (formats/torch/fingerprint.hpp).
+enum class GradNormMethod : uint8_t {
+  ForeachNorm = 0,  ///< at::_foreach_norm, then the norm of the norms
+  Blocked = 1,      ///< float32 squares in fixed blocks and lanes, summed in double
+};
+
 struct StepEndData {
   int64_t step = 0;
   double loss = 0;
@@ -81,6 +87,7 @@ struct StepEndData {
   bool hasGradNorm = false;
   bool nonFinite = false;
   int64_t durationNs = 0;
+  GradNormMethod gradNormMethod = GradNormMethod::ForeachNorm;
 };
 
 /// Type 9: a full pre-step snapshot; its tensors precede this record.

@@ -85,6 +85,7 @@ struct StepReplay {
   bool hasGradNorm = false;
   bool recorded = false;         ///< the recording has this step's fingerprint
   double recordedLoss = 0, recordedGradNorm = 0;
+  uint8_t recordedGradNormMethod = 0;   ///< formats::GradNormMethod of the recorded norm
   bool bitwise = false;          ///< loss and gradient norm equal the recording bit for bit
   std::string error;             ///< the step threw
   double learningRate = 0;       ///< of the first parameter group

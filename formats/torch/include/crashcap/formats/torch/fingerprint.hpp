@@ -1,0 +1,37 @@
+#pragma once
+// The gradient norm of a step's fingerprint (step_end.gradNorm), computed the same way by the
+// recorder and by the replayer, which compares the two bit for bit. Each step_end says which
+// method made its norm, so a replay computes it the same way whichever crashcap recorded it.
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "crashcap/formats/records.hpp"
+
+namespace crashcap::formats::torch {
+
+struct GradientNorm {
+  double value = 0;
+  GradNormMethod method = GradNormMethod::ForeachNorm;
+};
+
+/// The total 2-norm of `grads`. Blocked (when every gradient is a float32 CPU tensor): the
+/// elements in fixed blocks of kGradNormBlock, each block's squares summed in 16 float lanes and
+/// the lanes in double, the blocks added in order, on every LibTorch thread: one read of the
+/// gradients at the memory's bandwidth, and the same bits whatever the thread count or the
+/// vector width. Otherwise, or when the blocked sum is not finite although every gradient is
+/// (a float square overflows at about 1e19): `at::_foreach_norm` and the norm of the norms, as
+/// LibTorch computes them, so that such a step is judged exactly as before.
+GradientNorm gradientNorm(const std::vector<at::Tensor>& grads);
+
+/// The norm by a given method, as a replay recomputes a recorded one. Gradients the blocked
+/// method cannot read (a replay in float64, or on a device: a setup other than the recorded one,
+/// where no bits are compared) get LibTorch's norm in their own dtype, which a float32 copy could
+/// overflow.
+double gradientNorm(const std::vector<at::Tensor>& grads, GradNormMethod method);
+
+inline constexpr int64_t kGradNormBlock = 64 * 1024;
+
+}  // namespace crashcap::formats::torch

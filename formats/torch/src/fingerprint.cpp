@@ -1,0 +1,82 @@
+// Built with -ffp-contract=off (formats/torch/CMakeLists.txt): a multiply-add fused on one
+// machine and not on another would change the blocked norm's bits.
+#include "crashcap/formats/torch/fingerprint.hpp"
+
+#include <ATen/Parallel.h>
+
+#include <cmath>
+
+namespace crashcap::formats::torch {
+
+namespace {
+
+struct Block {
+  const float* data;
+  int64_t size;
+};
+
+/// The squares of one block: element i goes to lane i % 16 (float), the lanes are added in a
+/// fixed tree (double). The same operations in the same order whether the compiler vectorises
+/// the loop or not.
+double blockSquares(const float* p, int64_t n) {
+  float lanes[16] = {};
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16)
+    for (int j = 0; j < 16; ++j) {
+      const float v = p[i + j];
+      lanes[j] += v * v;
+    }
+  double sum = 0;
+  for (int j = 0; j < 16; ++j) sum += double(lanes[j]);
+  for (; i < n; ++i) sum += double(p[i]) * double(p[i]);
+  return sum;
+}
+
+double blockedNorm(const std::vector<at::Tensor>& floats) {
+  std::vector<Block> blocks;
+  for (const auto& t : floats) {
+    const float* p = t.data_ptr<float>();
+    const int64_t n = t.numel();
+    for (int64_t at = 0; at < n; at += kGradNormBlock) blocks.push_back({p + at, std::min(kGradNormBlock, n - at)});
+  }
+  std::vector<double> sums(blocks.size());
+  at::parallel_for(0, int64_t(blocks.size()), 1, [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) sums[b] = blockSquares(blocks[b].data, blocks[b].size);
+  });
+  double total = 0;
+  for (double s : sums) total += s;
+  return std::sqrt(total);
+}
+
+double foreachNorm(const std::vector<at::Tensor>& grads) {
+  return at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
+}
+
+bool blockable(const at::Tensor& t) {
+  return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.layout() == at::kStrided;
+}
+
+}  // namespace
+
+GradientNorm gradientNorm(const std::vector<at::Tensor>& grads) {
+  bool blocked = !grads.empty();
+  for (const auto& g : grads) blocked = blocked && blockable(g);
+  if (blocked) {
+    const double value = blockedNorm(grads);
+    // A float square overflows at about 1e19: when no gradient holds a NaN or an Inf, the
+    // verdict is LibTorch's norm's, as it was before the blocked one.
+    if (std::isfinite(value)) return {value, GradNormMethod::Blocked};
+    bool finite = true;
+    for (const auto& g : grads) finite = finite && at::isfinite(g).all().item<bool>();
+    if (!finite) return {value, GradNormMethod::Blocked};
+  }
+  return {foreachNorm(grads), GradNormMethod::ForeachNorm};
+}
+
+double gradientNorm(const std::vector<at::Tensor>& grads, GradNormMethod method) {
+  bool blocked = method == GradNormMethod::Blocked && !grads.empty();
+  for (const auto& g : grads) blocked = blocked && blockable(g);
+  return blocked ? blockedNorm(grads) : foreachNorm(grads);
+}
+
+}  // namespace crashcap::formats::torch

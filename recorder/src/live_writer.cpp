@@ -366,7 +366,8 @@ void LiveWriter::loop() {
 
 void LiveWriter::writeTensor(const Job& job) {
   const bool keyframe = job.lane == Lane::Keyframe;
-  if (keyframe && !keyframeRaw_ && options_.rawWhenBehind && options_.zstdLevel > 0 && behind() && rawIsFaster()) {
+  // rawIsFaster (the writer thread's own numbers) before behind (two locks).
+  if (keyframe && !keyframeRaw_ && options_.rawWhenBehind && options_.zstdLevel > 0 && rawIsFaster() && behind()) {
     keyframeRaw_ = true;
     std::lock_guard<std::mutex> lk(statsMu_);
     if (stats_.keyframesWrittenRaw++ == 0) {

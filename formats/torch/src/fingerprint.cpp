@@ -52,16 +52,19 @@ double foreachNorm(const std::vector<at::Tensor>& grads) {
   return at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
 }
 
-bool blockable(const at::Tensor& t) {
-  return t.device().is_cpu() && t.scalar_type() == at::kFloat && t.is_contiguous() && t.layout() == at::kStrided;
+/// Whether the blocked method can read every gradient: contiguous float32 on the CPU.
+bool blockable(const std::vector<at::Tensor>& grads) {
+  if (grads.empty()) return false;
+  for (const auto& t : grads)
+    if (!t.device().is_cpu() || t.scalar_type() != at::kFloat || !t.is_contiguous() || t.layout() != at::kStrided)
+      return false;
+  return true;
 }
 
 }  // namespace
 
 GradientNorm gradientNorm(const std::vector<at::Tensor>& grads) {
-  bool blocked = !grads.empty();
-  for (const auto& g : grads) blocked = blocked && blockable(g);
-  if (blocked) {
+  if (blockable(grads)) {
     const double value = blockedNorm(grads);
     // A float square overflows at about 1e19: when no gradient holds a NaN or an Inf, the
     // verdict is LibTorch's norm's, as it was before the blocked one.
@@ -74,9 +77,7 @@ GradientNorm gradientNorm(const std::vector<at::Tensor>& grads) {
 }
 
 double gradientNorm(const std::vector<at::Tensor>& grads, GradNormMethod method) {
-  bool blocked = method == GradNormMethod::Blocked && !grads.empty();
-  for (const auto& g : grads) blocked = blocked && blockable(g);
-  return blocked ? blockedNorm(grads) : foreachNorm(grads);
+  return method == GradNormMethod::Blocked && blockable(grads) ? blockedNorm(grads) : foreachNorm(grads);
 }
 
 }  // namespace crashcap::formats::torch

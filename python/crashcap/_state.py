@@ -18,8 +18,8 @@ import os
 import random
 import struct
 import sys
-import sysconfig
 import time
+import types
 
 import torch
 
@@ -339,11 +339,16 @@ _KEEP_TOTAL = 16 << 20
 
 
 def _installed_roots():
-    roots = set()
-    for key in ("stdlib", "platstdlib", "purelib", "platlib"):
-        path = sysconfig.get_paths().get(key)
-        if path:
-            roots.add(os.path.realpath(path))
+    """The directories whose files are installed, not the program's: the standard library (where
+    `os` lives), the site directories, every sys.path entry named site-packages or dist-packages,
+    the prefixes' lib directories and crashcap's own. (sysconfig names the same directories, but
+    its first call loads the interpreter's build configuration: 6 ms at the start of a recording.)"""
+    roots = {os.path.realpath(os.path.dirname(os.__file__))}
+    try:
+        import site
+        roots.update(os.path.realpath(p) for p in site.getsitepackages())
+    except Exception:  # an embedded or stripped interpreter without site's helpers
+        pass
     for path in sys.path:
         if path and ("site-packages" in path or "dist-packages" in path):
             roots.add(os.path.realpath(path))
@@ -374,8 +379,10 @@ def program_sources():
     if main_file:
         own.add(os.path.dirname(os.path.realpath(main_file)))
     for module in list(sys.modules.values()):
-        f = getattr(module, "__file__", None)
-        if f and f.endswith(".py"):
+        # From the module's namespace: getattr would call a module's __getattr__ (lazy imports,
+        # deprecation warnings), and some entries of sys.modules are not modules at all.
+        f = vars(module).get("__file__") if isinstance(module, types.ModuleType) else None
+        if isinstance(f, str) and f.endswith(".py"):
             files.append(f)
     # Most of the ~1000 modules a torch program has imported live under an installed root by their
     # path as given: skipped without resolving it (realpath costs a system call per component).

@@ -17,8 +17,10 @@ namespace {
 
 std::vector<at::Tensor> someGradients() {
   at::manual_seed(7);
-  // Sizes that do not divide into blocks or lanes.
-  return {at::randn({1000, 333}) * 1e-3, at::randn({70001}), at::randn({5}), at::randn({3, 65536 + 17}) * 10};
+  // Sizes that do not divide into blocks or lanes; 36 blocks in all, enough for the sum to be
+  // split across threads (a task takes at least 16 blocks).
+  return {at::randn({1000, 333}) * 1e-3, at::randn({70001}), at::randn({5}), at::randn({3, 65536 + 17}) * 10,
+          at::randn({1500, 1001})};
 }
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }

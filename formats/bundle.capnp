@@ -412,3 +412,20 @@ struct TensorEntry {
   storedBytes @5 :UInt64;   # sum of the chunks' stored body lengths
   chunkRecords @6 :List(UInt64);   # file offsets of the chunk records, by chunkIndex
 }
+
+# Record type 16. Where the recorded process stood in a multi-process job (torch.distributed,
+# c10d): one rank's recording of the job. Written by the recorder when it learns it (from the
+# launcher's environment at start, from the process group when the program gives it or the
+# Python recorder finds one); the last one written holds. No body.
+# Invariants: worldSize >= 1; 0 <= rank < worldSize; -1 <= localRank < worldSize (-1: not
+# known); texts at most 4 KiB.
+struct Distributed {
+  jobId @0 :Text;        # the same in every rank's recording of one job; "" not known
+  jobIdSource @1 :Text;  # where jobId came from: "crashcap run", "torchelastic", "rendezvous", "program"
+  rank @2 :Int32;
+  worldSize @3 :Int32;
+  localRank @4 :Int32;
+  backend @5 :Text;      # "gloo", "nccl", "mpi", ...; "" not known
+  rendezvous @6 :Text;   # how the ranks found each other: "tcp://HOST:PORT", "file://PATH", "env://HOST:PORT"
+  source @7 :Text;       # who said: "environment" (the launcher's variables), "torch.distributed", "c10d", "program"
+}

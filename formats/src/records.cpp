@@ -421,6 +421,45 @@ SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const Reader
   });
 }
 
+std::vector<uint8_t> encodeMeta(const DistributedData& v) {
+  capnp::MallocMessageBuilder b;
+  auto r = b.initRoot<schema::Distributed>();
+  r.setJobId(v.jobId);
+  r.setJobIdSource(v.jobIdSource);
+  r.setRank(v.rank);
+  r.setWorldSize(v.worldSize);
+  r.setLocalRank(v.localRank);
+  r.setBackend(v.backend);
+  r.setRendezvous(v.rendezvous);
+  r.setSource(v.source);
+  return toBytes(b);
+}
+
+DistributedData decodeDistributed(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
+  return decode<schema::Distributed>(meta, limits, "distributed", [](auto r) {
+    DistributedData v;
+    v.jobId = text(r.getJobId(), 4096, "job id");
+    v.jobIdSource = text(r.getJobIdSource(), 4096, "job id source");
+    v.rank = r.getRank();
+    v.worldSize = r.getWorldSize();
+    v.localRank = r.getLocalRank();
+    v.backend = text(r.getBackend(), 4096, "distributed backend");
+    v.rendezvous = text(r.getRendezvous(), 4096, "rendezvous");
+    v.source = text(r.getSource(), 4096, "distributed source");
+    if (v.worldSize < 1)
+      throw Error(ErrorCode::Corrupt, fmt::format("distributed record has world size {}; must be >= 1", v.worldSize));
+    if (v.rank < 0 || v.rank >= v.worldSize)
+      throw Error(ErrorCode::Corrupt,
+                  fmt::format("distributed record has rank {} of world size {}; must be in [0, {})", v.rank,
+                              v.worldSize, v.worldSize));
+    if (v.localRank < -1 || v.localRank >= v.worldSize)
+      throw Error(ErrorCode::Corrupt,
+                  fmt::format("distributed record has local rank {}; must be -1 (not known) or in [0, {})",
+                              v.localRank, v.worldSize));
+    return v;
+  });
+}
+
 const char* activityKindName(TraceActivityData::Kind kind) {
   switch (kind) {
     case TraceActivityData::Kind::Kernel: return "kernel";

@@ -122,6 +122,19 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   } else {
     j["crash"] = nullptr;
   }
+  if (v.distributed) {
+    const auto& d = *v.distributed;
+    j["distributed"] = {{"job_id", d.jobId},
+                        {"job_id_source", d.jobIdSource},
+                        {"rank", d.rank},
+                        {"world_size", d.worldSize},
+                        {"local_rank", d.localRank >= 0 ? json(d.localRank) : json(nullptr)},
+                        {"backend", d.backend},
+                        {"rendezvous", d.rendezvous},
+                        {"source", d.source}};
+  } else {
+    j["distributed"] = nullptr;
+  }
   if (v.supervision) {
     const auto& sv = *v.supervision;
     j["crash"]["classification"] = sv.classification;
@@ -225,6 +238,13 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
     s += fmt::format("run        {} by {} (pid {}) on {}, started {}\n", str(j["run"]["id"]),
                      str(j["run"]["producer"]), str(j["run"]["pid"]), str(j["run"]["hostname"]),
                      str(j["run"]["created"]));
+  if (!j["distributed"].is_null()) {
+    const auto& d = j["distributed"];
+    std::string job = str(d["job_id"]).empty() ? "job id not known" : fmt::format("job {} ({})", str(d["job_id"]), str(d["job_id_source"]));
+    s += fmt::format("rank       {} of {}{}{}, {}\n", str(d["rank"]), str(d["world_size"]),
+                     d["local_rank"].is_null() ? "" : fmt::format(" (local rank {})", str(d["local_rank"])),
+                     str(d["backend"]).empty() ? "" : fmt::format(", {}", str(d["backend"])), job);
+  }
   const auto& facts = j["env"].value("facts", json::object());
   if (!facts.empty()) {
     // Only the facts the bundle has: `crashcap run`'s own bundle knows the machine, not LibTorch.

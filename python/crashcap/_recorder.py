@@ -254,6 +254,7 @@ class Recorder:
                                  (list(_facts) if _observed else [("python.capture", "api")]),
                                  _stack_here,
                                  torchscript=archive)
+        self._rank_placed = _state.record_distributed(self._native)
         if _active is None or _active() is None:
             _active = weakref.ref(self)
             if sys.excepthook is not _guarded_excepthook:
@@ -322,6 +323,8 @@ class Recorder:
         """Records step `step`'s batch, generator states and learning rates (and a keyframe when
         one is due). steps() and step() call it; call it yourself only for a loop they do not fit."""
         self._finish_step()
+        if not self._rank_placed and self._next_step == 0:  # a process group made after the Recorder
+            self._rank_placed = _state.record_distributed(self._native)
         tensors, structure = _batch.flatten(batch, _extra)
         self._step = self._native.begin_step(int(step), tensors, structure)
         self._step_index = int(step)

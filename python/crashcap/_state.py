@@ -332,6 +332,30 @@ def program_facts():
     return facts
 
 
+# ---- A rank of a multi-process job -----------------------------------------------------------
+
+def record_distributed(native):
+    """Gives the native recorder this process's place in torch.distributed's default process
+    group (rank, world size, backend, how the ranks met), when the program made one. True when
+    it did; False when there is no group (yet): a launcher's RANK and WORLD_SIZE are recorded
+    by the native recorder itself."""
+    try:
+        dist = torch.distributed
+        if not dist.is_available() or not dist.is_initialized():
+            return False
+        rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
+    except Exception:  # a half-made or destroyed group: nothing to say about it
+        return False
+    local = os.environ.get("LOCAL_RANK", "")
+    local = int(local) if local.isdigit() and int(local) < world else -1
+    method = getattr(dist.distributed_c10d, "_default_pg_init_method", None)
+    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not isinstance(method, str) or method in ("", "env://"):
+        method = f"env://{addr}:{port}" if addr and port else ""
+    native.set_distributed(rank, world, local, backend, method, "torch.distributed")
+    return True
+
+
 # ---- The program's own sources ----------------------------------------------------------------
 
 _KEEP_BYTES = 1 << 20        # a file larger than this keeps only its hash

@@ -216,6 +216,20 @@ void bindRecorder(py::module_& m) {
         py::gil_scoped_release nogil;
         r.close();
       })
+      .def("set_distributed",
+           [](rec::Recorder& r, int32_t rank, int32_t worldSize, int32_t localRank, std::string backend,
+              std::string rendezvous, std::string source) {
+             crashcap::formats::DistributedData d;
+             d.rank = rank;
+             d.worldSize = worldSize;
+             d.localRank = localRank;
+             d.backend = std::move(backend);
+             d.rendezvous = std::move(rendezvous);
+             d.source = std::move(source);
+             r.setDistributed(std::move(d));
+           },
+           py::arg("rank"), py::arg("world_size"), py::arg("local_rank"), py::arg("backend"), py::arg("rendezvous"),
+           py::arg("source"))
       .def("warn", &rec::Recorder::warn, py::arg("warning"), py::arg("print") = true)
       .def("stats", [](const rec::Recorder& r) { return statsOf(r.stats()); })
       .def("recording_dir", &rec::Recorder::recordingDir)

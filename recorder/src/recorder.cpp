@@ -30,6 +30,7 @@
 #include <unordered_map>
 
 #include "crash_guard.hpp"
+#include "crashcap/recorder/distributed.hpp"
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
@@ -124,6 +125,7 @@ struct Recorder::Impl {
   std::optional<formats::CrashData> pendingCrash;
   std::string lastCrashBundle;
   bool closed = false;
+  bool distributedGiven = false;  ///< setDistributed was called: the launcher's variables say less
   std::vector<std::string> warnings;
   /// The process this recorder records. A child the training forks (a DataLoader worker, a
   /// helper that then exits normally) inherits the recorder without its writer thread or its
@@ -359,6 +361,10 @@ struct Recorder::Impl {
     if (foreign)
       for (const auto& [key, value] : foreign->facts) env.facts.emplace_back(key, value);
     writer->push({recordJob(env, Job::Kind::RunRecord)});
+    // A rank of a job its launcher placed (torchrun, crashcap run --nproc), unless the program
+    // said more already (setDistributed: the backend); a later setDistributed holds over it.
+    if (!distributedGiven)
+      if (auto rank = distributedFromEnvironment()) writer->push({recordJob(*rank, Job::Kind::RunRecord)});
   }
 
   std::vector<double> learningRates() {
@@ -821,6 +827,15 @@ void Recorder::setForeign(ForeignTraining training) {
   formats::OptimizerSpecData spec = training.optimizer;
   m.foreign = std::move(training);
   if (m.writer) m.writer->push({Impl::recordJob(spec, Job::Kind::RunRecord)});
+}
+
+void Recorder::setDistributed(formats::DistributedData identity) {
+  checkDistributed(identity);
+  if (identity.jobId.empty()) std::tie(identity.jobId, identity.jobIdSource) = jobIdFromEnvironment(identity.rendezvous);
+  if (identity.source.empty()) identity.source = "program";
+  auto& m = *impl_;
+  m.distributedGiven = true;
+  if (m.writer && !m.forkedAway()) m.writer->push({Impl::recordJob(identity, Job::Kind::RunRecord)});
 }
 
 StepGuard Recorder::beginStep(int64_t step, const Batch& batch) { return beginStep(step, batch, std::string()); }

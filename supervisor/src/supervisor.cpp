@@ -20,6 +20,7 @@
 #include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/recorder/distributed.hpp"
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/cuda_errors.hpp"
 #include "crashcap/formats/error.hpp"
@@ -401,6 +402,11 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     int64_t startNs = formats::unixTimeNs();
     std::optional<CudnnLog> cudnnLog;
     std::vector<std::string> env = extraEnv;
+    // One job id per run of the command, inherited by every rank a launcher under it starts, so
+    // that their recordings are one job's; an id this crashcap run was given (the same on every
+    // node of a multi-node job) is kept.
+    if (const char* given = std::getenv(recorder::kJobIdVariable); !given || !*given)
+      env.push_back(fmt::format("{}=run-{}-{}-{}", recorder::kJobIdVariable, startNs / 1000000, ::getpid(), attempt));
     if (o.cudnnLog) {
       try {
         cudnnLog.emplace(dir, attempt);

@@ -98,6 +98,55 @@ TEST_CASE("recorder record decoders refuse broken invariants", "[formats][record
   }
 }
 
+TEST_CASE("a rank's distributed record round-trips, and the last one written holds", "[formats][records]") {
+  test::TempDir dir;
+  auto path = dir.file("r.ccap");
+  DistributedData fromLauncher{"job-1", "crashcap run", 1, 2, -1, "", "env://127.0.0.1:29500", "environment"};
+  DistributedData fromGroup{"job-1", "crashcap run", 1, 2, 1, "gloo", "env://127.0.0.1:29500", "torch.distributed"};
+  {
+    auto w = BundleWriter::create(path);
+    writeMetaRecord(*w, fromLauncher);
+    writeMetaRecord(*w, fromGroup);
+    w->seal();
+  }
+  auto v = readRecords(*BundleReader::open(path));
+  CHECK(v.problems.empty());
+  REQUIRE(v.distributed);
+  CHECK(v.distributed->jobId == "job-1");
+  CHECK(v.distributed->jobIdSource == "crashcap run");
+  CHECK(v.distributed->rank == 1);
+  CHECK(v.distributed->worldSize == 2);
+  CHECK(v.distributed->localRank == 1);
+  CHECK(v.distributed->backend == "gloo");
+  CHECK(v.distributed->rendezvous == "env://127.0.0.1:29500");
+  CHECK(v.distributed->source == "torch.distributed");
+  CHECK(verifyBundle(path).ok());
+}
+
+TEST_CASE("a distributed record's rank must lie in its world", "[formats][records]") {
+  auto with = [](int32_t rank, int32_t world, int32_t local) {
+    DistributedData d;
+    d.rank = rank;
+    d.worldSize = world;
+    d.localRank = local;
+    return encodeMeta(d);
+  };
+  CHECK_NOTHROW(decodeDistributed(with(3, 4, -1)));
+  CHECK_NOTHROW(decodeDistributed(with(0, 1, 0)));
+  CHECK_THROWS_AS(decodeDistributed(with(0, 0, -1)), Error);   // no world
+  CHECK_THROWS_AS(decodeDistributed(with(4, 4, -1)), Error);   // rank past the world
+  CHECK_THROWS_AS(decodeDistributed(with(-1, 4, -1)), Error);
+  CHECK_THROWS_AS(decodeDistributed(with(0, 4, -2)), Error);   // local rank below "not known"
+  CHECK_THROWS_AS(decodeDistributed(with(0, 4, 4)), Error);
+  try {
+    decodeDistributed(with(5, 2, -1));
+    FAIL("accepted rank 5 of 2");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Corrupt);
+    CHECK(e.message().find("rank 5 of world size 2") != std::string::npos);
+  }
+}
+
 TEST_CASE("lostSteps finds what the recorder dropped inside the retained window, not what retention deleted",
           "[formats][records]") {
   auto begin = [](int64_t step, int64_t previous) { return StepBeginData{step, {}, {}, {}, 0, -1, previous}; };

@@ -177,6 +177,19 @@ struct SupervisionData {
   std::vector<std::string> params;
 };
 
+/// Type 16: one rank of a multi-process job (torch.distributed, c10d). All ranks' recordings
+/// of one job carry the same jobId.
+struct DistributedData {
+  std::string jobId;
+  std::string jobIdSource;   ///< "crashcap run", "torchelastic", "rendezvous", "program"
+  int32_t rank = 0;
+  int32_t worldSize = 1;
+  int32_t localRank = -1;    ///< -1: not known
+  std::string backend;       ///< "gloo", "nccl", ...; "" not known
+  std::string rendezvous;    ///< "tcp://HOST:PORT", "file://PATH", "env://HOST:PORT"
+  std::string source;        ///< "environment", "torch.distributed", "c10d", "program"
+};
+
 /// One CUPTI activity, converted (recorder/cupti/). Names are resolved from the record's
 /// string table.
 struct TraceActivityData {
@@ -250,6 +263,7 @@ std::vector<uint8_t> encodeMeta(const OpTraceData& v);
 std::vector<uint8_t> encodeMeta(const CrashData& v);
 std::vector<uint8_t> encodeMeta(const RunStatusData& v);
 std::vector<uint8_t> encodeMeta(const SupervisionData& v);
+std::vector<uint8_t> encodeMeta(const DistributedData& v);
 std::vector<uint8_t> encodeMeta(const EnvironmentData& v);
 /// Interns names into the string table; a trace too large for one meta (1 MiB) loses its
 /// oldest activities, then its oldest launches, and counts them as dropped.
@@ -264,6 +278,7 @@ OpTraceData decodeOpTrace(const std::vector<uint8_t>& meta, const ReaderLimits& 
 CrashData decodeCrash(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
+DistributedData decodeDistributed(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 
 /// The record type each struct is written as: one overload per recorder row of the record table.

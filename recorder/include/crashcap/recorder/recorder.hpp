@@ -304,6 +304,13 @@ class Recorder {
   /// Call after setModel. The optimizer spec must name only setModel's parameters.
   void setForeign(ForeignTraining training);
 
+  /// This process's place in a multi-process job: rank, world size, backend (from the process
+  /// group), and the job id every rank's recording shares (when `identity.jobId` is empty, from
+  /// the environment: jobIdFromEnvironment). A launcher's RANK/WORLD_SIZE are recorded without
+  /// it; this says more, and the last identity given holds. Throws crashcap::Error{InvalidArgument}
+  /// for a rank outside its world (checkDistributed). crashcap/recorder/distributed.hpp.
+  void setDistributed(formats::DistributedData identity);
+
   /// Records step `step`'s batch (copied now), generator states and learning rates, and a
   /// keyframe when one is due. Steps must increase.
   StepGuard beginStep(int64_t step, const Batch& batch);

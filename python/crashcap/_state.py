@@ -336,9 +336,9 @@ def program_facts():
 
 def record_distributed(native):
     """Gives the native recorder this process's place in torch.distributed's default process
-    group (rank, world size, backend, how the ranks met), when the program made one. True when
-    it did; False when there is no group (yet): a launcher's RANK and WORLD_SIZE are recorded
-    by the native recorder itself."""
+    group (rank, world size, backend, an init method other than env://), when the program made
+    one; the native recorder adds what the launcher's variables say (local rank, MASTER_ADDR and
+    MASTER_PORT, the job id). True when it did; False when there is no group (yet)."""
     try:
         dist = torch.distributed
         if not dist.is_available() or not dist.is_initialized():
@@ -346,13 +346,10 @@ def record_distributed(native):
         rank, world, backend = dist.get_rank(), dist.get_world_size(), str(dist.get_backend())
     except Exception:  # a half-made or destroyed group: nothing to say about it
         return False
-    local = os.environ.get("LOCAL_RANK", "")
-    local = int(local) if local.isdigit() and int(local) < world else -1
     method = getattr(dist.distributed_c10d, "_default_pg_init_method", None)
-    addr, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
-    if not isinstance(method, str) or method in ("", "env://"):
-        method = f"env://{addr}:{port}" if addr and port else ""
-    native.set_distributed(rank, world, local, backend, method, "torch.distributed")
+    if not isinstance(method, str) or method == "env://":
+        method = ""
+    native.set_distributed(rank, world, -1, backend, method, "torch.distributed")
     return True
 
 

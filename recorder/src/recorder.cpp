@@ -30,7 +30,6 @@
 #include <unordered_map>
 
 #include "crash_guard.hpp"
-#include "crashcap/recorder/distributed.hpp"
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
@@ -41,6 +40,7 @@
 #include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/replayer/program_replay.hpp"
+#include "crashcap/recorder/distributed.hpp"
 #include "crashcap/recorder/environment.hpp"
 #include "host_pool.hpp"
 #include "parallel_copy.hpp"
@@ -831,6 +831,12 @@ void Recorder::setForeign(ForeignTraining training) {
 
 void Recorder::setDistributed(formats::DistributedData identity) {
   checkDistributed(identity);
+  // What the launcher's variables add (the local rank, the rendezvous), when they name this rank.
+  if (auto launched = distributedFromEnvironment();
+      launched && launched->rank == identity.rank && launched->worldSize == identity.worldSize) {
+    if (identity.localRank < 0) identity.localRank = launched->localRank;
+    if (identity.rendezvous.empty()) identity.rendezvous = launched->rendezvous;
+  }
   if (identity.jobId.empty()) std::tie(identity.jobId, identity.jobIdSource) = jobIdFromEnvironment(identity.rendezvous);
   if (identity.source.empty()) identity.source = "program";
   auto& m = *impl_;

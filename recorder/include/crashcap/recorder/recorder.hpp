@@ -305,8 +305,9 @@ class Recorder {
   void setForeign(ForeignTraining training);
 
   /// This process's place in a multi-process job: rank, world size, backend (from the process
-  /// group), and the job id every rank's recording shares (when `identity.jobId` is empty, from
-  /// the environment: jobIdFromEnvironment). A launcher's RANK/WORLD_SIZE are recorded without
+  /// group), and the job id every rank's recording shares. What it leaves out (jobId empty,
+  /// localRank -1, rendezvous empty) comes from the launcher's variables when they name the
+  /// same rank (distributedFromEnvironment, jobIdFromEnvironment). A launcher's RANK/WORLD_SIZE are recorded without
   /// it; this says more, and the last identity given holds. Throws crashcap::Error{InvalidArgument}
   /// for a rank outside its world (checkDistributed). crashcap/recorder/distributed.hpp.
   void setDistributed(formats::DistributedData identity);

@@ -20,6 +20,7 @@ struct Options {
   bool noTrace = false;
   std::string nonFinite;                 ///< --nonfinite (with --record)
   int64_t keyframeEvery = 0;             ///< --keyframe-every (with --record); 0: the recorder's default
+  bool hangGiven = false;                ///< --hang-timeout was given
   std::vector<std::string> afterDashes;  ///< the command, when given after --
   CLI::App* app = nullptr;
 };
@@ -33,6 +34,9 @@ int run(Options& r) {
   if (!o.observePython && (!r.nonFinite.empty() || r.keyframeEvery || o.keepRecording))
     throw Error(ErrorCode::InvalidArgument, "--nonfinite, --keyframe-every and --keep-recording set how --record records",
                 "add --record: crashcap run --record --nonfinite record -- python train.py");
+  if (o.nproc == 0 && (o.masterPort || r.hangGiven))
+    throw Error(ErrorCode::InvalidArgument, "--master-port and --hang-timeout are for a job crashcap run starts",
+                "add --nproc N: crashcap run --nproc 2 --hang-timeout 20 -- python train.py");
   if (o.observePython) {
     std::vector<std::string> policy;
     if (!r.nonFinite.empty()) policy.push_back(fmt::format("\"nonfinite\": \"{}\"", r.nonFinite));
@@ -69,6 +73,15 @@ int run(Options& r) {
     std::cerr << fmt::format("  next      crashcap inspect {}\n", a.bundle);
     if (a.trace.rfind("recorded", 0) == 0) std::cerr << fmt::format("            crashcap inspect {} --trace\n", a.bundle);
     if (hasSteps) std::cerr << fmt::format("            crashcap triage {}\n", a.bundle);
+    for (const auto& rk : a.ranks) {
+      const char* sig = rk.signal ? formats::signalName(rk.signal) : nullptr;
+      std::string how = rk.stopped ? fmt::format("stopped ({})", sig ? sig : "signal")
+                        : rk.signal ? fmt::format("killed by {}", sig ? sig : std::to_string(rk.signal))
+                                    : fmt::format("exit {}", rk.exitCode);
+      std::cerr << fmt::format("  rank {:<4} {:<22} {:>6.1f} s  {:<18} {}\n", rk.rank, how, rk.seconds,
+                               rk.classification.id.empty() ? "ok" : rk.classification.id,
+                               rk.rank == a.firstFailedRank ? rk.bundle + "  (failed first)" : rk.bundle);
+    }
   }
   if (!report.stoppedBecause.empty()) std::cerr << fmt::format("crashcap run: no more restarts: {}\n", report.stoppedBecause);
   return report.exitStatus();
@@ -92,6 +105,20 @@ Command runCommand(CLI::App& root) {
   cmd->add_option("--grace", s.stopGraceSeconds, "After Ctrl-C: seconds until SIGKILL (SIGINT at once, SIGTERM at half)")
       ->capture_default_str()
       ->check(CLI::PositiveNumber);
+  cmd->add_option("--nproc", s.nproc,
+                  "Start the command N times as the ranks of one torch.distributed job on this machine (RANK, "
+                  "LOCAL_RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT set as torchrun sets them); each failed rank gets "
+                  "its own bundle")
+      ->check(CLI::Range(1, 1024));
+  cmd->add_option("--master-port", s.masterPort, "With --nproc: the rendezvous port (default: a free one)")
+      ->check(CLI::Range(1, 65535));
+  cmd->add_option("--hang-timeout", s.hangSeconds,
+                  "With --nproc: seconds the other ranks have to end on their own once one rank has failed; then "
+                  "they are stopped (SIGTERM, SIGKILL after half of --grace) instead of waiting in a collective "
+                  "until its timeout")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber)
+      ->each([o](const std::string&) { o->hangGiven = true; });
   cmd->add_flag("--blocking", s.launchBlocking, "CUDA_LAUNCH_BLOCKING=1: CUDA errors surface at the failing launch");
   cmd->add_flag("--dsa", s.deviceSideAssertions,
                 "TORCH_USE_CUDA_DSA=1: device-side assertion details (needs a PyTorch built with it)");
@@ -125,8 +152,11 @@ Command runCommand(CLI::App& root) {
               "step as crashcap.Recorder would record it; a crash's bundle then replays (crashcap replay B), bisects\n"
               "and triages. What it cannot tell (two optimizers, gradient accumulation, no DataLoader) it says in\n"
               "one warning each, and records what it can.\n"
+              "Jobs: with --nproc N the command runs as N ranks; when one fails, the others get --hang-timeout\n"
+              "seconds and are then stopped, and every failed or stopped rank's recording is sealed.\n"
               "Example: crashcap run --dir runs --restart 3 --max-consecutive 2 -- python train.py --lr 3e-4\n"
-              "         crashcap run --record --dir runs -- python train.py");
+              "         crashcap run --record --dir runs -- python train.py\n"
+              "         crashcap run --record --nproc 4 --hang-timeout 20 --dir runs -- python train_ddp.py");
   Command c{cmd, [o] { return run(*o); }};
   c.commandAfterDashes = &o->afterDashes;
   return c;

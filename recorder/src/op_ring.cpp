@@ -54,11 +54,43 @@ std::atomic<Ring*> gRing{nullptr};
 std::atomic<int64_t>* gStep = nullptr;
 std::atomic<int>* gPhase = nullptr;
 std::atomic<bool> gRunning{false};
+/// Whether crashcap's callbacks were the only ones when the step began: then the ops nested
+/// inside an observed op are not built at all (see quietInside).
+std::atomic<bool> gOuterOnly{false};
 /// Counts starts: callbacks a thread registered for an earlier observer are removed by that
 /// thread the next time it asks (a thread can only remove its own).
 std::atomic<uint64_t> gGeneration{0};
 
 constexpr int kMaxOpDepth = 64;
+
+/// The ops seen calling other ops, by name pointer (a dispatcher op's name lives in its schema,
+/// for the life of the process): their inner ops go unobserved from their next call on. Open
+/// addressing, insert-only, lock-free; a full table learns no more.
+class Callers {
+ public:
+  bool contains(const char* name) const {
+    for (size_t i = slot(name), n = 0; n < kSlots; i = (i + 1) % kSlots, ++n) {
+      const char* s = slots_[i].load(std::memory_order_relaxed);
+      if (s == name) return true;
+      if (!s) return false;
+    }
+    return false;
+  }
+  void insert(const char* name) {
+    for (size_t i = slot(name), n = 0; n < kSlots; i = (i + 1) % kSlots, ++n) {
+      const char* s = slots_[i].load(std::memory_order_relaxed);
+      if (s == name) return;
+      if (!s && slots_[i].compare_exchange_strong(s, name, std::memory_order_relaxed)) return;
+      if (s == name) return;  // another thread put it there
+    }
+  }
+
+ private:
+  static constexpr size_t kSlots = 4096;
+  static size_t slot(const char* name) { return (reinterpret_cast<uintptr_t>(name) >> 4) * 0x9E3779B97F4A7C15ull >> 52; }
+  std::atomic<const char*> slots_[kSlots] = {};
+};
+Callers gCallers;
 
 /// What the callbacks keep per thread, in one thread_local: the recorder is a shared library
 /// loaded at run time (the Python extension), where each thread_local costs a __tls_get_addr
@@ -67,12 +99,18 @@ struct ThreadState {
   int backwardDepth = 0;  ///< inside a BACKWARD_FUNCTION scope
   int engineDepth = 0;    ///< inside an "autograd::engine::" scope
   int opDepth = 0;
+  /// The op depth at which this thread turned RecordFunction off for the ops nested inside an
+  /// observed op (-1: not turned off).
+  int quietFrom = -1;
   uint64_t thread = 0;    ///< the thread's id, once asked
   /// This thread's callbacks (0: none registered) and the observer generation they belong to.
   at::CallbackHandle opHandle = 0, backwardHandle = 0;
   uint64_t generation = 0;
   /// The ops this thread is inside of, innermost last: their end callbacks find their entries.
   uint64_t opStack[kMaxOpDepth];
+  /// Their names, where the op is one whose inner ops may go unobserved (nullptr for the
+  /// engine's scopes and autograd nodes).
+  const char* opNames[kMaxOpDepth];
 };
 thread_local ThreadState tState;
 
@@ -145,12 +183,30 @@ void record(const at::RecordFunction& fn, const char* name, bool backward, Threa
 void finish(const at::RecordFunction& fn, ThreadState& ts) {
   if (ts.opDepth == 0 || fn.isAsync()) return;  // it began before the observer did, or is not on the stack
   --ts.opDepth;
+  if (ts.quietFrom == ts.opDepth) {  // the op whose insides were not observed returned
+    ts.quietFrom = -1;
+    at::reenableCallback(ts.opHandle);
+  }
   cupti::popOp();
   Ring* ring = gRing.load(std::memory_order_acquire);
   if (!ring || ts.opDepth >= kMaxOpDepth) return;
   uint64_t index = ts.opStack[ts.opDepth];
   Entry& e = ring->entries[index % ring->entries.size()];
   if (e.committed.load(std::memory_order_acquire) == index + 1) e.endNs.store(monotonicNs(), std::memory_order_relaxed);
+}
+
+/// After an op's start was recorded: when crashcap observes alone, RecordFunction is turned off on
+/// this thread until the op returns, so the ops it calls are not built. Each built op costs a
+/// RecordFunction, argument boxing and both callbacks whether or not the ring keeps it; the
+/// outermost op is the one the program called and the one an error or a kernel is linked to.
+void quietInside(const at::RecordFunction& fn, ThreadState& ts, bool always) {
+  if (!gOuterOnly.load(std::memory_order_relaxed) || !ts.opHandle || fn.isAsync() || ts.quietFrom >= 0 ||
+      ts.opDepth == 0 || ts.opDepth > kMaxOpDepth)
+    return;
+  const char* name = ts.opNames[ts.opDepth - 1];
+  if (!always && !(name && gCallers.contains(name))) return;
+  ts.quietFrom = ts.opDepth - 1;
+  at::disableCallback(ts.opHandle);
 }
 
 /// "autograd::engine::evaluate_function: X": the scope the autograd engine wraps around each
@@ -186,7 +242,14 @@ std::unique_ptr<at::ObserverContext> onOp(const at::RecordFunction& fn) {
       gPhase->compare_exchange_strong(expected, static_cast<int>(Phase::Backward), std::memory_order_relaxed);
     }
   }
+  const bool engine = ts.engineDepth > 0 && isEngineScope(name);
+  // The op this one runs inside of calls others: learnt for its next call.
+  if (ts.opDepth > 0 && ts.opDepth <= kMaxOpDepth && ts.opNames[ts.opDepth - 1]) gCallers.insert(ts.opNames[ts.opDepth - 1]);
   record(fn, name, ts.backwardDepth > 0 || ts.engineDepth > 0, ts);
+  // The engine's scope around a node stays open: the node and the gradients summed after it are
+  // the backward's ops.
+  if (!fn.isAsync() && ts.opDepth <= kMaxOpDepth) ts.opNames[ts.opDepth - 1] = engine ? nullptr : name;
+  if (!engine) quietInside(fn, ts, false);
   return nullptr;
 }
 
@@ -200,6 +263,8 @@ std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction& f
     gPhase->compare_exchange_strong(expected, static_cast<int>(Phase::Backward), std::memory_order_relaxed);
   }
   record(fn, fn.name(), true, ts);
+  if (!fn.isAsync() && ts.opDepth <= kMaxOpDepth) ts.opNames[ts.opDepth - 1] = nullptr;
+  quietInside(fn, ts, /*always=*/true);  // an autograd node runs ops (all but the rare AccumulateGrad that only moves)
   return nullptr;
 }
 
@@ -235,6 +300,16 @@ void removeThisThreadsCallbacks(ThreadState& ts) {
   if (ts.opHandle) at::removeCallback(ts.opHandle);
   if (ts.backwardHandle) at::removeCallback(ts.backwardHandle);
   ts.opHandle = ts.backwardHandle = 0;
+  ts.quietFrom = -1;
+}
+
+/// Nested ops go unbuilt only while crashcap's op callback is this thread's only one: another
+/// observer (a profiler, the replayer's, a fault injector) sees every op as it would without
+/// crashcap. Asked when a step begins.
+void updateOuterOnly() {
+  at::RecordFunctionGuard asIfOn(true);  // the recorder's own work runs with RecordFunction off
+  at::StepCallbacks callbacks = at::getStepCallbacks(at::RecordScope::FUNCTION);
+  gOuterOnly.store(callbacks.callbacks_.size() == 1, std::memory_order_relaxed);
 }
 
 }  // namespace
@@ -250,7 +325,10 @@ void observeOpsOnThisThread(bool on) {
     removeThisThreadsCallbacks(ts);
     return;
   }
-  if (ts.opHandle) return;
+  if (ts.opHandle) {
+    updateOuterOnly();
+    return;
+  }
   // Thread-local callbacks travel with the thread's state where LibTorch hands work to other
   // threads (the autograd engine's device threads): the step's backward on a GPU is observed too.
   ts.opHandle = at::addThreadLocalCallback(
@@ -258,6 +336,7 @@ void observeOpsOnThisThread(bool on) {
   ts.backwardHandle = at::addThreadLocalCallback(at::RecordFunctionCallback(&onBackwardStart, &onBackwardEnd)
                                                      .needsInputs(false)
                                                      .scopes({at::RecordScope::BACKWARD_FUNCTION}));
+  updateOuterOnly();
 }
 
 bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase) {

@@ -8,10 +8,19 @@
 // threads it runs that thread's work on, the autograd engine's), and they are registered only
 // while a step computes: from beginStep to the step's end(loss), its forward and backward. With a
 // callback registered, LibTorch builds a RecordFunction and boxes the arguments of every op it
-// dispatches, about a microsecond per op in all here; the optimizer's update (36 ops per
-// parameter for torch 1.13's Adam on the CPU, more than half of a small model's ops) and what runs
-// between steps run without. A recording without steps (a training crashcap only watches for its
-// crash) observes its thread from the recorder's start.
+// dispatches, 0.1-0.2 us per op here whatever the callback does; the optimizer's update (36 ops
+// per parameter for torch 1.13's Adam on the CPU, more than half of a small model's ops) and what
+// runs between steps run without. A recording without steps (a training crashcap only watches for
+// its crash) observes its thread from the recorder's start.
+//
+// The ring keeps the outermost ops: the ones the program called (aten::linear, not the aten::t
+// and aten::addmm inside it), the autograd nodes of the backward, and the ops the autograd engine
+// runs between nodes (gradient sums). Once an op has been seen calling others, the callback is
+// switched off on its thread for the duration of its later calls, so the ops inside are not built
+// at all (aten::linear: 1.75 -> 0.39 us of overhead a call). Only while crashcap's is the thread's
+// only op callback when the step begins: with a profiler, the replayer's observer or a fault
+// injector also registered, every op is built and kept as before. The autograd engine's device
+// threads (a backward on a GPU) keep every op too: their callbacks are copies they cannot switch.
 
 #include <atomic>
 #include <cstdint>

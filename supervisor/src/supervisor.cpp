@@ -3,12 +3,17 @@
 #include <dlfcn.h>
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <poll.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -111,69 +116,162 @@ void writeAll(int fd, const char* p, size_t n) {
   }
 }
 
-struct Ended {
-  int exitCode = -1, signal = 0;
-  bool interrupted = false;
-  std::string out, err;
+/// One process crashcap run started: the command, or one rank of a job (SuperviseOptions::nproc).
+struct Member {
+  Member(ChildProcess c, int r, size_t tailBytes) : child(std::move(c)), rank(r), outTail(tailBytes), errTail(tailBytes) {}
+  ChildProcess child;
+  int rank = -1;  ///< -1: the command itself
+  Tail outTail, errTail;
+  bool ended = false;   ///< seen to exit
+  bool stopped = false; ///< stopped by crashcap run after another rank failed
+  double seconds = 0;   ///< from the start to its exit
+  bool failed() const { return ended && (child.termSignal() != 0 || child.exitCode() != 0); }
+  std::string name() const { return rank < 0 ? "the command" : fmt::format("rank {} (pid {})", rank, child.pid()); }
 };
 
-/// Passes the child's output through, keeps the tails, handles stop signals, waits.
-Ended watch(ChildProcess& child, const SuperviseOptions& o, bool& stopRequested, int cudnnFd, Tail* cudnnTail) {
-  Tail outTail(o.tailBytes), errTail(o.tailBytes);
+/// Passes the children's output through, keeps the tails, handles stop signals, waits for all.
+/// Of a job's ranks (more than one member), once one has failed the others get o.hangSeconds
+/// to end on their own and are then stopped. Returns whether crashcap run was asked to stop.
+bool watch(std::vector<Member>& members, const SuperviseOptions& o, bool& stopRequested, int cudnnFd, Tail* cudnnTail,
+           Clock::time_point started) {
   std::vector<pollfd> extra = {{StopSignals::fd(), POLLIN, 0}, {cudnnFd, POLLIN, 0}};
-  bool termSent = false;
-  Clock::time_point stopAt;
-  Ended ended;
+  bool interrupted = false, termSent = false;
+  Clock::time_point stopAt, failedAt, hangStopAt;
+  const Member* firstFailed = nullptr;
+  bool hangStopSent = false;
   char buf[65536];
-  auto passThrough = [&](int stream, const char* data, size_t n) {
-    writeAll(stream, data, n);
-    (stream == 1 ? outTail : errTail).add(data, n);
+  auto running = [&] {
+    std::vector<Member*> out;
+    for (auto& m : members)
+      if (!m.child.exited()) out.push_back(&m);
+    return out;
   };
   for (;;) {
-    // Grandchildren may hold the pipes open after the child is gone: give them a moment.
-    if (child.exited() && (!child.outputOpen() || child.secondsSinceExit() > 2)) break;
-    // With both pipes closed the child is exiting: look again soon rather than in 100 ms.
-    child.poll(child.outputOpen() ? 100 : 5, passThrough, &extra);
+    // Grandchildren may hold the pipes open after a child is gone: give them a moment.
+    bool done = std::all_of(members.begin(), members.end(), [](const Member& m) {
+      return m.child.exited() && (!m.child.outputOpen() || m.child.secondsSinceExit() > 2);
+    });
+    if (done) break;
+    for (size_t i = 0; i < members.size(); ++i) {
+      Member& m = members[i];
+      auto passThrough = [&](int stream, const char* data, size_t n) {
+        writeAll(stream, data, n);
+        (stream == 1 ? m.outTail : m.errTail).add(data, n);
+      };
+      // With both pipes closed the child is exiting: look again soon rather than in 100 ms.
+      int timeout = m.child.outputOpen() ? (members.size() == 1 ? 100 : 20) : 5;
+      if (m.child.exited() && !m.child.outputOpen()) timeout = 0;
+      m.child.poll(timeout, passThrough, i == 0 ? &extra : nullptr);
+      if (m.child.exited() && !m.ended) {
+        m.ended = true;
+        m.seconds = secondsSince(started);
+        if (m.failed() && !firstFailed && !m.stopped) {
+          firstFailed = &m;
+          failedAt = Clock::now();
+          if (members.size() > 1 && !running().empty() && o.say && !stopRequested)
+            o.say(fmt::format("crashcap run: {} failed; the other ranks have {:.0f} s to end on their own before "
+                              "they are stopped",
+                              m.name(), o.hangSeconds));
+        }
+      }
+    }
     if (cudnnFd >= 0 && (extra[1].revents & POLLIN)) {
       ssize_t n = ::read(cudnnFd, buf, sizeof buf);
       if (n > 0) cudnnTail->add(buf, static_cast<size_t>(n));
     }
     while (int sig = StopSignals::take()) {
-      if (child.exited()) continue;
+      if (running().empty()) continue;
       if (!stopRequested) {
-        stopRequested = true;
-        ended.interrupted = true;
+        stopRequested = interrupted = true;
         stopAt = Clock::now();
         const char* name = formats::signalName(sig);
         if (o.say)
           o.say(fmt::format("crashcap run: {} received: stopping the command (SIGINT now, SIGTERM after {:.0f} s, "
                             "SIGKILL after {:.0f} s)",
                             name ? name : "signal", o.stopGraceSeconds / 2, o.stopGraceSeconds));
-        child.signal(SIGINT);
+        for (auto* m : running()) m->child.signal(SIGINT);
       } else {
         if (o.say) o.say("crashcap run: second stop signal: SIGKILL");
-        child.signal(SIGKILL);
+        for (auto* m : running()) m->child.signal(SIGKILL);
       }
     }
-    if (stopRequested && !child.exited()) {
+    if (stopRequested && !running().empty()) {
       double waited = secondsSince(stopAt);
       if (!termSent && waited > o.stopGraceSeconds / 2) {
         termSent = true;
-        child.signal(SIGTERM);
+        for (auto* m : running()) m->child.signal(SIGTERM);
       }
-      if (waited > o.stopGraceSeconds) child.signal(SIGKILL);
+      if (waited > o.stopGraceSeconds)
+        for (auto* m : running()) m->child.signal(SIGKILL);
+    }
+    // A job whose rank failed: the others wait in a collective for a peer that is gone, until its
+    // timeout (30 minutes by default). They are stopped instead; SIGTERM lets a recorder seal
+    // what it holds (its op ring: the collective it waits in).
+    if (firstFailed && members.size() > 1 && !stopRequested) {
+      auto left = running();
+      if (!hangStopSent && !left.empty() && secondsSince(failedAt) > o.hangSeconds) {
+        hangStopSent = true;
+        hangStopAt = Clock::now();
+        std::vector<std::string> names;
+        for (auto* m : left) {
+          m->stopped = true;
+          names.push_back(m->name());
+          m->child.signal(SIGTERM);
+        }
+        if (o.say)
+          o.say(fmt::format("crashcap run: {} {} not ended {:.0f} s after {} failed: SIGTERM now, SIGKILL after {:.0f} s",
+                            fmt::join(names, ", "), names.size() == 1 ? "has" : "have", o.hangSeconds,
+                            firstFailed->name(), o.stopGraceSeconds / 2));
+      }
+      if (hangStopSent && secondsSince(hangStopAt) > o.stopGraceSeconds / 2)
+        for (auto* m : left) m->child.signal(SIGKILL);
     }
   }
-  child.wait();
+  for (auto& m : members) {
+    m.child.wait();
+    if (!m.ended) {
+      m.ended = true;
+      m.seconds = secondsSince(started);
+    }
+  }
   if (cudnnFd >= 0) {  // what the log still holds
     ssize_t n;
     while ((n = ::read(cudnnFd, buf, sizeof buf)) > 0) cudnnTail->add(buf, static_cast<size_t>(n));
   }
-  ended.exitCode = child.exitCode();
-  ended.signal = child.termSignal();
-  ended.out = outTail.str();
-  ended.err = errTail.str();
-  return ended;
+  return interrupted;
+}
+
+/// A free TCP port on the loopback interface, for a job's rendezvous.
+int freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(ErrorCode::Io, fmt::format("socket: {}", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int e = errno;
+    ::close(fd);
+    throw Error(ErrorCode::Io, fmt::format("no free port for the job's rendezvous: {}", std::strerror(e)),
+                "give one with --master-port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+/// The pid in a name crashcap gives recordings and bundles ("recording-<time>-<pid>",
+/// "crash-<time>-<pid>[-N].ccap"); 0 when there is none.
+uint32_t pidInName(const std::string& name) {
+  auto first = name.find('-');
+  auto second = first == std::string::npos ? first : name.find('-', first + 1);
+  if (second == std::string::npos) return 0;
+  uint64_t pid = 0;
+  size_t i = second + 1;
+  for (; i < name.size() && std::isdigit(static_cast<unsigned char>(name[i])) && pid < (1ull << 32); ++i)
+    pid = pid * 10 + static_cast<uint64_t>(name[i] - '0');
+  return i > second + 1 && pid < (1ull << 32) ? static_cast<uint32_t>(pid) : 0;
 }
 
 /// What is in the directory now: bundles and recordings present before a run are not its.
@@ -424,8 +522,24 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     ChildProcess::Options co;
     co.environment = env;
     co.ownProcessGroup = true;  // a stop reaches the whole training, its workers included
-    auto child = ChildProcess::start(o.command, co);
-    Ended ended = watch(child, o, stopRequested, cudnnLog ? cudnnLog->fd : -1, &cudnnTail);
+    std::vector<Member> members;
+    members.reserve(static_cast<size_t>(std::max(1, o.nproc)));
+    if (o.nproc > 0) {
+      // The variables torchrun sets for the ranks of a one-machine job.
+      const int port = o.masterPort > 0 ? o.masterPort : freePort();
+      for (int rank = 0; rank < o.nproc; ++rank) {
+        ChildProcess::Options rc = co;
+        for (const auto& [name, value] :
+             {std::pair<const char*, int>{"RANK", rank}, {"LOCAL_RANK", rank}, {"WORLD_SIZE", o.nproc},
+              {"LOCAL_WORLD_SIZE", o.nproc}, {"GROUP_RANK", 0}, {"MASTER_PORT", port}})
+          rc.environment.push_back(fmt::format("{}={}", name, value));
+        rc.environment.push_back("MASTER_ADDR=127.0.0.1");
+        members.emplace_back(ChildProcess::start(o.command, rc), rank, o.tailBytes);
+      }
+    } else {
+      members.emplace_back(ChildProcess::start(o.command, co), -1, o.tailBytes);
+    }
+    const bool interrupted = watch(members, o, stopRequested, cudnnLog ? cudnnLog->fd : -1, &cudnnTail, started);
     cudnnLog.reset();
     std::vector<std::string> traceFiles;
     auto traces = collectTraces(dir, before, traceFiles, o.say);
@@ -436,89 +550,141 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     fs::remove(paramsFile, ec);
     if (!paramsProblem.empty() && o.say) o.say("crashcap run: the run's declared hyperparameters are lost: " + paramsProblem);
     a.attempt = attempt;
-    a.pid = static_cast<uint32_t>(child.pid());
-    a.exitCode = ended.signal ? -1 : ended.exitCode;
-    a.signal = ended.signal;
     a.seconds = secondsSince(started);
-    a.classification = classifyExit(a.exitCode, a.signal, ended.out, ended.err);
-    if (!a.classification.id.empty()) refineClassification(a.classification, traces);
-    if (ended.interrupted) report.interrupted = true;
-    bool crashed = !a.classification.id.empty() || ended.interrupted;
-    if (ended.interrupted && a.classification.id.empty()) a.classification = {"signal", "stopped by crashcap run"};
+    if (interrupted) report.interrupted = true;
+    // Each process's own account: its exit, its classification, its record.
+    const Member* firstFailed = nullptr;
+    for (const auto& m : members)
+      if (m.failed() && !m.stopped && (!firstFailed || m.seconds < firstFailed->seconds)) firstFailed = &m;
+    std::vector<RankReport> ranks;
+    std::vector<formats::SupervisionData> records;
+    std::vector<bool> crashedMember;
+    for (const auto& m : members) {
+      RankReport r;
+      r.rank = m.rank;
+      r.pid = static_cast<uint32_t>(m.child.pid());
+      r.signal = m.child.termSignal();
+      r.exitCode = r.signal ? -1 : m.child.exitCode();
+      r.stopped = m.stopped;
+      r.seconds = m.seconds;
+      const std::string out = m.outTail.str(), err = m.errTail.str();
+      r.classification = classifyExit(r.exitCode, r.signal, out, err);
+      if (!r.classification.id.empty()) refineClassification(r.classification, traces);
+      if (m.stopped && firstFailed)
+        r.classification = {"signal", fmt::format("stopped by crashcap run: {} failed {:.1f} s before and this rank had "
+                                                  "not ended",
+                                                  firstFailed->name(), m.seconds - firstFailed->seconds)};
+      bool crashed = !r.classification.id.empty() || interrupted;
+      if (interrupted && r.classification.id.empty()) r.classification = {"signal", "stopped by crashcap run"};
+      formats::SupervisionData sd;
+      sd.command = redactArguments(o.command);
+      sd.attempt = static_cast<uint32_t>(attempt);
+      sd.pid = r.pid;
+      sd.exitCode = r.exitCode;
+      sd.signal = r.signal;
+      if (const char* name = formats::signalName(r.signal); r.signal)
+        sd.signalName = name ? name : fmt::format("signal {}", r.signal);
+      sd.classification = r.classification.id;
+      sd.evidence = r.classification.evidence;
+      sd.stdoutTail = out;
+      sd.stderrTail = err;
+      sd.startNs = startNs;
+      sd.endNs = startNs + static_cast<int64_t>(m.seconds * 1e9);  // when it ended, not when the job did
+      sd.trace = cupti::describeTraces(traces, report.trace);
+      sd.interrupted = interrupted;
+      sd.environment = env;
+      if (m.rank >= 0) sd.environment.push_back(fmt::format("RANK={}", m.rank));
+      sd.cudnnLogTail = cudnnTail.str();
+      sd.params = a.params;
+      ranks.push_back(r);
+      records.push_back(std::move(sd));
+      crashedMember.push_back(crashed);
+    }
+    // The process the attempt is told by: the rank that failed first, else the first that crashed.
+    size_t primary = 0;
+    if (firstFailed) primary = static_cast<size_t>(firstFailed - members.data());
+    else
+      for (size_t i = 0; i < members.size(); ++i)
+        if (crashedMember[i]) {
+          primary = i;
+          break;
+        }
+    const bool crashed = std::find(crashedMember.begin(), crashedMember.end(), true) != crashedMember.end();
+    a.pid = ranks[primary].pid;
+    a.exitCode = ranks[primary].exitCode;
+    a.signal = ranks[primary].signal;
+    a.classification = ranks[primary].classification;
+    a.trace = records[primary].trace;
 
-    if (crashed) {
-      formats::SupervisionData s;
-      s.command = redactArguments(o.command);
-      s.attempt = static_cast<uint32_t>(attempt);
-      s.pid = a.pid;
-      s.exitCode = a.exitCode;
-      s.signal = a.signal;
-      if (const char* name = formats::signalName(a.signal); a.signal) s.signalName = name ? name : fmt::format("signal {}", a.signal);
-      s.classification = a.classification.id;
-      s.evidence = a.classification.evidence;
-      s.stdoutTail = ended.out;
-      s.stderrTail = ended.err;
-      s.startNs = startNs;
-      s.endNs = formats::unixTimeNs();
-      s.trace = cupti::describeTraces(traces, report.trace);
-      s.interrupted = ended.interrupted;
-      s.environment = env;
-      s.cudnnLogTail = cudnnTail.str();
-      s.params = a.params;
-      a.trace = s.trace;
-      // What the run left: crash bundles its recorder sealed, recordings it never closed.
-      std::vector<std::string> bundles;
-      for (const auto& name : listing(dir)) {
-        if (before.count(name)) continue;
-        auto path = (fs::path(dir) / name).string();
-        if (name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap") bundles.push_back(path);
-        if (name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path)) {
-          SealOptions so;
-          so.supervision = s;
-          so.kernelTraces = traces;
-          try {
-            auto sealed = sealRecording(path, so);
-            a.bundle = sealed.out;  // the supervision record is already in it
-          } catch (const Error& e) {
-            if (o.say) o.say(fmt::format("crashcap run: could not seal {}: {}", path, e.what()));
-          }
+    // What the run left, by the process that left it (the pid in the name; the primary's for a
+    // process crashcap run did not start itself, a launcher's ranks): crash bundles its recorder
+    // sealed, recordings it never closed.
+    auto ownerOf = [&](const std::string& name) {
+      uint32_t pid = pidInName(name);
+      for (size_t i = 0; i < members.size(); ++i)
+        if (pid && ranks[i].pid == pid) return i;
+      return primary;
+    };
+    std::vector<std::vector<std::string>> bundlesOf(members.size());
+    for (const auto& name : listing(dir)) {
+      if (before.count(name)) continue;
+      auto path = (fs::path(dir) / name).string();
+      size_t who = ownerOf(name);
+      if (name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap") bundlesOf[who].push_back(path);
+      if (crashedMember[who] && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path)) {
+        SealOptions so;
+        so.supervision = records[who];
+        so.kernelTraces = traces;
+        try {
+          auto sealed = sealRecording(path, so);
+          if (ranks[who].bundle.empty()) ranks[who].bundle = sealed.out;  // the supervision record is already in it
+          else bundlesOf[who].push_back(sealed.out);
+        } catch (const Error& e) {
+          if (o.say) o.say(fmt::format("crashcap run: could not seal {}: {}", path, e.what()));
         }
       }
+    }
+    for (size_t i = 0; i < members.size(); ++i) {
+      auto& bundles = bundlesOf[i];
       std::sort(bundles.begin(), bundles.end());
-      if (a.bundle.empty() && !bundles.empty()) {
-        a.bundle = bundles.back();  // the newest: names sort by time
+      if (crashedMember[i] && ranks[i].bundle.empty() && !bundles.empty()) {
+        ranks[i].bundle = bundles.back();  // the newest: names sort by time
         bundles.pop_back();
         try {
-          appendSupervision(a.bundle, s, traces);
+          appendSupervision(ranks[i].bundle, records[i], traces);
         } catch (const Error& e) {
           // The recorder's bundle stays as it was; the run's record and traces go into one of
           // the supervisor's own beside it, so nothing the run saw is lost.
           if (o.say)
             o.say(fmt::format("crashcap run: could not add the run's record to {} ({}); writing it to a bundle of its own",
-                              a.bundle, e.what()));
-          bundles.push_back(a.bundle);
-          a.bundle.clear();
+                              ranks[i].bundle, e.what()));
+          bundles.push_back(ranks[i].bundle);
+          ranks[i].bundle.clear();
         }
       }
-      a.otherBundles = bundles;
-      if (a.bundle.empty()) a.bundle = writeOwnBundle(dir, s, traces);
+      if (crashedMember[i] && ranks[i].bundle.empty()) ranks[i].bundle = writeOwnBundle(dir, records[i], traces);
     }
-    if (!crashed) {
-      // A clean exit may still have left bundles: crashes the program recorded and went on from
-      // (a handled exception, a NaN loss recorded with --nonfinite record).
-      for (const auto& name : listing(dir))
-        if (!before.count(name) && name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap")
-          a.otherBundles.push_back((fs::path(dir) / name).string());
-      std::sort(a.otherBundles.begin(), a.otherBundles.end());
-      // The recordings --record started (not a program's own Recorder's): a clean run's are not
-      // evidence of anything.
-      if (o.observePython && !o.keepRecording)
-        for (const auto& name : listing(dir)) {
-          auto path = (fs::path(dir) / name).string();
-          if (!before.count(name) && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) &&
-              recorder::recordingState(path) == "finished" && observedRecording(path))
-            fs::remove_all(path, ec);
-        }
+    // A clean exit may still have left bundles: crashes the program recorded and went on from
+    // (a handled exception, a NaN loss recorded with --nonfinite record). They, and every rank's
+    // bundle but the primary's, are the attempt's other bundles.
+    a.bundle = ranks[primary].bundle;
+    for (size_t i = 0; i < members.size(); ++i) {
+      if (i != primary && !ranks[i].bundle.empty()) a.otherBundles.push_back(ranks[i].bundle);
+      for (const auto& b : bundlesOf[i]) a.otherBundles.push_back(b);
+    }
+    std::sort(a.otherBundles.begin(), a.otherBundles.end());
+    // The recordings --record started (not a program's own Recorder's) that finished cleanly are
+    // not evidence of anything.
+    if (o.observePython && !o.keepRecording)
+      for (const auto& name : listing(dir)) {
+        auto path = (fs::path(dir) / name).string();
+        if (!before.count(name) && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) &&
+            recorder::recordingState(path) == "finished" && observedRecording(path))
+          fs::remove_all(path, ec);
+      }
+    if (o.nproc > 0) {
+      a.ranks = ranks;
+      a.firstFailedRank = firstFailed ? firstFailed->rank : -1;
     }
     try {
       RunLogEntry entry;

@@ -64,7 +64,7 @@ def test_an_isolated_study_outlives_five_kinds_of_crash_and_the_summary_names_th
     assert len(summary["groups"]) == 5, list(groups)
     index = groups[("python-exception", "IndexError: Target N is out of bounds.")]
     assert index["count"] == 2 and index["runs"] == ["trials/trial-0001", "trials/trial-0021"]
-    assert index["op"] == "aten::nll_loss_forward"
+    assert index["op"] == "aten::cross_entropy_loss"  # the op the program called, which raised
     assert index["separated_by"][0]["rule"] == "num_classes = 4" and index["separated_by"][0]["healthy"] == 0
     nan = [g for (c, _), g in groups.items() if c == "nonfinite-loss"][0]
     assert nan["count"] == 2 and nan["separated_by"][0]["rule"] == "temperature = 0.0"

@@ -42,8 +42,29 @@ struct SuperviseOptions {
   /// With observePython: keep the recording of a run that exits 0 (for `crashcap seal`); by
   /// default crashcap removes the recordings it started when their run ends cleanly.
   bool keepRecording = false;
+  /// `--nproc N`: the command is one rank of a torch.distributed job, started N times on this
+  /// machine with the variables a launcher sets (RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+  /// MASTER_ADDR, MASTER_PORT); 0: the command is started once as it is.
+  int nproc = 0;
+  int masterPort = 0;                   ///< with nproc: MASTER_PORT; 0 picks a free one
+  /// With nproc: once a rank has failed, how long the others may take to end on their own (they
+  /// usually fail in their next collective) before they are stopped: SIGTERM, then SIGKILL after
+  /// half of stopGraceSeconds. Their recordings are sealed either way.
+  double hangSeconds = 30;
   /// Lines for the user (on stderr in the CLI): what is happening between runs.
   std::function<void(const std::string&)> say;
+};
+
+/// One rank of a job started with nproc.
+struct RankReport {
+  int rank = 0;
+  uint32_t pid = 0;
+  int exitCode = -1;                    ///< -1 when a signal ended it
+  int signal = 0;
+  Classification classification;        ///< id "" for a clean exit
+  bool stopped = false;                 ///< crashcap run stopped it after another rank failed
+  double seconds = 0;                   ///< from the job's start to this rank's end
+  std::string bundle;                   ///< its sealed bundle ("" for a clean exit)
 };
 
 struct AttemptReport {
@@ -60,6 +81,10 @@ struct AttemptReport {
   std::vector<std::string> otherBundles;
   /// "NAME=VALUE": the run's hyperparameters (run_log.hpp), in its bundle and its runs.jsonl line.
   std::vector<std::string> params;
+  /// With nproc: every rank, in rank order. The attempt's pid, exit, classification and bundle
+  /// are then those of the rank that failed first.
+  std::vector<RankReport> ranks;
+  int firstFailedRank = -1;
 };
 
 struct SuperviseReport {

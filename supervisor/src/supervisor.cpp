@@ -131,8 +131,12 @@ struct Member {
 
 /// Passes the children's output through, keeps the tails, handles stop signals, waits for all.
 /// Of a job's ranks (more than one member), once one has failed the others get o.hangSeconds
-/// to end on their own and are then stopped. Returns whether crashcap run was asked to stop.
-bool watch(std::vector<Member>& members, const SuperviseOptions& o, bool& stopRequested, int cudnnFd, Tail* cudnnTail,
+/// to end on their own and are then stopped.
+struct Watched {
+  bool interrupted = false;          ///< crashcap run was asked to stop
+  const Member* firstFailed = nullptr;  ///< the member seen to fail first (not one crashcap stopped)
+};
+Watched watch(std::vector<Member>& members, const SuperviseOptions& o, bool& stopRequested, int cudnnFd, Tail* cudnnTail,
            Clock::time_point started) {
   std::vector<pollfd> extra = {{StopSignals::fd(), POLLIN, 0}, {cudnnFd, POLLIN, 0}};
   bool interrupted = false, termSent = false;
@@ -238,7 +242,7 @@ bool watch(std::vector<Member>& members, const SuperviseOptions& o, bool& stopRe
     ssize_t n;
     while ((n = ::read(cudnnFd, buf, sizeof buf)) > 0) cudnnTail->add(buf, static_cast<size_t>(n));
   }
-  return interrupted;
+  return {interrupted, firstFailed};
 }
 
 /// A free TCP port on the loopback interface, for a job's rendezvous.
@@ -539,7 +543,9 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     } else {
       members.emplace_back(ChildProcess::start(o.command, co), -1, o.tailBytes);
     }
-    const bool interrupted = watch(members, o, stopRequested, cudnnLog ? cudnnLog->fd : -1, &cudnnTail, started);
+    const Watched watched = watch(members, o, stopRequested, cudnnLog ? cudnnLog->fd : -1, &cudnnTail, started);
+    const bool interrupted = watched.interrupted;
+    const Member* firstFailed = watched.firstFailed;
     cudnnLog.reset();
     std::vector<std::string> traceFiles;
     auto traces = collectTraces(dir, before, traceFiles, o.say);
@@ -553,12 +559,8 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     a.seconds = secondsSince(started);
     if (interrupted) report.interrupted = true;
     // Each process's own account: its exit, its classification, its record.
-    const Member* firstFailed = nullptr;
-    for (const auto& m : members)
-      if (m.failed() && !m.stopped && (!firstFailed || m.seconds < firstFailed->seconds)) firstFailed = &m;
     std::vector<RankReport> ranks;
     std::vector<formats::SupervisionData> records;
-    std::vector<bool> crashedMember;
     for (const auto& m : members) {
       RankReport r;
       r.rank = m.rank;
@@ -574,7 +576,6 @@ SuperviseReport supervise(const SuperviseOptions& o) {
         r.classification = {"signal", fmt::format("stopped by crashcap run: {} failed {:.1f} s before and this rank had "
                                                   "not ended",
                                                   firstFailed->name(), m.seconds - firstFailed->seconds)};
-      bool crashed = !r.classification.id.empty() || interrupted;
       if (interrupted && r.classification.id.empty()) r.classification = {"signal", "stopped by crashcap run"};
       formats::SupervisionData sd;
       sd.command = redactArguments(o.command);
@@ -598,18 +599,20 @@ SuperviseReport supervise(const SuperviseOptions& o) {
       sd.params = a.params;
       ranks.push_back(r);
       records.push_back(std::move(sd));
-      crashedMember.push_back(crashed);
     }
+    // A process crashed when it has a classification (a stop of crashcap run gives it one).
+    auto crashedMember = [&](size_t i) { return !ranks[i].classification.id.empty(); };
     // The process the attempt is told by: the rank that failed first, else the first that crashed.
     size_t primary = 0;
     if (firstFailed) primary = static_cast<size_t>(firstFailed - members.data());
     else
       for (size_t i = 0; i < members.size(); ++i)
-        if (crashedMember[i]) {
+        if (crashedMember(i)) {
           primary = i;
           break;
         }
-    const bool crashed = std::find(crashedMember.begin(), crashedMember.end(), true) != crashedMember.end();
+    bool crashed = false;
+    for (size_t i = 0; i < members.size(); ++i) crashed = crashed || crashedMember(i);
     a.pid = ranks[primary].pid;
     a.exitCode = ranks[primary].exitCode;
     a.signal = ranks[primary].signal;
@@ -631,7 +634,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
       auto path = (fs::path(dir) / name).string();
       size_t who = ownerOf(name);
       if (name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap") bundlesOf[who].push_back(path);
-      if (crashedMember[who] && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path)) {
+      if (crashedMember(who) && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path)) {
         SealOptions so;
         so.supervision = records[who];
         so.kernelTraces = traces;
@@ -647,7 +650,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     for (size_t i = 0; i < members.size(); ++i) {
       auto& bundles = bundlesOf[i];
       std::sort(bundles.begin(), bundles.end());
-      if (crashedMember[i] && ranks[i].bundle.empty() && !bundles.empty()) {
+      if (crashedMember(i) && ranks[i].bundle.empty() && !bundles.empty()) {
         ranks[i].bundle = bundles.back();  // the newest: names sort by time
         bundles.pop_back();
         try {
@@ -662,7 +665,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
           ranks[i].bundle.clear();
         }
       }
-      if (crashedMember[i] && ranks[i].bundle.empty()) ranks[i].bundle = writeOwnBundle(dir, records[i], traces);
+      if (crashedMember(i) && ranks[i].bundle.empty()) ranks[i].bundle = writeOwnBundle(dir, records[i], traces);
     }
     // A clean exit may still have left bundles: crashes the program recorded and went on from
     // (a handled exception, a NaN loss recorded with --nonfinite record). They, and every rank's

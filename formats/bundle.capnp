@@ -208,6 +208,23 @@ struct OpTrace {
   ops @0 :List(Op);
   totalOps @1 :UInt64;          # ops observed since recording began
   capacity @2 :UInt32;          # ring size
+  collectives @3 :List(Collective);  # the last collectives the process issued, oldest first
+  totalCollectives @4 :UInt64;  # collectives issued since recording began
+}
+
+# A collective (all-reduce, broadcast, barrier, ...) a process issued to its torch.distributed
+# backend, as the backend's work item reports it: issued on one thread, completed on another.
+struct Collective {
+  seq @0 :UInt64;               # 0-based count of collectives this process issued since recording
+                                # began: the ranks of one job issue the same collectives in the
+                                # same order, so equal numbers are the same collective
+  name @1 :Text;                # the backend's name for it: "gloo:all_reduce", "nccl:broadcast"
+  step @2 :Int64;               # step in progress when it was issued; -1 outside steps
+  thread @3 :UInt64;            # OS thread that issued it
+  inputs @4 :List(OpInput);     # its first tensors (at most 4)
+  startNs @5 :Int64;            # CLOCK_MONOTONIC ns when it was issued
+  endNs @6 :Int64;              # when the backend ended it: completed, or failed (a peer gone);
+                                # 0: it had not ended (the process was waiting in it)
 }
 
 struct Op {
@@ -288,6 +305,9 @@ struct Supervision {
   params @16 :List(Text);       # "NAME=VALUE": the run's hyperparameters, from its command line's
                                 # `--name value` options and what the program declared
                                 # (crashcap.hyperparameters); at most 256, each at most 4 KiB
+  stopped @17 :Bool;            # `crashcap run --nproc` stopped this rank (SIGTERM, then SIGKILL)
+                                # because another rank of its job had failed and this one had not
+                                # ended --hang-timeout seconds later
 }
 
 # Record type 14. The kernel trace of one process: what its GPU ran last, the launches its

@@ -1,14 +1,18 @@
 // crashcap inspect: the story of a recorded run, or with --trace its kernel trace.
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <iostream>
 
 #include "../command.hpp"
 #include "../output.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/inspect/story.hpp"
 #include "crashcap/inspect/trace_report.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
+#include "crashcap/supervisor/job.hpp"
 
 namespace crashcap::cli {
 namespace {
@@ -39,7 +43,23 @@ int inspectTrace(const Options& o, const formats::BundleReader& reader) {
   return kExitOk;
 }
 
+/// A directory: the story of the multi-process jobs whose bundles are in it.
+int inspectJobs(const Options& o) {
+  if (o.trace)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("--trace reads one bundle; {} is a directory", o.bundle),
+                "give one of its bundles: crashcap inspect DIR lists them per rank");
+  auto stories = supervisor::readJobs(o.bundle);
+  if (o.read.json) {
+    printJson(supervisor::jobsJson(stories));
+    return kExitOk;
+  }
+  std::cout << supervisor::jobsText(stories);
+  return kExitOk;
+}
+
 int inspectStory(const Options& o) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(o.bundle, ec) && !recorder::isRecording(o.bundle)) return inspectJobs(o);
   auto reader = formats::BundleReader::open(o.bundle, o.read.limits(), progressPrinter("scanning"));
   endProgress();
   if (o.trace) return inspectTrace(o, *reader);
@@ -66,8 +86,12 @@ int inspectStory(const Options& o) {
 Command inspectCommand(CLI::App& root) {
   auto o = std::make_shared<Options>();
   auto* cmd = root.add_subcommand("inspect",
-                                  "The story of a recorded run: steps, keyframes, the crash, last ops, the failing batch");
-  cmd->add_option("bundle", o->bundle, "Bundle file (crash-*.ccap)")->required();
+                                  "The story of a recorded run: steps, keyframes, the crash, last ops, the failing batch; "
+                                  "of a directory: its multi-process jobs across their ranks");
+  cmd->add_option("bundle", o->bundle,
+                  "Bundle file (crash-*.ccap), or a directory (`crashcap run --nproc N --dir DIR`): which rank of each "
+                  "job failed first, at which step, phase and op, and what every other rank was doing then")
+      ->required();
   auto* traceFlag = cmd->add_flag("--trace", o->trace,
                                   "The kernel trace instead: per traced process the first CUDA error (kernel, op), the "
                                   "last launches, kernels per op");
@@ -77,6 +101,7 @@ Command inspectCommand(CLI::App& root) {
       ->capture_default_str()
       ->needs(traceFlag);
   cmd->footer("Example: crashcap inspect runs/crash-20261121T233427Z-4242.ccap --json | jq .crash\n"
+              "         crashcap inspect runs/ --json | jq '.jobs[].headline'   (a job's ranks, one story)\n"
               "         crashcap inspect runs/crash-20261121T233427Z-4242.ccap --trace --launches 50\n"
               "The trace's time line: crashcap export B --chrome trace.json (docs/INSPECT.md).");
   addReadOptions(cmd, o->read);

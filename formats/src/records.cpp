@@ -164,6 +164,17 @@ std::vector<uint8_t> encodeMeta(const KeyframeData& v) {
   return toBytes(b);
 }
 
+namespace {
+template <typename Inputs>
+void setOpInputs(Inputs inputs, const std::vector<OpInputData>& from) {
+  for (unsigned k = 0; k < from.size(); ++k) {
+    inputs[k].setDtype(from[k].dtype);
+    auto shape = inputs[k].initShape(from[k].shape.size());
+    for (unsigned d = 0; d < from[k].shape.size(); ++d) shape.set(d, from[k].shape[d]);
+  }
+}
+}  // namespace
+
 std::vector<uint8_t> encodeMeta(const OpTraceData& v) {
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<schema::OpTrace>();
@@ -179,15 +190,23 @@ std::vector<uint8_t> encodeMeta(const OpTraceData& v) {
     w.setThread(o.thread);
     w.setStartNs(o.startNs);
     w.setEndNs(o.endNs);
-    auto inputs = w.initInputs(o.inputs.size());
-    for (unsigned k = 0; k < o.inputs.size(); ++k) {
-      inputs[k].setDtype(o.inputs[k].dtype);
-      auto shape = inputs[k].initShape(o.inputs[k].shape.size());
-      for (unsigned d = 0; d < o.inputs[k].shape.size(); ++d) shape.set(d, o.inputs[k].shape[d]);
-    }
+    setOpInputs(w.initInputs(o.inputs.size()), o.inputs);
   }
   r.setTotalOps(v.totalOps);
   r.setCapacity(v.capacity);
+  auto collectives = r.initCollectives(v.collectives.size());
+  for (unsigned i = 0; i < v.collectives.size(); ++i) {
+    const auto& c = v.collectives[i];
+    auto w = collectives[i];
+    w.setSeq(c.seq);
+    w.setName(c.name);
+    w.setStep(c.step);
+    w.setThread(c.thread);
+    w.setStartNs(c.startNs);
+    w.setEndNs(c.endNs);
+    setOpInputs(w.initInputs(c.inputs.size()), c.inputs);
+  }
+  r.setTotalCollectives(v.totalCollectives);
   return toBytes(b);
 }
 
@@ -330,6 +349,16 @@ KeyframeData decodeKeyframe(const std::vector<uint8_t>& meta, const ReaderLimits
   });
 }
 
+namespace {
+template <typename Inputs>
+std::vector<OpInputData> opInputs(Inputs inputs, const std::string& op) {
+  if (inputs.size() > 64) throw Error(ErrorCode::Corrupt, fmt::format("op '{}' lists {} inputs; at most 64", op, inputs.size()));
+  std::vector<OpInputData> out;
+  for (auto in : inputs) out.push_back({text(in.getDtype(), 32, "op input dtype"), detail::shapeOf(in.getShape())});
+  return out;
+}
+}  // namespace
+
 OpTraceData decodeOpTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
   return decode<schema::OpTrace>(meta, limits, "op_trace", [](auto r) {
     OpTraceData v;
@@ -344,14 +373,24 @@ OpTraceData decodeOpTrace(const std::vector<uint8_t>& meta, const ReaderLimits& 
       d.thread = o.getThread();
       d.startNs = o.getStartNs();
       d.endNs = o.getEndNs();
-      if (o.getInputs().size() > 64)
-        throw Error(ErrorCode::Corrupt, fmt::format("op '{}' lists {} inputs; at most 64", d.name, o.getInputs().size()));
-      for (auto in : o.getInputs()) d.inputs.push_back({text(in.getDtype(), 32, "op input dtype"),
-                                                        detail::shapeOf(in.getShape())});
+      d.inputs = opInputs(o.getInputs(), d.name);
       v.ops.push_back(std::move(d));
     }
     v.totalOps = r.getTotalOps();
     v.capacity = r.getCapacity();
+    checkCount(r.getCollectives(), "collective trace");
+    for (auto c : r.getCollectives()) {
+      CollectiveData d;
+      d.seq = c.getSeq();
+      d.name = text(c.getName(), 512, "collective name");
+      d.step = c.getStep();
+      d.thread = c.getThread();
+      d.startNs = c.getStartNs();
+      d.endNs = c.getEndNs();
+      d.inputs = opInputs(c.getInputs(), d.name);
+      v.collectives.push_back(std::move(d));
+    }
+    v.totalCollectives = r.getTotalCollectives();
     return v;
   });
 }
@@ -391,6 +430,7 @@ std::vector<uint8_t> encodeMeta(const SupervisionData& v) {
   r.setEndNs(v.endNs);
   r.setTrace(v.trace);
   r.setInterrupted(v.interrupted);
+  r.setStopped(v.stopped);
   setTexts(r.initEnvironment(v.environment.size()), v.environment);
   r.setCudnnLogTail(v.cudnnLogTail);
   setTexts(r.initParams(v.params.size()), v.params);
@@ -414,6 +454,7 @@ SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const Reader
     v.endNs = r.getEndNs();
     v.trace = text(r.getTrace(), 4096, "trace status");
     v.interrupted = r.getInterrupted();
+    v.stopped = r.getStopped();
     v.environment = texts(r.getEnvironment(), 1 << 16, "supervised environment entry");
     v.cudnnLogTail = text(r.getCudnnLogTail(), 1 << 22, "cuDNN log tail");
     v.params = texts(r.getParams(), 4096, "run parameter");

@@ -33,6 +33,38 @@ int64_t focusStep(const formats::BundleRecords& v) {
 
 }  // namespace
 
+json collectivesJson(const formats::BundleRecords& v, size_t last) {
+  json out = json::array();
+  if (!v.opTrace) return out;
+  const auto& cs = v.opTrace->collectives;
+  for (size_t i = cs.size() > last ? cs.size() - last : 0; i < cs.size(); ++i) {
+    const auto& c = cs[i];
+    json inputs = json::array();
+    for (const auto& in : c.inputs) inputs.push_back({{"dtype", in.dtype}, {"shape", in.shape}});
+    out.push_back({{"seq", c.seq},
+                   {"name", c.name},
+                   {"step", c.step >= 0 ? json(c.step) : json(nullptr)},
+                   {"thread", c.thread},
+                   {"inputs", inputs},
+                   {"ended", c.endNs != 0},
+                   {"seconds", c.endNs != 0 ? json(double(c.endNs - c.startNs) / 1e9) : json(nullptr)}});
+  }
+  return out;
+}
+
+std::string collectiveText(const json& c) {
+  std::string inputs;
+  for (const auto& in : c["inputs"]) {
+    std::string shape;
+    for (const auto& d : in["shape"]) shape += fmt::format("{}{}", shape.empty() ? "" : ", ", d.dump());
+    inputs += fmt::format("{}{}[{}]", inputs.empty() ? "" : " ", in["dtype"].get<std::string>(), shape);
+  }
+  return fmt::format("#{} {} {} {}{}", c["seq"].dump(), c["name"].get<std::string>(),
+                     c["step"].is_null() ? std::string("between steps") : "at step " + c["step"].dump(), inputs,
+                     c["ended"] == true ? fmt::format(", ended after {:.3g} s", c["seconds"].get<double>())
+                                        : std::string(", had not ended"));
+}
+
 json storyJson(const formats::BundleReader& reader, const StoryOptions& options) {
   auto v = formats::readRecords(reader);
   json j;
@@ -152,6 +184,7 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                         {"seconds", double(sv.endNs - sv.startNs) / 1e9},
                         {"trace", sv.trace},
                         {"interrupted", sv.interrupted},
+                        {"stopped", sv.stopped},
                         {"environment", sv.environment}};
   } else {
     if (!j["crash"].is_null()) j["crash"]["classification"] = nullptr;
@@ -172,11 +205,14 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                      {"thread", o.thread},
                      {"inputs", inputs}});
     }
-    j["op_trace"] = {{"total_ops", v.opTrace->totalOps}, {"capacity", v.opTrace->capacity}};
+    j["op_trace"] = {{"total_ops", v.opTrace->totalOps},
+                     {"capacity", v.opTrace->capacity},
+                     {"total_collectives", v.opTrace->totalCollectives}};
   } else {
     j["op_trace"] = nullptr;
   }
   j["last_ops"] = ops;
+  j["collectives"] = collectivesJson(v, options.lastCollectives);
   json tensors = json::array();
   int64_t focus = focusStep(v);
   for (const auto& b : v.stepBegins) {
@@ -372,6 +408,11 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
       s += fmt::format("  {:>8} {:<9} step {:<5} {:<36} {}\n", str(o["index"]), str(o["phase"]), str(o["step"]),
                        str(o["name"]), inputs);
     }
+  }
+  if (!j["collectives"].empty()) {
+    s += fmt::format("\nlast collectives ({} of {} issued)\n", j["collectives"].size(),
+                     str(j["op_trace"]["total_collectives"]));
+    for (const auto& c : j["collectives"]) s += "  " + collectiveText(c) + "\n";
   }
   if (!j["crash_tensors"].empty()) {
     bool older = !j["crash"].is_null() && !j["crash"]["step"].is_null() && j["crash"]["step"] != j["crash_step"];

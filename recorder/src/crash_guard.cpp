@@ -18,8 +18,13 @@
 namespace crashcap::recorder::detail {
 namespace {
 
-constexpr int kSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL};
+/// SIGTERM is the request to stop that schedulers, launchers and `crashcap run` send a process
+/// they end (a job's rank still waiting in a collective after another failed): where it stops
+/// matters as much as where a crash does. It is guarded only where nothing else handles it.
+constexpr int kSignals[] = {SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL, SIGTERM};
 constexpr int kSignalCount = sizeof(kSignals) / sizeof(kSignals[0]);
+/// Whether the guard took each signal over (SIGTERM keeps a handler the program installed).
+bool gTaken[kSignalCount] = {};
 
 std::mutex gInstallMu;
 bool gInstalled = false;
@@ -134,7 +139,15 @@ void installCrashGuard(DescribeException describe) {
   sa.sa_sigaction = onFatalSignal;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
-  for (int i = 0; i < kSignalCount; ++i) sigaction(kSignals[i], &sa, &gPrevious[i]);
+  for (int i = 0; i < kSignalCount; ++i) {
+    gTaken[i] = false;
+    if (kSignals[i] == SIGTERM) {
+      struct sigaction current {};
+      if (sigaction(SIGTERM, nullptr, &current) != 0 || (current.sa_flags & SA_SIGINFO) || current.sa_handler != SIG_DFL)
+        continue;
+    }
+    gTaken[i] = sigaction(kSignals[i], &sa, &gPrevious[i]) == 0;
+  }
   gPrevTerminate = std::set_terminate(onTerminate);
   gOwnerPid = ::getpid();
   gHandled = false;
@@ -144,7 +157,8 @@ void installCrashGuard(DescribeException describe) {
 void uninstallCrashGuard() {
   std::lock_guard<std::mutex> lk(gInstallMu);
   if (!gInstalled) return;
-  for (int i = 0; i < kSignalCount; ++i) sigaction(kSignals[i], &gPrevious[i], nullptr);
+  for (int i = 0; i < kSignalCount; ++i)
+    if (gTaken[i]) sigaction(kSignals[i], &gPrevious[i], nullptr);
   std::set_terminate(gPrevTerminate);
   gInstalled = false;
 }

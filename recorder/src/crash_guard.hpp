@@ -1,6 +1,6 @@
 #pragma once
-// The crash guard: fatal signals (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL) and
-// std::terminate hand the failure to the active LiveWriter, which drains and seals within a
+// The crash guard: fatal signals (SIGSEGV, SIGABRT, SIGBUS, SIGFPE, SIGILL; SIGTERM where the
+// program has no handler of its own) and std::terminate hand the failure to the active LiveWriter, which drains and seals within a
 // bounded time; then the process dies as it would have (the previous handler runs, or the
 // signal is re-raised with it). No LibTorch here.
 

@@ -4,6 +4,8 @@
 #include <execinfo.h>
 #include <fmt/format.h>
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -320,6 +322,12 @@ void LiveWriter::degrade(const std::string& why) {
 }
 
 void LiveWriter::loop() {
+  // A termination request (SIGTERM, which the crash guard records) goes to a thread that does not
+  // block it, and the one that records it must not be this one, which writes the crash down.
+  sigset_t term;
+  sigemptyset(&term);
+  sigaddset(&term, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &term, nullptr);
   for (;;) {
     Job job;
     {

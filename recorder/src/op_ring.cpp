@@ -51,6 +51,13 @@ struct Ring {
 std::mutex gMu;
 std::unique_ptr<Ring> gRingOwner;
 std::atomic<Ring*> gRing{nullptr};
+/// The collectives, in a small ring of their own: the ops of a long step do not push the last
+/// collective out, and a collective is kept whether or not a step is being observed.
+constexpr size_t kCollectiveCapacity = 256;
+std::unique_ptr<Ring> gCollectivesOwner;
+std::atomic<Ring*> gCollectives{nullptr};
+/// The process-wide callback that sees them (0: none).
+at::CallbackHandle gCollectiveHandle = 0;
 std::atomic<int64_t>* gStep = nullptr;
 std::atomic<int>* gPhase = nullptr;
 std::atomic<bool> gRunning{false};
@@ -125,18 +132,8 @@ uint64_t thisThread(ThreadState& ts) {
   return ts.thread;
 }
 
-void record(const at::RecordFunction& fn, const char* name, bool backward, ThreadState& ts) {
-  Ring* ring = gRing.load(std::memory_order_acquire);
-  if (!ring) return;
-  uint64_t index = ring->next.fetch_add(1, std::memory_order_relaxed);
-  // An async op may end on another thread: it goes into the ring, not onto this thread's stack
-  // (its end would pop a sibling's entry).
-  if (!fn.isAsync()) {
-    if (ts.opDepth < kMaxOpDepth) ts.opStack[ts.opDepth] = index;
-    ++ts.opDepth;
-    cupti::pushOp(index);  // kernels launched from here on link to this op (a no-op without a tracer)
-  }
-  Entry& e = ring->entries[index % ring->entries.size()];
+/// Fills `e` as the `index`-th entry of its ring.
+void fill(Entry& e, uint64_t index, const at::RecordFunction& fn, const char* name, bool backward, ThreadState& ts) {
   // A seqlock: 0 while the entry is being written, index + 1 once complete.
   e.committed.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -177,6 +174,20 @@ void record(const at::RecordFunction& fn, const char* name, bool backward, Threa
     }
   }
   e.committed.store(index + 1, std::memory_order_release);
+}
+
+void record(const at::RecordFunction& fn, const char* name, bool backward, ThreadState& ts) {
+  Ring* ring = gRing.load(std::memory_order_acquire);
+  if (!ring) return;
+  uint64_t index = ring->next.fetch_add(1, std::memory_order_relaxed);
+  // An async op may end on another thread: it goes into the ring, not onto this thread's stack
+  // (its end would pop a sibling's entry).
+  if (!fn.isAsync()) {
+    if (ts.opDepth < kMaxOpDepth) ts.opStack[ts.opDepth] = index;
+    ++ts.opDepth;
+    cupti::pushOp(index);  // kernels launched from here on link to this op (a no-op without a tracer)
+  }
+  fill(ring->entries[index % ring->entries.size()], index, fn, name, backward, ts);
 }
 
 /// An op returned: its end time, and the kernel link back to the enclosing op.
@@ -275,6 +286,49 @@ void onBackwardEnd(const at::RecordFunction& fn, at::ObserverContext*) {
   finish(fn, ts);
 }
 
+/// A torch.distributed backend's work item: ProcessGroupGloo, ProcessGroupNCCL, ProcessGroupMPI
+/// and ProcessGroupUCC name the RecordFunction each collective opens after themselves.
+bool isCollective(const char* name) {
+  if (!name) return false;
+  switch (name[0]) {
+    case 'g': return std::strncmp(name, "gloo:", 5) == 0;
+    case 'n': return std::strncmp(name, "nccl:", 5) == 0;
+    case 'm': return std::strncmp(name, "mpi:", 4) == 0;
+    case 'u': return std::strncmp(name, "ucc:", 4) == 0;
+    default: return false;
+  }
+}
+
+/// Where a collective's entry is, for its end: the backend ends the work item's RecordFunction on
+/// its own thread when the collective completes or fails.
+struct CollectiveContext final : at::ObserverContext {
+  Ring* ring = nullptr;
+  uint64_t index = 0;
+};
+
+std::unique_ptr<at::ObserverContext> onCollective(const at::RecordFunction& fn) {
+  if (gForkedChild.load(std::memory_order_relaxed) || !gRunning.load(std::memory_order_relaxed)) return nullptr;
+  const char* name = fn.name();
+  if (!isCollective(name)) return nullptr;  // other user scopes: DataLoader.__next__, record_function blocks
+  Ring* ring = gCollectives.load(std::memory_order_acquire);
+  if (!ring) return nullptr;
+  uint64_t index = ring->next.fetch_add(1, std::memory_order_relaxed);
+  fill(ring->entries[index % ring->entries.size()], index, fn, name, false, tState);
+  std::unique_ptr<CollectiveContext> ctx(new (std::nothrow) CollectiveContext);
+  if (ctx) {
+    ctx->ring = ring;
+    ctx->index = index;
+  }
+  return ctx;
+}
+
+void onCollectiveEnd(const at::RecordFunction&, at::ObserverContext* context) {
+  auto* ctx = static_cast<CollectiveContext*>(context);
+  if (!ctx || !ctx->ring) return;
+  Entry& e = ctx->ring->entries[ctx->index % ctx->ring->entries.size()];
+  if (e.committed.load(std::memory_order_acquire) == ctx->index + 1) e.endNs.store(monotonicNs(), std::memory_order_relaxed);
+}
+
 std::string dtypeText(int8_t d) {
   switch (d) {
     case -1: return "scalar";
@@ -352,6 +406,14 @@ bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<in
   if (gRingOwner) retired.push_back(std::move(gRingOwner));
   gRingOwner = std::make_unique<Ring>(capacity);
   gRing.store(gRingOwner.get(), std::memory_order_release);
+  if (gCollectivesOwner) retired.push_back(std::move(gCollectivesOwner));
+  gCollectivesOwner = std::make_unique<Ring>(kCollectiveCapacity);
+  gCollectives.store(gCollectivesOwner.get(), std::memory_order_release);
+  // Collectives are observed in every thread, all the time: they are few, and the one a rank
+  // hangs in is issued from the autograd engine's threads or between steps as often as in one.
+  // A callback for user scopes only leaves the cost of every other op as it was.
+  gCollectiveHandle = at::addGlobalCallback(
+      at::RecordFunctionCallback(&onCollective, &onCollectiveEnd).needsInputs(true).scopes({at::RecordScope::USER_SCOPE}));
   gGeneration.fetch_add(1, std::memory_order_acq_rel);
   gRunning.store(true, std::memory_order_release);
   observeOpsOnThisThread(true);
@@ -363,6 +425,8 @@ void stopOpObserver() {
   if (!gRunning) return;
   gRunning.store(false, std::memory_order_release);
   removeThisThreadsCallbacks(tState);  // other threads' stay registered, inert, until they ask again
+  if (gCollectiveHandle) at::removeCallback(gCollectiveHandle);
+  gCollectiveHandle = 0;
   gStep = nullptr;
   gPhase = nullptr;
   // The ring itself stays: a crash after close can still be described.
@@ -389,17 +453,16 @@ formats::OpData describe(const Entry& e, uint64_t i) {
 }
 }  // namespace
 
-std::optional<formats::OpTraceData> snapshotOps() {
-  Ring* ring = gRing.load(std::memory_order_acquire);
-  if (!ring) return std::nullopt;
-  formats::OpTraceData out;
-  uint64_t total = ring->next.load(std::memory_order_acquire);
-  size_t cap = ring->entries.size();
-  out.totalOps = total;
-  out.capacity = static_cast<uint32_t>(cap);
+namespace {
+/// The entries of `ring` still readable, oldest first, each as `describe` makes it; entries being
+/// rewritten are skipped.
+template <typename Describe>
+void readRing(const Ring& ring, Describe describe) {
+  uint64_t total = ring.next.load(std::memory_order_acquire);
+  size_t cap = ring.entries.size();
   uint64_t first = total > cap ? total - cap : 0;
   for (uint64_t i = first; i < total; ++i) {
-    const Entry& e = ring->entries[i % cap];
+    const Entry& e = ring.entries[i % cap];
     if (e.committed.load(std::memory_order_acquire) != i + 1) continue;  // being rewritten
     Entry copy;
     std::memcpy(copy.name, e.name, sizeof copy.name);
@@ -413,8 +476,32 @@ std::optional<formats::OpTraceData> snapshotOps() {
     std::memcpy(copy.inputs, e.inputs, sizeof copy.inputs);
     std::atomic_thread_fence(std::memory_order_acquire);
     if (e.committed.load(std::memory_order_relaxed) != i + 1) continue;  // overwritten while copied
-    formats::OpData op = describe(copy, i);
-    out.ops.push_back(std::move(op));
+    describe(copy, i);
+  }
+}
+}  // namespace
+
+std::optional<formats::OpTraceData> snapshotOps() {
+  Ring* ring = gRing.load(std::memory_order_acquire);
+  if (!ring) return std::nullopt;
+  formats::OpTraceData out;
+  out.totalOps = ring->next.load(std::memory_order_acquire);
+  out.capacity = static_cast<uint32_t>(ring->entries.size());
+  readRing(*ring, [&](const Entry& e, uint64_t i) { out.ops.push_back(describe(e, i)); });
+  if (Ring* collectives = gCollectives.load(std::memory_order_acquire)) {
+    out.totalCollectives = collectives->next.load(std::memory_order_acquire);
+    readRing(*collectives, [&](const Entry& e, uint64_t i) {
+      formats::OpData op = describe(e, i);
+      formats::CollectiveData c;
+      c.seq = i;
+      c.name = std::move(op.name);
+      c.step = op.step;
+      c.thread = op.thread;
+      c.inputs = std::move(op.inputs);
+      c.startNs = op.startNs;
+      c.endNs = op.endNs;
+      out.collectives.push_back(std::move(c));
+    });
   }
   return out;
 }

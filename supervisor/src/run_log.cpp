@@ -115,7 +115,21 @@ void appendRunLog(const std::string& dir, const RunLogEntry& e) {
                       {"evidence", e.evidence},
                       {"bundle", e.bundle},
                       {"other_bundles", e.otherBundles},
-                      {"params", params}};
+                      {"params", params},
+                      {"job_id", e.jobId}};
+  if (!e.ranks.empty()) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& r : e.ranks)
+      ranks.push_back({{"rank", r.rank},
+                       {"pid", r.pid},
+                       {"exit_code", r.exitCode},
+                       {"signal", r.signal},
+                       {"classification", r.classification},
+                       {"stopped", r.stopped},
+                       {"bundle", r.bundle}});
+    j["ranks"] = ranks;
+    j["first_failed_rank"] = e.firstFailedRank >= 0 ? nlohmann::json(e.firstFailedRank) : nlohmann::json(nullptr);
+  }
   // One write(2) of the whole line with O_APPEND: runs of several supervisors into one
   // directory never interleave inside a line.
   std::string line = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";

@@ -38,26 +38,6 @@ std::string trimmed(std::string line) {
   return line;
 }
 
-/// The line of an error text that names it: the last "Type: message" line (a Python exception's
-/// own, after its traceback and the exceptions it came from; its message may go on over more
-/// lines), else the last line (a TorchScript error ends with the original message).
-std::string errorLine(const std::string& text) {
-  static const std::regex typed("^[A-Za-z_][A-Za-z0-9_.]*: .*");
-  std::string last, named;
-  size_t start = 0;
-  while (start <= text.size()) {
-    size_t end = text.find('\n', start);
-    std::string line = trimmed(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    if (!line.empty()) {
-      last = line;
-      if (std::regex_match(line, typed)) named = line;
-    }
-    if (end == std::string::npos) break;
-    start = end + 1;
-  }
-  return named.empty() ? last : named;
-}
-
 std::optional<double> number(const std::string& s) {
   if (s.empty()) return std::nullopt;
   char* end = nullptr;
@@ -87,15 +67,6 @@ struct BundleFacts {
   std::map<std::string, std::string> params;
   bool claimed = false;  ///< a runs.jsonl line names it
 };
-
-/// The crash's classification when no `crashcap run` classified it: the in-process recorder's
-/// crash kind, refined by the words of its error (a CUDA error in an exception's text).
-std::string classificationOf(const formats::CrashData& c) {
-  if (c.kind == "nonfinite") return "nonfinite-loss";
-  auto found = classifyExit(c.signal ? -1 : 1, c.signal, "", c.error);
-  if (found.id.empty() || found.id == "exit-nonzero") return c.kind.empty() ? "unknown" : c.kind;
-  return found.id;
-}
 
 /// What the bundle at `path` says of its crash; nullopt, with `why` saying so, when it holds none.
 /// `damage` is what the reader could not read ("" for an intact bundle).
@@ -244,13 +215,36 @@ std::string normalizeError(const std::string& error) {
   return s;
 }
 
-CrashSummary summarizeCrashes(const std::string& dir) {
+std::string errorLine(const std::string& text) {
+  static const std::regex typed("^[A-Za-z_][A-Za-z0-9_.]*: .*");
+  std::string last, named;
+  size_t start = 0;
+  while (start <= text.size()) {
+    size_t end = text.find('\n', start);
+    std::string line = trimmed(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (!line.empty()) {
+      last = line;
+      if (std::regex_match(line, typed)) named = line;
+    }
+    if (end == std::string::npos) break;
+    start = end + 1;
+  }
+  return named.empty() ? last : named;
+}
+
+std::string classificationOf(const formats::CrashData& c) {
+  if (c.kind == "nonfinite") return "nonfinite-loss";
+  auto found = classifyExit(c.signal ? -1 : 1, c.signal, "", c.error);
+  if (found.id.empty() || found.id == "exit-nonzero") return c.kind.empty() ? "unknown" : c.kind;
+  return found.id;
+}
+
+RunDirListing listRunDir(const std::string& dir) {
   std::error_code ec;
   if (!fs::is_directory(dir, ec))
     throw Error(ErrorCode::NotFound, fmt::format("{} is not a directory", dir),
                 "give the directory `crashcap run --dir` (or a study) wrote its bundles into");
-  CrashSummary out;
-  out.dir = dir;
+  RunDirListing out;
   const fs::path root = fs::absolute(dir);
   std::vector<fs::path> bundles, logs;
   for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
@@ -273,18 +267,50 @@ CrashSummary summarizeCrashes(const std::string& dir) {
       }
       continue;
     }
-    if (name == kRunLogName) logs.push_back(path);
-    else if (path.extension() == ".ccap") bundles.push_back(path);
+    if (name == kRunLogName) out.logs.push_back(path.string());
+    else if (path.extension() == ".ccap") out.bundles.push_back(path.string());
     // crashcap's own passing files: a half-written bundle, a kernel trace not yet collected.
     else if (path.extension() == ".partial" || path.extension() == ".cctrace")
       continue;
     else out.skipped.push_back(underRoot(path, root));
   }
   if (ec) out.unreadable.emplace_back(underRoot(root, root), fmt::format("cannot list it all: {}", ec.message()));
-  std::sort(bundles.begin(), bundles.end());
-  std::sort(logs.begin(), logs.end());
+  std::sort(out.bundles.begin(), out.bundles.end());
+  std::sort(out.logs.begin(), out.logs.end());
   std::sort(out.unsealed.begin(), out.unsealed.end());
   std::sort(out.skipped.begin(), out.skipped.end());
+  return out;
+}
+
+std::vector<nlohmann::json> readRunLog(const std::string& log, const std::string& root,
+                                       std::vector<std::pair<std::string, std::string>>& unreadable) {
+  std::ifstream in(log);
+  std::vector<json> lines;
+  std::string line;
+  size_t number = 0;
+  while (std::getline(in, line) && number < kMaxLogLines) {
+    ++number;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto j = line.size() <= kMaxLogLineBytes ? json::parse(line, nullptr, false) : json();
+    if (!j.is_object()) {
+      unreadable.emplace_back(fmt::format("{}:{}", underRoot(log, root), number), "not a run log line (JSON object)");
+      continue;
+    }
+    j["_line"] = number;
+    lines.push_back(std::move(j));
+  }
+  return lines;
+}
+
+CrashSummary summarizeCrashes(const std::string& dir) {
+  CrashSummary out;
+  out.dir = dir;
+  const fs::path root = fs::absolute(dir);
+  RunDirListing listing = listRunDir(dir);
+  std::vector<fs::path> bundles(listing.bundles.begin(), listing.bundles.end()), logs(listing.logs.begin(), listing.logs.end());
+  out.unsealed = listing.unsealed;
+  out.skipped = listing.skipped;
+  out.unreadable = listing.unreadable;
 
   std::vector<BundleFacts> facts;
   for (const auto& b : bundles) {
@@ -321,21 +347,7 @@ CrashSummary summarizeCrashes(const std::string& dir) {
   };
 
   for (const auto& log : logs) {
-    std::ifstream in(log);
-    std::vector<json> lines;
-    std::string line;
-    size_t number = 0;
-    while (std::getline(in, line) && number < kMaxLogLines) {
-      ++number;
-      if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-      auto j = line.size() <= kMaxLogLineBytes ? json::parse(line, nullptr, false) : json();
-      if (!j.is_object()) {
-        out.unreadable.emplace_back(fmt::format("{}:{}", underRoot(log, root), number), "not a run log line (JSON object)");
-        continue;
-      }
-      j["_line"] = number;
-      lines.push_back(std::move(j));
-    }
+    std::vector<json> lines = readRunLog(log.string(), root.string(), out.unreadable);
     const std::string where = underRoot(log.parent_path(), root);
     for (const auto& j : lines) {
       SummaryRun r;

@@ -507,8 +507,13 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     // One job id per run of the command, inherited by every rank a launcher under it starts, so
     // that their recordings are one job's; an id this crashcap run was given (the same on every
     // node of a multi-node job) is kept.
-    if (const char* given = std::getenv(recorder::kJobIdVariable); !given || !*given)
-      env.push_back(fmt::format("{}=run-{}-{}-{}", recorder::kJobIdVariable, startNs / 1000000, ::getpid(), attempt));
+    std::string jobId;
+    if (const char* given = std::getenv(recorder::kJobIdVariable); given && *given) {
+      jobId = given;
+    } else {
+      jobId = fmt::format("run-{}-{}-{}", startNs / 1000000, ::getpid(), attempt);
+      env.push_back(fmt::format("{}={}", recorder::kJobIdVariable, jobId));
+    }
     if (o.cudnnLog) {
       try {
         cudnnLog.emplace(dir, attempt);
@@ -593,6 +598,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
       sd.endNs = startNs + static_cast<int64_t>(m.seconds * 1e9);  // when it ended, not when the job did
       sd.trace = cupti::describeTraces(traces, report.trace);
       sd.interrupted = interrupted;
+      sd.stopped = m.stopped;
       sd.environment = env;
       if (m.rank >= 0) sd.environment.push_back(fmt::format("RANK={}", m.rank));
       sd.cudnnLogTail = cudnnTail.str();
@@ -703,6 +709,10 @@ SuperviseReport supervise(const SuperviseOptions& o) {
       entry.bundle = a.bundle;
       entry.otherBundles = a.otherBundles;
       entry.params = a.params;
+      entry.jobId = jobId;
+      for (const auto& r : a.ranks)
+        entry.ranks.push_back({r.rank, r.pid, r.exitCode, r.signal, r.classification.id, r.stopped, r.bundle});
+      entry.firstFailedRank = a.firstFailedRank;
       appendRunLog(dir, entry);
     } catch (const Error& e) {
       // The log helps compare runs later; the run itself is recorded in its bundle already.

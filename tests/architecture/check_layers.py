@@ -20,7 +20,7 @@ ALLOWED = {
     "recorder_core": {"formats", "cupti"},
     "fault_injection": {"formats", "formats_torch"},
     "recorder": {"recorder_core", "formats_torch", "formats", "cupti", "replayer"},
-    "supervisor": {"recorder_core", "cupti", "formats"},
+    "supervisor": {"recorder_core", "cupti", "inspect", "formats"},
     "replayer": {"formats", "formats_torch", "fault_injection"},
     "investigate": {"replayer", "supervisor", "inspect", "formats_torch", "formats"},
     # The Python package's extension: a front end beside the CLI, over the recorder and replayer.

@@ -27,6 +27,8 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   end.gradNormMethod = GradNormMethod::Blocked;
   KeyframeData kf{5, {"keyframes/5/parameters/w"}, {}, {"keyframes/5/optimizer/w/exp_avg"}, {{"w/step", 5}}};
   OpTraceData ops{{{41, "aten::div", "forward", 17, 7, 1234, {{"float32", {8, 1}}, {"scalar", {}}}}}, 42, 256};
+  ops.collectives.push_back({11, "gloo:all_reduce", 7, 1235, {{"float32", {4096}}}, 100, 0});
+  ops.totalCollectives = 12;
   CrashData crash{"nonfinite", 7, "forward", "non-finite loss", "NonFiniteError", 0, "", {"#0 f", "#1 g"}, 5, 42, 43};
   RunStatusData status{"crashed", 8, 7, 2, 100, {"queue full"}, 1, {3, 4}, 2, 1};
   status.keyframesWrittenRaw = 2;
@@ -68,6 +70,14 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   REQUIRE(v.opTrace);
   CHECK(v.opTrace->ops.at(0).name == "aten::div");
   CHECK(v.opTrace->ops.at(0).inputs.at(0).shape == std::vector<int64_t>{8, 1});
+  REQUIRE(v.opTrace->collectives.size() == 1);
+  CHECK(v.opTrace->collectives[0].seq == 11);
+  CHECK(v.opTrace->collectives[0].name == "gloo:all_reduce");
+  CHECK(v.opTrace->collectives[0].step == 7);
+  CHECK(v.opTrace->collectives[0].inputs.at(0).shape == std::vector<int64_t>{4096});
+  CHECK(v.opTrace->collectives[0].startNs == 100);
+  CHECK(v.opTrace->collectives[0].endNs == 0);  // still waiting when the trace was taken
+  CHECK(v.opTrace->totalCollectives == 12);
   REQUIRE(v.crash);
   CHECK(v.crash->stack.size() == 2);
   CHECK(v.crash->thread == 43);

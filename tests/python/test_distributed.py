@@ -92,6 +92,93 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
         assert s["distributed"]["job_id_source"] == "crashcap run"
         assert s["steps"]["count"] >= 3
     assert stories[0]["distributed"]["job_id"] == stories[1]["distributed"]["job_id"]
+    # The stopped rank's own recorder wrote where SIGTERM found it: its step, its last collectives.
+    assert hung["supervision"]["signal_name"] == "SIGTERM" and hung["supervision"]["stopped"] is True
+    assert hung["crash"]["source"] == "recorder" and hung["crash"]["signal_name"] == "SIGTERM"
+    assert hung["collectives"] and all(c["name"].startswith("gloo:") for c in hung["collectives"])
+    assert hung["collectives"][-1]["seq"] == hung["op_trace"]["total_collectives"] - 1
+    assert all(c["ended"] for c in hung["collectives"])  # it hung before its next collective, not in one
+
+    # One story across the ranks: the directory.
+    job_dir = tmp_path / "runs"
+    story = crashcap_json("inspect", job_dir)
+    assert len(story["jobs"]) == 1 and story["not_in_a_job"] == [], story
+    job = story["jobs"][0]
+    assert job["job_id"] == stories[0]["distributed"]["job_id"] and job["world_size"] == 2 and job["backend"] == "gloo"
+    assert job["first_failed"] == 1 and job["missing"] == [] and job["healthy"] == []
+    ranks = {r["rank"]: r for r in job["ranks"]}
+    assert ranks[1]["failed_first"] and ranks[1]["outcome"] == "failed" and ranks[1]["how"] == "killed by SIGKILL"
+    assert ranks[1]["step"] == 3 and ranks[1]["op_trace"] is False  # nothing in a SIGKILLed process writes
+    assert ranks[0]["outcome"] == "stopped" and ranks[0]["step"] == 3
+    assert ranks[0]["last_collective"]["seq"] == hung["collectives"][-1]["seq"]
+    assert ranks[0]["last_collective"]["name"] == hung["collectives"][-1]["name"]
+    assert ranks[0]["seconds_after_first"] > 0
+    assert job["headline"].startswith("rank 1 failed first: killed by SIGKILL at step 3"), job["headline"]
+    assert "rank 0 was stopped at step 3" in job["headline"], job["headline"]
+    text = crashcap("inspect", job_dir, check=True).stdout
+    assert "FIRST      rank 1 killed by SIGKILL at step 3" in text, text
+    assert f"its last collective #{hung['collectives'][-1]['seq']} gloo:" in text, text
+
+
+def test_a_nan_sample_on_one_of_four_ranks_is_the_story_s_first_failure_and_reaches_the_others_by_all_reduce(tmp_path):
+    r = crashcap("run", "--record", "--nproc", 4, "--hang-timeout", 30, "--dir", tmp_path / "runs", "--", PYTHON, DDP,
+                 "--steps", 6, "--fail-rank", 2, "--fail-how", "nan", "--fail-step", 3, cwd=tmp_path, timeout=600)
+    assert r.returncode != 0, r.stdout + r.stderr
+    job = crashcap_json("inspect", tmp_path / "runs")["jobs"]
+    assert len(job) == 1, job
+    job = job[0]
+    ranks = {r["rank"]: r for r in job["ranks"]}
+    assert sorted(ranks) == [0, 1, 2, 3] and job["missing"] == []
+    # Rank 2's loss went non-finite; the others' gradients did, through the all-reduce of step 3.
+    assert job["first_failed"] == 2, job["headline"]
+    assert ranks[2]["classification"] == "nonfinite-loss" and ranks[2]["step"] == 3 and not ranks[2]["from_peer"]
+    assert ranks[2]["error"].startswith("non-finite loss at step 3")
+    for rank in (0, 1, 3):
+        assert ranks[rank]["from_peer"] and ranks[rank]["step"] == 3, ranks[rank]
+        assert ranks[rank]["error"].startswith("non-finite gradient norm at step 3")
+    # Every rank issued the same collectives in the same order: the last is one and the same.
+    last = {r["last_collective"]["seq"] for r in ranks.values()}
+    assert len(last) == 1 and {r["last_collective"]["name"] for r in ranks.values()} == {"gloo:all_reduce"}
+    assert all(r["last_collective"]["step"] == 3 for r in ranks.values())
+    assert job["headline"].startswith("rank 2 failed first: stopped by crashcap for a non-finite value at step 3")
+
+
+def test_the_story_of_a_directory_keeps_two_jobs_apart_and_names_a_missing_rank(tmp_path):
+    mixed = tmp_path / "mixed"
+    mixed.mkdir()
+    jobs = []
+    for n in range(2):
+        runs = tmp_path / f"runs{n}"
+        crashcap("run", "--record", "--nproc", 2, "--dir", runs, "--", PYTHON, DDP, "--steps", 4, "--fail-rank", n,
+                 "--fail-step", 2, cwd=tmp_path, timeout=600)
+        bundles = sorted(glob.glob(str(runs / "crash-*.ccap")))
+        assert len(bundles) == 2, bundles
+        jobs.append(crashcap_json("inspect", bundles[0])["distributed"]["job_id"])
+        for b in bundles:
+            os.link(b, mixed / os.path.basename(b))
+    assert jobs[0] != jobs[1]
+    story = crashcap_json("inspect", mixed)
+    assert sorted(j["job_id"] for j in story["jobs"]) == sorted(jobs)
+    for j in story["jobs"]:
+        # Rank n raised in job n: the others' failure came from it.
+        n = jobs.index(j["job_id"])
+        assert j["first_failed"] == n, j["headline"]
+        assert sorted(r["rank"] for r in j["ranks"]) == [0, 1] and j["missing"] == []
+    assert "2 jobs in" in crashcap("inspect", mixed, check=True).stdout
+
+    # One rank's bundle gone (and no run log that saw the job): the story says which.
+    gone = next(r for j in story["jobs"] if j["job_id"] == jobs[1] for r in j["ranks"] if r["rank"] == 0)
+    os.unlink(gone["bundle"])
+    job = next(j for j in crashcap_json("inspect", mixed)["jobs"] if j["job_id"] == jobs[1])
+    assert job["missing"] == [0] and [r["rank"] for r in job["ranks"]] == [1]
+    assert "rank 0     MISSING" in crashcap("inspect", mixed, check=True).stdout
+
+    # A directory without any job, and --trace on a directory, are told apart from a bundle.
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert "no multi-process job in" in crashcap("inspect", empty, check=True).stdout
+    r = crashcap("inspect", mixed, "--trace")
+    assert r.returncode != 0 and "is a directory" in r.stderr
 
 
 def test_nproc_a_rank_that_raises_takes_its_peer_down_through_gloo_and_each_keeps_its_own_error(tmp_path):

@@ -114,11 +114,23 @@ struct OpData {
   int64_t startNs = 0, endNs = 0;       ///< CLOCK_MONOTONIC; 0 unknown
 };
 
-/// Type 10: the last ops before a crash, oldest first.
+/// A collective the process issued to its torch.distributed backend (bundle.capnp: Collective).
+struct CollectiveData {
+  uint64_t seq = 0;                     ///< n-th collective since recording began, from 0
+  std::string name;                     ///< "gloo:all_reduce"
+  int64_t step = -1;
+  uint64_t thread = 0;
+  std::vector<OpInputData> inputs;
+  int64_t startNs = 0, endNs = 0;       ///< CLOCK_MONOTONIC; endNs 0: not completed
+};
+
+/// Type 10: the last ops before a crash, oldest first, and the last collectives.
 struct OpTraceData {
   std::vector<OpData> ops;
   uint64_t totalOps = 0;
   uint32_t capacity = 0;
+  std::vector<CollectiveData> collectives;
+  uint64_t totalCollectives = 0;
 };
 
 /// Type 11: how the recorded process failed.
@@ -175,6 +187,8 @@ struct SupervisionData {
   /// "NAME=VALUE": the run's hyperparameters (its command line's options and what the program
   /// declared through crashcap.hyperparameters), which `crashcap summary` compares across runs.
   std::vector<std::string> params;
+  /// `crashcap run --nproc` stopped this rank after another rank of its job failed.
+  bool stopped = false;
 };
 
 /// Type 16: one rank of a multi-process job (torch.distributed, c10d). All ranks' recordings

@@ -35,6 +35,17 @@ std::vector<std::string> declaredParams(const std::string& path, std::string* pr
 std::vector<std::string> mergeParams(const std::vector<std::string>& commandLine, const std::vector<std::string>& declared);
 
 /// One run as <dir>/runs.jsonl keeps it.
+/// One rank of a job (`crashcap run --nproc N`), as the run log keeps it.
+struct RunLogRank {
+  int rank = 0;
+  uint32_t pid = 0;
+  int exitCode = -1;                  ///< -1 when a signal ended it
+  int signal = 0;
+  std::string classification;         ///< "" for a clean exit
+  bool stopped = false;               ///< stopped by crashcap run after another rank failed
+  std::string bundle;                 ///< "" for a clean exit
+};
+
 struct RunLogEntry {
   std::vector<std::string> command;   ///< secrets redacted
   uint32_t attempt = 1;
@@ -47,11 +58,16 @@ struct RunLogEntry {
   std::string bundle;                 ///< the crash bundle ("" for a clean exit), absolute
   std::vector<std::string> otherBundles;
   std::vector<std::string> params;    ///< "NAME=VALUE"
+  std::string jobId;                  ///< the job id the run's processes were given
+  std::vector<RunLogRank> ranks;      ///< a job's ranks (`--nproc`); empty otherwise
+  int firstFailedRank = -1;           ///< the job's rank that failed first; -1 none
 };
 
 /// Appends `entry` as one line to <dir>/runs.jsonl (created when missing). Keys: command,
 /// attempt, pid, start, end ("2026-11-25 09:17:42 UTC"), seconds, exit_code, signal, classification,
-/// evidence, bundle, other_bundles, params ({name: value}, values as text). Throws
+/// evidence, bundle, other_bundles, params ({name: value}, values as text), job_id, and for a job
+/// ranks [{rank, pid, exit_code, signal, classification, stopped, bundle}] and first_failed_rank
+/// (null when none failed). Throws
 /// crashcap::Error{Io} when the line cannot be written.
 void appendRunLog(const std::string& dir, const RunLogEntry& entry);
 

@@ -8,6 +8,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "crashcap/formats/records.hpp"
+
 #include <cstdint>
 #include <map>
 #include <string>
@@ -58,10 +60,38 @@ struct CrashSummary {
   std::vector<std::string> unsealed;     ///< recording directories nobody sealed (`crashcap seal`)
 };
 
+/// What a directory of runs holds: what `crashcap summary` and `crashcap inspect DIR` read.
+struct RunDirListing {
+  std::vector<std::string> bundles;      ///< *.ccap, absolute, sorted
+  std::vector<std::string> logs;         ///< runs.jsonl files, absolute, sorted
+  std::vector<std::string> unsealed;     ///< recording directories nobody sealed, relative to DIR
+  std::vector<std::string> skipped;      ///< files that are neither, relative to DIR
+  std::vector<std::pair<std::string, std::string>> unreadable;  ///< (path, why)
+};
+
+/// Lists DIR recursively (at most 8 levels; recording directories are listed, not entered;
+/// hidden files and directories, a tool's own, are passed over). Throws crashcap::Error{NotFound}
+/// when DIR is not a directory.
+RunDirListing listRunDir(const std::string& dir);
+
+/// The lines of a runs.jsonl, each a JSON object with "_line" (1-based) added; lines that are no
+/// JSON object go into `unreadable` as ("<log relative to root>:<line>", why).
+std::vector<nlohmann::json> readRunLog(const std::string& log, const std::string& root,
+                                       std::vector<std::pair<std::string, std::string>>& unreadable);
+
+/// The line of an error text that names it: the last "Type: message" line (a Python exception's
+/// own, after its traceback and the exceptions it came from), else the last line (a TorchScript
+/// error ends with the original message).
+std::string errorLine(const std::string& text);
+
 /// The error's own line (the last "Type: message" line, else the last line) with what differs from
 /// run to run blanked: numbers become N, hex addresses ADDR, -nan nan; cut to 200 characters.
 /// "IndexError: Target 12 is out of bounds." -> "IndexError: Target N is out of bounds."
 std::string normalizeError(const std::string& error);
+
+/// A recorder's crash classified when no `crashcap run` classified it: its crash kind, refined by
+/// the words of its error (a CUDA error in an exception's text); "nonfinite-loss" for a NaN loss.
+std::string classificationOf(const formats::CrashData& crash);
 
 /// Reads DIR (recursively, at most 8 levels; recording directories are listed, not entered;
 /// hidden files and directories, a tool's own, are passed over).

@@ -1,0 +1,135 @@
+// `crashcap inspect DIR`'s rules on hand-built ranks: the rank that failed on its own comes first
+// even when a peer's error was earlier, a rank waiting in a collective another never issued is
+// named, and bundles of two jobs and of no job stay apart. The real jobs are in
+// tests/python/test_distributed.py.
+#include <catch2/catch.hpp>
+
+#include <nlohmann/json.hpp>
+
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/supervisor/job.hpp"
+#include "test_support.hpp"
+
+using namespace crashcap;
+using namespace crashcap::formats;
+
+namespace {
+
+struct RankSpec {
+  std::string job = "job-a";
+  int rank = 0, world = 2;
+  std::string error;                    ///< "" no crash record
+  int64_t timeNs = 0;
+  int64_t step = 4;
+  std::vector<CollectiveData> collectives;
+  bool distributed = true;
+};
+
+CollectiveData collective(uint64_t seq, int64_t step, bool ended) {
+  CollectiveData c;
+  c.seq = seq;
+  c.name = "gloo:all_reduce";
+  c.step = step;
+  c.inputs = {{"float32", {161}}};
+  c.startNs = 1000;
+  c.endNs = ended ? 2000 : 0;
+  return c;
+}
+
+void writeRank(const std::string& path, const RankSpec& s) {
+  auto w = BundleWriter::create(path);
+  if (s.distributed) writeMetaRecord(*w, DistributedData{s.job, "crashcap run", s.rank, s.world, s.rank, "gloo", "", "test"});
+  if (!s.error.empty()) {
+    CrashData c;
+    c.kind = "exception";
+    c.step = s.step;
+    c.phase = "backward";
+    c.error = s.error;
+    c.timeNs = s.timeNs;
+    c.pid = 100 + s.rank;
+    writeMetaRecord(*w, c);
+  }
+  OpTraceData ops;
+  ops.ops.push_back({7, "c10d::allreduce_", "backward", -1, s.step, 1, {}, 1, 2});
+  ops.totalOps = 8;
+  ops.capacity = 16;
+  ops.collectives = s.collectives;
+  ops.totalCollectives = s.collectives.empty() ? 0 : s.collectives.back().seq + 1;
+  writeMetaRecord(*w, ops);
+  w->seal();
+}
+
+const supervisor::JobRank& rankOf(const supervisor::Job& job, int rank) {
+  for (const auto& r : job.ranks)
+    if (r.rank == rank) return r;
+  FAIL("no rank " << rank);
+  throw 0;
+}
+
+}  // namespace
+
+TEST_CASE("the rank that failed on its own is first, though a peer's error came earlier", "[job]") {
+  test::TempDir dir;
+  // Rank 0 saw rank 1 go (Gloo) 10 ms before rank 1's own error reached its recorder.
+  writeRank(dir.file("crash-a0.ccap"), {"job-a", 0, 3, "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:598] "
+                                                     "Connection closed by peer [127.0.0.1]:4242",
+                                        1'000'000'000, 4, {collective(8, 4, true), collective(9, 4, false)}});
+  writeRank(dir.file("crash-a1.ccap"), {"job-a", 1, 3, "IndexError: index 12 is out of bounds", 1'010'000'000, 4,
+                                        {collective(8, 4, true)}});
+  auto stories = supervisor::readJobs(dir.path());
+  REQUIRE(stories.jobs.size() == 1);
+  const auto& job = stories.jobs[0];
+  CHECK(job.jobId == "job-a");
+  CHECK(job.worldSize == 3);
+  CHECK(job.firstFailed == 1);
+  CHECK(rankOf(job, 0).fromPeer);
+  CHECK_FALSE(rankOf(job, 1).fromPeer);
+  CHECK(job.missing == std::vector<int>{2});  // the world has 3 ranks; rank 2 left nothing here
+  REQUIRE(job.furthestCollective);
+  CHECK(job.furthestCollective->seq == 9);
+  auto headline = supervisor::jobHeadline(job);
+  INFO(headline);
+  CHECK(headline.rfind("rank 1 failed first: raised at step 4 (backward, last op c10d::allreduce_): IndexError", 0) == 0);
+  CHECK(headline.find("rank 0 failed from it at step 4") != std::string::npos);
+  CHECK(headline.find("waiting in collective #9 gloo:all_reduce (step 4)") != std::string::npos);
+  auto text = supervisor::jobsText(stories);
+  INFO(text);
+  CHECK(text.find("its last collective #8 gloo:all_reduce (step 4) ended; it never issued #9 gloo:all_reduce") !=
+        std::string::npos);
+  CHECK(text.find("rank 2     MISSING") != std::string::npos);
+  auto j = supervisor::jobsJson(stories);
+  CHECK(j["jobs"][0]["first_failed"] == 1);
+  CHECK(j["jobs"][0]["missing"] == nlohmann::json::array({2}));
+  CHECK(j["jobs"][0]["ranks"][0]["last_collective"]["ended"] == false);
+  CHECK(j["jobs"][0]["ranks"][0]["from_peer"] == true);
+}
+
+TEST_CASE("bundles of two jobs stay apart, and one of no job is listed on its own", "[job]") {
+  test::TempDir dir;
+  writeRank(dir.file("crash-a0.ccap"), {"job-a", 0, 2, "RuntimeError: a", 5'000'000'000, 2, {}});
+  writeRank(dir.file("crash-a1.ccap"), {"job-a", 1, 2, "", 0, 2, {}});
+  writeRank(dir.file("crash-b0.ccap"), {"job-b", 0, 2, "", 0, 6, {}});
+  writeRank(dir.file("crash-b1.ccap"), {"job-b", 1, 2, "RuntimeError: b", 1'000'000'000, 6, {}});
+  RankSpec single;
+  single.distributed = false;
+  single.error = "RuntimeError: alone";
+  writeRank(dir.file("crash-single.ccap"), single);
+  auto stories = supervisor::readJobs(dir.path());
+  REQUIRE(stories.jobs.size() == 2);
+  // The job whose failure is newest last.
+  CHECK(stories.jobs[0].jobId == "job-b");
+  CHECK(stories.jobs[0].firstFailed == 1);
+  CHECK(stories.jobs[1].jobId == "job-a");
+  CHECK(stories.jobs[1].firstFailed == 0);
+  CHECK(rankOf(stories.jobs[1], 1).outcome == "healthy");  // its bundle records no failure
+  REQUIRE(stories.notInJob.size() == 1);
+  CHECK(stories.notInJob[0].find("crash-single.ccap") != std::string::npos);
+  CHECK(supervisor::jobsText(stories).find("2 jobs in") != std::string::npos);
+}
+
+TEST_CASE("inspect DIR on what is no directory says so", "[job]") {
+  test::TempDir dir;
+  CHECK_THROWS_AS(supervisor::readJobs(dir.file("absent")), Error);
+}

@@ -96,6 +96,37 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
   }
 }
 
+/// The bundle is one rank of a job: all its ranks, replayed together.
+int replayJob(const Options& o, const replayer::ReplayOptions& ro) {
+  auto job = investigate::replayJob(o.bundle, ro);
+  if (o.json) {
+    nlohmann::json ranks = nlohmann::json::array();
+    for (const auto& r : job.ranks)
+      ranks.push_back({{"rank", r.rank},
+                       {"bundle", r.bundle},
+                       {"verdict", r.verdict.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.verdict)},
+                       {"replay", r.result ? investigate::toJson(*r.result) : nlohmann::json(nullptr)},
+                       {"error", r.error.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.error)}});
+    printJson({{"job_id", job.jobId},
+               {"world_size", job.worldSize},
+               {"step", job.step},
+               {"keyframe", job.keyframe},
+               {"notes", job.notes},
+               {"ranks", ranks}});
+    return kExitOk;
+  }
+  std::cout << fmt::format("job {}: its {} ranks replayed together on this machine, steps {}..{} from the keyframe "
+                           "every rank holds\n",
+                           job.jobId, job.worldSize, job.keyframe, job.step);
+  for (const auto& n : job.notes) std::cout << fmt::format("note: {}\n", n);
+  for (const auto& r : job.ranks) {
+    std::cout << fmt::format("\nrank {}  {}\n", r.rank, r.verdict.empty() ? std::string("no replay") : r.verdict);
+    if (r.result) printReplay(r.bundle, *r.result);
+    else std::cout << fmt::format("{}    {}\n", r.verdict.empty() ? "error" : "note ", r.error);
+  }
+  return kExitOk;
+}
+
 int replay(const Options& o) {
   checkIntact(o.bundle, o.allowDamaged);
   replayer::ReplayOptions ro;
@@ -105,6 +136,7 @@ int replay(const Options& o) {
   ro.dtype = o.dtype;
   ro.settings = parseSettings(o.settings);
   if (!o.rows.empty()) ro.rows = parseRows(o.rows);
+  if (investigate::isJobRank(o.bundle)) return replayJob(o, ro);
   auto r = investigate::replay(o.bundle, ro);
   if (o.json)
     printJson(investigate::toJson(r));
@@ -137,6 +169,9 @@ Command replayCommand(CLI::App& root) {
       "A TorchScript recording (setProgram) replays inside crashcap. A setModel recording replays inside its own\n"
       "program: crashcap runs the recorded command line again, in the recorded directory, in replay mode, where\n"
       "the Recorder runs the step function given to setStep and ends the program before its training loop.\n"
+      "A rank of a multi-process job (torch.distributed) replays with every rank of its job: their bundles from\n"
+      "the same directory, each in its program started again with RANK, WORLD_SIZE and a local rendezvous, from\n"
+      "a keyframe they all hold, in lockstep through their collectives; a verdict per rank.\n"
       "Example: crashcap replay crash.ccap --set cudnn.benchmark=false --json");
   return {cmd, [o] { return endingLikeTheProgram([&] { return replay(*o); }); }, &o->json};
 }

@@ -5,11 +5,14 @@
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <csignal>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
+#include <memory>
 #include <sstream>
 
 #include "crashcap/formats/bundle_reader.hpp"
@@ -20,6 +23,8 @@
 #include "crashcap/replayer/program_replay.hpp"
 #include "crashcap/replayer/replay_json.hpp"
 #include "crashcap/supervisor/child_process.hpp"
+#include "crashcap/supervisor/job.hpp"
+#include "crashcap/supervisor/supervisor.hpp"
 
 namespace crashcap::investigate {
 namespace {
@@ -124,33 +129,42 @@ std::string lastLines(const std::string& text, size_t count) {
 
 bool gAllowChangedSources = false;
 
-replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::ReplayRequest request) {
-  RecordedProgram program = recordedProgram(bundle);
+/// One replay request a recorded program is to serve: its command, and where its answer will be.
+struct ProgramRun {
+  RecordedProgram program;
+  std::unique_ptr<ScratchDir> scratch;
+  std::string resultPath;
+  supervisor::ChildProcess::Options options;
+  std::string shown;  ///< the command line, for messages
+};
+
+ProgramRun prepareProgramRun(const std::string& bundle, replayer::ReplayRequest request) {
+  ProgramRun p;
+  p.program = recordedProgram(bundle);
   request.options.allowChangedSources = request.options.allowChangedSources || gAllowChangedSources;
-  ScratchDir scratch;
+  p.scratch = std::make_unique<ScratchDir>();
   request.bundle = fs::absolute(bundle).string();
-  request.resultPath = scratch.path() + "/result.json";
-  const std::string requestPath = scratch.path() + "/request.json";
+  request.resultPath = p.scratch->path() + "/result.json";
+  p.resultPath = request.resultPath;
+  const std::string requestPath = p.scratch->path() + "/request.json";
   {
     std::ofstream out(requestPath);
     out << replayer::toJson(request).dump();
     out.close();
     if (!out) throw Error(ErrorCode::Io, fmt::format("cannot write the replay request {}", requestPath));
   }
-  supervisor::ChildProcess::Options options;
-  options.environment = program.environment;
-  options.environment.push_back(std::string(replayer::kReplayRequestVariable) + "=" + requestPath);
-  options.workingDirectory = program.cwd;
-  options.dieWithParent = true;  // an experiment's timeout kills this process; the program goes with it
-  options.noInput = true;        // a replay never waits for a terminal
-  const std::string shown = fmt::format("{}", fmt::join(program.commandLine, " "));
-  supervisor::CapturedRun run;
-  try {
-    run = supervisor::runCaptured(program.commandLine, 1e9, options);
-  } catch (Error& e) {
-    throw e.with(fmt::format("while starting the recorded program to replay {}", bundle));
-  }
-  std::ifstream in(request.resultPath);
+  p.options.environment = p.program.environment;
+  p.options.environment.push_back(std::string(replayer::kReplayRequestVariable) + "=" + requestPath);
+  p.options.workingDirectory = p.program.cwd;
+  p.options.dieWithParent = true;  // an experiment's timeout kills this process; the program goes with it
+  p.options.noInput = true;        // a replay never waits for a terminal
+  p.shown = fmt::format("{}", fmt::join(p.program.commandLine, " "));
+  return p;
+}
+
+/// The program's answer, once it has ended.
+replayer::ReplayOutcome programOutcome(const std::string& bundle, const ProgramRun& p, const supervisor::CapturedRun& run) {
+  std::ifstream in(p.resultPath);
   if (in) {
     std::stringstream text;
     text << in.rdbuf();
@@ -178,19 +192,30 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
     // Not the failure in another form: something outside killed it (the kernel's OOM killer, most
     // likely, since every replay starts the whole program again).
     throw Error(ErrorCode::Unsupported,
-                fmt::format("the recorded program ({}) was killed (SIGKILL) while it replayed {}: out of memory?{}", shown,
+                fmt::format("the recorded program ({}) was killed (SIGKILL) while it replayed {}: out of memory?{}", p.shown,
                             bundle, lastLines(run.err, 12)),
                 "free memory, or replay on a machine with as much as the training had");
   if (run.exitCode < 0)
     throw ProgramKilled(-run.exitCode,
-                        fmt::format("the recorded program ({}) died of {} while it replayed {}{}", shown,
+                        fmt::format("the recorded program ({}) died of {} while it replayed {}{}", p.shown,
                                     formats::signalName(-run.exitCode), bundle, lastLines(run.err, 12)));
   throw Error(ErrorCode::Unsupported,
-              fmt::format("the recorded program ({}, in {}) exited with status {} without replaying{}", shown,
-                          program.cwd.empty() ? "this directory" : program.cwd, run.exitCode,
+              fmt::format("the recorded program ({}, in {}) exited with status {} without replaying{}", p.shown,
+                          p.program.cwd.empty() ? "this directory" : p.program.cwd, run.exitCode,
                           lastLines(run.err.empty() ? run.out : run.err, 12)),
               "it must be the program that made the recording, built the same way, and construct its Recorder as "
               "it did then (C++: setModel and setStep; Python: crashcap.Recorder before its training loop)");
+}
+
+replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::ReplayRequest request) {
+  ProgramRun p = prepareProgramRun(bundle, std::move(request));
+  supervisor::CapturedRun run;
+  try {
+    run = supervisor::runCaptured(p.program.commandLine, 1e9, p.options);
+  } catch (Error& e) {
+    throw e.with(fmt::format("while starting the recorded program to replay {}", bundle));
+  }
+  return programOutcome(bundle, p, run);
 }
 
 }  // namespace
@@ -201,6 +226,18 @@ bool changedSourcesAllowed() { return gAllowChangedSources; }
 std::string replayRoute(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);
   auto view = formats::readRecords(*reader);
+  if (view.distributed && view.distributed->worldSize > 1) {
+    // Its program would wait in init_process_group or in its first collective for peers that are
+    // not there, until the collective's timeout; an in-process replay would step on gradients
+    // that were never reduced with the other ranks'.
+    const auto& d = *view.distributed;
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("{} is rank {} of a {}-rank job{}: replayed alone, its collectives have no peers; "
+                            "`crashcap replay` replays all the job's ranks together, bisecting and triaging them "
+                            "together is not built yet",
+                            bundle, d.rank, d.worldSize, d.jobId.empty() ? "" : " (" + d.jobId + ")"),
+                "crashcap replay " + bundle + " (every rank, a verdict each); crashcap inspect DIR tells the job's story");
+  }
   if (view.program && (view.program->format == "module" || view.program->format == "python")) {
     recordedProgram(bundle);  // says what is missing
     return "program";
@@ -243,6 +280,151 @@ replayer::ReferenceComparison compareWithReference(const std::string& bundle, co
   replayer::ReferenceComparison c = ask(request);
   c.reference = std::move(reference.reference);
   return c;
+}
+
+bool isJobRank(const std::string& bundle) {
+  auto view = formats::readRecords(*formats::BundleReader::open(bundle));
+  return view.distributed && view.distributed->worldSize > 1;
+}
+
+JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& options, double hangSeconds) {
+  auto view = formats::readRecords(*formats::BundleReader::open(bundle));
+  if (!view.distributed || view.distributed->worldSize <= 1)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{} is no rank of a multi-process job", bundle));
+  if (!options.rows.empty())
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("{} is a rank of a job, whose ranks replay together: keeping some rows of one rank's batch "
+                            "is not built yet",
+                            bundle),
+                "replay without --rows");
+  const auto& d = *view.distributed;
+  const std::string dir = fs::absolute(bundle).parent_path().string();
+  auto stories = supervisor::readJobs(dir);
+  const supervisor::Job* job = nullptr;
+  for (const auto& j : stories.jobs)
+    if (j.jobId == d.jobId) job = &j;
+  if (!job) throw Error(ErrorCode::NotFound, fmt::format("no job {} in {}", d.jobId, dir));
+  JobReplay out;
+  out.jobId = d.jobId;
+  out.worldSize = d.worldSize;
+  // Every rank, from its own bundle: the collectives need them all.
+  std::vector<std::string> missing;
+  for (int r = 0; r < d.worldSize; ++r) {
+    auto it = std::find_if(job->ranks.begin(), job->ranks.end(), [&](const supervisor::JobRank& x) { return x.rank == r; });
+    if (it == job->ranks.end()) missing.push_back(fmt::format("rank {} (no bundle)", r));
+    else if (it->bundle.empty()) missing.push_back(fmt::format("rank {} ({}: its recording was not kept)", r, it->how));
+    else out.ranks.push_back({r, it->bundle, std::nullopt, "", ""});
+  }
+  if (!missing.empty())
+    throw Error(ErrorCode::NotFound,
+                fmt::format("the {} ranks of job {} replay together, each from its own recorded batches and keyframe, "
+                            "and {} {} not in {}: {}",
+                            d.worldSize, d.jobId, missing.size(), missing.size() == 1 ? "is" : "are", dir,
+                            fmt::join(missing, ", ")),
+                "put every rank's bundle into one directory (crashcap run --nproc N --dir DIR does; --keep-recording "
+                "keeps the recordings of ranks that end cleanly, to seal with crashcap seal)");
+  // One target step and one keyframe for all: the one they all hold.
+  out.step = options.step >= 0 ? options.step
+             : view.crash && view.crash->step >= 0 ? view.crash->step
+             : view.stepBegins.empty() ? -1
+                                       : view.stepBegins.back().step;
+  if (out.step < 0) throw Error(ErrorCode::NotFound, fmt::format("{} holds no recorded steps", bundle));
+  for (const auto& r : job->ranks)
+    if (r.rank == d.rank && options.step < 0 && r.step > out.step)
+      out.notes.push_back(fmt::format("rank {} was in step {} when it ended ({}), but that step's batch is not in its "
+                                      "bundle (the process died before the recorder's writer got to it): the replay "
+                                      "ends at step {}, the last its bundle holds",
+                                      r.rank, r.step, r.how, out.step));
+  std::vector<int64_t> common;
+  std::string held;
+  for (size_t i = 0; i < out.ranks.size(); ++i) {
+    const auto& kfs = std::find_if(job->ranks.begin(), job->ranks.end(), [&](const supervisor::JobRank& x) {
+                        return x.rank == out.ranks[i].rank;
+                      })->keyframes;
+    std::vector<int64_t> mine;
+    for (int64_t k : kfs)
+      if (k <= out.step) mine.push_back(k);
+    std::sort(mine.begin(), mine.end());
+    held += fmt::format("{}rank {}: {}", held.empty() ? "" : "; ", out.ranks[i].rank,
+                        mine.empty() ? std::string("none") : fmt::format("{}", fmt::join(mine, ", ")));
+    if (i == 0) {
+      common = mine;
+    } else {
+      std::vector<int64_t> both;
+      std::set_intersection(common.begin(), common.end(), mine.begin(), mine.end(), std::back_inserter(both));
+      common = both;
+    }
+  }
+  if (options.keyframe >= 0) {
+    if (!std::binary_search(common.begin(), common.end(), options.keyframe))
+      throw Error(ErrorCode::NotFound,
+                  fmt::format("not every rank holds a keyframe at step {} (keyframes at or before step {}: {})",
+                              options.keyframe, out.step, held));
+    out.keyframe = options.keyframe;
+  } else if (common.empty()) {
+    throw Error(ErrorCode::NotFound,
+                fmt::format("the ranks of job {} hold no keyframe of one step at or before step {} ({}), so they cannot "
+                            "start from one state together",
+                            d.jobId, out.step, held),
+                "record every rank with the same keyframe policy (crashcap run --record does)");
+  } else {
+    out.keyframe = options.fromEarliestKeyframe ? common.front() : common.back();
+  }
+  // The ranks, started together on this machine as a launcher would, each serving its own request.
+  const int port = supervisor::freePort();
+  std::vector<ProgramRun> programs;
+  std::vector<supervisor::TogetherCommand> commands;
+  for (const auto& r : out.ranks) {
+    replayer::ReplayRequest request;
+    request.options = options;
+    request.options.step = out.step;
+    request.options.keyframe = out.keyframe;
+    ProgramRun p = prepareProgramRun(r.bundle, request);
+    for (const auto& v : {fmt::format("RANK={}", r.rank), fmt::format("LOCAL_RANK={}", r.rank),
+                          fmt::format("WORLD_SIZE={}", d.worldSize), fmt::format("LOCAL_WORLD_SIZE={}", d.worldSize),
+                          std::string("GROUP_RANK=0"), std::string("MASTER_ADDR=127.0.0.1"),
+                          fmt::format("MASTER_PORT={}", port)})
+      p.options.environment.push_back(v);
+    commands.push_back({p.program.commandLine, p.options});
+    programs.push_back(std::move(p));
+  }
+  std::vector<supervisor::CapturedRun> runs;
+  try {
+    runs = supervisor::runTogether(commands, hangSeconds);
+  } catch (Error& e) {
+    throw e.with(fmt::format("while starting the ranks of job {} to replay them", d.jobId));
+  }
+  for (size_t i = 0; i < out.ranks.size(); ++i) {
+    auto& r = out.ranks[i];
+    const int recordedSignal =
+        std::find_if(job->ranks.begin(), job->ranks.end(), [&](const supervisor::JobRank& x) { return x.rank == r.rank; })
+            ->signal;
+    // Died of the signal the recorded rank died of: the failure, again (the process could not answer).
+    if (!runs[i].timedOut && runs[i].exitCode < 0 && -runs[i].exitCode == recordedSignal) {
+      r.verdict = "reproduced";
+      r.error = fmt::format("killed by {} again, as in the recording: nothing in the process could write its "
+                            "steps, so only the failure is compared{}",
+                            formats::signalName(recordedSignal), lastLines(runs[i].err, 4));
+      continue;
+    }
+    try {
+      if (runs[i].timedOut)
+        throw Error(ErrorCode::Unsupported,
+                    fmt::format("rank {} had not ended {:.0f} s after another rank's replay ended, and was stopped (a "
+                                "collective that no peer joins){}",
+                                r.rank, hangSeconds, lastLines(runs[i].err, 6)));
+      auto outcome = programOutcome(r.bundle, programs[i], runs[i]);
+      if (outcome.error) throw *outcome.error;
+      if (!outcome.replay) throw Error(ErrorCode::Corrupt, "the program answered a replay request with no replay");
+      r.result = std::move(*outcome.replay);
+      r.verdict = replayer::verdictName(r.result->verdict);
+    } catch (const Error& e) {
+      r.error = e.message() + (e.hint().empty() ? "" : " (" + e.hint() + ")");
+    } catch (const ProgramKilled& e) {
+      r.error = e.what();
+    }
+  }
+  return out;
 }
 
 }  // namespace crashcap::investigate

@@ -482,6 +482,14 @@ struct Run {
     if (options.fromEarliestKeyframe)
       for (int64_t s : lost)
         if (s < target) notBefore = std::max(notBefore, s + 1);
+    if (options.keyframe >= 0) {
+      for (const auto& k : view.keyframes)
+        if (k.step == options.keyframe) keyframe = &k;
+      if (!keyframe || options.keyframe > target)
+        throw Error(ErrorCode::NotFound,
+                    fmt::format("no keyframe at step {} {}in {}", options.keyframe,
+                                keyframe ? fmt::format("at or before step {} ", target) : "", bundle));
+    }
     for (int pass = 0; pass < 2 && !keyframe; ++pass, notBefore = INT64_MIN)
       for (const auto& k : view.keyframes)
         if (k.step <= target && k.step >= notBefore &&
@@ -755,7 +763,9 @@ struct Run {
     const StepReplay& last = result.steps.back();
     bool replayNonFinite = last.error.empty() && (!std::isfinite(last.loss) || (last.hasGradNorm && !std::isfinite(last.gradNorm)));
     result.error = !last.error.empty() ? last.error
-                   : replayNonFinite   ? fmt::format("non-finite loss at step {}: {}", target, last.loss)
+                   : replayNonFinite   ? (std::isfinite(last.loss) ? fmt::format("non-finite gradient norm at step {}: {} (loss {})",
+                                                                                 target, last.gradNorm, last.loss)
+                                                                     : fmt::format("non-finite loss at step {}: {}", target, last.loss))
                                        : "";
     bool recordedFailure = view.crash && view.crash->step == target;
     bool allBitwise = true;

@@ -282,7 +282,7 @@ json toJson(const ReplayOptions& o) {
   return {{"step", o.step},         {"instrument", o.instrument}, {"device", o.device},
           {"dtype", o.dtype},       {"settings", o.settings},     {"rows", o.rows},
           {"from_earliest_keyframe", o.fromEarliestKeyframe}, {"allow_changed_sources", o.allowChangedSources},
-          {"keyframe_out", o.keyframeOut}};
+          {"keyframe_out", o.keyframeOut}, {"keyframe", o.keyframe}};
 }
 
 ReplayOptions replayOptionsFromJson(const json& j) {
@@ -296,6 +296,7 @@ ReplayOptions replayOptionsFromJson(const json& j) {
   o.fromEarliestKeyframe = flag(j, "from_earliest_keyframe");
   o.allowChangedSources = j.is_object() && j.value("allow_changed_sources", false);  // absent before it existed
   o.keyframeOut = optText(j, "keyframe_out");
+  o.keyframe = j.is_object() && j.contains("keyframe") && j["keyframe"].is_number_integer() ? j["keyframe"].get<int64_t>() : -1;
   return o;
 }
 

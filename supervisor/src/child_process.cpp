@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "crashcap/formats/error.hpp"
 
@@ -206,6 +207,52 @@ CapturedRun runCaptured(const std::vector<std::string>& argv, double timeoutSeco
   r.exitCode = child.termSignal() ? -child.termSignal() : child.exitCode();
   r.seconds = std::chrono::duration<double>(Clock::now() - t0).count();
   return r;
+}
+
+std::vector<CapturedRun> runTogether(const std::vector<TogetherCommand>& commands, double hangSeconds) {
+  std::vector<CapturedRun> runs(commands.size());
+  std::vector<ChildProcess> children;
+  children.reserve(commands.size());
+  auto t0 = Clock::now();
+  try {
+    for (const auto& c : commands) children.push_back(ChildProcess::start(c.argv, c.options));
+  } catch (...) {
+    for (auto& child : children) {
+      child.signal(SIGKILL);
+      child.wait();
+    }
+    throw;
+  }
+  std::vector<bool> done(children.size(), false);
+  std::optional<Clock::time_point> firstEnd;
+  for (size_t left = children.size(); left > 0;) {
+    for (size_t i = 0; i < children.size(); ++i) {
+      if (done[i]) continue;
+      auto& child = children[i];
+      auto capture = [&](int stream, const char* data, size_t size) {
+        (stream == 1 ? runs[i].out : runs[i].err).append(data, size);
+      };
+      // A grandchild may hold the pipes open after the child is gone: give it a moment, not more.
+      bool ended = !child.outputOpen() && child.exited();
+      if (child.exited() && child.secondsSinceExit() > 2) ended = true;
+      if (!ended && firstEnd && std::chrono::duration<double>(Clock::now() - *firstEnd).count() > hangSeconds) {
+        runs[i].timedOut = true;
+        child.signal(SIGKILL);
+        ended = true;
+      }
+      if (!ended) {
+        child.poll(child.outputOpen() ? 20 : 5, capture);
+        continue;
+      }
+      child.wait();
+      runs[i].exitCode = child.termSignal() ? -child.termSignal() : child.exitCode();
+      runs[i].seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+      done[i] = true;
+      --left;
+      if (!firstEnd) firstEnd = Clock::now();
+    }
+  }
+  return runs;
 }
 
 }  // namespace crashcap::supervisor

@@ -57,6 +57,7 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
     r.timeNs = sv.endNs;
     r.classification = sv.classification;
     r.error = errorLine(sv.evidence);
+    r.signal = sv.signal;
     if (sv.stopped) {
       r.outcome = "stopped";
       r.how = fmt::format("stopped by crashcap run ({})", sv.signal ? sv.signalName : "exited");
@@ -86,6 +87,7 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
     if (!c.error.empty() && r.outcome != "stopped") r.error = errorLine(c.error);
     if (c.timeNs && !r.timeNs) r.timeNs = c.timeNs;  // crashcap run's clock, when there is one, is every rank's
     if (!r.pid) r.pid = c.pid;
+    if (!r.signal) r.signal = c.signal;
     if (c.step >= 0) {
       r.step = c.step;
       r.phase = c.phase;
@@ -128,6 +130,7 @@ JobRank rankFromLog(const json& e) {
   r.rank = e.value("rank", -1);
   r.pid = e.value("pid", 0u);
   int signal = e.value("signal", 0), exitCode = e.value("exit_code", -1);
+  r.signal = signal;
   r.classification = e.value("classification", "");
   r.bundle = e.value("bundle", "");
   if (e.value("stopped", false)) {

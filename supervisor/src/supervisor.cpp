@@ -245,25 +245,6 @@ Watched watch(std::vector<Member>& members, const SuperviseOptions& o, bool& sto
   return {interrupted, firstFailed};
 }
 
-/// A free TCP port on the loopback interface, for a job's rendezvous.
-int freePort() {
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) throw Error(ErrorCode::Io, fmt::format("socket: {}", std::strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof addr;
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
-      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    int e = errno;
-    ::close(fd);
-    throw Error(ErrorCode::Io, fmt::format("no free port for the job's rendezvous: {}", std::strerror(e)),
-                "give one with --master-port");
-  }
-  ::close(fd);
-  return ntohs(addr.sin_port);
-}
 
 /// The pid in a name crashcap gives recordings and bundles ("recording-<time>-<pid>",
 /// "crash-<time>-<pid>[-N].ccap"); 0 when there is none.
@@ -749,6 +730,25 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     }
     backoff = std::min(backoff * 2, 60.0);
   }
+}
+
+int freePort() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) throw Error(ErrorCode::Io, fmt::format("socket: {}", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof addr;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int e = errno;
+    ::close(fd);
+    throw Error(ErrorCode::Io, fmt::format("no free port for the job's rendezvous: {}", std::strerror(e)),
+                "give one with --master-port");
+  }
+  ::close(fd);
+  return ntohs(addr.sin_port);
 }
 
 }  // namespace crashcap::supervisor

@@ -1,9 +1,12 @@
 """Multi-process jobs: every rank's recording says which rank of which job it is."""
 
 import glob
+import json
 import os
 import signal
 import time
+
+import pytest
 
 from conftest import PYTHON, TRAININGS, crashcap, crashcap_json
 
@@ -120,27 +123,81 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
     assert f"its last collective #{hung['collectives'][-1]['seq']} gloo:" in text, text
 
 
-def test_a_nan_sample_on_one_of_four_ranks_is_the_story_s_first_failure_and_reaches_the_others_by_all_reduce(tmp_path):
-    r = crashcap("run", "--record", "--nproc", 4, "--hang-timeout", 30, "--dir", tmp_path / "runs", "--", PYTHON, DDP,
-                 "--steps", 6, "--fail-rank", 2, "--fail-how", "nan", "--fail-step", 3, cwd=tmp_path, timeout=600)
+@pytest.mark.parametrize("nproc", [2, 4])
+def test_a_nan_sample_on_one_rank_is_the_story_s_first_failure_reaches_the_others_by_all_reduce_and_replays(tmp_path, nproc):
+    bad = nproc - 1 if nproc == 2 else 2
+    r = crashcap("run", "--record", "--nproc", nproc, "--hang-timeout", 30, "--dir", tmp_path / "runs", "--", PYTHON, DDP,
+                 "--steps", 6, "--fail-rank", bad, "--fail-how", "nan", "--fail-step", 3, cwd=tmp_path, timeout=600)
     assert r.returncode != 0, r.stdout + r.stderr
     job = crashcap_json("inspect", tmp_path / "runs")["jobs"]
     assert len(job) == 1, job
     job = job[0]
     ranks = {r["rank"]: r for r in job["ranks"]}
-    assert sorted(ranks) == [0, 1, 2, 3] and job["missing"] == []
-    # Rank 2's loss went non-finite; the others' gradients did, through the all-reduce of step 3.
-    assert job["first_failed"] == 2, job["headline"]
-    assert ranks[2]["classification"] == "nonfinite-loss" and ranks[2]["step"] == 3 and not ranks[2]["from_peer"]
-    assert ranks[2]["error"].startswith("non-finite loss at step 3")
-    for rank in (0, 1, 3):
+    assert sorted(ranks) == list(range(nproc)) and job["missing"] == []
+    # The bad rank's loss went non-finite; the others' gradients did, through the all-reduce of step 3.
+    assert job["first_failed"] == bad, job["headline"]
+    assert ranks[bad]["classification"] == "nonfinite-loss" and ranks[bad]["step"] == 3 and not ranks[bad]["from_peer"]
+    assert ranks[bad]["error"].startswith("non-finite loss at step 3")
+    for rank in set(range(nproc)) - {bad}:
         assert ranks[rank]["from_peer"] and ranks[rank]["step"] == 3, ranks[rank]
         assert ranks[rank]["error"].startswith("non-finite gradient norm at step 3")
     # Every rank issued the same collectives in the same order: the last is one and the same.
     last = {r["last_collective"]["seq"] for r in ranks.values()}
     assert len(last) == 1 and {r["last_collective"]["name"] for r in ranks.values()} == {"gloo:all_reduce"}
     assert all(r["last_collective"]["step"] == 3 for r in ranks.values())
-    assert job["headline"].startswith("rank 2 failed first: stopped by crashcap for a non-finite value at step 3")
+    assert job["headline"].startswith(f"rank {bad} failed first: stopped by crashcap for a non-finite value at step 3")
+    # The job replayed: its ranks together, each from its own batches, in lockstep through the
+    # all-reduces, bit for bit; the bad rank's first op with a NaN output is named.
+    replay = crashcap_json("replay", ranks[bad]["bundle"])
+    assert replay["job_id"] == job["job_id"] and replay["world_size"] == nproc and replay["step"] == 3
+    assert replay["keyframe"] == 0
+    assert [r["rank"] for r in replay["ranks"]] == list(range(nproc))
+    for r in replay["ranks"]:
+        assert r["error"] is None and r["replay"]["verdict"] == "reproduced-bitwise", r
+        assert [s["step"] for s in r["replay"]["steps"]] == [0, 1, 2, 3]
+    # The gradient norm is the all-reduced one: equal on every rank, and NaN on all at step 3.
+    norms = {json.dumps([s["grad_norm"] for s in r["replay"]["steps"]]) for r in replay["ranks"]}
+    assert len(norms) == 1, norms
+    assert replay["ranks"][bad]["replay"]["first_nonfinite_op"]["name"] == "aten::addmm"
+    text = crashcap("replay", ranks[bad]["bundle"], check=True).stdout
+    assert f"its {nproc} ranks replayed together" in text and text.count("reproduced-bitwise") >= nproc, text
+    # Triage replays one rank alone: refused at once, with why and what does work.
+    started = time.monotonic()
+    triage = crashcap_json("triage", ranks[bad]["bundle"])
+    assert f"is rank {bad} of a {nproc}-rank job" in json.dumps(triage), triage
+    assert time.monotonic() - started < 120
+
+
+def test_a_rank_of_four_sigkilled_at_step_n_is_named_first_and_the_job_replays_to_it(tmp_path):
+    started = time.monotonic()
+    r = crashcap("run", "--record", "--nproc", 4, "--hang-timeout", 10, "--dir", tmp_path / "runs", "--", PYTHON, DDP,
+                 "--steps", 6, "--fail-rank", 1, "--fail-how", "kill", "--fail-step", 3, cwd=tmp_path, timeout=600)
+    assert r.returncode == 128 + signal.SIGKILL, r.stdout + r.stderr
+    assert time.monotonic() - started < 300
+    job = crashcap_json("inspect", tmp_path / "runs")["jobs"][0]
+    ranks = {r["rank"]: r for r in job["ranks"]}
+    assert sorted(ranks) == [0, 1, 2, 3] and job["first_failed"] == 1, job["headline"]
+    assert ranks[1]["how"] == "killed by SIGKILL" and ranks[1]["step"] == 3
+    for rank in (0, 2, 3):
+        # Each ended on its own (Gloo saw rank 1 go) or was stopped, and each says its last collective.
+        assert ranks[rank]["outcome"] in ("failed", "stopped") and ranks[rank]["last_collective"], ranks[rank]
+        assert ranks[rank]["from_peer"] or ranks[rank]["outcome"] == "stopped", ranks[rank]
+    assert job["headline"].startswith("rank 1 failed first: killed by SIGKILL at step 3"), job["headline"]
+    replay = crashcap_json("replay", ranks[1]["bundle"])
+    verdicts = {r["rank"]: r["verdict"] for r in replay["ranks"]}
+    if replay["step"] == 3:
+        # Step 3's batch reached rank 1's bundle: replayed, rank 1 kills itself again.
+        assert verdicts[1] == "reproduced" and "killed by SIGKILL again" in replay["ranks"][1]["error"], replay["ranks"][1]
+        assert all(v in ("reproduced", "reproduced-bitwise") for v in verdicts.values()), verdicts
+    else:
+        # SIGKILL came before the recorder's writer had step 3's batch on disk: the replay ends at
+        # the last step rank 1's bundle holds, and says why.
+        assert replay["step"] == 2 and "rank 1 was in step 3" in replay["notes"][0], replay
+        assert set(verdicts.values()) == {"reproduced-bitwise"}, verdicts
+    # The steps before the kill replayed bit for bit on the ranks that answered.
+    for r in replay["ranks"]:
+        if r["replay"]:
+            assert all(s["bitwise"] for s in r["replay"]["steps"] if s["step"] < 3), r["replay"]["steps"]
 
 
 def test_the_story_of_a_directory_keeps_two_jobs_apart_and_names_a_missing_rank(tmp_path):
@@ -171,6 +228,17 @@ def test_the_story_of_a_directory_keeps_two_jobs_apart_and_names_a_missing_rank(
     os.unlink(gone["bundle"])
     job = next(j for j in crashcap_json("inspect", mixed)["jobs"] if j["job_id"] == jobs[1])
     assert job["missing"] == [0] and [r["rank"] for r in job["ranks"]] == [1]
+    # The job cannot replay without it, and says which rank is missing.
+    r = crashcap("replay", job["ranks"][0]["bundle"], timeout=300)
+    assert r.returncode != 0 and "rank 0 (no bundle)" in r.stderr, r.stdout + r.stderr
+    # The other job, whole in the mixed directory, replays: two jobs' bundles do not mix.
+    other = next(j for j in story["jobs"] if j["job_id"] == jobs[0])
+    replay = crashcap_json("replay", other["ranks"][1]["bundle"])
+    assert replay["job_id"] == jobs[0]
+    # Rank 0 raised on its own, bit for bit as recorded; rank 1's Gloo error names another port.
+    assert replay["ranks"][0]["replay"]["verdict"] == "reproduced-bitwise", replay["ranks"][0]
+    assert replay["ranks"][1]["replay"]["verdict"] in ("reproduced", "reproduced-bitwise"), replay["ranks"][1]
+    assert "rank 0 gives up at step 2" in replay["ranks"][0]["replay"]["error"]
     assert "rank 0     MISSING" in crashcap("inspect", mixed, check=True).stdout
 
     # A directory without any job, and --trace on a directory, are told apart from a bundle.

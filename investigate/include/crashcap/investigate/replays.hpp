@@ -5,8 +5,10 @@
 // and whose answer it reads back. Every command that replays goes through here, so `replay`,
 // `bisect` and `triage` treat both kinds alike.
 
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "crashcap/replayer/replay.hpp"
 
@@ -26,7 +28,8 @@ class ProgramKilled : public std::runtime_error {
 
 /// How a bundle replays: "in-process" (a TorchScript step program) or "program" (setModel with a
 /// step function: the recorded program serves the replay). Throws Error{Unsupported} naming what
-/// is missing when it cannot be replayed from the command line at all.
+/// is missing when it cannot be replayed from the command line at all, and for one rank of a
+/// multi-process job (its collectives would wait for peers that are not there).
 std::string replayRoute(const std::string& bundle);
 
 /// From now on, every replay this process runs in a recorded program lets it run source files
@@ -40,6 +43,39 @@ bool changedSourcesAllowed();
 /// started or ends without an answer (its exit status and the last lines of its output say why),
 /// and ProgramKilled.
 replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayOptions& options);
+
+/// One rank's replay within its job's.
+struct RankReplay {
+  int rank = 0;
+  std::string bundle;
+  std::optional<replayer::ReplayResult> result;  ///< nullopt: it gave none, `error` says why
+  std::string error;
+  /// The result's verdict; without a result, "reproduced" when the replay died of the signal the
+  /// recorded rank died of (a SIGKILL, a SIGSEGV: nothing in the process could answer), else "".
+  std::string verdict;
+};
+
+/// The ranks of a multi-process job replayed together.
+struct JobReplay {
+  std::string jobId;
+  int worldSize = 0;
+  int64_t step = -1;      ///< the target step, the same for every rank
+  int64_t keyframe = -1;  ///< the keyframe every rank started from
+  std::vector<RankReplay> ranks;  ///< by rank
+  std::vector<std::string> notes;  ///< what bounds the replay (a step the bundle lacks), in words
+};
+
+/// Whether `bundle` is one rank of a job of several processes (its distributed record's world).
+bool isJobRank(const std::string& bundle);
+
+/// Replays the job `bundle` is a rank of: every rank's bundle from the same directory, each in its
+/// recorded program started again on this machine with the launcher's variables (RANK,
+/// WORLD_SIZE, MASTER_ADDR 127.0.0.1, a free MASTER_PORT), all from the newest keyframe they all
+/// hold at or before the target step (options.step, else `bundle`'s crash step), in lockstep
+/// through their collectives. A rank still running `hangSeconds` after another ended is stopped.
+/// Throws Error{NotFound} naming the ranks whose bundles are missing, or the keyframes each rank
+/// holds when they share none; a rank that gives no result has its `error`.
+JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& options, double hangSeconds = 30);
 
 /// replayer::compareWithReference by the bundle's route.
 replayer::ReferenceComparison compareWithReference(const std::string& bundle, const replayer::ReplayOptions& options,

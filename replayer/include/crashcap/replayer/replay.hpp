@@ -51,6 +51,9 @@ struct ReplayOptions {
   /// Start from the earliest keyframe in the bundle instead of the newest before the step
   /// (step bisection: the whole retained history).
   bool fromEarliestKeyframe = false;
+  /// Start from the keyframe of this step (-1: as above): the ranks of a job replay from one
+  /// keyframe they all hold. NotFound when the bundle has none at that step.
+  int64_t keyframe = -1;
   /// A program that replays itself (a Python training) may run even when its source files differ
   /// from the ones the recording hashed; without it, it refuses and names them.
   bool allowChangedSources = false;

@@ -89,4 +89,15 @@ struct CapturedRun {
 CapturedRun runCaptured(const std::vector<std::string>& argv, double timeoutSeconds);
 CapturedRun runCaptured(const std::vector<std::string>& argv, double timeoutSeconds, const ChildProcess::Options& options);
 
+/// One command of runTogether.
+struct TogetherCommand {
+  std::vector<std::string> argv;
+  ChildProcess::Options options;
+};
+/// Runs the commands at the same time, each to its end with its output captured: the processes of
+/// one job. Once one has ended, those still running `hangSeconds` later are killed (SIGKILL,
+/// `timedOut`): a peer of a process that is gone may wait for it forever. Throws as
+/// ChildProcess::start does (the ones already started are killed).
+std::vector<CapturedRun> runTogether(const std::vector<TogetherCommand>& commands, double hangSeconds);
+
 }  // namespace crashcap::supervisor

@@ -33,7 +33,8 @@ struct JobRank {
   /// was. Such a rank is never the one that failed first while a rank failed on its own.
   bool fromPeer = false;
   bool nonfiniteLoss = false;           ///< its recorder stopped it for a non-finite loss
-  std::string how;                      ///< "killed by SIGKILL", "exit status 1", "exception", ...
+  std::string how;                      ///< "killed by SIGKILL", "exit status 1", "raised", ...
+  int signal = 0;                       ///< the signal that ended it; 0 none
   std::string classification;
   std::string error;                    ///< the error's own line
   int64_t step = -1;                    ///< the failing step, else the last step begun; -1 none

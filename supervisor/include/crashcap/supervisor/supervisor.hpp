@@ -114,4 +114,8 @@ std::string injectionLibrary();
 /// installed one. Throws crashcap::Error{NotFound} saying how to build it when there is none.
 std::string pythonPackage();
 
+/// A free TCP port on the loopback interface, for a job's rendezvous (MASTER_PORT). Throws
+/// Error{Io} when there is none.
+int freePort();
+
 }  // namespace crashcap::supervisor

@@ -47,10 +47,13 @@ json collectivesJson(const formats::BundleRecords& v, size_t last) {
                    {"thread", c.thread},
                    {"inputs", inputs},
                    {"ended", c.endNs != 0},
+                   {"end_observable", collectiveEndObservable(c.name)},
                    {"seconds", c.endNs != 0 ? json(double(c.endNs - c.startNs) / 1e9) : json(nullptr)}});
   }
   return out;
 }
+
+bool collectiveEndObservable(const std::string& name) { return name.rfind("nccl:", 0) != 0 && name.rfind("ucc:", 0) != 0; }
 
 std::string collectiveText(const json& c) {
   std::string inputs;
@@ -61,8 +64,9 @@ std::string collectiveText(const json& c) {
   }
   return fmt::format("#{} {} {} {}{}", c["seq"].dump(), c["name"].get<std::string>(),
                      c["step"].is_null() ? std::string("between steps") : "at step " + c["step"].dump(), inputs,
-                     c["ended"] == true ? fmt::format(", ended after {:.3g} s", c["seconds"].get<double>())
-                                        : std::string(", had not ended"));
+                     !collectiveEndObservable(c["name"].get<std::string>()) ? std::string(", issued (its completion on the GPU is not observable)")
+                     : c["ended"] == true ? fmt::format(", ended after {:.3g} s", c["seconds"].get<double>())
+                                          : std::string(", had not ended"));
 }
 
 json storyJson(const formats::BundleReader& reader, const StoryOptions& options) {

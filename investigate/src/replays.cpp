@@ -313,7 +313,8 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     auto it = std::find_if(job->ranks.begin(), job->ranks.end(), [&](const supervisor::JobRank& x) { return x.rank == r; });
     if (it == job->ranks.end()) missing.push_back(fmt::format("rank {} (no bundle)", r));
     else if (it->bundle.empty()) missing.push_back(fmt::format("rank {} ({}: its recording was not kept)", r, it->how));
-    else out.ranks.push_back({r, it->bundle, std::nullopt, "", ""});
+    // The bundle asked for is its rank's, whatever else of that rank the directory holds.
+    else out.ranks.push_back({r, r == d.rank ? fs::absolute(bundle).string() : it->bundle, std::nullopt, "", ""});
   }
   if (!missing.empty())
     throw Error(ErrorCode::NotFound,
@@ -335,6 +336,24 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
                                       "bundle (the process died before the recorder's writer got to it): the replay "
                                       "ends at step {}, the last its bundle holds",
                                       r.rank, r.step, r.how, out.step));
+  // Every rank must reach the target through steps its bundle holds: a rank that stops early
+  // would leave the others waiting in a collective.
+  for (const auto& r : out.ranks) {
+    auto v = formats::readRecords(*formats::BundleReader::open(r.bundle));
+    bool has = std::any_of(v.stepBegins.begin(), v.stepBegins.end(), [&](const auto& b) { return b.step == out.step; });
+    if (!has)
+      throw Error(ErrorCode::NotFound,
+                  fmt::format("rank {}'s bundle does not hold step {} ({}), so the ranks cannot replay to it together",
+                              r.rank, out.step,
+                              v.stepBegins.empty() ? std::string("it holds no steps")
+                                                   : fmt::format("it holds steps {}..{}", v.stepBegins.front().step,
+                                                                 v.stepBegins.back().step)),
+                  "replay an earlier step of the job with --step");
+    for (int64_t lost : formats::lostSteps(v))
+      if (lost <= out.step)
+        out.notes.push_back(fmt::format("rank {}'s recording lost step {}: a replay window that holds it stops before it",
+                                        r.rank, lost));
+  }
   std::vector<int64_t> common;
   std::string held;
   for (size_t i = 0; i < out.ranks.size(); ++i) {
@@ -385,6 +404,7 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
                           std::string("GROUP_RANK=0"), std::string("MASTER_ADDR=127.0.0.1"),
                           fmt::format("MASTER_PORT={}", port)})
       p.options.environment.push_back(v);
+    p.options.ownProcessGroup = true;  // a stop reaches the rank's DataLoader workers too
     commands.push_back({p.program.commandLine, p.options});
     programs.push_back(std::move(p));
   }
@@ -396,11 +416,12 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
   }
   for (size_t i = 0; i < out.ranks.size(); ++i) {
     auto& r = out.ranks[i];
-    const int recordedSignal =
-        std::find_if(job->ranks.begin(), job->ranks.end(), [&](const supervisor::JobRank& x) { return x.rank == r.rank; })
-            ->signal;
+    const auto& recorded =
+        *std::find_if(job->ranks.begin(), job->ranks.end(), [&](const supervisor::JobRank& x) { return x.rank == r.rank; });
+    // A rank crashcap run stopped (SIGKILL after its SIGTERM) did not fail of that signal.
+    const int recordedSignal = recorded.outcome == "failed" ? recorded.signal : 0;
     // Died of the signal the recorded rank died of: the failure, again (the process could not answer).
-    if (!runs[i].timedOut && runs[i].exitCode < 0 && -runs[i].exitCode == recordedSignal) {
+    if (!runs[i].timedOut && recordedSignal && runs[i].exitCode < 0 && -runs[i].exitCode == recordedSignal) {
       r.verdict = "reproduced";
       r.error = fmt::format("killed by {} again, as in the recording: nothing in the process could write its "
                             "steps, so only the failure is compared{}",

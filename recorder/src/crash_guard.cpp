@@ -157,8 +157,14 @@ void installCrashGuard(DescribeException describe) {
 void uninstallCrashGuard() {
   std::lock_guard<std::mutex> lk(gInstallMu);
   if (!gInstalled) return;
-  for (int i = 0; i < kSignalCount; ++i)
-    if (gTaken[i]) sigaction(kSignals[i], &gPrevious[i], nullptr);
+  for (int i = 0; i < kSignalCount; ++i) {
+    if (!gTaken[i]) continue;
+    // A handler the program installed after ours (a checkpoint on SIGTERM) stays.
+    struct sigaction current {};
+    if (sigaction(kSignals[i], nullptr, &current) == 0 && (current.sa_flags & SA_SIGINFO) &&
+        current.sa_sigaction == onFatalSignal)
+      sigaction(kSignals[i], &gPrevious[i], nullptr);
+  }
   std::set_terminate(gPrevTerminate);
   gInstalled = false;
 }

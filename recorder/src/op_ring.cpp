@@ -132,8 +132,12 @@ uint64_t thisThread(ThreadState& ts) {
   return ts.thread;
 }
 
+/// The step in progress (-1: none yet).
+int64_t currentStep() { return gStep ? gStep->load(std::memory_order_relaxed) : -1; }
+
 /// Fills `e` as the `index`-th entry of its ring.
-void fill(Entry& e, uint64_t index, const at::RecordFunction& fn, const char* name, bool backward, ThreadState& ts) {
+void fill(Entry& e, uint64_t index, const at::RecordFunction& fn, const char* name, bool backward, int64_t step,
+          ThreadState& ts) {
   // A seqlock: 0 while the entry is being written, index + 1 once complete.
   e.committed.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
@@ -144,7 +148,7 @@ void fill(Entry& e, uint64_t index, const at::RecordFunction& fn, const char* na
   e.name[n] = '\0';
   e.backward = backward;
   e.sequenceNr = fn.seqNr();
-  e.step = gStep ? gStep->load(std::memory_order_relaxed) : -1;
+  e.step = step;
   e.thread = thisThread(ts);
   e.inputCount = 0;
   // Inputs: check everything before touching it (a callback must never throw: LibTorch
@@ -187,7 +191,7 @@ void record(const at::RecordFunction& fn, const char* name, bool backward, Threa
     ++ts.opDepth;
     cupti::pushOp(index);  // kernels launched from here on link to this op (a no-op without a tracer)
   }
-  fill(ring->entries[index % ring->entries.size()], index, fn, name, backward, ts);
+  fill(ring->entries[index % ring->entries.size()], index, fn, name, backward, currentStep(), ts);
 }
 
 /// An op returned: its end time, and the kernel link back to the enclosing op.
@@ -313,7 +317,10 @@ std::unique_ptr<at::ObserverContext> onCollective(const at::RecordFunction& fn) 
   Ring* ring = gCollectives.load(std::memory_order_acquire);
   if (!ring) return nullptr;
   uint64_t index = ring->next.fetch_add(1, std::memory_order_relaxed);
-  fill(ring->entries[index % ring->entries.size()], index, fn, name, false, tState);
+  // A collective between steps (a validation all-reduce, a checkpoint's barrier) belongs to none.
+  const int phase = gPhase ? gPhase->load(std::memory_order_relaxed) : static_cast<int>(Phase::Setup);
+  const bool inStep = phase != static_cast<int>(Phase::Setup) && phase != static_cast<int>(Phase::BetweenSteps);
+  fill(ring->entries[index % ring->entries.size()], index, fn, name, false, inStep ? currentStep() : -1, tState);
   std::unique_ptr<CollectiveContext> ctx(new (std::nothrow) CollectiveContext);
   if (ctx) {
     ctx->ring = ring;

@@ -6,6 +6,7 @@
 #include <cctype>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/clock.hpp"
@@ -58,6 +59,7 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
     r.classification = sv.classification;
     r.error = errorLine(sv.evidence);
     r.signal = sv.signal;
+    r.runStartNs = sv.startNs;
     if (sv.stopped) {
       r.outcome = "stopped";
       r.how = fmt::format("stopped by crashcap run ({})", sv.signal ? sv.signalName : "exited");
@@ -155,7 +157,7 @@ std::string collectiveName(const formats::CollectiveData& c) {
 
 /// Where a rank was: "at step 3 (forward, in aten::linear)".
 std::string whereText(const JobRank& r) {
-  if (r.step < 0) return "before any step";
+  if (r.step < 0) return r.bundle.empty() ? "(no bundle: where it was is not known)" : "before any step";
   std::string in = r.phase.empty() ? "phase unknown" : r.phase;
   if (!r.op.empty()) in += ", last op " + r.op;
   return fmt::format("at step {} ({})", r.step, in);
@@ -169,8 +171,11 @@ std::string collectiveText(const JobRank& r, const Job& job) {
                                              "SIGKILL, or no op trace)";
   if (!r.lastCollective) return "it issued no collective";
   const auto& c = *r.lastCollective;
-  std::string s = c.endNs ? fmt::format("its last collective {} ended", collectiveName(c))
-                          : fmt::format("waiting in collective {}", collectiveName(c));
+  std::string s = !inspect::collectiveEndObservable(c.name)
+                      ? fmt::format("its last collective {} was issued (the GPU's completion of it is not observable)",
+                                    collectiveName(c))
+                  : c.endNs ? fmt::format("its last collective {} ended", collectiveName(c))
+                            : fmt::format("waiting in collective {}", collectiveName(c));
   if (job.furthestCollective && job.furthestCollective->seq > c.seq) {
     const auto& f = *job.furthestCollective;
     s += fmt::format("; it never issued #{}{}", c.seq + 1, f.seq == c.seq + 1 ? " " + f.name : "");
@@ -218,6 +223,11 @@ JobStories readJobs(const std::string& dir) {
       } else {
         // Two bundles of one rank: a crash the program recorded and went on from, then its end.
         // The newer tells how the rank ended.
+        if (r->runStartNs && same->runStartNs && r->runStartNs != same->runStartNs)
+          job.problems.push_back(fmt::format(
+              "rank {} has bundles of different runs under one job id ({} and {}): the newest is told; keep each run's "
+              "bundles in a directory of its own (a job id from a reused rendezvous address, or given to several runs)",
+              r->rank, fs::path(same->bundle).filename().string(), fs::path(r->bundle).filename().string()));
         bool newer = r->timeNs > same->timeNs;
         std::string older = newer ? same->bundle : r->bundle;
         auto others = same->otherBundles;
@@ -231,24 +241,45 @@ JobStories readJobs(const std::string& dir) {
   }
   // The run log: ranks that ended cleanly left no bundle, and crashcap run saw which rank failed
   // first (its watch, not the clocks of the ranks' own records).
+  std::set<std::string> noFailure;  // jobs whose run log says no rank failed
   for (const auto& log : listing.logs)
     for (const auto& line : readRunLog(log, root, out.unreadable)) {
-      auto it = byId.find(line.value("job_id", ""));
-      if (it == byId.end() || it->first.empty() || !line.contains("ranks") || !line["ranks"].is_array()) continue;
-      Job& job = out.jobs[it->second];
-      for (const auto& e : line["ranks"]) {
-        if (!e.is_object()) continue;
-        JobRank r = rankFromLog(e);
-        if (r.rank < 0) continue;
-        if (std::any_of(job.ranks.begin(), job.ranks.end(), [&](const JobRank& x) { return x.rank == r.rank; })) continue;
-        if (!r.bundle.empty()) {
-          job.problems.push_back(fmt::format("rank {}'s bundle {} is not in {}", r.rank, r.bundle, dir));
-          r.bundle.clear();
+      try {
+        if (!line.contains("job_id") || !line["job_id"].is_string()) continue;
+        auto it = byId.find(line["job_id"].get<std::string>());
+        if (it == byId.end() || it->first.empty() || !line.contains("ranks") || !line["ranks"].is_array()) continue;
+        Job& job = out.jobs[it->second];
+        for (const auto& e : line["ranks"]) {
+          if (!e.is_object()) continue;
+          JobRank r = rankFromLog(e);
+          if (r.rank < 0) continue;
+          auto same = std::find_if(job.ranks.begin(), job.ranks.end(), [&](const JobRank& x) { return x.rank == r.rank; });
+          if (same != job.ranks.end()) {
+            // Its bundle holds a crash the program recorded and went on from: how it ended is the log's.
+            if (r.outcome == "healthy" && same->outcome != "healthy") {
+              same->outcome = "healthy";
+              same->how = "exit status 0 (it recorded a failure and went on)";
+            }
+            continue;
+          }
+          if (!r.bundle.empty()) {
+            job.problems.push_back(fmt::format("rank {}'s bundle {} is not in {}", r.rank, r.bundle, dir));
+            r.bundle.clear();
+          }
+          job.ranks.push_back(std::move(r));
         }
-        job.ranks.push_back(std::move(r));
+        if (line.contains("first_failed_rank")) {
+          if (line["first_failed_rank"].is_number_integer()) {
+            job.firstFailed = line["first_failed_rank"].get<int>();
+            noFailure.erase(job.jobId);
+          } else if (line["first_failed_rank"].is_null()) {
+            job.firstFailed = -1;
+            noFailure.insert(job.jobId);
+          }
+        }
+      } catch (const json::exception& e) {
+        out.unreadable.emplace_back(fmt::format("{}:{}", log, line.value("_line", 0)), fmt::format("not a run log line crashcap wrote: {}", e.what()));
       }
-      if (line.contains("first_failed_rank") && line["first_failed_rank"].is_number_integer())
-        job.firstFailed = line["first_failed_rank"].get<int>();
     }
   for (auto& job : out.jobs) {
     std::sort(job.ranks.begin(), job.ranks.end(), [](const JobRank& a, const JobRank& b) { return a.rank < b.rank; });
@@ -268,7 +299,7 @@ JobStories readJobs(const std::string& dir) {
     auto candidate = [&](const JobRank& x) { return x.outcome == "failed" && (!anyOwn || !x.fromPeer); };
     bool known = std::any_of(job.ranks.begin(), job.ranks.end(),
                              [&](const JobRank& x) { return x.rank == job.firstFailed && candidate(x); });
-    if (!known) {
+    if (!known && !noFailure.count(job.jobId)) {
       job.firstFailed = -1;
       const JobRank* first = nullptr;
       for (const auto& r : job.ranks)
@@ -416,7 +447,9 @@ std::string jobsText(const JobStories& stories) {
       std::string when;
       if (first && &r != first && r.timeNs && first->timeNs) {
         double later = double(r.timeNs - first->timeNs) / 1e9;
-        when = later < 0.05 ? " at about the same time" : fmt::format(" {:.1f} s later", later);
+        when = later >= 0.05    ? fmt::format(" {:.1f} s later", later)
+               : later > -0.05 ? std::string(" at about the same time")
+                               : fmt::format(" {:.1f} s earlier", -later);
       }
       s += fmt::format("rank {:<4}  {}{}{} {}\n", r.rank, r.failedFirst ? "failed first: " : "", r.how, when,
                        r.outcome == "healthy" && r.bundle.empty() ? std::string("(no bundle: it ended cleanly)") : whereText(r));

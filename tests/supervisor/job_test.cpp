@@ -6,6 +6,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <fstream>
+
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
@@ -132,4 +134,25 @@ TEST_CASE("bundles of two jobs stay apart, and one of no job is listed on its ow
 TEST_CASE("inspect DIR on what is no directory says so", "[job]") {
   test::TempDir dir;
   CHECK_THROWS_AS(supervisor::readJobs(dir.file("absent")), Error);
+}
+
+TEST_CASE("a rank that recorded a failure and went on is healthy when the run log says it exited 0", "[job]") {
+  test::TempDir dir;
+  // Rank 0 recorded a non-finite loss and went on (crashcap run --nonfinite record): exit 0.
+  writeRank(dir.file("crash-a0.ccap"), {"job-a", 0, 2, "non-finite loss at step 4: nan", 1'000'000'000, 4, {}});
+  {
+    std::ofstream log(dir.file("runs.jsonl"));
+    log << R"({"job_id": "job-a", "ranks": [{"rank": 0, "pid": 1, "exit_code": 0, "signal": 0, "classification": "",)"
+        << R"( "stopped": false, "bundle": ""}, {"rank": 1, "pid": 2, "exit_code": 0, "signal": 0, "classification": "",)"
+        << R"( "stopped": false, "bundle": ""}], "first_failed_rank": null})" << "\n";
+    log << R"({"job_id": null, "ranks": 7})" << "\n";  // not a line crashcap wrote: passed over
+  }
+  auto stories = supervisor::readJobs(dir.path());
+  REQUIRE(stories.jobs.size() == 1);
+  const auto& job = stories.jobs[0];
+  CHECK(job.firstFailed == -1);
+  CHECK(rankOf(job, 0).outcome == "healthy");
+  CHECK(rankOf(job, 1).outcome == "healthy");
+  CHECK(job.missing.empty());
+  CHECK(supervisor::jobHeadline(job) == "no rank failed");
 }

@@ -33,6 +33,9 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
 /// backend ends a collective when it completes and when it fails (a peer gone): "ended" does not
 /// say which; one that had not ended is one the process was waiting in.
 nlohmann::json collectivesJson(const formats::BundleRecords& records, size_t last);
+/// Whether a collective's end says it completed: Gloo's and MPI's work ends when the collective
+/// has; NCCL's and UCC's when it is queued on the GPU's stream, which says nothing of completion.
+bool collectiveEndObservable(const std::string& name);
 /// One collective of collectivesJson as a line: "#12 gloo:all_reduce at step 3 float32[10], had not ended".
 std::string collectiveText(const nlohmann::json& collective);
 

@@ -44,6 +44,7 @@ struct JobRank {
   uint64_t collectivesIssued = 0;       ///< with opTrace
   std::optional<formats::CollectiveData> lastCollective;
   int64_t timeNs = 0;                   ///< when it failed or ended (Unix ns; 0 unknown)
+  int64_t runStartNs = 0;               ///< when the `crashcap run` attempt that started it began; 0 unknown
   std::vector<int64_t> keyframes;       ///< the keyframe steps its bundle holds
   std::string backend;
 };

@@ -428,11 +428,20 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
                             formats::signalName(recordedSignal), lastLines(runs[i].err, 4));
       continue;
     }
+    // Still running long after a peer ended, as in the recording, where crashcap run stopped it: the
+    // hang, again.
+    if (runs[i].timedOut && recorded.outcome == "stopped") {
+      r.verdict = "reproduced";
+      r.error = fmt::format("had not ended {:.0f} s after another rank's replay ended, as in the recording (where "
+                            "crashcap run stopped it): stopped again, so only the hang is compared{}",
+                            hangSeconds, lastLines(runs[i].err, 4));
+      continue;
+    }
     try {
       if (runs[i].timedOut)
         throw Error(ErrorCode::Unsupported,
-                    fmt::format("rank {} had not ended {:.0f} s after another rank's replay ended, and was stopped (a "
-                                "collective that no peer joins){}",
+                    fmt::format("rank {} had not ended {:.0f} s after another rank's replay ended, and was stopped: it "
+                                "waited for something no peer did (a collective, a barrier) or hung on its own{}",
                                 r.rank, hangSeconds, lastLines(runs[i].err, 6)));
       auto outcome = programOutcome(r.bundle, programs[i], runs[i]);
       if (outcome.error) throw *outcome.error;

@@ -122,6 +122,19 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
     assert "FIRST      rank 1 killed by SIGKILL at step 3" in text, text
     assert f"its last collective #{hung['collectives'][-1]['seq']} gloo:" in text, text
 
+    # The job replayed: rank 1 kills itself again at step 3 and rank 0 hangs again, stopped 30 s
+    # later as crashcap run stopped it -- unless SIGKILL beat rank 1's writer to step 3's batch, and
+    # the replay ends at step 2, bit for bit.
+    replay = crashcap_json("replay", ranks[1]["bundle"])
+    verdicts = {r["rank"]: r["verdict"] for r in replay["ranks"]}
+    if replay["step"] == 3:
+        assert verdicts == {0: "reproduced", 1: "reproduced"}, replay["ranks"]
+        assert "as in the recording (where crashcap run stopped it)" in replay["ranks"][0]["error"]
+        assert "killed by SIGKILL again" in replay["ranks"][1]["error"]
+    else:
+        assert replay["step"] == 2 and "rank 1 was in step 3" in replay["notes"][0], replay
+        assert set(verdicts.values()) == {"reproduced-bitwise"}, verdicts
+
 
 @pytest.mark.parametrize("nproc", [2, 4])
 def test_a_nan_sample_on_one_rank_is_the_story_s_first_failure_reaches_the_others_by_all_reduce_and_replays(tmp_path, nproc):

@@ -51,7 +51,8 @@ struct RankReplay {
   std::optional<replayer::ReplayResult> result;  ///< nullopt: it gave none, `error` says why
   std::string error;
   /// The result's verdict; without a result, "reproduced" when the replay died of the signal the
-  /// recorded rank died of (a SIGKILL, a SIGSEGV: nothing in the process could answer), else "".
+  /// recorded rank died of (a SIGKILL, a SIGSEGV: nothing in the process could answer) or hung
+  /// again where crashcap run had stopped the recorded rank, else "".
   std::string verdict;
 };
 

@@ -207,10 +207,12 @@ def test_a_rank_of_four_sigkilled_at_step_n_is_named_first_and_the_job_replays_t
         # the last step rank 1's bundle holds, and says why.
         assert replay["step"] == 2 and "rank 1 was in step 3" in replay["notes"][0], replay
         assert set(verdicts.values()) == {"reproduced-bitwise"}, verdicts
-    # The steps before the kill replayed bit for bit on the ranks that answered.
+    # The steps before the kill replayed bit for bit on the ranks that answered (a step whose end
+    # SIGKILL kept from rank 1's bundle has no fingerprint to compare).
     for r in replay["ranks"]:
         if r["replay"]:
-            assert all(s["bitwise"] for s in r["replay"]["steps"] if s["step"] < 3), r["replay"]["steps"]
+            assert all(s["bitwise"] for s in r["replay"]["steps"] if s["step"] < 3 and s["recorded_loss"] is not None), \
+                r["replay"]["steps"]
 
 
 def test_the_story_of_a_directory_keeps_two_jobs_apart_and_names_a_missing_rank(tmp_path):

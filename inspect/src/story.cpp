@@ -33,27 +33,29 @@ int64_t focusStep(const formats::BundleRecords& v) {
 
 }  // namespace
 
+bool collectiveEndObservable(const std::string& name) { return name.rfind("nccl:", 0) != 0 && name.rfind("ucc:", 0) != 0; }
+
+json collectiveJson(const formats::CollectiveData& c) {
+  json inputs = json::array();
+  for (const auto& in : c.inputs) inputs.push_back({{"dtype", in.dtype}, {"shape", in.shape}});
+  return {{"seq", c.seq},
+          {"name", c.name},
+          {"step", c.step >= 0 ? json(c.step) : json(nullptr)},
+          {"thread", c.thread},
+          {"inputs", inputs},
+          {"ended", c.endNs != 0},
+          {"end_observable", collectiveEndObservable(c.name)},
+          {"seconds", c.endNs != 0 ? json(double(c.endNs - c.startNs) / 1e9) : json(nullptr)}};
+}
+
 json collectivesJson(const formats::BundleRecords& v, size_t last) {
   json out = json::array();
   if (!v.opTrace) return out;
   const auto& cs = v.opTrace->collectives;
-  for (size_t i = cs.size() > last ? cs.size() - last : 0; i < cs.size(); ++i) {
-    const auto& c = cs[i];
-    json inputs = json::array();
-    for (const auto& in : c.inputs) inputs.push_back({{"dtype", in.dtype}, {"shape", in.shape}});
-    out.push_back({{"seq", c.seq},
-                   {"name", c.name},
-                   {"step", c.step >= 0 ? json(c.step) : json(nullptr)},
-                   {"thread", c.thread},
-                   {"inputs", inputs},
-                   {"ended", c.endNs != 0},
-                   {"end_observable", collectiveEndObservable(c.name)},
-                   {"seconds", c.endNs != 0 ? json(double(c.endNs - c.startNs) / 1e9) : json(nullptr)}});
-  }
+  for (size_t i = cs.size() > last ? cs.size() - last : 0; i < cs.size(); ++i) out.push_back(collectiveJson(cs[i]));
   return out;
 }
 
-bool collectiveEndObservable(const std::string& name) { return name.rfind("nccl:", 0) != 0 && name.rfind("ucc:", 0) != 0; }
 
 std::string collectiveText(const json& c) {
   std::string inputs;

@@ -307,14 +307,32 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
   JobReplay out;
   out.jobId = d.jobId;
   out.worldSize = d.worldSize;
-  // Every rank, from its own bundle: the collectives need them all.
+  // Every rank, from its own bundle: the collectives need them all. The bundle asked for is its
+  // rank's, whatever else of that rank the directory holds.
   std::vector<std::string> missing;
+  std::vector<const supervisor::JobRank*> recorded;  // beside out.ranks
+  std::optional<supervisor::JobRank> asked;
   for (int r = 0; r < d.worldSize; ++r) {
     auto it = std::find_if(job->ranks.begin(), job->ranks.end(), [&](const supervisor::JobRank& x) { return x.rank == r; });
-    if (it == job->ranks.end()) missing.push_back(fmt::format("rank {} (no bundle)", r));
-    else if (it->bundle.empty()) missing.push_back(fmt::format("rank {} ({}: its recording was not kept)", r, it->how));
-    // The bundle asked for is its rank's, whatever else of that rank the directory holds.
-    else out.ranks.push_back({r, r == d.rank ? fs::absolute(bundle).string() : it->bundle, std::nullopt, "", ""});
+    if (it == job->ranks.end()) {
+      missing.push_back(fmt::format("rank {} (no bundle)", r));
+    } else if (it->bundle.empty()) {
+      missing.push_back(fmt::format("rank {} ({}: its recording was not kept)", r, it->how));
+    } else {
+      const std::string path = r == d.rank ? fs::absolute(bundle).string() : it->bundle;
+      if (path != it->bundle) {  // an older bundle of its rank: its own steps and keyframes
+        asked = *it;
+        asked->bundle = path;
+        asked->steps.clear();
+        for (const auto& b : view.stepBegins) asked->steps.push_back(b.step);
+        std::sort(asked->steps.begin(), asked->steps.end());
+        asked->keyframes.clear();
+        for (const auto& k : view.keyframes) asked->keyframes.push_back(k.step);
+        asked->lostSteps = formats::lostSteps(view);
+      }
+      out.ranks.push_back({r, path, std::nullopt, "", ""});
+      recorded.push_back(path == it->bundle ? &*it : &*asked);
+    }
   }
   if (!missing.empty())
     throw Error(ErrorCode::NotFound,
@@ -338,30 +356,24 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
                                       r.rank, r.step, r.how, out.step));
   // Every rank must reach the target through steps its bundle holds: a rank that stops early
   // would leave the others waiting in a collective.
-  for (const auto& r : out.ranks) {
-    auto v = formats::readRecords(*formats::BundleReader::open(r.bundle));
-    bool has = std::any_of(v.stepBegins.begin(), v.stepBegins.end(), [&](const auto& b) { return b.step == out.step; });
-    if (!has)
+  for (const auto* r : recorded) {
+    if (!std::binary_search(r->steps.begin(), r->steps.end(), out.step))
       throw Error(ErrorCode::NotFound,
                   fmt::format("rank {}'s bundle does not hold step {} ({}), so the ranks cannot replay to it together",
-                              r.rank, out.step,
-                              v.stepBegins.empty() ? std::string("it holds no steps")
-                                                   : fmt::format("it holds steps {}..{}", v.stepBegins.front().step,
-                                                                 v.stepBegins.back().step)),
+                              r->rank, out.step,
+                              r->steps.empty() ? std::string("it holds no steps")
+                                               : fmt::format("it holds steps {}..{}", r->steps.front(), r->steps.back())),
                   "replay an earlier step of the job with --step");
-    for (int64_t lost : formats::lostSteps(v))
+    for (int64_t lost : r->lostSteps)
       if (lost <= out.step)
         out.notes.push_back(fmt::format("rank {}'s recording lost step {}: a replay window that holds it stops before it",
-                                        r.rank, lost));
+                                        r->rank, lost));
   }
   std::vector<int64_t> common;
   std::string held;
   for (size_t i = 0; i < out.ranks.size(); ++i) {
-    const auto& kfs = std::find_if(job->ranks.begin(), job->ranks.end(), [&](const supervisor::JobRank& x) {
-                        return x.rank == out.ranks[i].rank;
-                      })->keyframes;
     std::vector<int64_t> mine;
-    for (int64_t k : kfs)
+    for (int64_t k : recorded[i]->keyframes)
       if (k <= out.step) mine.push_back(k);
     std::sort(mine.begin(), mine.end());
     held += fmt::format("{}rank {}: {}", held.empty() ? "" : "; ", out.ranks[i].rank,
@@ -416,10 +428,9 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
   }
   for (size_t i = 0; i < out.ranks.size(); ++i) {
     auto& r = out.ranks[i];
-    const auto& recorded =
-        *std::find_if(job->ranks.begin(), job->ranks.end(), [&](const supervisor::JobRank& x) { return x.rank == r.rank; });
+    const supervisor::JobRank& was = *recorded[i];
     // A rank crashcap run stopped (SIGKILL after its SIGTERM) did not fail of that signal.
-    const int recordedSignal = recorded.outcome == "failed" ? recorded.signal : 0;
+    const int recordedSignal = was.outcome == "failed" ? was.signal : 0;
     // Died of the signal the recorded rank died of: the failure, again (the process could not answer).
     if (!runs[i].timedOut && recordedSignal && runs[i].exitCode < 0 && -runs[i].exitCode == recordedSignal) {
       r.verdict = "reproduced";
@@ -430,7 +441,7 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     }
     // Still running long after a peer ended, as in the recording, where crashcap run stopped it: the
     // hang, again.
-    if (runs[i].timedOut && recorded.outcome == "stopped") {
+    if (runs[i].timedOut && was.outcome == "stopped") {
       r.verdict = "reproduced";
       r.error = fmt::format("had not ended {:.0f} s after another rank's replay ended, as in the recording (where "
                             "crashcap run stopped it): stopped again, so only the hang is compared{}",

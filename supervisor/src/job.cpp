@@ -123,6 +123,9 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
         }
   }
   for (const auto& k : v.keyframes) r.keyframes.push_back(k.step);
+  for (const auto& b : v.stepBegins) r.steps.push_back(b.step);
+  std::sort(r.steps.begin(), r.steps.end());
+  r.lostSteps = formats::lostSteps(v);
   return r;
 }
 
@@ -151,6 +154,13 @@ JobRank rankFromLog(const json& e) {
   return r;
 }
 
+/// The rank that failed first; nullptr when none did.
+const JobRank* firstToFail(const Job& job) {
+  for (const auto& r : job.ranks)
+    if (r.failedFirst) return &r;
+  return nullptr;
+}
+
 std::string collectiveName(const formats::CollectiveData& c) {
   return fmt::format("#{} {}{}", c.seq, c.name, c.step >= 0 ? fmt::format(" (step {})", c.step) : " (between steps)");
 }
@@ -165,7 +175,7 @@ std::string whereText(const JobRank& r) {
 
 /// What a rank's collectives say: the one it waits in, or the last it completed and what it never
 /// issued that another rank did.
-std::string collectiveText(const JobRank& r, const Job& job) {
+std::string collectiveStory(const JobRank& r, const Job& job) {
   if (!r.opTrace)
     return r.bundle.empty() ? "no bundle" : "its collectives were not recorded (nothing in the process could write them: "
                                              "SIGKILL, or no op trace)";
@@ -314,18 +324,15 @@ JobStories readJobs(const std::string& dir) {
   }
   // The job whose failure is newest last: it is the one on the screen's bottom.
   auto failedAt = [](const Job& j) {
-    for (const auto& r : j.ranks)
-      if (r.failedFirst) return r.timeNs;
-    return int64_t{0};
+    const JobRank* first = firstToFail(j);
+    return first ? first->timeNs : int64_t{0};
   };
   std::stable_sort(out.jobs.begin(), out.jobs.end(), [&](const Job& a, const Job& b) { return failedAt(a) < failedAt(b); });
   return out;
 }
 
 std::string jobHeadline(const Job& job) {
-  const JobRank* first = nullptr;
-  for (const auto& r : job.ranks)
-    if (r.failedFirst) first = &r;
+  const JobRank* first = firstToFail(job);
   std::string s;
   if (first) {
     s = fmt::format("rank {} failed first: {} {}", first->rank, first->how, whereText(*first));
@@ -337,7 +344,7 @@ std::string jobHeadline(const Job& job) {
     if (&r == first || r.outcome == "healthy") continue;
     s += fmt::format("; rank {} {} {}", r.rank,
                      r.outcome == "stopped" ? "was stopped" : r.fromPeer ? "failed from it" : "failed too,", whereText(r));
-    if (r.opTrace || !r.bundle.empty()) s += ", " + collectiveText(r, job);
+    if (r.opTrace || !r.bundle.empty()) s += ", " + collectiveStory(r, job);
   }
   return s;
 }
@@ -345,13 +352,7 @@ std::string jobHeadline(const Job& job) {
 namespace {
 
 json rankJson(const JobRank& r, const Job& job, int64_t firstNs) {
-  formats::BundleRecords only;
-  json last = nullptr;
-  if (r.lastCollective) {
-    only.opTrace.emplace();
-    only.opTrace->collectives.push_back(*r.lastCollective);
-    last = inspect::collectivesJson(only, 1).at(0);
-  }
+  json last = r.lastCollective ? inspect::collectiveJson(*r.lastCollective) : json(nullptr);
   return {{"rank", r.rank},
           {"bundle", r.bundle.empty() ? json(nullptr) : json(r.bundle)},
           {"other_bundles", r.otherBundles},
@@ -368,7 +369,7 @@ json rankJson(const JobRank& r, const Job& job, int64_t firstNs) {
           {"op_trace", r.opTrace},
           {"collectives_issued", r.opTrace ? json(r.collectivesIssued) : json(nullptr)},
           {"last_collective", last},
-          {"collective_story", r.bundle.empty() && !r.opTrace ? "" : collectiveText(r, job)},
+          {"collective_story", r.bundle.empty() && !r.opTrace ? "" : collectiveStory(r, job)},
           {"time", r.timeNs ? json(formats::formatTime(r.timeNs)) : json(nullptr)},
           {"seconds_after_first", firstNs && r.timeNs ? json(double(r.timeNs - firstNs) / 1e9) : json(nullptr)},
           {"keyframes", r.keyframes}};
@@ -379,21 +380,14 @@ json rankJson(const JobRank& r, const Job& job, int64_t firstNs) {
 json jobsJson(const JobStories& stories) {
   json jobs = json::array();
   for (const auto& job : stories.jobs) {
-    int64_t firstNs = 0;
+    const JobRank* first = firstToFail(job);
+    const int64_t firstNs = first ? first->timeNs : 0;
     json ranks = json::array(), healthy = json::array();
-    for (const auto& r : job.ranks)
-      if (r.failedFirst) firstNs = r.timeNs;
     for (const auto& r : job.ranks) {
       ranks.push_back(rankJson(r, job, firstNs));
       if (r.outcome == "healthy") healthy.push_back(r.rank);
     }
-    json furthest = nullptr;
-    if (job.furthestCollective) {
-      formats::BundleRecords only;
-      only.opTrace.emplace();
-      only.opTrace->collectives.push_back(*job.furthestCollective);
-      furthest = inspect::collectivesJson(only, 1).at(0);
-    }
+    json furthest = job.furthestCollective ? inspect::collectiveJson(*job.furthestCollective) : json(nullptr);
     jobs.push_back({{"job_id", job.jobId},
                     {"world_size", job.worldSize},
                     {"backend", job.backend},
@@ -432,9 +426,7 @@ std::string jobsText(const JobStories& stories) {
   for (const auto& job : stories.jobs) {
     s += fmt::format("job        {}  {} rank{}, {}\n", job.jobId.empty() ? "(id not known)" : job.jobId, job.worldSize,
                      job.worldSize == 1 ? "" : "s", job.backend.empty() ? "backend not known" : job.backend);
-    const JobRank* first = nullptr;
-    for (const auto& r : job.ranks)
-      if (r.failedFirst) first = &r;
+    const JobRank* first = firstToFail(job);
     if (first) {
       s += fmt::format("FIRST      rank {} {} {}\n", first->rank, first->how, whereText(*first));
       if (!first->error.empty() && first->error != first->how) s += fmt::format("error      {}\n", first->error);
@@ -455,7 +447,7 @@ std::string jobsText(const JobStories& stories) {
                        r.outcome == "healthy" && r.bundle.empty() ? std::string("(no bundle: it ended cleanly)") : whereText(r));
       if (&r != first && !r.error.empty() && r.outcome == "failed")
         s += fmt::format("           {}{}\n", r.error, r.fromPeer ? "  (another rank's failure reached it)" : "");
-      if (!r.bundle.empty() || r.opTrace) s += fmt::format("           {}\n", collectiveText(r, job));
+      if (!r.bundle.empty() || r.opTrace) s += fmt::format("           {}\n", collectiveStory(r, job));
       if (!r.bundle.empty()) s += fmt::format("           {}\n", name(r.bundle));
     }
     for (int m : job.missing)

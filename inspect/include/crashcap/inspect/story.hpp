@@ -28,8 +28,10 @@ struct StoryOptions {
 nlohmann::json storyJson(const formats::BundleReader& reader, const StoryOptions& options = {});
 std::string storyText(const formats::BundleReader& reader, const StoryOptions& options = {});
 
-/// The last `last` collectives of the op trace, oldest first: [{seq, name, step (null between
-/// steps), thread, inputs [{dtype, shape}], ended, seconds (null while it had not ended)}]. A
+/// One collective: {seq, name, step (null between steps), thread, inputs [{dtype, shape}], ended,
+/// end_observable, seconds (null while it had not ended)}.
+nlohmann::json collectiveJson(const formats::CollectiveData& collective);
+/// The last `last` collectives of the op trace, oldest first, each as collectiveJson. A
 /// backend ends a collective when it completes and when it fails (a peer gone): "ended" does not
 /// say which; one that had not ended is one the process was waiting in.
 nlohmann::json collectivesJson(const formats::BundleRecords& records, size_t last);

@@ -46,6 +46,8 @@ struct JobRank {
   int64_t timeNs = 0;                   ///< when it failed or ended (Unix ns; 0 unknown)
   int64_t runStartNs = 0;               ///< when the `crashcap run` attempt that started it began; 0 unknown
   std::vector<int64_t> keyframes;       ///< the keyframe steps its bundle holds
+  std::vector<int64_t> steps;           ///< the steps its bundle holds (begun), ascending
+  std::vector<int64_t> lostSteps;       ///< the steps its recording lost
   std::string backend;
 };
 

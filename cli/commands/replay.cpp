@@ -100,19 +100,7 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
 int replayJob(const Options& o, const replayer::ReplayOptions& ro) {
   auto job = investigate::replayJob(o.bundle, ro);
   if (o.json) {
-    nlohmann::json ranks = nlohmann::json::array();
-    for (const auto& r : job.ranks)
-      ranks.push_back({{"rank", r.rank},
-                       {"bundle", r.bundle},
-                       {"verdict", r.verdict.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.verdict)},
-                       {"replay", r.result ? investigate::toJson(*r.result) : nlohmann::json(nullptr)},
-                       {"error", r.error.empty() ? nlohmann::json(nullptr) : nlohmann::json(r.error)}});
-    printJson({{"job_id", job.jobId},
-               {"world_size", job.worldSize},
-               {"step", job.step},
-               {"keyframe", job.keyframe},
-               {"notes", job.notes},
-               {"ranks", ranks}});
+    printJson(investigate::toJson(job));
     return kExitOk;
   }
   std::cout << fmt::format("job {}: its {} ranks replayed together on this machine, steps {}..{} from the keyframe "
@@ -157,7 +145,9 @@ Command replayCommand(CLI::App& root) {
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
   addAllowDamaged(cmd, o->allowDamaged);
   addAllowChangedSource(cmd);
-  cmd->add_option("--rows", o->rows, "Keep only these samples of the step's batch, by row: e.g. 0,3 (an experiment)");
+  cmd->add_option("--rows", o->rows,
+                  "Keep only these samples of the step's batch, by row: e.g. 0,3 (an experiment); of a job's rank, "
+                  "that rank's batch only");
   cmd->add_flag("--no-instrument", o->noInstrument, "Skip the per-op NaN/Inf checks (faster)");
   cmd->footer(
       "Restores the newest keyframe before the step, replays the steps after it with the recorded batches,\n"

@@ -1,5 +1,6 @@
 // crashcap triage: the fixed plan of experiments and the hypothesis table.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <iostream>
 
@@ -26,9 +27,25 @@ void printTriage(const investigate::Triage& t) {
   const auto& f = t.facts;
   auto reader = formats::BundleReader::open(f.bundle);
   auto crash = formats::readRecords(*reader).crash;
-  std::cout << fmt::format("triage of {}: crash {} at step {}; replay {}\n\n", f.bundle,
+  std::cout << fmt::format("triage of {}: crash {} at step {}; replay {}\n", f.bundle,
                            crash ? crash->kind : "(none recorded)", f.step() >= 0 ? std::to_string(f.step()) : "null",
                            f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
+  if (const auto& j = f.job) {
+    std::cout << fmt::format("rank {} of job {} ({} ranks): every experiment replays all its ranks together, the rows cut "
+                             "on rank {}'s batch\n",
+                             j->rank, j->jobId, j->worldSize, j->rank);
+    if (j->askedRank != j->rank)
+      std::cout << fmt::format("{} (rank {}) failed because rank {} did: rank {} failed first on its own, so it is the one "
+                               "triaged\n",
+                               j->askedBundle, j->askedRank, j->rank, j->rank);
+    std::vector<std::string> verdicts;
+    for (const auto& [rank, verdict] : j->verdicts)
+      verdicts.push_back(fmt::format("rank {} {}", rank, verdict.empty() ? "gave no replay" : verdict));
+    if (!verdicts.empty()) std::cout << fmt::format("the job's replay: {}\n", fmt::join(verdicts, ", "));
+  }
+  if (f.replay)
+    for (const auto& n : f.replay->notes) std::cout << fmt::format("note: {}\n", n);
+  std::cout << "\n";
   std::cout << fmt::format("  {:<22} {:<13} {}\n", "hypothesis", "verdict", "evidence");
   for (const auto& h : t.hypotheses) {
     std::cout << fmt::format("  {:<22} {:<13} {}\n", h.id, investigate::verdictName(h.verdict),
@@ -38,7 +55,8 @@ void printTriage(const investigate::Triage& t) {
   }
   const auto& c = t.culprit;
   std::cout << fmt::format(
-      "\nculprit: step {}, {}{}, {}{}\n", c.step ? std::to_string(*c.step) : "null",
+      "\nculprit: {}step {}, {}{}, {}{}\n", c.rank ? fmt::format("rank {}, ", *c.rank) : "",
+      c.step ? std::to_string(*c.step) : "null",
       c.rows ? "rows " + rowsText(*c.rows) : std::string("no batch rows singled out"),
       c.datasetIndices ? " (dataset indices " + rowsText(*c.datasetIndices) + ")" : "",
       c.op ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?")) : std::string("no op output went non-finite"),
@@ -75,6 +93,9 @@ Command triageCommand(CLI::App& root) {
               "an op in the trace declares (an embedding's rows, a loss's classes), or a magnitude 100x beyond\n"
               "the other rows' (in the row, or in one feature of a [rows, features] tensor). Trigger rows in\n"
               "range are an input the loss cannot handle (loss-numerics).\n"
+              "A rank of a multi-process job is triaged with its job: every experiment replays all its ranks\n"
+              "together, and the rows bisected are the batch of the rank that failed first on its own (the one\n"
+              "triaged when the rank asked for failed only because a peer did). bisect ops is not built for jobs.\n"
               "A bundle that verify finds damaged is refused before any experiment (--allow-damaged).");
   return {cmd, [o] { return triage(*o); }, &o->json};
 }

@@ -20,13 +20,29 @@ namespace {
 
 std::string joinRows(const std::vector<int64_t>& rows) { return fmt::format("{}", fmt::join(rows, ",")); }
 
+/// The replay a child experiment printed, nullopt when it printed none (`why`: its outcome, or why
+/// the output holds no replay of the bundle: a job's rank that gave none).
+std::optional<replayer::ReplayResult> replayOf(const Experiment& e, std::string* why) {
+  if (!e.output) {
+    *why = e.outcome;
+    return std::nullopt;
+  }
+  try {
+    return bundleReplayFromJson(*e.output);
+  } catch (const Error& err) {
+    *why = err.message();
+    return std::nullopt;
+  }
+}
+
 /// Whether a child replay shows the recorded failure: reproduced, or killed outright (the failure
 /// in another form). A timeout or an unreadable result is not a failure of the step.
 bool replayFails(const Experiment& e, std::string* error) {
-  if (!e.output) return e.killed();
-  auto r = replayResultFromJson(*e.output);
-  if (error) *error = lastLine(r.error);
-  return replayer::reproduces(r.verdict);
+  std::string why;
+  auto r = replayOf(e, &why);
+  if (!r) return e.killed();
+  if (error) *error = lastLine(r->error);
+  return replayer::showsFailure(*r);
 }
 
 }  // namespace
@@ -158,6 +174,19 @@ std::optional<std::vector<int64_t>> datasetIndices(const std::string& bundle, in
 }
 
 SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner) {
+  if (isJobRank(bundle)) {
+    // Each experiment replays the whole job with this rank's rows cut. A rank that failed only
+    // because a peer did fails with any of its rows: the search would name an innocent row.
+    auto origin = jobRankOrigin(bundle);
+    if (origin.fromPeer && origin.firstFailed >= 0 && origin.firstFailed != origin.rank)
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("{} is rank {} of job {}, whose failure reached it from a peer (rank {} failed first, on "
+                              "its own): its own rows are not what the failure needs",
+                              bundle, origin.rank, origin.jobId, origin.firstFailed),
+                  origin.firstFailedBundle.empty()
+                      ? std::string("rank ") + std::to_string(origin.firstFailed) + "'s bundle is not in the directory"
+                      : "crashcap bisect samples " + origin.firstFailedBundle);
+  }
   // The whole-batch replay, from this process, tells the step and the batch size.
   replayer::ReplayOptions first;
   first.step = step;
@@ -177,14 +206,16 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
     t.command = fmt::format("crashcap replay {} --step {} --rows {}", bundle, base.step, joinRows(rows));
     // A replay that refused to run (the program cannot keep a subset of rows) says nothing about
     // the rows: the search stops with its reason instead of counting it as a pass.
-    if (!e.output && !e.killed() && !e.timedOut)
+    std::string why;
+    auto r = replayOf(e, &why);
+    if (!r && !e.killed() && !e.timedOut)
       throw Error(ErrorCode::Unsupported,
                   fmt::format("the replay that keeps rows [{}] of step {} did not run: {}", joinRows(rows), base.step,
-                              e.outcome.rfind("failed: ", 0) == 0 ? e.outcome.substr(8) : e.outcome),
+                              why.rfind("failed: ", 0) == 0 ? why.substr(8) : why),
                   fmt::format("run it by hand: {}", t.command));
     std::string error;
     t.fails = replayFails(e, &error);
-    if (e.output)
+    if (r)
       t.outcome = t.fails ? fmt::format("fails ({})", error.empty() ? "the recorded failure" : error) : "passes";
     else
       t.outcome = e.outcome;
@@ -205,13 +236,13 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
     throw Error(ErrorCode::Unsupported,
                 fmt::format("the replay under the recorded settings did not finish: {}", baseline.outcome),
                 fmt::format("run it by hand: {}", baseline.command));
-  const auto base = replayResultFromJson(*baseline.output);
+  const auto base = bundleReplayFromJson(*baseline.output);
   ConfigBisection b;
   b.step = base.step;
   b.baseline.device = base.device;
   b.baseline.recordedDevice = base.recordedDevice;
   b.baseline.settings = base.settings;
-  b.baseline.fails = replayer::reproduces(base.verdict);
+  b.baseline.fails = replayer::showsFailure(base);
   b.baseline.error = lastLine(base.error);
   b.baseline.command = baseline.command;
   auto trial = [&](const Experiment& e) {
@@ -220,10 +251,11 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
     t.seconds = e.seconds;
     t.outcome = e.outcome;
     t.fails = replayFails(e, &t.error);
-    if (!e.output && !t.fails) t.otherFailure = e.outcome;  // a timeout, or the replay could not run
-    if (e.output && !t.fails) {
-      auto r = replayResultFromJson(*e.output);
-      for (const auto& s : r.steps)
+    std::string why;
+    auto r = replayOf(e, &why);
+    if (!r && !t.fails) t.otherFailure = why;  // a timeout, or the replay could not run
+    if (r && !t.fails) {
+      for (const auto& s : r->steps)
         if (!s.error.empty()) {
           t.otherFailure = fmt::format("step {} throws: {}", s.step, lastLine(s.error));
           break;

@@ -106,6 +106,13 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   if (!reader->report().complete())
     rep.warnings.push_back(fmt::format("{} is damaged ({}): packed from what is intact", in, reader->report().summary()));
   const auto view = formats::readRecords(*reader);
+  if (view.distributed && view.distributed->worldSize > 1)
+    // A rank replays only with every rank of its job: one rank's attachment would not replay.
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("{} is rank {} of a {}-rank job, which replays only with every rank's bundle: packing a "
+                            "job is not built yet",
+                            in, view.distributed->rank, view.distributed->worldSize),
+                "attach every rank's bundle of the job's directory (crashcap inspect DIR lists them)");
 
   // The step that failed: the crash's, else where a killed process was (its run status), else the last recorded.
   std::map<int64_t, const formats::StepBeginData*> begun;
@@ -196,11 +203,12 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     }
     if (rep.replay) {
       const auto& r = *rep.replay;
-      if (!replayer::reproduces(r.verdict))
+      if (!replayer::showsFailure(r))
         rep.warnings.push_back(fmt::format(
             "the crash does not reproduce from this bundle here (replay verdict {}{}): packed anyway; the attachment "
             "replays no better than the bundle",
-            replayer::verdictName(r.verdict), r.error.empty() ? "" : ", " + lastLine(r.error)));
+            replayer::verdictName(r.verdict),
+            r.error.empty() ? fmt::format(", step {} runs clean", r.step) : ", " + lastLine(r.error)));
       // The keyframe was written before the target step ran; the target's own fingerprint, when
       // recorded, checks the last update before it too.
       std::string notUsed = r.keyframeNotWritten;

@@ -227,16 +227,16 @@ std::string replayRoute(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);
   auto view = formats::readRecords(*reader);
   if (view.distributed && view.distributed->worldSize > 1) {
-    // Its program would wait in init_process_group or in its first collective for peers that are
-    // not there, until the collective's timeout; an in-process replay would step on gradients
-    // that were never reduced with the other ranks'.
-    const auto& d = *view.distributed;
-    throw Error(ErrorCode::Unsupported,
-                fmt::format("{} is rank {} of a {}-rank job{}: replayed alone, its collectives have no peers; "
-                            "`crashcap replay` replays all the job's ranks together, bisecting and triaging them "
-                            "together is not built yet",
-                            bundle, d.rank, d.worldSize, d.jobId.empty() ? "" : " (" + d.jobId + ")"),
-                "crashcap replay " + bundle + " (every rank, a verdict each); crashcap inspect DIR tells the job's story");
+    // Replayed alone, its program would wait in init_process_group or in its first collective for
+    // peers that are not there: its ranks replay together, each in its recorded program.
+    if (view.program && view.program->format != "module" && view.program->format != "python")
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("{} is rank {} of a {}-rank job with a {} step program: crashcap replays a job's ranks "
+                              "in their recorded programs, which serve the replay (setModel and setStep, or "
+                              "crashcap.Recorder in Python)",
+                              bundle, view.distributed->rank, view.distributed->worldSize, view.program->format));
+    recordedProgram(bundle);  // says what is missing
+    return "job";
   }
   if (view.program && (view.program->format == "module" || view.program->format == "python")) {
     recordedProgram(bundle);  // says what is missing
@@ -246,7 +246,9 @@ std::string replayRoute(const std::string& bundle) {
 }
 
 replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayOptions& options) {
-  if (replayRoute(bundle) == "in-process") return replayer::replay(bundle, options);
+  const std::string route = replayRoute(bundle);
+  if (route == "in-process") return replayer::replay(bundle, options);
+  if (route == "job") return askedRankReplay(replayJob(bundle, options));
   replayer::ReplayRequest request;
   request.options = options;
   auto outcome = runInProgram(bundle, request);
@@ -257,7 +259,18 @@ replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayO
 
 replayer::ReferenceComparison compareWithReference(const std::string& bundle, const replayer::ReplayOptions& options,
                                                    double tolerance) {
-  if (replayRoute(bundle) == "in-process") return replayer::compareWithReference(bundle, options, tolerance);
+  const std::string route = replayRoute(bundle);
+  if (route == "in-process") return replayer::compareWithReference(bundle, options, tolerance);
+  if (route == "job") {
+    // The float64 reference would need every rank's reference run together, its all-reduces in
+    // float64 too, and the two sides' ops matched rank by rank.
+    auto view = formats::readRecords(*formats::BundleReader::open(bundle));
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("{} is rank {} of a {}-rank job: comparing its ops with a float64 replay is not built for "
+                            "a job's ranks yet",
+                            bundle, view.distributed->rank, view.distributed->worldSize),
+                "crashcap replay " + bundle + " names the first op with a non-finite output on every rank");
+  }
   replayer::ReplayRequest request;
   request.options = options;
   request.compare = true;
@@ -291,12 +304,6 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
   auto view = formats::readRecords(*formats::BundleReader::open(bundle));
   if (!view.distributed || view.distributed->worldSize <= 1)
     throw Error(ErrorCode::InvalidArgument, fmt::format("{} is no rank of a multi-process job", bundle));
-  if (!options.rows.empty())
-    throw Error(ErrorCode::InvalidArgument,
-                fmt::format("{} is a rank of a job, whose ranks replay together: keeping some rows of one rank's batch "
-                            "is not built yet",
-                            bundle),
-                "replay without --rows");
   const auto& d = *view.distributed;
   const std::string dir = fs::absolute(bundle).parent_path().string();
   auto stories = supervisor::readJobs(dir);
@@ -307,6 +314,7 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
   JobReplay out;
   out.jobId = d.jobId;
   out.worldSize = d.worldSize;
+  out.rank = d.rank;
   // Every rank, from its own bundle: the collectives need them all. The bundle asked for is its
   // rank's, whatever else of that rank the directory holds.
   std::vector<std::string> missing;
@@ -401,6 +409,9 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
   } else {
     out.keyframe = options.fromEarliestKeyframe ? common.front() : common.back();
   }
+  if (!options.rows.empty())
+    out.notes.push_back(fmt::format("rank {} kept rows [{}] of step {}'s batch; every other rank its whole batch", d.rank,
+                                    fmt::join(options.rows, ","), out.step));
   // The ranks, started together on this machine as a launcher would, each serving its own request.
   const int port = supervisor::freePort();
   std::vector<ProgramRun> programs;
@@ -410,6 +421,10 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     request.options = options;
     request.options.step = out.step;
     request.options.keyframe = out.keyframe;
+    if (r.rank != d.rank) {  // the rows and a keyframe to write are the asked rank's
+      request.options.rows.clear();
+      request.options.keyframeOut.clear();
+    }
     ProgramRun p = prepareProgramRun(r.bundle, request);
     for (const auto& v : {fmt::format("RANK={}", r.rank), fmt::format("LOCAL_RANK={}", r.rank),
                           fmt::format("WORLD_SIZE={}", d.worldSize), fmt::format("LOCAL_WORLD_SIZE={}", d.worldSize),
@@ -466,6 +481,55 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     }
   }
   return out;
+}
+
+replayer::ReplayResult askedRankReplay(const JobReplay& job) {
+  auto it = std::find_if(job.ranks.begin(), job.ranks.end(), [&](const RankReplay& r) { return r.rank == job.rank; });
+  if (it == job.ranks.end())
+    throw Error(ErrorCode::Internal, fmt::format("the replay of job {} has no rank {}", job.jobId, job.rank));
+  std::vector<std::string> others;
+  for (const auto& r : job.ranks)
+    if (r.rank != job.rank)
+      others.push_back(fmt::format("rank {} {}", r.rank, r.verdict.empty() ? "gave no replay" : r.verdict));
+  std::vector<std::string> notes = job.notes;
+  notes.push_back(fmt::format("replayed with the {} ranks of job {}: {}", job.worldSize, job.jobId, fmt::join(others, ", ")));
+  replayer::ReplayResult out;
+  if (it->result) {
+    out = *it->result;
+  } else if (it->verdict == "reproduced") {
+    out.verdict = replayer::Verdict::Reproduced;
+    out.step = job.step;
+    out.keyframe = job.keyframe;
+    out.error = it->error;
+    out.sameSetup = false;  // nothing was compared but the failure
+  } else {
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("rank {}'s replay within its job gave no result: {}", job.rank, it->error));
+  }
+  out.notes.insert(out.notes.begin(), notes.begin(), notes.end());
+  return out;
+}
+
+JobRankOrigin jobRankOrigin(const std::string& bundle) {
+  auto view = formats::readRecords(*formats::BundleReader::open(bundle));
+  if (!view.distributed || view.distributed->worldSize <= 1)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{} is no rank of a multi-process job", bundle));
+  JobRankOrigin o;
+  o.rank = view.distributed->rank;
+  o.worldSize = view.distributed->worldSize;
+  o.jobId = view.distributed->jobId;
+  auto stories = supervisor::readJobs(fs::absolute(bundle).parent_path().string());
+  for (const auto& j : stories.jobs) {
+    if (j.jobId != o.jobId) continue;
+    for (const auto& r : j.ranks) {
+      if (r.rank == o.rank) o.fromPeer = r.fromPeer;
+      if (r.rank == j.firstFailed) {
+        o.firstFailed = r.rank;
+        o.firstFailedBundle = r.rank == o.rank ? fs::absolute(bundle).string() : r.bundle;
+      }
+    }
+  }
+  return o;
 }
 
 }  // namespace crashcap::investigate

@@ -61,11 +61,12 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     md += fmt::format("\nThe same report with plots (loss, gradient norm, weight norm, learning rate; the culprit rows): "
                       "[{}]({}).\n",
                       htmlLink, htmlLink);
-  if (replay && !replayer::reproduces(replay->verdict))
-    md += fmt::format("\n**The crash does not reproduce in replay here** (verdict {}): the bundle alone may not be enough "
-                      "to reproduce it; the cause may lie outside what was recorded (the program's own code around the "
-                      "step, the machine).\n",
-                      replayer::verdictName(replay->verdict));
+  if (replay && !replayer::showsFailure(*replay))
+    md += fmt::format("\n**The crash does not reproduce in replay here** (verdict {}{}): the bundle alone may not be "
+                      "enough to reproduce it; the cause may lie outside what was recorded (the program's own code "
+                      "around the step, the machine).\n",
+                      replayer::verdictName(replay->verdict),
+                      replay->error.empty() ? fmt::format(", step {} runs clean", replay->step) : "");
   // A bundle `crashcap pack` made says so in a note: what it holds, and whether the crash reproduced
   // when it was packed.
   for (const auto& note : reader->notes()) {
@@ -145,7 +146,8 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     }
     const auto& c = triage->culprit;
     auto quoted = [](const std::optional<std::string>& s) { return s ? "\"" + *s + "\"" : std::string("null"); };
-    md += fmt::format("\nCulprit: step {}, batch rows {}{}, op {} ({}){}.\n", c.step ? std::to_string(*c.step) : "null",
+    md += fmt::format("\nCulprit: {}step {}, batch rows {}{}, op {} ({}){}.\n",
+                      c.rank ? fmt::format("rank {}, ", *c.rank) : "", c.step ? std::to_string(*c.step) : "null",
                       c.rows ? jsonList(*c.rows) : "null",
                       c.datasetIndices ? " (dataset indices " + jsonList(*c.datasetIndices) + ")" : "", quoted(c.op),
                       quoted(c.phase),

@@ -159,7 +159,7 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   if (replay) {
     body += fmt::format("<li>replay: <b>{}</b> (steps {}..{} from keyframe {})</li>", replayer::verdictName(replay->verdict),
                         replay->keyframe, replay->step, replay->keyframe);
-    if (!replayer::reproduces(replay->verdict))
+    if (!replayer::showsFailure(*replay))
       body += "<li class=\"warn\">the crash does not reproduce in replay here: the bundle alone may not be enough to "
               "reproduce it</li>";
   }

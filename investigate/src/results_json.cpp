@@ -206,4 +206,47 @@ ConfigBisection configBisectionFromJson(const json& j) {
   return b;
 }
 
+json toJson(const JobReplay& job) {
+  json ranks = json::array();
+  for (const auto& r : job.ranks)
+    ranks.push_back({{"rank", r.rank},
+                     {"bundle", r.bundle},
+                     {"verdict", nullable(r.verdict)},
+                     {"replay", r.result ? toJson(*r.result) : json(nullptr)},
+                     {"error", nullable(r.error)}});
+  return {{"job_id", job.jobId}, {"world_size", job.worldSize}, {"rank", job.rank},   {"step", job.step},
+          {"keyframe", job.keyframe}, {"notes", job.notes},         {"ranks", ranks}};
+}
+
+JobReplay jobReplayFromJson(const json& j) {
+  JobReplay job;
+  job.jobId = text(j, "job_id");
+  job.worldSize = static_cast<int>(integer(j, "world_size"));
+  job.rank = static_cast<int>(integer(j, "rank"));
+  job.step = integer(j, "step");
+  job.keyframe = integer(j, "keyframe");
+  const auto& notes = at(j, "notes");
+  if (!notes.is_array()) bad("notes", "an array");
+  for (const auto& n : notes) {
+    if (!n.is_string()) bad("notes", "an array of strings");
+    job.notes.push_back(n.get<std::string>());
+  }
+  const auto& ranks = at(j, "ranks");
+  if (!ranks.is_array()) bad("ranks", "an array");
+  for (const auto& r : ranks) {
+    RankReplay rr;
+    rr.rank = static_cast<int>(integer(r, "rank"));
+    rr.bundle = text(r, "bundle");
+    rr.verdict = optText(r, "verdict");
+    if (r.contains("replay") && !r["replay"].is_null()) rr.result = replayResultFromJson(r["replay"]);
+    rr.error = optText(r, "error");
+    job.ranks.push_back(std::move(rr));
+  }
+  return job;
+}
+
+replayer::ReplayResult bundleReplayFromJson(const json& j) {
+  return j.is_object() && j.contains("ranks") ? askedRankReplay(jobReplayFromJson(j)) : replayResultFromJson(j);
+}
+
 }  // namespace crashcap::investigate

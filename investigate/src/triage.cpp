@@ -221,23 +221,49 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   return out;
 }
 
-Triage runTriage(const std::string& bundle, const TriageOptions& options) {
+Triage runTriage(const std::string& asked, const TriageOptions& options) {
   ExperimentRunner runner(options.experiments);
   const std::string timeout = fmt::format("{}", runner.timeoutSeconds());
-  // A failed experiment is a missing fact: its log entry says why.
+  // A failed experiment, or one whose output holds no result of the bundle (a job's rank that gave
+  // none), is a missing fact: its log entry says why.
   auto run = [&](const std::string& name, std::vector<std::string> args, auto fromJson, double scale = 1) {
     auto e = runner.run(name, args, scale);
-    return e.output ? std::optional(fromJson(*e.output)) : std::nullopt;
+    using Result = decltype(fromJson(*e.output));
+    if (!e.output) return std::optional<Result>();
+    try {
+      return std::optional(fromJson(*e.output));
+    } catch (const Error&) {
+      return std::optional<Result>();
+    }
   };
   Triage t;
   TriageFacts& f = t.facts;
-  f.bundle = bundle;
+  f.bundle = asked;
   std::optional<formats::BundleRecords> records;
   try {
-    records = formats::readRecords(*formats::BundleReader::open(bundle));
+    records = formats::readRecords(*formats::BundleReader::open(asked));
   } catch (const Error&) {
     // A bundle too damaged to read (investigated with --allow-damaged): the experiments say what fails.
   }
+  if (records && records->distributed && records->distributed->worldSize > 1) {
+    // A job's rank: a rank whose failure came from a peer holds no cause in its own batch; the
+    // rank that failed first on its own does.
+    auto origin = jobRankOrigin(asked);
+    JobTriage j;
+    j.jobId = origin.jobId;
+    j.worldSize = origin.worldSize;
+    j.rank = j.askedRank = origin.rank;
+    j.askedBundle = asked;
+    j.firstFailed = origin.firstFailed;
+    if (origin.fromPeer && origin.firstFailed >= 0 && origin.firstFailed != origin.rank &&
+        !origin.firstFailedBundle.empty()) {
+      j.rank = origin.firstFailed;
+      f.bundle = origin.firstFailedBundle;
+      records = formats::readRecords(*formats::BundleReader::open(f.bundle));
+    }
+    f.job = j;
+  }
+  const std::string& bundle = f.bundle;
   if (records) {
     if (records->crash) f.crashStep = records->crash->step;
     if (records->program && records->program->format != "torchscript") {
@@ -253,8 +279,20 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
       }
     }
   }
-  f.replay = run("reproduce", {"replay", bundle, "--json"}, replayResultFromJson);
-  if (!f.replay) f.replayOutcome = runner.log().back().outcome;
+  {
+    auto e = runner.run("reproduce", {"replay", bundle, "--json"});
+    if (e.output) {
+      try {
+        f.replay = bundleReplayFromJson(*e.output);
+      } catch (const Error& err) {
+        f.replayOutcome = err.message();
+      }
+      if (f.job && e.output->contains("ranks"))
+        for (const auto& r : jobReplayFromJson(*e.output).ranks) f.job->verdicts.emplace_back(r.rank, r.verdict);
+    } else {
+      f.replayOutcome = e.outcome;
+    }
+  }
   f.steps = run("bisect-steps", {"bisect", "steps", bundle, "--json"}, stepBisectionFromJson);
   if (f.reproduced()) {
     const int64_t batchSize = f.replay->batchSize;
@@ -267,7 +305,7 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options) {
       if (std::find(rows.begin(), rows.end(), r) == rows.end()) rest.push_back(r);
     if (!rows.empty() && !rest.empty())
       f.withoutRows = run("without-rows", replayArgs(bundle, f.step(), {"--rows", fmt::format("{}", fmt::join(rest, ","))}),
-                          replayResultFromJson);
+                          bundleReplayFromJson);
     if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
   }
   // Ops and settings are tested at the failing step: pointless when replay cannot reach it.
@@ -298,13 +336,28 @@ json toJson(const Triage& t, bool withReplay) {
               {"step", f.step() >= 0 ? json(f.step()) : json(nullptr)},
               {"hypotheses", hypotheses},
               {"culprit",
-               {{"step", opt(c.step)},
+               {{"rank", opt(c.rank)},
+                {"step", opt(c.step)},
                 {"rows", opt(c.rows)},
                 {"dataset_indices", opt(c.datasetIndices)},
                 {"op", opt(c.op)},
                 {"phase", opt(c.phase)},
                 {"changes", opt(c.changes)}}},
+              {"notes", f.replay ? json(f.replay->notes) : json::array()},
+              {"job", nullptr},
               {"experiments", experimentLogJson(t.experiments)}};
+  if (f.job) {
+    json ranks = json::array();
+    for (const auto& [rank, verdict] : f.job->verdicts)
+      ranks.push_back({{"rank", rank}, {"verdict", verdict.empty() ? json(nullptr) : json(verdict)}});
+    out["job"] = {{"job_id", f.job->jobId},
+                  {"world_size", f.job->worldSize},
+                  {"rank", f.job->rank},
+                  {"asked_rank", f.job->askedRank},
+                  {"asked_bundle", f.job->askedBundle},
+                  {"first_failed", f.job->firstFailed >= 0 ? json(f.job->firstFailed) : json(nullptr)},
+                  {"ranks", ranks}};
+  }
   if (withReplay) out["replay"] = f.replay ? toJson(*f.replay) : json(nullptr);
   return out;
 }

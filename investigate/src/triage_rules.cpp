@@ -62,11 +62,14 @@ std::string rowFindingText(const RowFinding& r) {
   return "";
 }
 
-/// "step 6 fails with batch row [3] alone and passes without it (7 replays)".
+/// "step 6 fails with batch row [3] alone and passes without it (7 replays)"; of a job's rank,
+/// "step 6 fails with rank 2's batch row [3] alone, every other rank's whole batch, and passes ...".
 std::string triggerText(const TriageFacts& f) {
   const auto rows = f.culpritRows();
-  return fmt::format("step {} fails with batch row{} [{}] alone and passes without {} ({} replays)", f.step(),
-                     rows.size() == 1 ? "" : "s", joinRows(rows), rows.size() == 1 ? "it" : "them", f.samples->replays + 1);
+  return fmt::format("step {} fails with {}batch row{} [{}] alone{} and passes without {} ({} replays{})", f.step(),
+                     f.job ? fmt::format("rank {}'s ", f.job->rank) : "", rows.size() == 1 ? "" : "s", joinRows(rows),
+                     f.job ? ", every other rank feeding its whole batch," : "", rows.size() == 1 ? "it" : "them",
+                     f.samples->replays + 1, f.job ? fmt::format(" of all {} ranks", f.job->worldSize) : "");
 }
 
 }  // namespace
@@ -97,7 +100,7 @@ std::vector<int64_t> TriageFacts::culpritRows() const {
 }
 
 bool TriageFacts::rowsTrigger() const {
-  return !culpritRows().empty() && withoutRows && !replayer::reproduces(withoutRows->verdict);
+  return !culpritRows().empty() && withoutRows && !replayer::showsFailure(*withoutRows);
 }
 
 bool TriageFacts::rowsInvalid() const {
@@ -107,7 +110,7 @@ bool TriageFacts::rowsInvalid() const {
 Hypothesis judgeInvalidData(const TriageFacts& f) {
   Hypothesis h{"invalid-data", V::Inconclusive, {}, fmt::format("crashcap bisect samples {}", f.bundle)};
   const auto rows = f.culpritRows();
-  const bool withoutRowsFails = f.withoutRows && replayer::reproduces(f.withoutRows->verdict);
+  const bool withoutRowsFails = f.withoutRows && replayer::showsFailure(*f.withoutRows);
   if (auto why = f.replayBlocked()) {
     h.evidence.push_back(*why);
   } else if (!f.reproduced()) {
@@ -116,7 +119,8 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     // The rows trigger the failure; they are invalid data only when they hold an invalid value.
     h.evidence.push_back(triggerText(f));
     if (f.samples->datasetIndices)
-      h.evidence.push_back(fmt::format("dataset index {} (the batch's {} tensor)", joinRows(*f.samples->datasetIndices),
+      h.evidence.push_back(fmt::format("dataset index {} ({}batch's {} tensor)", joinRows(*f.samples->datasetIndices),
+                                       f.job ? fmt::format("rank {}'s ", f.job->rank) : "the ",
                                        formats::kDatasetIndexName));
     for (const auto& r : f.rowFindings)
       if (r.invalid()) h.evidence.push_back(rowFindingText(r));
@@ -131,8 +135,8 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     }
   } else if (withoutRowsFails) {
     h.verdict = V::Refuted;
-    h.evidence.push_back(fmt::format("step {} still fails without rows [{}]: no particular sample is needed", f.step(),
-                                     joinRows(rows)));
+    h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}]: no particular sample is needed", f.step(),
+                                     f.job ? fmt::format("rank {}'s ", f.job->rank) : "", joinRows(rows)));
   } else {
     h.evidence.push_back(f.samplesOutcome.empty()
                              ? std::string("sample bisection did not isolate rows")
@@ -386,6 +390,7 @@ std::vector<Hypothesis> judge(const TriageFacts& facts) {
 
 Culprit findCulprit(const TriageFacts& f) {
   Culprit c;
+  if (f.job) c.rank = f.job->rank;
   if (f.step() >= 0) c.step = f.step();  // replayed, or as recorded when replay could not run
   // Rows are a culprit only when they trigger the failure (any single row fails a diverged run).
   if (f.rowsTrigger()) {

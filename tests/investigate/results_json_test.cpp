@@ -281,3 +281,66 @@ TEST_CASE("a result without a key it needs is an error that names the key", "[in
   k["verdict"] = "maybe";
   CHECK_THROWS_AS(replayResultFromJson(k), Error);
 }
+
+TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the asked rank's replay from it",
+          "[investigate][json]") {
+  JobReplay job;
+  job.jobId = "run-1-2-1";
+  job.worldSize = 3;
+  job.rank = 2;
+  job.step = 6;
+  job.keyframe = 4;
+  job.notes = {"rank 2 kept rows [0,3] of step 6's batch; every other rank its whole batch"};
+  job.ranks.push_back({0, "/runs/a.ccap", sampleReplay(), "", "reproduced"});
+  job.ranks.push_back({1, "/runs/b.ccap", std::nullopt, "killed by SIGKILL again, as in the recording", "reproduced"});
+  job.ranks.push_back({2, "/runs/c.ccap", sampleReplay(), "", "reproduced"});
+  job.ranks[2].result->rows = {0, 3};
+  auto back = jobReplayFromJson(toJson(job));
+  CHECK(back.jobId == job.jobId);
+  CHECK(back.worldSize == 3);
+  CHECK(back.rank == 2);
+  CHECK(back.step == 6);
+  CHECK(back.keyframe == 4);
+  CHECK(back.notes == job.notes);
+  REQUIRE(back.ranks.size() == 3);
+  CHECK(back.ranks[1].bundle == "/runs/b.ccap");
+  CHECK_FALSE(back.ranks[1].result);
+  CHECK(back.ranks[1].verdict == "reproduced");
+  CHECK(back.ranks[1].error == job.ranks[1].error);
+  REQUIRE(back.ranks[2].result);
+  CHECK(back.ranks[2].result->rows == std::vector<int64_t>{0, 3});
+
+  // The asked rank's own replay, its notes led by the job's and a line on every other rank.
+  auto asked = bundleReplayFromJson(toJson(job));
+  CHECK(asked.rows == std::vector<int64_t>{0, 3});
+  CHECK(asked.verdict == replayer::Verdict::Reproduced);
+  REQUIRE(asked.notes.size() >= 2);
+  CHECK(asked.notes[0] == job.notes[0]);
+  CHECK(asked.notes[1] == "replayed with the 3 ranks of job run-1-2-1: rank 0 reproduced, rank 1 reproduced");
+  // A single replay's JSON reads as it is.
+  CHECK(bundleReplayFromJson(toJson(sampleReplay())).rows == std::vector<int64_t>{0, 3});
+
+  // A rank killed again has no replay of its own: the failure, reproduced, and nothing compared.
+  job.rank = 1;
+  auto killed = bundleReplayFromJson(toJson(job));
+  CHECK(killed.verdict == replayer::Verdict::Reproduced);
+  CHECK(killed.step == 6);
+  CHECK(killed.keyframe == 4);
+  CHECK(killed.error == job.ranks[1].error);
+  CHECK_FALSE(killed.sameSetup);
+  CHECK(replayer::showsFailure(killed));
+
+  // A rank that gave nothing is no replay: an error with its reason.
+  job.ranks[1].verdict = "";
+  job.ranks[1].error = "rank 1 had not ended 30 s after another rank's replay ended";
+  try {
+    bundleReplayFromJson(toJson(job));
+    FAIL("no error");
+  } catch (const Error& e) {
+    CHECK(e.code() == ErrorCode::Unsupported);
+    CHECK_THAT(e.what(), Catch::Contains("rank 1's replay within its job gave no result: rank 1 had not ended"));
+  }
+  auto j = toJson(job);
+  j.erase("rank");
+  CHECK_THROWS_AS(jobReplayFromJson(j), Error);
+}

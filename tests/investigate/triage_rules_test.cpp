@@ -44,6 +44,8 @@ replayer::ReplayResult replayOf(Verdict verdict, int64_t step = 6) {
   replayer::ReplayResult r;
   r.verdict = verdict;
   r.step = step;
+  // A replay that reproduces a failure has the failure's error (replayer::showsFailure).
+  if (replayer::reproduces(verdict)) r.error = "non-finite loss at step " + std::to_string(step) + ": nan";
   r.keyframe = 4;
   r.batchSize = 8;
   r.device = "cpu";
@@ -209,6 +211,53 @@ TEST_CASE("rows that trigger the failure with values in range are not invalid da
   CHECK(c.verdict == V::Confirmed);
   CHECK_FALSE(has(c, "all zeros"));
   CHECK_FALSE(has(judgeLossNumerics(f), "legitimate edge case"));
+}
+
+TEST_CASE("invalid-data of a job's rank names the rank whose batch holds the rows, and the culprit carries it",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.job = JobTriage{};
+  f.job->jobId = "run-1-2-1";
+  f.job->worldSize = 4;
+  f.job->rank = f.job->askedRank = f.job->firstFailed = 2;
+  f.samples = samplesFound({3});
+  f.samples->datasetIndices = std::vector<int64_t>{51};
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  RowFinding nan;
+  nan.row = 3;
+  nan.tensor = "steps/6/batch/0";
+  nan.kind = RowFinding::Kind::NonFinite;
+  nan.nanCount = 1;
+  f.rowFindings = {nan};
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(h.evidence.at(0) == "step 6 fails with rank 2's batch row [3] alone, every other rank feeding its whole batch, "
+                            "and passes without it (7 replays of all 4 ranks)");
+  CHECK(has(h, "dataset index 51 (rank 2's batch's index tensor)"));
+  auto c = findCulprit(f);
+  CHECK(c.rank == 2);
+  CHECK(c.rows == std::vector<int64_t>{3});
+  CHECK(c.datasetIndices == std::vector<int64_t>{51});
+
+  f.withoutRows = replayOf(Verdict::Reproduced);  // another rank's batch fails it too
+  auto g = judgeInvalidData(f);
+  CHECK(g.verdict == V::Refuted);
+  CHECK(has(g, "step 6 still fails without rank 2's rows [3]"));
+  CHECK(findCulprit(TriageFacts{}).rank == std::nullopt);
+}
+
+TEST_CASE("a replay that reproduces a step the recording saw pass shows no failure to triage", "[investigate][triage]") {
+  // A SIGKILL before the writer had the failing step: the replay ends at the last step held, which
+  // passes as recorded. Its verdict reproduces the recording; nothing failed.
+  TriageFacts f;
+  f.bundle = kBundle;
+  f.replay = replayOf(Verdict::ReproducedBitwise);
+  f.replay->error.clear();
+  CHECK_FALSE(f.reproduced());
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "does not reproduce on replay"));
+  CHECK_FALSE(judgeLossNumerics(f).verdict == V::Confirmed);
 }
 
 TEST_CASE("invalid-data is refuted when the step still fails without the rows", "[investigate][triage]") {

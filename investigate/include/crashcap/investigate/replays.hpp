@@ -26,10 +26,10 @@ class ProgramKilled : public std::runtime_error {
   int signal_;
 };
 
-/// How a bundle replays: "in-process" (a TorchScript step program) or "program" (setModel with a
-/// step function: the recorded program serves the replay). Throws Error{Unsupported} naming what
-/// is missing when it cannot be replayed from the command line at all, and for one rank of a
-/// multi-process job (its collectives would wait for peers that are not there).
+/// How a bundle replays: "in-process" (a TorchScript step program), "program" (setModel with a
+/// step function: the recorded program serves the replay) or "job" (one rank of a multi-process
+/// job: it replays with every rank of its job, replayJob). Throws Error{Unsupported} naming what
+/// is missing when it cannot be replayed from the command line at all.
 std::string replayRoute(const std::string& bundle);
 
 /// From now on, every replay this process runs in a recorded program lets it run source files
@@ -41,7 +41,8 @@ bool changedSourcesAllowed();
 /// Replays `bundle` by its route. Throws crashcap::Error as replayer::replay does (an error the
 /// program hands back keeps its code and hint), Error{Unsupported} when the program cannot be
 /// started or ends without an answer (its exit status and the last lines of its output say why),
-/// and ProgramKilled.
+/// and ProgramKilled. A rank of a job replays with its job (replayJob); the result is its own
+/// rank's (askedRankReplay).
 replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayOptions& options);
 
 /// One rank's replay within its job's.
@@ -60,6 +61,7 @@ struct RankReplay {
 struct JobReplay {
   std::string jobId;
   int worldSize = 0;
+  int rank = -1;          ///< the rank of the bundle asked for: the one ReplayOptions::rows cut
   int64_t step = -1;      ///< the target step, the same for every rank
   int64_t keyframe = -1;  ///< the keyframe every rank started from
   std::vector<RankReplay> ranks;  ///< by rank
@@ -74,9 +76,30 @@ bool isJobRank(const std::string& bundle);
 /// WORLD_SIZE, MASTER_ADDR 127.0.0.1, a free MASTER_PORT), all from the newest keyframe they all
 /// hold at or before the target step (options.step, else `bundle`'s crash step), in lockstep
 /// through their collectives. A rank still running `hangSeconds` after another ended is stopped.
-/// Throws Error{NotFound} naming the ranks whose bundles are missing, or the keyframes each rank
-/// holds when they share none; a rank that gives no result has its `error`.
+/// options.rows cut the batch of `bundle`'s own rank only (the experiment of a sample bisection
+/// across ranks); every other rank feeds its whole batch. Throws Error{NotFound} naming the ranks
+/// whose bundles are missing, or the keyframes each rank holds when they share none; a rank that
+/// gives no result has its `error`.
 JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& options, double hangSeconds = 30);
+
+/// The asked rank's replay within `job`, its notes prefixed by the job's and a line on how every
+/// other rank ended. A rank reproduced without a result (it died of its recorded signal again, or
+/// hung again) gives a result with that verdict, the job's step and keyframe and its error; a
+/// rank that gave neither throws Error{Unsupported} with its error.
+replayer::ReplayResult askedRankReplay(const JobReplay& job);
+
+/// Where the failure of a job's rank came from, by the job's story (supervisor::readJobs over the
+/// bundle's directory): `firstFailed` is the rank that failed on its own first (-1: none known),
+/// `firstFailedBundle` its bundle; `fromPeer`: the asked rank's own failure reached it from a peer.
+struct JobRankOrigin {
+  int rank = -1;
+  int worldSize = 0;
+  std::string jobId;
+  int firstFailed = -1;
+  std::string firstFailedBundle;
+  bool fromPeer = false;
+};
+JobRankOrigin jobRankOrigin(const std::string& bundle);
 
 /// replayer::compareWithReference by the bundle's route.
 replayer::ReferenceComparison compareWithReference(const std::string& bundle, const replayer::ReplayOptions& options,

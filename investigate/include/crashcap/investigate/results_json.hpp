@@ -8,12 +8,24 @@
 #include <nlohmann/json.hpp>
 
 #include "crashcap/investigate/bisect.hpp"
+#include "crashcap/investigate/replays.hpp"
 #include "crashcap/replayer/replay_json.hpp"
 
 namespace crashcap::investigate {
 
 using replayer::replayResultFromJson;
 using replayer::toJson;
+
+/// `crashcap replay --json` of a job's rank. Keys: job_id, world_size, rank (the bundle's, the one
+/// --rows cut), step, keyframe, notes, ranks [{rank, bundle, verdict, replay (as a replay's, or
+/// null), error}].
+nlohmann::json toJson(const JobReplay& job);
+JobReplay jobReplayFromJson(const nlohmann::json& j);
+
+/// What an experiment's `crashcap replay B --json` says of B: its replay, or, for a job's rank
+/// (the output has "ranks"), that rank's within its job's (askedRankReplay, which throws
+/// Error{Unsupported} when the rank gave none).
+replayer::ReplayResult bundleReplayFromJson(const nlohmann::json& j);
 
 /// `crashcap bisect steps --json`. Keys: kind "steps", from_keyframe, target, first_failing_step,
 /// reason, diverged_at, lost_steps, steps (as in replay; they stop before the first lost step).

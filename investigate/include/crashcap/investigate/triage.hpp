@@ -70,6 +70,19 @@ struct RowFinding {
   bool invalid() const { return kind != Kind::AllZeros; }
 };
 
+/// A rank of a multi-process job, triaged with its job: every experiment replays all the job's
+/// ranks together (replayJob), and the rows it cuts are this rank's.
+struct JobTriage {
+  std::string jobId;
+  int worldSize = 0;
+  int rank = -1;                           ///< the rank triaged: the one whose rows are bisected
+  int askedRank = -1;                      ///< the rank of the bundle asked for
+  std::string askedBundle;
+  int firstFailed = -1;                    ///< the rank that failed first on its own, by the job's story; -1 unknown
+  /// Every rank's verdict in the replay that reproduces the failure ("" when it gave none).
+  std::vector<std::pair<int, std::string>> verdicts;
+};
+
 /// Everything the rules judge from. Each experiment's result is absent when it did not run or
 /// did not finish (its Experiment says why).
 struct TriageFacts {
@@ -84,9 +97,10 @@ struct TriageFacts {
   std::optional<OpBisection> ops;
   std::optional<ConfigBisection> config;
   std::vector<RowFinding> rowFindings;               ///< of the culprit rows
+  std::optional<JobTriage> job;                      ///< the bundle is a rank of a multi-process job
 
-  /// The replay brought the recorded failure back.
-  bool reproduced() const { return replay && replayer::reproduces(replay->verdict); }
+  /// The replay brought the recorded failure back (replayer::showsFailure).
+  bool reproduced() const { return replay && replayer::showsFailure(*replay); }
   /// The culprit rows sample bisection found (empty when it found none or did not run).
   std::vector<int64_t> culpritRows() const;
   /// The culprit rows trigger the failure: it needs them and goes away without them.
@@ -128,6 +142,7 @@ std::vector<Hypothesis> judge(const TriageFacts& facts);
 /// Where the failure is: step, rows (only when they trigger it: needed and sufficient; any single
 /// row fails a run that diverged), op, and the changes that make it come or go.
 struct Culprit {
+  std::optional<int> rank;                 ///< a job's: the rank triaged (its batch holds the rows)
   std::optional<int64_t> step;
   std::optional<std::vector<int64_t>> rows, datasetIndices;
   std::optional<std::string> op, phase;
@@ -147,7 +162,9 @@ struct TriageOptions {
 };
 
 /// Runs the plan on `bundle` and judges it. Throws crashcap::Error when the bundle cannot be
-/// read; a failed experiment is a missing fact, not an error.
+/// read; a failed experiment is a missing fact, not an error. A rank of a job is triaged with its
+/// job; when its own failure reached it from a peer, the rank that failed first is triaged instead
+/// (facts.job says which was asked for).
 Triage runTriage(const std::string& bundle, const TriageOptions& options = {});
 
 /// The index domains of the ops in the bundle's op trace (the newest call of each op).
@@ -159,7 +176,10 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
                                         const std::vector<IndexDomain>& domains);
 
 /// `crashcap triage --json`: bundle, reproduced, verdict, step, hypotheses [{id, verdict,
-/// evidence, rerun}], culprit {step, rows, dataset_indices, op, phase, changes}, experiments.
+/// evidence, rerun}], culprit {rank, step, rows, dataset_indices, op, phase, changes}, notes (the
+/// replay's: what differs from the recording, what bounds the replay), job (null, or
+/// {job_id, world_size, rank, asked_rank, asked_bundle, first_failed, ranks [{rank, verdict}]}),
+/// experiments.
 /// `withReplay` adds the replay result (the report uses it).
 nlohmann::json toJson(const Triage& t, bool withReplay = false);
 nlohmann::json toJson(const Hypothesis& h);

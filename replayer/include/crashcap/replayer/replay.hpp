@@ -149,6 +149,12 @@ struct ReplayResult {
   std::string keyframeNotWritten;
 };
 
+/// The replay shows a failure: it reproduces the recording (reproduces(verdict)) at a step where
+/// something failed. A replay of a step the recording saw pass, which passes again, reproduces the
+/// recording but shows no failure: what a replay of a bundle whose failing step was lost (a
+/// SIGKILL before the writer had it) gives. Every investigation's "the step fails" is this.
+inline bool showsFailure(const ReplayResult& r) { return reproduces(r.verdict) && !r.error.empty(); }
+
 /// Replays `bundle`. Throws crashcap::Error (NotFound: no such step or keyframe; Unsupported:
 /// the bundle has no step program, or the device is not available here).
 ReplayResult replay(const std::string& bundle, const ReplayOptions& options = {});

@@ -280,6 +280,12 @@ struct RunStatus {
                                 # automatic cadence chose); 0 unknown
   bufferPoolPeakBytes @12 :UInt64;  # the most host memory the recorder's copies held at once
   keyframesWrittenRaw @13 :UInt64;  # keyframes finished uncompressed because the writer fell behind
+  # From the progress file, for a process that could not write its op trace (SIGKILL): the newest
+  # op it began and the collectives it issued, the last by name and step.
+  lastOp @14 :Text;             # "" unknown
+  collectivesIssued @15 :UInt64;  # 0: none, or unknown
+  lastCollective @16 :Text;     # "gloo:all_reduce"; "" none
+  lastCollectiveStep @17 :Int64 = -1;  # between steps, or unknown
 }
 
 # Record type 13. What `crashcap run` saw of one run of the supervised command: how it ended,

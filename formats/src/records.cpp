@@ -246,6 +246,10 @@ std::vector<uint8_t> encodeMeta(const RunStatusData& v) {
   r.setKeyframeInterval(v.keyframeInterval);
   r.setBufferPoolPeakBytes(v.bufferPoolPeakBytes);
   r.setKeyframesWrittenRaw(v.keyframesWrittenRaw);
+  r.setLastOp(v.lastOp);
+  r.setCollectivesIssued(v.collectivesIssued);
+  r.setLastCollective(v.lastCollective);
+  r.setLastCollectiveStep(v.lastCollectiveStep);
   return toBytes(b);
 }
 
@@ -753,6 +757,10 @@ RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimi
     v.keyframeInterval = r.getKeyframeInterval();
     v.bufferPoolPeakBytes = r.getBufferPoolPeakBytes();
     v.keyframesWrittenRaw = r.getKeyframesWrittenRaw();
+    v.lastOp = text(r.getLastOp(), 256, "run last op");
+    v.collectivesIssued = r.getCollectivesIssued();
+    v.lastCollective = text(r.getLastCollective(), 256, "run last collective");
+    v.lastCollectiveStep = r.getLastCollectiveStep();
     return v;
   });
 }

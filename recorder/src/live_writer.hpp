@@ -135,6 +135,9 @@ class LiveWriter {
   std::atomic<int64_t>& currentStep = page_->step;
   std::atomic<int>& phase = page_->phase;
   std::atomic<uint64_t>& stepsBegun = page_->stepsBegun;
+  /// The whole page, for the op ring's newest op and collective (op_ring.hpp). Its address stays:
+  /// a page moved over it lands at the same address.
+  ProgressPage* progressPage() { return page_; }
   /// The recorder's own numbers for the run status (stored at every step).
   std::atomic<int64_t> keyframeInterval{0};
   std::atomic<uint64_t> bufferPoolPeakBytes{0};

@@ -60,6 +60,9 @@ std::atomic<Ring*> gCollectives{nullptr};
 at::CallbackHandle gCollectiveHandle = 0;
 std::atomic<int64_t>* gStep = nullptr;
 std::atomic<int>* gPhase = nullptr;
+/// The recording's progress page: the newest op and collective go there too, where they outlive
+/// a SIGKILL that takes the rings with it.
+std::atomic<ProgressPage*> gProgress{nullptr};
 std::atomic<bool> gRunning{false};
 /// Whether crashcap's callbacks were the only ones when the step began: then the ops nested
 /// inside an observed op are not built at all (see quietInside).
@@ -180,6 +183,14 @@ void fill(Entry& e, uint64_t index, const at::RecordFunction& fn, const char* na
   e.committed.store(index + 1, std::memory_order_release);
 }
 
+/// A name into a fixed array of the progress page. A SIGKILL in the middle of the copy leaves a
+/// torn name (the reader cuts it at the array's end); the copy is a few tens of bytes.
+void storeName(char* to, size_t capacity, const char* name) {
+  const size_t n = name ? ::strnlen(name, capacity - 1) : 0;
+  std::memcpy(to, name ? name : "", n);
+  to[n] = '\0';
+}
+
 void record(const at::RecordFunction& fn, const char* name, bool backward, ThreadState& ts) {
   Ring* ring = gRing.load(std::memory_order_acquire);
   if (!ring) return;
@@ -192,6 +203,7 @@ void record(const at::RecordFunction& fn, const char* name, bool backward, Threa
     cupti::pushOp(index);  // kernels launched from here on link to this op (a no-op without a tracer)
   }
   fill(ring->entries[index % ring->entries.size()], index, fn, name, backward, currentStep(), ts);
+  if (ProgressPage* p = gProgress.load(std::memory_order_relaxed)) storeName(p->lastOp, sizeof p->lastOp, name);
 }
 
 /// An op returned: its end time, and the kernel link back to the enclosing op.
@@ -320,7 +332,13 @@ std::unique_ptr<at::ObserverContext> onCollective(const at::RecordFunction& fn) 
   // A collective between steps (a validation all-reduce, a checkpoint's barrier) belongs to none.
   const int phase = gPhase ? gPhase->load(std::memory_order_relaxed) : static_cast<int>(Phase::Setup);
   const bool inStep = phase != static_cast<int>(Phase::Setup) && phase != static_cast<int>(Phase::BetweenSteps);
-  fill(ring->entries[index % ring->entries.size()], index, fn, name, false, inStep ? currentStep() : -1, tState);
+  const int64_t step = inStep ? currentStep() : -1;
+  fill(ring->entries[index % ring->entries.size()], index, fn, name, false, step, tState);
+  if (ProgressPage* p = gProgress.load(std::memory_order_relaxed)) {
+    storeName(p->lastCollective, sizeof p->lastCollective, name);
+    p->lastCollectiveStep.store(step, std::memory_order_relaxed);
+    p->collectivesIssued.store(index + 1, std::memory_order_release);
+  }
   std::unique_ptr<CollectiveContext> ctx(new (std::nothrow) CollectiveContext);
   if (ctx) {
     ctx->ring = ring;
@@ -400,11 +418,12 @@ void observeOpsOnThisThread(bool on) {
   updateOuterOnly();
 }
 
-bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase) {
+bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase, ProgressPage* progress) {
   std::lock_guard<std::mutex> lk(gMu);
   if (gRunning || capacity == 0) return false;
   gStep = step;
   gPhase = phase;
+  gProgress.store(progress, std::memory_order_release);
   static bool forkHandler = (pthread_atfork(nullptr, nullptr, &onForkChild), true);
   (void)forkHandler;
   // A callback still finishing on another thread may hold the previous ring: retire it
@@ -436,6 +455,7 @@ void stopOpObserver() {
   gCollectiveHandle = 0;
   gStep = nullptr;
   gPhase = nullptr;
+  gProgress.store(nullptr, std::memory_order_release);
   // The ring itself stays: a crash after close can still be described.
 }
 

@@ -28,13 +28,16 @@
 #include <optional>
 
 #include "crashcap/formats/records.hpp"
+#include "crashcap/recorder/recording_dir.hpp"
 
 namespace crashcap::recorder::detail {
 
 /// Starts observing into a ring of `capacity` entries, on the calling thread. `step` and `phase`
 /// are read and (phase: forward -> backward) written by the callback; they must outlive stop().
 /// Returns false (and does nothing) when an observer is already running.
-bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase);
+/// `progress` (nullable) gets the newest op's name and the collectives issued, which outlive a
+/// SIGKILL there; it too must outlive stop().
+bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<int>* phase, ProgressPage* progress);
 /// Observes the calling thread's ops (on) or stops (off): beginStep turns it on, the step's
 /// end(loss) off. Cheap when nothing changes; does nothing while no observer runs.
 void observeOpsOnThisThread(bool on);

@@ -681,7 +681,8 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
   }
   if (policy.opTraceDepth > 0)
     impl_->observerStarted =
-        detail::startOpObserver(policy.opTraceDepth, &impl_->writer->currentStep, &impl_->writer->phase);
+        detail::startOpObserver(policy.opTraceDepth, &impl_->writer->currentStep, &impl_->writer->phase,
+                                impl_->writer->progressPage());
   if (policy.crashGuard) detail::installCrashGuard(&describeTorchException);
 }
 

@@ -136,6 +136,10 @@ std::optional<Progress> readProgress(const std::string& recording) {
     int32_t phase;
     uint32_t reserved;
     uint64_t stepsBegun;
+    uint64_t collectivesIssued;
+    int64_t lastCollectiveStep;
+    char lastCollective[32];
+    char lastOp[64];
   } raw{};
   static_assert(sizeof raw == sizeof(ProgressPage), "the progress file's layout");
   if (!in.read(reinterpret_cast<char*>(&raw), sizeof raw)) return std::nullopt;
@@ -144,6 +148,12 @@ std::optional<Progress> readProgress(const std::string& recording) {
   p.step = raw.step;
   p.phase = phaseName(static_cast<Phase>(raw.phase));
   p.stepsBegun = raw.stepsBegun;
+  // Names are the process's last stores: cut at the first NUL, and at the array's end when a
+  // SIGKILL came in the middle of one.
+  p.collectivesIssued = raw.collectivesIssued;
+  p.lastCollectiveStep = p.collectivesIssued ? raw.lastCollectiveStep : -1;
+  p.lastCollective.assign(raw.lastCollective, ::strnlen(raw.lastCollective, sizeof raw.lastCollective));
+  p.lastOp.assign(raw.lastOp, ::strnlen(raw.lastOp, sizeof raw.lastOp));
   return p;
 }
 
@@ -255,6 +265,10 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
       s.stepsBegun = std::max(s.stepsBegun, progress->stepsBegun);
       s.lastStep = report.begunStep;
       if (progress->step == report.begunStep) s.lastPhase = progress->phase;
+      s.lastOp = progress->lastOp;
+      s.collectivesIssued = progress->collectivesIssued;
+      s.lastCollective = progress->lastCollective;
+      s.lastCollectiveStep = progress->lastCollectiveStep;
       if (report.begunStep > report.lastStep)
         s.warnings.push_back(
             report.lastStep >= 0

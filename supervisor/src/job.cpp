@@ -122,6 +122,20 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
           break;
         }
   }
+  // A process killed before it could write its op trace (SIGKILL) left its newest op and
+  // collective in its progress file, which seal put into its run status.
+  if (!v.opTrace && v.status && (!v.status->lastOp.empty() || v.status->collectivesIssued)) {
+    r.progressOps = true;
+    if (r.op.empty() && r.step == v.status->lastStep) r.op = v.status->lastOp;
+    r.collectivesIssued = v.status->collectivesIssued;
+    if (r.collectivesIssued) {
+      formats::CollectiveData c;
+      c.seq = r.collectivesIssued - 1;
+      c.name = v.status->lastCollective;
+      c.step = v.status->lastCollectiveStep;
+      r.lastCollective = c;
+    }
+  }
   for (const auto& k : v.keyframes) r.keyframes.push_back(k.step);
   for (const auto& b : v.stepBegins) r.steps.push_back(b.step);
   std::sort(r.steps.begin(), r.steps.end());
@@ -176,12 +190,15 @@ std::string whereText(const JobRank& r) {
 /// What a rank's collectives say: the one it waits in, or the last it completed and what it never
 /// issued that another rank did.
 std::string collectiveStory(const JobRank& r, const Job& job) {
-  if (!r.opTrace)
+  if (!r.opTrace && !r.progressOps)
     return r.bundle.empty() ? "no bundle" : "its collectives were not recorded (nothing in the process could write them: "
                                              "SIGKILL, or no op trace)";
   if (!r.lastCollective) return "it issued no collective";
   const auto& c = *r.lastCollective;
-  std::string s = !inspect::collectiveEndObservable(c.name)
+  std::string s = r.progressOps ? fmt::format("the last collective it issued was {} (from its progress file: whether it "
+                                              "ended is not known)",
+                                              collectiveName(c))
+                  : !inspect::collectiveEndObservable(c.name)
                       ? fmt::format("its last collective {} was issued (the GPU's completion of it is not observable)",
                                     collectiveName(c))
                   : c.endNs ? fmt::format("its last collective {} ended", collectiveName(c))
@@ -367,7 +384,8 @@ json rankJson(const JobRank& r, const Job& job, int64_t firstNs) {
           {"phase", r.phase.empty() ? json(nullptr) : json(r.phase)},
           {"op", r.op.empty() ? json(nullptr) : json(r.op)},
           {"op_trace", r.opTrace},
-          {"collectives_issued", r.opTrace ? json(r.collectivesIssued) : json(nullptr)},
+          {"ops_from_progress", r.progressOps},
+          {"collectives_issued", r.opTrace || r.progressOps ? json(r.collectivesIssued) : json(nullptr)},
           {"last_collective", last},
           {"collective_story", r.bundle.empty() && !r.opTrace ? "" : collectiveStory(r, job)},
           {"time", r.timeNs ? json(formats::formatTime(r.timeNs)) : json(nullptr)},

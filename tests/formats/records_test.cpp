@@ -32,6 +32,10 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   CrashData crash{"nonfinite", 7, "forward", "non-finite loss", "NonFiniteError", 0, "", {"#0 f", "#1 g"}, 5, 42, 43};
   RunStatusData status{"crashed", 8, 7, 2, 100, {"queue full"}, 1, {3, 4}, 2, 1};
   status.keyframesWrittenRaw = 2;
+  status.lastOp = "aten::linear";
+  status.collectivesIssued = 12;
+  status.lastCollective = "gloo:all_reduce";
+  status.lastCollectiveStep = 6;
   bool seal = GENERATE(true, false);
   {
     auto w = BundleWriter::create(path);
@@ -87,6 +91,10 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   CHECK(v.status->lostStepCount == 2);
   CHECK(v.status->keyframesSkipped == 1);
   CHECK(v.status->keyframesWrittenRaw == 2);
+  CHECK(v.status->lastOp == "aten::linear");
+  CHECK(v.status->collectivesIssued == 12);
+  CHECK(v.status->lastCollective == "gloo:all_reduce");
+  CHECK(v.status->lastCollectiveStep == 6);
   if (seal) CHECK(verifyBundle(path).ok());
 }
 

@@ -214,6 +214,13 @@ def test_a_rank_of_four_sigkilled_at_step_n_is_named_first_and_the_job_replays_t
     ranks = {r["rank"]: r for r in job["ranks"]}
     assert sorted(ranks) == [0, 1, 2, 3] and job["first_failed"] == 1, job["headline"]
     assert ranks[1]["how"] == "killed by SIGKILL" and ranks[1]["step"] == 3
+    # SIGKILL took rank 1's op ring with it; its progress file kept its newest op (step 3's
+    # forward) and its last collective (step 2's all-reduce), which the others went past.
+    assert ranks[1]["ops_from_progress"] and ranks[1]["op"].startswith("aten::"), ranks[1]
+    assert ranks[1]["last_collective"]["name"] == "gloo:all_reduce" and ranks[1]["last_collective"]["step"] == 2
+    assert f"last op {ranks[1]['op']}" in job["headline"], job["headline"]
+    if job["furthest_collective"]["seq"] > ranks[1]["last_collective"]["seq"]:
+        assert f"it never issued #{ranks[1]['last_collective']['seq'] + 1}" in ranks[1]["collective_story"], ranks[1]
     for rank in (0, 2, 3):
         # Each ended on its own (Gloo saw rank 1 go) or was stopped, and each says its last collective.
         assert ranks[rank]["outcome"] in ("failed", "stopped") and ranks[rank]["last_collective"], ranks[rank]

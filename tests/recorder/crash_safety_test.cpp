@@ -249,13 +249,17 @@ TEST_CASE("after SIGKILL at a random moment, seal recovers every step that reach
   }
 }
 
-TEST_CASE("after SIGKILL, the progress file names the step and phase the process was in", "[recorder][kill]") {
+TEST_CASE("after SIGKILL, the progress file names the step and phase the process was in, its last op and "
+          "collective",
+          "[recorder][kill]") {
   // Killed in the forward pass of step 30, with the writer given no time: whatever of steps
-  // 0..30 reached the disk, the sealed status says step 30, forward.
+  // 0..30 reached the disk, the sealed status says step 30, forward; the op ring and its
+  // collectives die with the process, but the newest op and the collectives issued (one after
+  // each step's backward, 0..29) outlive it in the progress file.
   for (int trial = 0; trial < 3; ++trial) {
     TempDir dir;
     auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--fail", "kill", "--fail-step", "30",
-                        "--steps", "40", "--keyframe-every", "10"});
+                        "--steps", "40", "--keyframe-every", "10", "--collective"});
     REQUIRE(r.exitCode == -SIGKILL);
     auto recordings = recorder::findRecordings(dir.path());
     REQUIRE(recordings.size() == 1);
@@ -264,6 +268,11 @@ TEST_CASE("after SIGKILL, the progress file names the step and phase the process
     CHECK(progress->step == 30);
     CHECK(progress->phase == "forward");
     CHECK(progress->stepsBegun == 31);
+    // The forward's last op (the TorchScript program's loss), and step 29's collective.
+    CHECK(progress->lastOp.rfind("aten::", 0) == 0);
+    CHECK(progress->collectivesIssued == 30);
+    CHECK(progress->lastCollective == "gloo:all_reduce");
+    CHECK(progress->lastCollectiveStep == 29);
     auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
     INFO(s.err);
     REQUIRE(s.exitCode == 0);
@@ -277,6 +286,10 @@ TEST_CASE("after SIGKILL, the progress file names the step and phase the process
     CHECK(view.status->lastStep == 30);
     CHECK(view.status->lastPhase == "forward");
     CHECK(view.status->stepsBegun == 31);
+    CHECK(view.status->lastOp == progress->lastOp);
+    CHECK(view.status->collectivesIssued == 30);
+    CHECK(view.status->lastCollective == "gloo:all_reduce");
+    CHECK(view.status->lastCollectiveStep == 29);
     REQUIRE(!view.stepBegins.empty());
     // Step 30 is in the bundle or named lost: never silently missing.
     auto lost = formats::lostSteps(view);

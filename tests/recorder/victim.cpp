@@ -4,7 +4,10 @@
 //   --fail setup   throws before the first step (no segment exists yet)
 // "exception" is caught in main and passed to Recorder::fail; "uncaught" leaves main;
 // "busy" never fails and runs until killed (SIGKILL tests). --report prints
-// "written N" after each step: the newest step the recorder has handed to the OS.
+// "written N" after each step: the newest step the recorder has handed to the OS. --collective
+// opens, after each step's backward, the user-scope RecordFunction a torch.distributed backend
+// opens for a collective ("gloo:all_reduce"), with nothing behind it: there is no peer here.
+#include <ATen/record_function.h>
 #include <torch/script.h>
 #include <torch/torch.h>
 
@@ -42,7 +45,7 @@ int main(int argc, char** argv) {
   std::string dir, fail = "none";
   int64_t steps = 20, failStep = 5, keyframeEvery = 5, sleepMs = 0;
   size_t retain = 0;
-  bool report = false, recordGrads = true;
+  bool report = false, recordGrads = true, collective = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -54,10 +57,11 @@ int main(int argc, char** argv) {
     else if (a == "--retain") retain = std::stoul(next());
     else if (a == "--sleep-ms") sleepMs = std::stoll(next());
     else if (a == "--report") report = true;
+    else if (a == "--collective") collective = true;
     else if (a == "--api-key") (void)next();  // accepted and ignored: the secrets test passes one
     else {
       std::cerr << "usage: crashcap-test-victim --dir DIR [--fail KIND] [--fail-step S] [--steps N] "
-                   "[--keyframe-every K] [--retain N] [--sleep-ms MS] [--report]\n";
+                   "[--keyframe-every K] [--retain N] [--sleep-ms MS] [--report] [--collective]\n";
       return 2;
     }
   }
@@ -92,6 +96,9 @@ int main(int argc, char** argv) {
           throw std::runtime_error("victim: injected failure at step " + std::to_string(step));
       }
       loss.backward();
+      if (collective) {
+        RECORD_USER_SCOPE("gloo:all_reduce");
+      }
       guard.end(loss);
       optimizer.step();
       if (report) {

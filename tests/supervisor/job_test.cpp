@@ -156,3 +156,58 @@ TEST_CASE("a rank that recorded a failure and went on is healthy when the run lo
   CHECK(job.missing.empty());
   CHECK(supervisor::jobHeadline(job) == "no rank failed");
 }
+
+TEST_CASE("a SIGKILLed rank's story takes its last op and collective from its progress file", "[job]") {
+  test::TempDir dir;
+  // Rank 0 saw rank 1 go while it waited in #9; rank 1, killed in step 4's forward, left no op
+  // trace, but its run status (sealed from its progress file) keeps its newest op and that it
+  // issued #0..#8, the last in step 3.
+  writeRank(dir.file("crash-a0.ccap"), {"job-a", 0, 2, "RuntimeError: Connection closed by peer [127.0.0.1]:4242",
+                                        2'000'000'000, 4, {collective(8, 3, true), collective(9, 4, false)}});
+  {
+    auto w = BundleWriter::create(dir.file("crash-a1.ccap"));
+    writeMetaRecord(*w, DistributedData{"job-a", "crashcap run", 1, 2, 1, "gloo", "", "test"});
+    SupervisionData sv;
+    sv.pid = 101;
+    sv.signal = 9;
+    sv.signalName = "SIGKILL";
+    sv.classification = "signal";
+    sv.startNs = 500'000'000;
+    sv.endNs = 1'000'000'000;
+    writeMetaRecord(*w, sv);
+    RunStatusData status;
+    status.state = "interrupted";
+    status.stepsBegun = 5;
+    status.lastStep = 4;
+    status.lastPhase = "forward";
+    status.lastOp = "aten::linear";
+    status.collectivesIssued = 9;
+    status.lastCollective = "gloo:all_reduce";
+    status.lastCollectiveStep = 3;
+    writeMetaRecord(*w, status);
+    w->seal();
+  }
+  auto stories = supervisor::readJobs(dir.path());
+  REQUIRE(stories.jobs.size() == 1);
+  const auto& job = stories.jobs[0];
+  CHECK(job.firstFailed == 1);
+  const auto& killed = rankOf(job, 1);
+  CHECK_FALSE(killed.opTrace);
+  CHECK(killed.progressOps);
+  CHECK(killed.op == "aten::linear");
+  CHECK(killed.collectivesIssued == 9);
+  REQUIRE(killed.lastCollective);
+  CHECK(killed.lastCollective->seq == 8);
+  CHECK(killed.lastCollective->step == 3);
+  auto headline = supervisor::jobHeadline(job);
+  INFO(headline);
+  CHECK(headline.rfind("rank 1 failed first: killed by SIGKILL at step 4 (forward, last op aten::linear)", 0) == 0);
+  auto text = supervisor::jobsText(stories);
+  INFO(text);
+  CHECK(text.find("the last collective it issued was #8 gloo:all_reduce (step 3) (from its progress file: whether it "
+                  "ended is not known); it never issued #9 gloo:all_reduce") != std::string::npos);
+  auto j = supervisor::jobsJson(stories);
+  CHECK(j["jobs"][0]["ranks"][1]["ops_from_progress"] == true);
+  CHECK(j["jobs"][0]["ranks"][1]["collectives_issued"] == 9);
+  CHECK(j["jobs"][0]["ranks"][1]["op"] == "aten::linear");
+}

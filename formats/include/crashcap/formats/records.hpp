@@ -164,6 +164,12 @@ struct RunStatusData {
   int64_t keyframeInterval = 0;         ///< steps between keyframes at the end; 0 unknown
   uint64_t bufferPoolPeakBytes = 0;     ///< the most host memory the recorder's copies held
   uint64_t keyframesWrittenRaw = 0;     ///< keyframes finished uncompressed: the writer fell behind
+  /// From the progress file, for a process that could not write its op trace (a SIGKILL): the
+  /// newest op it began, how many collectives it issued and the last one's name and step.
+  std::string lastOp;                   ///< "" unknown
+  uint64_t collectivesIssued = 0;       ///< 0: none, or unknown
+  std::string lastCollective;           ///< "" none
+  int64_t lastCollectiveStep = -1;      ///< -1: between steps, or unknown
 };
 /// The most lost steps a run_status record lists.
 inline constexpr size_t kMaxListedLostSteps = 4096;

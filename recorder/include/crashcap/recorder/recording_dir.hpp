@@ -45,6 +45,12 @@ struct ProgressPage {
   std::atomic<int32_t> phase;        ///< a Phase
   uint32_t reserved;
   std::atomic<uint64_t> stepsBegun;
+  // Where the ops were, stored by the op ring's callbacks (op_ring.cpp): what a SIGKILLed process
+  // leaves of its op trace. Zero in a progress file written before they existed.
+  std::atomic<uint64_t> collectivesIssued;  ///< the last one issued is #collectivesIssued-1
+  std::atomic<int64_t> lastCollectiveStep;  ///< its step; -1 between steps
+  char lastCollective[32];                  ///< its name, NUL-terminated
+  char lastOp[64];                          ///< the newest op begun, NUL-terminated ("" none)
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<int32_t>::is_always_lock_free,
@@ -54,6 +60,10 @@ struct Progress {
   int64_t step = -1;
   std::string phase;                 ///< phaseName
   uint64_t stepsBegun = 0;
+  uint64_t collectivesIssued = 0;
+  int64_t lastCollectiveStep = -1;
+  std::string lastCollective;        ///< "" none
+  std::string lastOp;                ///< "" none
 };
 /// The recording's progress file; nullopt when it has none (written before it existed, or on a
 /// file system that cannot map it) or it is not one.

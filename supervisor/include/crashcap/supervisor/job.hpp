@@ -41,7 +41,10 @@ struct JobRank {
   std::string phase;                    ///< "" unknown
   std::string op;                       ///< the last op observed in `step`; "" unknown
   bool opTrace = false;                 ///< its op trace (ops and collectives) is in the bundle
-  uint64_t collectivesIssued = 0;       ///< with opTrace
+  /// No op trace (a SIGKILL), but its progress file kept the newest op and the collectives issued
+  /// (the last one's name and step; whether it ended is not known).
+  bool progressOps = false;
+  uint64_t collectivesIssued = 0;       ///< with opTrace or progressOps
   std::optional<formats::CollectiveData> lastCollective;
   int64_t timeNs = 0;                   ///< when it failed or ended (Unix ns; 0 unknown)
   int64_t runStartNs = 0;               ///< when the `crashcap run` attempt that started it began; 0 unknown
@@ -82,7 +85,7 @@ std::string jobHeadline(const Job& job);
 
 /// Keys: dir, jobs [{job_id, world_size, backend, first_failed (rank or null), headline,
 /// ranks [{rank, bundle, other_bundles, pid, outcome, failed_first, how, classification, error,
-/// step, phase, op, op_trace, collectives_issued, last_collective, time, seconds_after_first,
+/// step, phase, op, op_trace, ops_from_progress, collectives_issued, last_collective, time, seconds_after_first,
 /// keyframes, from_peer, collective_story}], healthy [ranks], missing [ranks], furthest_collective, problems}],
 /// not_in_a_job, unsealed, unreadable [{path, why}].
 nlohmann::json jobsJson(const JobStories& stories);

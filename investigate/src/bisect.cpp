@@ -198,6 +198,11 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   b.replayBound = singleRowBound(base.batchSize);
   b.lostSteps = base.lostSteps;
   if (base.verdict == replayer::Verdict::RecordingIncomplete) return b;  // the step cannot be reached
+  if (base.steps.empty())
+    // A job's rank that died of its signal again or hung again: no step of it answered.
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("the replay of step {} gave no steps to compare ({}): its rows cannot be tested", base.step,
+                            lastLine(base.error)));
   auto test = [&](const std::vector<int64_t>& rows) {
     auto e = runner.run(fmt::format("rows [{}]", joinRows(rows)),
                         replayArgs(bundle, base.step, {"--rows", joinRows(rows)}));

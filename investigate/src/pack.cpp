@@ -208,7 +208,9 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
             "the crash does not reproduce from this bundle here (replay verdict {}{}): packed anyway; the attachment "
             "replays no better than the bundle",
             replayer::verdictName(r.verdict),
-            r.error.empty() ? fmt::format(", step {} runs clean", r.step) : ", " + lastLine(r.error)));
+            !r.error.empty()                                         ? ", " + lastLine(r.error)
+            : r.verdict != replayer::Verdict::RecordingIncomplete ? fmt::format(", step {} runs clean", r.step)
+                                                                    : ""));
       // The keyframe was written before the target step ran; the target's own fingerprint, when
       // recorded, checks the last update before it too.
       std::string notUsed = r.keyframeNotWritten;

@@ -522,8 +522,11 @@ JobRankOrigin jobRankOrigin(const std::string& bundle) {
   for (const auto& j : stories.jobs) {
     if (j.jobId != o.jobId) continue;
     for (const auto& r : j.ranks) {
-      if (r.rank == o.rank) o.fromPeer = r.fromPeer;
-      if (r.rank == j.firstFailed) {
+      // A rank crashcap run stopped after another failed ended because of it too.
+      if (r.rank == o.rank)
+        o.fromPeer = r.fromPeer || (r.outcome == "stopped" && j.firstFailed >= 0 && j.firstFailed != r.rank);
+      // A first failure that itself came from a peer (no rank failed on its own) names no cause.
+      if (r.rank == j.firstFailed && !r.fromPeer) {
         o.firstFailed = r.rank;
         o.firstFailedBundle = r.rank == o.rank ? fs::absolute(bundle).string() : r.bundle;
       }

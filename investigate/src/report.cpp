@@ -66,7 +66,9 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
                       "enough to reproduce it; the cause may lie outside what was recorded (the program's own code "
                       "around the step, the machine).\n",
                       replayer::verdictName(replay->verdict),
-                      replay->error.empty() ? fmt::format(", step {} runs clean", replay->step) : "");
+                      replay->error.empty() && replay->verdict != replayer::Verdict::RecordingIncomplete
+                          ? fmt::format(", step {} runs clean", replay->step)
+                          : "");
   // A bundle `crashcap pack` made says so in a note: what it holds, and whether the crash reproduced
   // when it was packed.
   for (const auto& note : reader->notes()) {

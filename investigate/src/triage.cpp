@@ -257,9 +257,13 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     j.firstFailed = origin.firstFailed;
     if (origin.fromPeer && origin.firstFailed >= 0 && origin.firstFailed != origin.rank &&
         !origin.firstFailedBundle.empty()) {
-      j.rank = origin.firstFailed;
-      f.bundle = origin.firstFailedBundle;
-      records = formats::readRecords(*formats::BundleReader::open(f.bundle));
+      try {
+        records = formats::readRecords(*formats::BundleReader::open(origin.firstFailedBundle));
+        j.rank = origin.firstFailed;
+        f.bundle = origin.firstFailedBundle;
+      } catch (const Error&) {
+        // Unreadable: the asked rank is triaged; its replay still runs the whole job.
+      }
     }
     f.job = j;
   }
@@ -287,14 +291,18 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       } catch (const Error& err) {
         f.replayOutcome = err.message();
       }
-      if (f.job && e.output->contains("ranks"))
-        for (const auto& r : jobReplayFromJson(*e.output).ranks) f.job->verdicts.emplace_back(r.rank, r.verdict);
+      if (f.job && e.output->contains("ranks")) try {
+          for (const auto& r : jobReplayFromJson(*e.output).ranks) f.job->verdicts.emplace_back(r.rank, r.verdict);
+        } catch (const Error&) {
+          // f.replay's reading said the same
+        }
     } else {
       f.replayOutcome = e.outcome;
     }
   }
   f.steps = run("bisect-steps", {"bisect", "steps", bundle, "--json"}, stepBisectionFromJson);
-  if (f.reproduced()) {
+  // A rank killed or hung again answered with no steps: nothing of its batch can be tested.
+  if (f.reproduced() && !f.replay->steps.empty()) {
     const int64_t batchSize = f.replay->batchSize;
     f.samples = run("bisect-samples", {"bisect", "samples", bundle, "--json", "--timeout", timeout},
                     sampleBisectionFromJson, 2 * std::log2(batchSize + 1) + 3);

@@ -335,9 +335,16 @@ std::unique_ptr<at::ObserverContext> onCollective(const at::RecordFunction& fn) 
   const int64_t step = inStep ? currentStep() : -1;
   fill(ring->entries[index % ring->entries.size()], index, fn, name, false, step, tState);
   if (ProgressPage* p = gProgress.load(std::memory_order_relaxed)) {
-    storeName(p->lastCollective, sizeof p->lastCollective, name);
-    p->lastCollectiveStep.store(step, std::memory_order_relaxed);
-    p->collectivesIssued.store(index + 1, std::memory_order_release);
+    // Gloo begins collectives on its worker threads, two at once with DDP's buckets: only the
+    // newest moves the count on and writes its name, so the count never goes back.
+    uint64_t seen = p->collectivesIssued.load(std::memory_order_relaxed);
+    while (seen < index + 1 &&
+           !p->collectivesIssued.compare_exchange_weak(seen, index + 1, std::memory_order_acq_rel)) {
+    }
+    if (seen < index + 1) {
+      storeName(p->lastCollective, sizeof p->lastCollective, name);
+      p->lastCollectiveStep.store(step, std::memory_order_relaxed);
+    }
   }
   std::unique_ptr<CollectiveContext> ctx(new (std::nothrow) CollectiveContext);
   if (ctx) {

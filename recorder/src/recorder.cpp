@@ -880,6 +880,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
   m.writer->settleProgress();
   m.writer->currentStep.store(step, std::memory_order_relaxed);
   m.writer->stepsBegun.fetch_add(1, std::memory_order_relaxed);
+  m.writer->progressPage()->lastOp[0] = '\0';  // the newest op is this step's, or none
   // A keyframe goes in the keyframe lane and the step in the step lane: a keyframe that does not
   // fit is skipped (and tried again at the next step), and the step is kept either way.
   m.measureStep();

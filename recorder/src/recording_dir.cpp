@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -138,10 +139,16 @@ std::optional<Progress> readProgress(const std::string& recording) {
     uint64_t stepsBegun;
     uint64_t collectivesIssued;
     int64_t lastCollectiveStep;
-    char lastCollective[32];
+    char lastCollective[64];
     char lastOp[64];
   } raw{};
   static_assert(sizeof raw == sizeof(ProgressPage), "the progress file's layout");
+  static_assert(offsetof(decltype(raw), stepsBegun) == offsetof(ProgressPage, stepsBegun) &&
+                    offsetof(decltype(raw), collectivesIssued) == offsetof(ProgressPage, collectivesIssued) &&
+                    offsetof(decltype(raw), lastCollectiveStep) == offsetof(ProgressPage, lastCollectiveStep) &&
+                    offsetof(decltype(raw), lastCollective) == offsetof(ProgressPage, lastCollective) &&
+                    offsetof(decltype(raw), lastOp) == offsetof(ProgressPage, lastOp),
+                "the progress file's layout");
   if (!in.read(reinterpret_cast<char*>(&raw), sizeof raw)) return std::nullopt;
   if (std::memcmp(raw.magic, ProgressPage::kMagic, sizeof raw.magic) != 0 || raw.step < -1) return std::nullopt;
   Progress p;
@@ -257,6 +264,12 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
     formats::writeMetaRecord(*writer, *status);
   } else if (!fileStatus) {
     formats::RunStatusData s;
+    if (progress || (progress = readProgress(recording))) {
+      // Collectives are observed from the start, a setup broadcast or barrier before step 0 too.
+      s.collectivesIssued = progress->collectivesIssued;
+      s.lastCollective = progress->lastCollective;
+      s.lastCollectiveStep = progress->lastCollectiveStep;
+    }
     s.state = report.state;
     s.stepsBegun = report.steps;
     s.lastStep = report.lastStep;
@@ -265,10 +278,7 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
       s.stepsBegun = std::max(s.stepsBegun, progress->stepsBegun);
       s.lastStep = report.begunStep;
       if (progress->step == report.begunStep) s.lastPhase = progress->phase;
-      s.lastOp = progress->lastOp;
-      s.collectivesIssued = progress->collectivesIssued;
-      s.lastCollective = progress->lastCollective;
-      s.lastCollectiveStep = progress->lastCollectiveStep;
+      if (progress->step == report.begunStep) s.lastOp = progress->lastOp;
       if (report.begunStep > report.lastStep)
         s.warnings.push_back(
             report.lastStep >= 0

@@ -370,6 +370,15 @@ namespace {
 
 json rankJson(const JobRank& r, const Job& job, int64_t firstNs) {
   json last = r.lastCollective ? inspect::collectiveJson(*r.lastCollective) : json(nullptr);
+  if (r.lastCollective && r.progressOps) {
+    // From the progress file: its number, name and step; whether it ended, its thread and its
+    // tensors are not known.
+    last["ended"] = nullptr;
+    last["thread"] = nullptr;
+    last["inputs"] = nullptr;
+    last["seconds"] = nullptr;
+  }
+  if (r.lastCollective) last["from_progress"] = r.progressOps;
   return {{"rank", r.rank},
           {"bundle", r.bundle.empty() ? json(nullptr) : json(r.bundle)},
           {"other_bundles", r.otherBundles},

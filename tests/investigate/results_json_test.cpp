@@ -295,7 +295,7 @@ TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the 
   job.ranks.push_back({1, "/runs/b.ccap", std::nullopt, "killed by SIGKILL again, as in the recording", "reproduced"});
   job.ranks.push_back({2, "/runs/c.ccap", sampleReplay(), "", "reproduced"});
   job.ranks[2].result->rows = {0, 3};
-  auto back = jobReplayFromJson(toJson(job));
+  auto back = jobReplayFromJson(json::parse(toJson(job).dump()));
   CHECK(back.jobId == job.jobId);
   CHECK(back.worldSize == 3);
   CHECK(back.rank == 2);
@@ -311,7 +311,7 @@ TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the 
   CHECK(back.ranks[2].result->rows == std::vector<int64_t>{0, 3});
 
   // The asked rank's own replay, its notes led by the job's and a line on every other rank.
-  auto asked = bundleReplayFromJson(toJson(job));
+  auto asked = bundleReplayFromJson(json::parse(toJson(job).dump()));
   CHECK(asked.rows == std::vector<int64_t>{0, 3});
   CHECK(asked.verdict == replayer::Verdict::Reproduced);
   REQUIRE(asked.notes.size() >= 2);
@@ -322,7 +322,7 @@ TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the 
 
   // A rank killed again has no replay of its own: the failure, reproduced, and nothing compared.
   job.rank = 1;
-  auto killed = bundleReplayFromJson(toJson(job));
+  auto killed = bundleReplayFromJson(json::parse(toJson(job).dump()));
   CHECK(killed.verdict == replayer::Verdict::Reproduced);
   CHECK(killed.step == 6);
   CHECK(killed.keyframe == 4);
@@ -334,7 +334,7 @@ TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the 
   job.ranks[1].verdict = "";
   job.ranks[1].error = "rank 1 had not ended 30 s after another rank's replay ended";
   try {
-    bundleReplayFromJson(toJson(job));
+    bundleReplayFromJson(json::parse(toJson(job).dump()));
     FAIL("no error");
   } catch (const Error& e) {
     CHECK(e.code() == ErrorCode::Unsupported);

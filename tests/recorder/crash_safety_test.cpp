@@ -268,7 +268,8 @@ TEST_CASE("after SIGKILL, the progress file names the step and phase the process
     CHECK(progress->step == 30);
     CHECK(progress->phase == "forward");
     CHECK(progress->stepsBegun == 31);
-    // The forward's last op (the TorchScript program's loss), and step 29's collective.
+    // Step 30's newest op (cleared at each step's begin, so not a step-29 op), and step 29's
+    // collective.
     CHECK(progress->lastOp.rfind("aten::", 0) == 0);
     CHECK(progress->collectivesIssued == 30);
     CHECK(progress->lastCollective == "gloo:all_reduce");

@@ -208,6 +208,10 @@ TEST_CASE("a SIGKILLed rank's story takes its last op and collective from its pr
                   "ended is not known); it never issued #9 gloo:all_reduce") != std::string::npos);
   auto j = supervisor::jobsJson(stories);
   CHECK(j["jobs"][0]["ranks"][1]["ops_from_progress"] == true);
+  CHECK(j["jobs"][0]["ranks"][1]["last_collective"]["seq"] == 8);
+  CHECK(j["jobs"][0]["ranks"][1]["last_collective"]["ended"].is_null());  // not known, not "waiting"
+  CHECK(j["jobs"][0]["ranks"][1]["last_collective"]["from_progress"] == true);
+  CHECK(j["jobs"][0]["ranks"][0]["last_collective"]["from_progress"] == false);
   CHECK(j["jobs"][0]["ranks"][1]["collectives_issued"] == 9);
   CHECK(j["jobs"][0]["ranks"][1]["op"] == "aten::linear");
 }

@@ -89,8 +89,9 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
 replayer::ReplayResult askedRankReplay(const JobReplay& job);
 
 /// Where the failure of a job's rank came from, by the job's story (supervisor::readJobs over the
-/// bundle's directory): `firstFailed` is the rank that failed on its own first (-1: none known),
-/// `firstFailedBundle` its bundle; `fromPeer`: the asked rank's own failure reached it from a peer.
+/// bundle's directory): `firstFailed` is the rank that failed on its own first (-1: none known, or
+/// the first failure itself came from a peer), `firstFailedBundle` its bundle; `fromPeer`: the
+/// asked rank's own failure reached it from a peer, or crashcap run stopped it after another failed.
 struct JobRankOrigin {
   int rank = -1;
   int worldSize = 0;

@@ -49,8 +49,8 @@ struct ProgressPage {
   // leaves of its op trace. Zero in a progress file written before they existed.
   std::atomic<uint64_t> collectivesIssued;  ///< the last one issued is #collectivesIssued-1
   std::atomic<int64_t> lastCollectiveStep;  ///< its step; -1 between steps
-  char lastCollective[32];                  ///< its name, NUL-terminated
-  char lastOp[64];                          ///< the newest op begun, NUL-terminated ("" none)
+  char lastCollective[64];                  ///< its name, NUL-terminated
+  char lastOp[64];                          ///< the newest op begun in `step`, NUL-terminated ("" none)
 };
 static_assert(std::atomic<int64_t>::is_always_lock_free && std::atomic<uint64_t>::is_always_lock_free &&
                   std::atomic<int32_t>::is_always_lock_free,

@@ -30,6 +30,18 @@ ReplaySide sideFrom(const json& j) {
   return s;
 }
 
+/// A list of texts under `key`.
+std::vector<std::string> strings(const json& j, const char* key) {
+  const json& v = at(j, key);
+  if (!v.is_array()) bad(key, "an array");
+  std::vector<std::string> out;
+  for (const auto& x : v) {
+    if (!x.is_string()) bad(key, "an array of strings");
+    out.push_back(x.get<std::string>());
+  }
+  return out;
+}
+
 json trialJson(const Trial& t) {
   return {{"fails", t.fails}, {"outcome", t.outcome}, {"seconds", t.seconds}, {"command", t.command}};
 }
@@ -197,12 +209,7 @@ ConfigBisection configBisectionFromJson(const json& j) {
   b.baseline.command = text(base, "command");
   b.flips = configTrialsFrom(j, "flips");
   b.devices = configTrialsFrom(j, "devices");
-  const json& changes = at(j, "changes_outcome");
-  if (!changes.is_array()) bad("changes_outcome", "an array");
-  for (const auto& c : changes) {
-    if (!c.is_string()) bad("changes_outcome", "an array of strings");
-    b.changesOutcome.push_back(c.get<std::string>());
-  }
+  b.changesOutcome = strings(j, "changes_outcome");
   return b;
 }
 
@@ -225,12 +232,7 @@ JobReplay jobReplayFromJson(const json& j) {
   job.rank = static_cast<int>(integer(j, "rank"));
   job.step = integer(j, "step");
   job.keyframe = integer(j, "keyframe");
-  const auto& notes = at(j, "notes");
-  if (!notes.is_array()) bad("notes", "an array");
-  for (const auto& n : notes) {
-    if (!n.is_string()) bad("notes", "an array of strings");
-    job.notes.push_back(n.get<std::string>());
-  }
+  job.notes = strings(j, "notes");
   const auto& ranks = at(j, "ranks");
   if (!ranks.is_array()) bad("ranks", "an array");
   for (const auto& r : ranks) {

@@ -875,4 +875,11 @@ std::vector<int64_t> lostSteps(const BundleRecords& records) {
   return {lost.begin(), lost.end()};
 }
 
+std::optional<int64_t> killedInStep(const BundleRecords& records) {
+  if (records.crash || !records.status || records.status->state != "interrupted" || records.status->stepsBegun == 0 ||
+      records.status->lastStep < 0)
+    return std::nullopt;
+  return records.status->lastStep;
+}
+
 }  // namespace crashcap::formats

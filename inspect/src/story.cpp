@@ -144,11 +144,11 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
     // No recorder in the process (or it never got to record): what `crashcap run` saw.
     const auto& sv = *v.supervision;
     // A recorder killed before it could say (SIGKILL) left where it was in its run status.
-    bool killedInStep = v.status && v.status->state == "interrupted" && v.status->stepsBegun > 0 && v.status->lastStep >= 0;
+    auto killedIn = formats::killedInStep(v);
     j["crash"] = {{"kind", sv.signal ? "signal" : "exit"},
                   {"source", "supervisor"},
-                  {"step", killedInStep ? json(v.status->lastStep) : json(nullptr)},
-                  {"phase", killedInStep && !v.status->lastPhase.empty() ? json(v.status->lastPhase) : json(nullptr)},
+                  {"step", killedIn ? json(*killedIn) : json(nullptr)},
+                  {"phase", killedIn && !v.status->lastPhase.empty() ? json(v.status->lastPhase) : json(nullptr)},
                   {"error", sv.evidence},
                   {"error_type", ""},
                   {"signal", sv.signal ? json(sv.signal) : json(nullptr)},

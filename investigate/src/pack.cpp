@@ -119,8 +119,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   for (const auto& s : view.stepBegins) begun[s.step] = &s;
   if (view.crash && view.crash->step >= 0)
     rep.crashStep = view.crash->step;
-  else if (view.status && view.status->state == "interrupted" && view.status->stepsBegun > 0 && view.status->lastStep >= 0)
-    rep.crashStep = view.status->lastStep;
+  else if (auto killed = formats::killedInStep(view))
+    rep.crashStep = *killed;
   else if (!begun.empty())
     rep.crashStep = begun.rbegin()->first;
   if (!view.crash && !view.supervision)

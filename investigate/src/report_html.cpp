@@ -120,10 +120,7 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   const json story = inspect::storyJson(*reader);
   const json& crash = story["crash"];
   const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : replayed;
-  const int64_t crashStep = view.crash && view.crash->step >= 0 ? view.crash->step
-                            : view.status && view.status->lastStep >= 0 && view.status->state == "interrupted"
-                                ? view.status->lastStep
-                                : -1;
+  const int64_t crashStep = view.crash && view.crash->step >= 0 ? view.crash->step : formats::killedInStep(view).value_or(-1);
   const std::string error = crash.is_null() ? std::string("no crash record") : lastLine(crash["error"].get<std::string>());
 
   // The curves: one point per recorded step.

@@ -506,6 +506,7 @@ struct Run {
       if (s >= keyframe->step && s <= target) result.lostSteps.push_back(s);
     stopBefore = result.lostSteps.empty() ? target + 1 : result.lostSteps.front();
     if (view.crash && view.crash->step == target) result.recordedError = view.crash->error;
+    if (formats::killedInStep(view) == target) result.recordedError = killedText();
 
     // Where and how: the recorded device, dtype and settings unless the options say otherwise.
     result.recordedDevice = view.program->device;
@@ -741,6 +742,12 @@ struct Run {
     }
   }
 
+  /// How a process that ended without its recorder's word ended: what crashcap run saw of it.
+  std::string killedText() const {
+    return view.supervision && !view.supervision->evidence.empty() ? view.supervision->evidence
+                                                                    : std::string("its recording was never closed");
+  }
+
   /// The verdict, against what the recording says happened at the target.
   ReplayResult finish() {
     result.replayMs = msSince(t1);
@@ -772,6 +779,15 @@ struct Run {
     for (const auto& r : result.steps) allBitwise = allBitwise && (r.bitwise || (!r.recorded && r.step == target));
     if (result.divergedAt) {
       result.verdict = Verdict::Diverged;
+    } else if (formats::killedInStep(view) == target) {
+      // The process vanished in this step, and whatever ended it (SIGKILL from the OOM killer, a
+      // scheduler or the program itself) came from outside what the step computes: a replay that
+      // answers ran the step to its end, so that ending did not come back.
+      result.verdict = Verdict::NotReproduced;
+      result.notes.push_back(fmt::format(
+          "the recorded process ended in step {} ({}) without its recorder seeing why; the replay ran the step {}: a "
+          "signal from outside the step's computation does not come back on replay",
+          target, killedText(), result.error.empty() ? std::string("to its end") : "and it failed otherwise"));
     } else if (recordedFailure) {
       const auto& kind = view.crash->kind;
       bool sameClass = (kind == "nonfinite" && replayNonFinite) ||

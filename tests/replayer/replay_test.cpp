@@ -7,7 +7,12 @@
 
 #include <nlohmann/json.hpp>
 
+#include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/layout.hpp"
+#include "crashcap/formats/records.hpp"
 #include "crashcap/replayer/replay.hpp"
 #include "test_support.hpp"
 
@@ -154,6 +159,55 @@ TEST_CASE("replay of a healthy step matches the recording; a missing step is a c
     CHECK(e.code() == ErrorCode::NotFound);
     CHECK(e.message().find("step 400") != std::string::npos);
   }
+}
+
+TEST_CASE("a process killed in a step its bundle holds: replay runs the step, and the kill is not reproduced",
+          "[replayer]") {
+  // SIGKILL leaves no crash record: only the run status, never closed, with the step the process
+  // was in, and what crashcap run saw. The same bundle as a healthy run's up to step 6, killed there.
+  test::TempDir dir;
+  auto healthy = crashBundle(dir, "crashcap-sample-cls", "nan-sample", 9);
+  const std::string killed = dir.file("killed.ccap");
+  {
+    auto reader = formats::BundleReader::open(healthy);
+    formats::WriterOptions wo;
+    auto writer = formats::BundleWriter::createCopy(killed, reader->fileHeader(), wo);
+    formats::copyRecords(*reader, *writer, [](const formats::RecordEntry& e) {
+      return e.type != static_cast<uint16_t>(formats::RecordType::Crash) &&
+             e.type != static_cast<uint16_t>(formats::RecordType::RunStatus);
+    });
+    formats::RunStatusData status;
+    status.state = "interrupted";
+    status.stepsBegun = 7;
+    status.lastStep = 6;
+    status.lastPhase = "forward";
+    formats::writeMetaRecord(*writer, status);
+    formats::SupervisionData supervision;
+    supervision.signal = 9;
+    supervision.signalName = "SIGKILL";
+    supervision.classification = "signal";
+    supervision.evidence = "killed by SIGKILL";
+    formats::writeMetaRecord(*writer, supervision);
+    writer->seal();
+  }
+  auto view = formats::readRecords(*formats::BundleReader::open(killed));
+  REQUIRE(formats::killedInStep(view) == 6);
+
+  replayer::ReplayOptions o;
+  o.step = 6;
+  auto r = replayer::replay(killed, o);
+  CHECK(r.step == 6);
+  CHECK(r.verdict == replayer::Verdict::NotReproduced);
+  CHECK(r.recordedError == "killed by SIGKILL");
+  CHECK(r.error.empty());
+  for (const auto& s : r.steps) CHECK(s.bitwise);  // the steps themselves are the recording's
+  REQUIRE(r.notes.size() == 1);
+  CHECK(r.notes[0].find("ended in step 6 (killed by SIGKILL) without its recorder seeing why") != std::string::npos);
+  CHECK_FALSE(replayer::showsFailure(r));
+
+  // Another step is no kill step: it reproduces the recording.
+  o.step = 5;
+  CHECK(replayer::replay(killed, o).verdict == replayer::Verdict::ReproducedBitwise);
 }
 
 TEST_CASE("crashcap replay --json has the verdict, the step and the first non-finite op", "[replayer][cli]") {

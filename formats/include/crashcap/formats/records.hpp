@@ -358,4 +358,10 @@ BundleRecords readRecords(const BundleReader& reader);
 /// earliest keyframe were deleted by the retention budget, not lost.
 std::vector<int64_t> lostSteps(const BundleRecords& records);
 
+/// The step a process was in when it ended without its recorder saying why — SIGKILL, the
+/// kernel's OOM killer: no crash record, and a run status never closed ("interrupted") — from the
+/// run status, which outlives the process. nullopt when a crash record says what happened, when
+/// the run ended cleanly, or when it had begun no step.
+std::optional<int64_t> killedInStep(const BundleRecords& records);
+
 }  // namespace crashcap::formats

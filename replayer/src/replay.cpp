@@ -446,6 +446,8 @@ struct Run {
   const formats::KeyframeData* keyframe = nullptr;
   int64_t target = -1;
   int64_t stopBefore = 0;
+  /// The process vanished inside the target step (formats::killedInStep, not between steps).
+  bool killedAtTarget = false;
   Placement placement;
   bool wide = false;
   std::optional<caffe2::TypeMeta> narrowDefault;  ///< the default dtype before widenForTarget
@@ -506,7 +508,8 @@ struct Run {
       if (s >= keyframe->step && s <= target) result.lostSteps.push_back(s);
     stopBefore = result.lostSteps.empty() ? target + 1 : result.lostSteps.front();
     if (view.crash && view.crash->step == target) result.recordedError = view.crash->error;
-    if (formats::killedInStep(view) == target) result.recordedError = killedText();
+    killedAtTarget = formats::killedInStep(view) == target && view.status->lastPhase != "between-steps";
+    if (killedAtTarget) result.recordedError = killedText();
 
     // Where and how: the recorded device, dtype and settings unless the options say otherwise.
     result.recordedDevice = view.program->device;
@@ -779,15 +782,6 @@ struct Run {
     for (const auto& r : result.steps) allBitwise = allBitwise && (r.bitwise || (!r.recorded && r.step == target));
     if (result.divergedAt) {
       result.verdict = Verdict::Diverged;
-    } else if (formats::killedInStep(view) == target) {
-      // The process vanished in this step, and whatever ended it (SIGKILL from the OOM killer, a
-      // scheduler or the program itself) came from outside what the step computes: a replay that
-      // answers ran the step to its end, so that ending did not come back.
-      result.verdict = Verdict::NotReproduced;
-      result.notes.push_back(fmt::format(
-          "the recorded process ended in step {} ({}) without its recorder seeing why; the replay ran the step {}: a "
-          "signal from outside the step's computation does not come back on replay",
-          target, killedText(), result.error.empty() ? std::string("to its end") : "and it failed otherwise"));
     } else if (recordedFailure) {
       const auto& kind = view.crash->kind;
       bool sameClass = (kind == "nonfinite" && replayNonFinite) ||
@@ -804,6 +798,18 @@ struct Run {
     } else {
       // No failure recorded here: replay reproduces the recording, or departs from it.
       if (last.recorded && !last.bitwise && result.sameSetup) result.divergedAt = target;
+      if (killedAtTarget && !result.divergedAt && result.error.empty()) {
+        // The process vanished in this step (SIGKILL: the OOM killer, a scheduler, the program's
+        // own loop), and the replay, which answered, ran the step to its end without a failure:
+        // whatever ended the process did not come back.
+        result.verdict = Verdict::NotReproduced;
+        result.notes.push_back(
+            fmt::format("the recorded process ended in step {} ({}) without its recorder seeing why, and the replay "
+                        "ran that step to its end without a failure: what ended it came from outside the step's "
+                        "computation, or needs what the replay does not repeat (memory pressure, the program's loop)",
+                        target, killedText()));
+        return result;
+      }
       result.verdict = result.divergedAt || !last.error.empty() ? Verdict::Diverged
                        : result.sameSetup && allBitwise           ? Verdict::ReproducedBitwise
                                                                   : Verdict::Reproduced;

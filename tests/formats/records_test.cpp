@@ -189,6 +189,25 @@ TEST_CASE("lostSteps finds what the recorder dropped inside the retained window,
   CHECK(lostSteps(r) == std::vector<int64_t>{11, 14, 17});
 }
 
+TEST_CASE("killedInStep is the step of a run status never closed, with no crash record", "[formats][records]") {
+  BundleRecords r;
+  CHECK_FALSE(killedInStep(r));  // no run status
+  r.status = RunStatusData{};
+  r.status->state = "interrupted";
+  CHECK_FALSE(killedInStep(r));  // no step begun
+  r.status->stepsBegun = 8;
+  r.status->lastStep = 7;
+  CHECK(killedInStep(r) == 7);
+  r.status->state = "finished";
+  CHECK_FALSE(killedInStep(r));
+  r.status->state = "crashed";
+  CHECK_FALSE(killedInStep(r));
+  r.status->state = "interrupted";
+  r.crash = CrashData{};  // the recorder said what happened
+  r.crash->step = 7;
+  CHECK_FALSE(killedInStep(r));
+}
+
 TEST_CASE("a damaged recorder record is reported and the rest still reads", "[formats][records]") {
   test::TempDir dir;
   auto path = dir.file("d.ccap");

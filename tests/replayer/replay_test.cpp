@@ -163,24 +163,37 @@ TEST_CASE("replay of a healthy step matches the recording; a missing step is a c
 
 TEST_CASE("a process killed in a step its bundle holds: replay runs the step, and the kill is not reproduced",
           "[replayer]") {
-  // SIGKILL leaves no crash record: only the run status, never closed, with the step the process
-  // was in, and what crashcap run saw. The same bundle as a healthy run's up to step 6, killed there.
+  // SIGKILL leaves no crash record: only the run status, never closed, with the step and phase the
+  // process was in, and what crashcap run saw. Made from a healthy run of 8 steps, sealed: killed in
+  // step 7's backward, before its end reached the bundle; killed between steps 7 and 8; and a
+  // crashed run's bundle whose crash record SIGKILL took (its last step goes NaN again on replay).
   test::TempDir dir;
-  auto healthy = crashBundle(dir, "crashcap-sample-cls", "nan-sample", 9);
-  const std::string killed = dir.file("killed.ccap");
-  {
-    auto reader = formats::BundleReader::open(healthy);
-    formats::WriterOptions wo;
-    auto writer = formats::BundleWriter::createCopy(killed, reader->fileHeader(), wo);
-    formats::copyRecords(*reader, *writer, [](const formats::RecordEntry& e) {
+  auto r0 = test::run({test::binPath("crashcap-sample-cls"), "--steps", "8", "--record", dir.file("healthy"), "--fault",
+                       "none", "--keyframe-every", "4"},
+                      300);
+  REQUIRE(r0.exitCode == 0);
+  auto sealed = test::run({test::binPath("crashcap"), "seal", dir.file("healthy")});
+  INFO(sealed.err);
+  REQUIRE(sealed.exitCode == 0);
+  auto healthy = test::bundlesIn(dir.file("healthy"));
+  REQUIRE(healthy.size() == 1);
+  auto killedCopy = [&](const std::string& from, const std::string& name, int64_t step, const std::string& phase,
+                        bool dropLastEnd) {
+    const std::string out = dir.file(name);
+    auto reader = formats::BundleReader::open(from);
+    uint64_t lastEnd = 0;
+    for (const auto& e : reader->records())
+      if (e.type == static_cast<uint16_t>(formats::RecordType::StepEnd)) lastEnd = std::max(lastEnd, e.offset);
+    auto writer = formats::BundleWriter::createCopy(out, reader->fileHeader(), formats::WriterOptions{});
+    formats::copyRecords(*reader, *writer, [&](const formats::RecordEntry& e) {
       return e.type != static_cast<uint16_t>(formats::RecordType::Crash) &&
-             e.type != static_cast<uint16_t>(formats::RecordType::RunStatus);
+             e.type != static_cast<uint16_t>(formats::RecordType::RunStatus) && !(dropLastEnd && e.offset == lastEnd);
     });
     formats::RunStatusData status;
     status.state = "interrupted";
-    status.stepsBegun = 7;
-    status.lastStep = 6;
-    status.lastPhase = "forward";
+    status.stepsBegun = static_cast<uint64_t>(step + 1);
+    status.lastStep = step;
+    status.lastPhase = phase;
     formats::writeMetaRecord(*writer, status);
     formats::SupervisionData supervision;
     supervision.signal = 9;
@@ -189,25 +202,42 @@ TEST_CASE("a process killed in a step its bundle holds: replay runs the step, an
     supervision.evidence = "killed by SIGKILL";
     formats::writeMetaRecord(*writer, supervision);
     writer->seal();
-  }
-  auto view = formats::readRecords(*formats::BundleReader::open(killed));
-  REQUIRE(formats::killedInStep(view) == 6);
+    return out;
+  };
 
-  replayer::ReplayOptions o;
-  o.step = 6;
-  auto r = replayer::replay(killed, o);
-  CHECK(r.step == 6);
+  // Killed in step 7: the replay (its default target, the last step) runs it clean.
+  auto killed = killedCopy(healthy[0], "killed.ccap", 7, "backward", true);
+  auto view = formats::readRecords(*formats::BundleReader::open(killed));
+  REQUIRE(formats::killedInStep(view) == 7);
+  REQUIRE(view.stepEnds.size() == 7);
+  auto r = replayer::replay(killed);
+  CHECK(r.step == 7);
   CHECK(r.verdict == replayer::Verdict::NotReproduced);
   CHECK(r.recordedError == "killed by SIGKILL");
   CHECK(r.error.empty());
-  for (const auto& s : r.steps) CHECK(s.bitwise);  // the steps themselves are the recording's
+  REQUIRE(r.steps.size() == 4);  // from keyframe 4
+  for (const auto& s : r.steps) CHECK((s.bitwise || (s.step == 7 && !s.recorded)));
   REQUIRE(r.notes.size() == 1);
-  CHECK(r.notes[0].find("ended in step 6 (killed by SIGKILL) without its recorder seeing why") != std::string::npos);
+  CHECK(r.notes[0].find("ended in step 7 (killed by SIGKILL) without its recorder seeing why") != std::string::npos);
   CHECK_FALSE(replayer::showsFailure(r));
-
   // Another step is no kill step: it reproduces the recording.
+  replayer::ReplayOptions o;
   o.step = 5;
   CHECK(replayer::replay(killed, o).verdict == replayer::Verdict::ReproducedBitwise);
+
+  // Killed after step 7 ended: step 7 passed in the recording and passes again.
+  auto between = killedCopy(healthy[0], "between.ccap", 7, "between-steps", false);
+  auto b = replayer::replay(between);
+  CHECK(b.verdict == replayer::Verdict::ReproducedBitwise);
+  CHECK(b.notes.empty());
+
+  // A replay that fails in the kill step shows that failure: SIGKILL came after the step went NaN.
+  test::TempDir crashDir;
+  auto nan = killedCopy(crashBundle(crashDir, "crashcap-sample-cls", "nan-sample", 6), "nan.ccap", 6, "backward", true);
+  auto n = replayer::replay(nan);
+  CHECK(n.step == 6);
+  CHECK(replayer::showsFailure(n));
+  CHECK(n.error.find("non-finite") != std::string::npos);
 }
 
 TEST_CASE("crashcap replay --json has the verdict, the step and the first non-finite op", "[replayer][cli]") {

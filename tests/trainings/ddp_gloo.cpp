@@ -12,8 +12,8 @@
 //
 // The model is an MLP with dropout (each rank's generator differs), the loss binary
 // cross-entropy with logits, the optimizer SGD with momentum and weight decay under a step
-// schedule. Faults at --fail-step on --fail-rank: nan (a NaN in the dataset sample that rank's
-// row --fail-row holds at that step), kill (SIGKILL to itself after the forward), raise (an
+// schedule. Faults at --fail-step on --fail-rank: nan (a NaN in row --fail-row of that rank's
+// batch at that step; it prints the row's dataset index), kill (SIGKILL to itself after the forward), raise (an
 // exception after the forward).
 //
 // Exit status: 0 trained; 1 the training failed and the crash bundle was sealed; 2 bad usage.
@@ -107,21 +107,22 @@ int main(int argc, char** argv) {
     return 2;
   }
 
-  // The Recorder first, so that it sees every collective from the first (the broadcast below).
+  if (o.failRow < 0 || o.failRow >= kBatch) {
+    std::fprintf(stderr, "crashcap-test-ddp-gloo: --fail-row is a row of a batch of %lld\n",
+                 static_cast<long long>(kBatch));
+    return 2;
+  }
+  if (world < 1 || world > kSamples / kBatch || rank < 0 || rank >= world) {
+    std::fprintf(stderr, "crashcap-test-ddp-gloo: rank %d of %d: the world is 1..%lld ranks\n", rank, world,
+                 static_cast<long long>(kSamples / kBatch));
+    return 2;
+  }
+
+  // The Recorder first, so that it sees every collective from the first (the broadcast below),
+  // and its place in the job before anything can fail.
   recorder::Policy policy;
   policy.keyframeEvery = o.keyframeEvery;
   recorder::Recorder rec(o.record, policy);
-
-  c10d::TCPStoreOptions so;
-  so.port = static_cast<uint16_t>(port);
-  so.isServer = rank == 0;
-  so.numWorkers = world;
-  so.timeout = std::chrono::seconds(60);
-  auto store = c10::make_intrusive<c10d::TCPStore>(host, so);
-  auto pgOptions = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(60));
-  pgOptions->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, pgOptions);
-
   formats::DistributedData identity;
   identity.rank = rank;
   identity.worldSize = world;
@@ -130,56 +131,70 @@ int main(int argc, char** argv) {
   identity.source = "c10d";
   rec.setDistributed(identity);
 
-  // The same data on every rank; the NaN goes into the sample the failing rank will hold.
-  torch::manual_seed(0);
-  auto x = torch::randn({kSamples, kFeatures});
-  auto y = (x.sum(1, /*keepdim=*/true) > 0).to(torch::kFloat);
-  const int64_t perEpoch = kSamples / world / kBatch;
-  if (rank == o.failRank && o.failHow == "nan") {
-    int64_t at = (o.failStep % perEpoch) * kBatch + o.failRow;
-    int64_t sample = shareOf(rank, world, o.failStep / perEpoch)[at];
-    x[sample][2] = std::nan("");
-    std::printf("rank %d: a NaN in dataset sample %lld, row %lld of its batch at step %lld\n", rank,
-                static_cast<long long>(sample), static_cast<long long>(o.failRow), static_cast<long long>(o.failStep));
-  }
+  int64_t step = -1;
+  try {
+    // The ranks meet in rank 0's store; Gloo's pairs connect on this machine's loopback (a
+    // one-machine job). Collectives wait as long as torch.distributed's default (30 minutes):
+    // a peer that died is seen when its connection closes, not by a timeout.
+    c10d::TCPStoreOptions so;
+    so.port = static_cast<uint16_t>(port);
+    so.isServer = rank == 0;
+    so.numWorkers = world;
+    so.timeout = std::chrono::seconds(60);
+    auto store = c10::make_intrusive<c10d::TCPStore>(host, so);
+    auto pgOptions = c10d::ProcessGroupGloo::Options::create(std::chrono::minutes(30));
+    pgOptions->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
+    auto group = c10::make_intrusive<c10d::ProcessGroupGloo>(store, rank, world, pgOptions);
 
-  torch::manual_seed(100 + rank);  // each rank's own dropout
-  Net net;
-  {
+    // The same data on every rank.
+    torch::manual_seed(0);
+    auto x = torch::randn({kSamples, kFeatures});
+    auto y = (x.sum(1, /*keepdim=*/true) > 0).to(torch::kFloat);
+    const int64_t perEpoch = kSamples / world / kBatch;
+
+    torch::manual_seed(100 + rank);  // each rank's own dropout
+    Net net;
     // Rank 0's initial weights on every rank, as DistributedDataParallel broadcasts them.
     for (auto& p : net->parameters()) {
       std::vector<at::Tensor> one{p.detach()};  // a Gloo broadcast's tensors are one tensor's copies
       group->broadcast(one)->wait();
     }
-  }
-  for (auto& p : net->parameters())
-    p.register_hook([group, world](at::Tensor grad) {
-      std::vector<at::Tensor> reduced{grad.clone()};
-      group->allreduce(reduced)->wait();
-      return reduced[0].div_(world);
-    });
-  torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
-  torch::optim::StepLR schedule(optimizer, /*step_size=*/4, /*gamma=*/0.5);
+    for (auto& p : net->parameters())
+      p.register_hook([group, world](at::Tensor grad) {
+        std::vector<at::Tensor> reduced{grad.clone()};
+        group->allreduce(reduced)->wait();
+        return reduced[0].div_(world);
+      });
+    torch::optim::SGD optimizer(net->parameters(), torch::optim::SGDOptions(0.05).momentum(0.9).weight_decay(1e-4));
+    torch::optim::StepLR schedule(optimizer, /*step_size=*/4, /*gamma=*/0.5);
 
-  rec.setModel(*net);
-  rec.setStep([net](const std::map<std::string, at::Tensor>& b) mutable {
-    return torch::binary_cross_entropy_with_logits(net->forward(b.at("x")), b.at("y"));
-  });
-  rec.setOptimizer(optimizer);
+    // One loss for the loop and for crashcap's replay of its steps.
+    auto lossOf = [net](const at::Tensor& xb, const at::Tensor& yb) mutable {
+      return torch::binary_cross_entropy_with_logits(net->forward(xb), yb);
+    };
+    rec.setModel(*net);
+    rec.setStep([lossOf](const std::map<std::string, at::Tensor>& b) mutable { return lossOf(b.at("x"), b.at("y")); });
+    rec.setOptimizer(optimizer);
 
-  int64_t step = 0;
-  try {
+    std::vector<int64_t> share;
     for (step = 0; step < o.steps; ++step) {
-      auto share = shareOf(rank, world, step / perEpoch);
+      if (step % perEpoch == 0) share = shareOf(rank, world, step / perEpoch);
       auto index = torch::tensor(std::vector<int64_t>(share.begin() + (step % perEpoch) * kBatch,
                                                       share.begin() + (step % perEpoch + 1) * kBatch));
-      recorder::Batch batch{{"x", x.index_select(0, index)}, {"y", y.index_select(0, index)},
-                            {formats::kDatasetIndexName, index}};
-      auto guard = rec.beginStep(step, batch);
+      auto xb = x.index_select(0, index), yb = y.index_select(0, index);
+      const bool failing = rank == o.failRank && step == o.failStep;
+      if (failing && o.failHow == "nan") {
+        // A corrupt sample: the one this rank's row --fail-row holds at this step.
+        xb[o.failRow][2] = std::nan("");
+        std::printf("rank %d: a NaN in dataset sample %lld, row %lld of its batch at step %lld\n", rank,
+                    static_cast<long long>(index[o.failRow].item<int64_t>()), static_cast<long long>(o.failRow),
+                    static_cast<long long>(step));
+      }
+      auto guard = rec.beginStep(step, {{"x", xb}, {"y", yb}, {formats::kDatasetIndexName, index}});
       optimizer.zero_grad();
-      auto loss = torch::binary_cross_entropy_with_logits(net->forward(batch[0].second), batch[1].second);
-      if (rank == o.failRank && step == o.failStep && o.failHow == "kill") std::raise(SIGKILL);
-      if (rank == o.failRank && step == o.failStep && o.failHow == "raise")
+      auto loss = lossOf(xb, yb);
+      if (failing && o.failHow == "kill") std::raise(SIGKILL);
+      if (failing && o.failHow == "raise")
         throw std::runtime_error("rank " + std::to_string(rank) + " gives up at step " + std::to_string(step));
       loss.backward();
       guard.end(loss);

@@ -72,13 +72,18 @@ TEST_CASE("a NaN sample on rank 1 of a 2-rank C++ Gloo training: the story, the 
   const int64_t poisoned = std::stoll(m[1]);
 
   // Each rank's bundle says who it was: the program told its Recorder (setDistributed).
-  for (const auto& bundle : test::bundlesIn(dir.path())) {
+  auto bundles = test::bundlesIn(dir.path());
+  REQUIRE(bundles.size() == 2);
+  std::set<int> recordedRanks;
+  for (const auto& bundle : bundles) {
     auto one = crashcapJson({"inspect", bundle});
+    recordedRanks.insert(one["distributed"]["rank"].get<int>());
     CHECK(one["distributed"]["backend"] == "gloo");
     CHECK(one["distributed"]["source"] == "c10d");
     CHECK(one["distributed"]["world_size"] == 2);
     CHECK(one["distributed"]["job_id_source"] == "crashcap run");
   }
+  CHECK(recordedRanks == std::set<int>{0, 1});
 
   auto story = theJob(dir);
   INFO(story.dump(2));
@@ -117,7 +122,7 @@ TEST_CASE("a NaN sample on rank 1 of a 2-rank C++ Gloo training: the story, the 
   CHECK(replay["ranks"][1]["replay"]["first_nonfinite_op"]["name"] == "aten::addmm");
 
   // Triage asked of rank 0 triages rank 1, which failed first on its own.
-  auto triage = crashcapJson({"triage", ranks[0]["bundle"].get<std::string>()}, 900);
+  auto triage = crashcapJson({"triage", ranks[0]["bundle"].get<std::string>()}, 1200);
   INFO(triage.dump(2));
   CHECK(triage["job"]["rank"] == 1);
   CHECK(triage["job"]["asked_rank"] == 0);
@@ -132,13 +137,14 @@ TEST_CASE("a NaN sample on rank 1 of a 2-rank C++ Gloo training: the story, the 
 }
 
 TEST_CASE("rank 2 of a 4-rank C++ Gloo training SIGKILLed at step 3: every rank sealed in bounded time, the story "
-          "names its op and the all-reduce it never issued, and the job replays bit for bit to its last step",
+          "names its op and the all-reduce it never issued, and the job replays to it",
           "[trainings][distributed]") {
   test::TempDir dir;
   auto job = runJob(dir, 4, {"--fail-rank", "2", "--fail-how", "kill", "--fail-step", "3"});
   INFO(job.run.out << job.run.err);
   CHECK(job.run.exitCode == 128 + SIGKILL);  // the status of the rank that failed first
-  CHECK(job.seconds < 300);                   // the peers meet the closed connection, no 30-minute timeout
+  // The peers meet the closed connection, not their collectives' 30-minute timeout.
+  CHECK(job.seconds < 300);
   CHECK(test::bundlesIn(dir.path()).size() == 4);
 
   auto story = theJob(dir);
@@ -171,18 +177,28 @@ TEST_CASE("rank 2 of a 4-rank C++ Gloo training SIGKILLed at step 3: every rank 
   REQUIRE(replay["ranks"].size() == 4);
   for (const auto& r : replay["ranks"]) {
     CHECK(r["error"].is_null());
+    REQUIRE(r["replay"].is_object());
+    int stepTwo = 0;
     for (const auto& s : r["replay"]["steps"])
-      if (s["step"] == 2) CHECK((s["bitwise"].get<bool>() || (r["rank"] == 2 && s["recorded_loss"].is_null())));
+      if (s["step"] == 2) {
+        ++stepTwo;
+        CHECK((s["bitwise"].get<bool>() || (r["rank"] == 2 && s["recorded_loss"].is_null())));
+      }
+    CHECK(stepTwo == 1);
   }
   if (replay["step"] == 2) {
-    CHECK(replay["notes"][0].get<std::string>().find("rank 2 was in step 3") != std::string::npos);
+    bool said = false;
+    for (const auto& note : replay["notes"])
+      said = said || note.get<std::string>().find("rank 2 was in step 3") != std::string::npos;
+    CHECK(said);
     for (const auto& r : replay["ranks"]) CHECK(r["verdict"] == "reproduced-bitwise");
   } else {
     CHECK(replay["step"] == 3);
     for (const auto& r : replay["ranks"]) CHECK(r["verdict"] == "not-reproduced");
-    const auto& notes = replay["ranks"][2]["replay"]["notes"];
-    REQUIRE(!notes.empty());
-    CHECK(notes[0].get<std::string>().find("ended in step 3 (killed by SIGKILL) without its recorder seeing why") !=
-          std::string::npos);
+    bool said = false;
+    for (const auto& note : replay["ranks"][2]["replay"]["notes"])
+      said = said || note.get<std::string>().find("ended in step 3 (killed by SIGKILL) without its recorder seeing "
+                                                  "why") != std::string::npos;
+    CHECK(said);
   }
 }

@@ -311,9 +311,11 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     std::vector<int64_t> rest;
     for (int64_t r = 0; r < batchSize; ++r)
       if (std::find(rows.begin(), rows.end(), r) == rows.end()) rest.push_back(r);
-    if (!rows.empty() && !rest.empty())
+    if (!rows.empty() && !rest.empty()) {
       f.withoutRows = run("without-rows", replayArgs(bundle, f.step(), {"--rows", fmt::format("{}", fmt::join(rest, ","))}),
                           bundleReplayFromJson);
+      if (!f.withoutRows) f.withoutRowsOutcome = runner.log().back().outcome;
+    }
     if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
   }
   // Ops and settings are tested at the failing step: pointless when replay cannot reach it.

@@ -137,6 +137,16 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     h.verdict = V::Refuted;
     h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}]: no particular sample is needed", f.step(),
                                      f.job ? fmt::format("rank {}'s ", f.job->rank) : "", joinRows(rows)));
+  } else if (!rows.empty()) {
+    // Rows were named, but nothing says whether the step passes without them.
+    const std::string whose = f.job ? fmt::format("rank {}'s ", f.job->rank) : "";
+    h.evidence.push_back(
+        f.withoutRowsOutcome.empty()
+            ? fmt::format("sample bisection named {}rows [{}], the whole batch: no replay without them can tell whether "
+                          "particular samples are needed",
+                          whose, joinRows(rows))
+            : fmt::format("sample bisection named {}rows [{}], but the replay of step {} without them gave no result ({})",
+                          whose, joinRows(rows), f.step(), f.withoutRowsOutcome));
   } else {
     h.evidence.push_back(f.samplesOutcome.empty()
                              ? std::string("sample bisection did not isolate rows")

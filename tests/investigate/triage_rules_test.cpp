@@ -282,6 +282,20 @@ TEST_CASE("invalid-data is inconclusive when the crash does not reproduce or no 
   auto k = judgeInvalidData(g);
   CHECK(k.verdict == V::Inconclusive);
   CHECK(has(k, "sample bisection did not isolate rows"));
+
+  // Rows were named, but the replay without them gave no result, or there is no batch left
+  // without them: said as such, not as rows never isolated.
+  g.samples = samplesFound({0});
+  g.withoutRowsOutcome = "timed out after 600 s";
+  k = judgeInvalidData(g);
+  CHECK(k.verdict == V::Inconclusive);
+  CHECK(has(k, "sample bisection named rows [0], but the replay of step 6 without them gave no result (timed out after "
+               "600 s)"));
+  CHECK_FALSE(has(k, "did not isolate rows"));
+  g.withoutRowsOutcome.clear();
+  k = judgeInvalidData(g);
+  CHECK(k.verdict == V::Inconclusive);
+  CHECK(has(k, "sample bisection named rows [0], the whole batch"));
 }
 
 TEST_CASE("loss-numerics is confirmed when an op makes NaN from finite inputs, and says when an input reaches 0",

@@ -94,6 +94,7 @@ struct TriageFacts {
   std::optional<StepBisection> steps;
   std::optional<SampleBisection> samples;
   std::optional<replayer::ReplayResult> withoutRows; ///< the failing step without the culprit rows
+  std::string withoutRowsOutcome;                    ///< why that replay, when it ran, gave no result
   std::optional<OpBisection> ops;
   std::optional<ConfigBisection> config;
   std::vector<RowFinding> rowFindings;               ///< of the culprit rows

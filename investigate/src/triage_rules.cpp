@@ -111,6 +111,7 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   Hypothesis h{"invalid-data", V::Inconclusive, {}, fmt::format("crashcap bisect samples {}", f.bundle)};
   const auto rows = f.culpritRows();
   const bool withoutRowsFails = f.withoutRows && replayer::showsFailure(*f.withoutRows);
+  const std::string whose = f.job ? fmt::format("rank {}'s ", f.job->rank) : "";  // the rows' batch, in a job
   if (auto why = f.replayBlocked()) {
     h.evidence.push_back(*why);
   } else if (!f.reproduced()) {
@@ -120,8 +121,7 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     h.evidence.push_back(triggerText(f));
     if (f.samples->datasetIndices)
       h.evidence.push_back(fmt::format("dataset index {} ({}batch's {} tensor)", joinRows(*f.samples->datasetIndices),
-                                       f.job ? fmt::format("rank {}'s ", f.job->rank) : "the ",
-                                       formats::kDatasetIndexName));
+                                       f.job ? whose : "the ", formats::kDatasetIndexName));
     for (const auto& r : f.rowFindings)
       if (r.invalid()) h.evidence.push_back(rowFindingText(r));
     if (f.rowsInvalid()) {
@@ -136,10 +136,9 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   } else if (withoutRowsFails) {
     h.verdict = V::Refuted;
     h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}]: no particular sample is needed", f.step(),
-                                     f.job ? fmt::format("rank {}'s ", f.job->rank) : "", joinRows(rows)));
+                                     whose, joinRows(rows)));
   } else if (!rows.empty()) {
     // Rows were named, but nothing says whether the step passes without them.
-    const std::string whose = f.job ? fmt::format("rank {}'s ", f.job->rank) : "";
     h.evidence.push_back(
         f.withoutRowsOutcome.empty()
             ? fmt::format("sample bisection named {}rows [{}], the whole batch: no replay without them can tell whether "

@@ -509,7 +509,9 @@ struct Run {
     stopBefore = result.lostSteps.empty() ? target + 1 : result.lostSteps.front();
     if (view.crash && view.crash->step == target) result.recordedError = view.crash->error;
     killedAtTarget = formats::killedInStep(view) == target && view.status->lastPhase != "between-steps";
-    if (killedAtTarget) result.recordedError = killedText();
+    if (killedAtTarget)  // what crashcap run saw of it, when it ran the process
+      result.recordedError = view.supervision && !view.supervision->evidence.empty() ? view.supervision->evidence
+                                                                                       : "its recording was never closed";
 
     // Where and how: the recorded device, dtype and settings unless the options say otherwise.
     result.recordedDevice = view.program->device;
@@ -745,12 +747,6 @@ struct Run {
     }
   }
 
-  /// How a process that ended without its recorder's word ended: what crashcap run saw of it.
-  std::string killedText() const {
-    return view.supervision && !view.supervision->evidence.empty() ? view.supervision->evidence
-                                                                    : std::string("its recording was never closed");
-  }
-
   /// The verdict, against what the recording says happened at the target.
   ReplayResult finish() {
     result.replayMs = msSince(t1);
@@ -807,7 +803,7 @@ struct Run {
             fmt::format("the recorded process ended in step {} ({}) without its recorder seeing why, and the replay "
                         "ran that step to its end without a failure: what ended it came from outside the step's "
                         "computation, or needs what the replay does not repeat (memory pressure, the program's loop)",
-                        target, killedText()));
+                        target, result.recordedError));
         return result;
       }
       result.verdict = result.divergedAt || !last.error.empty() ? Verdict::Diverged

@@ -27,6 +27,7 @@
 
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
+#include "machine.hpp"
 
 extern char** environ;
 
@@ -141,14 +142,6 @@ double median(std::vector<double> v) {
 nlohmann::json spread(const std::vector<double>& v) {
   return {{"median", median(v)}, {"min", *std::min_element(v.begin(), v.end())},
           {"max", *std::max_element(v.begin(), v.end())}};
-}
-
-std::string cpuModel() {
-  std::ifstream in("/proc/cpuinfo");
-  std::string line;
-  while (std::getline(in, line))
-    if (line.rfind("model name", 0) == 0) return line.substr(line.find(':') + 2);
-  return "unknown";
 }
 
 }  // namespace
@@ -290,7 +283,7 @@ int main(int argc, char** argv) {
                 "[4096]; bf16 ReLU activations [64,128,56,8]"}}},
       {"method", {{"rounds", rounds}, {"compression_threads", 1}, {"zstd_level", 1}, {"fsync", false},
                   {"read_cache", "one_tensor_*_ms: warm page cache; *_cold_ms: evicted with posix_fadvise(DONTNEED)"}}},
-      {"machine", {{"cpu", cpuModel()}, {"cores", std::thread::hardware_concurrency()}}},
+      {"machine", crashcap::bench::machine()},
   };
   if (json) {
     std::cout << j.dump() << "\n";

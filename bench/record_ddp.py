@@ -65,6 +65,15 @@ def run(batches, record_dir):
     return 1000 * statistics.median(times[WARMUP:])
 
 
+def cpu_model():
+    """The processor's model name: the same code gives different ratios on different processors."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), "unknown")
+    except OSError:
+        return "unknown"
+
+
 def rank_main(a):
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -103,6 +112,7 @@ def rank_main(a):
         "overhead_ratio": statistics.median(ratios),
         "overhead_ratio_spread": {"min": min(ratios), "max": max(ratios)},
         "target": 1.03,
+        "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
     }
     if a.json:
         print(json.dumps(out, indent=2))

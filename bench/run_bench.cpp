@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "crashcap/supervisor/supervisor.hpp"
+#include "machine.hpp"
 
 extern char** environ;
 namespace fs = std::filesystem;
@@ -130,7 +131,8 @@ int main(int argc, char** argv) {
                       {"overhead_ratio_max", *std::max_element(ratios.begin(), ratios.end())},
                       {"target", python.empty() ? 1.02 : 1.03},
                       {"trace_status", status},
-                      {"trace_status_us", traceUs}};
+                      {"trace_status_us", traceUs},
+                      {"machine", crashcap::bench::machine()}};
   std::cout << (json ? j.dump(2) : fmt::format("overhead_ratio {:.3f} (min {:.3f}, max {:.3f}) over {} rounds; trace: {} ({:.0f} us)",
                                                median(ratios), j["overhead_ratio_min"].get<double>(),
                                                j["overhead_ratio_max"].get<double>(), rounds, status, traceUs))

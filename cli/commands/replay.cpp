@@ -26,6 +26,7 @@ struct Options {
   bool noInstrument = false;
   bool json = false;
   bool allowDamaged = false;
+  double timeout = 0;                  ///< seconds; 0: no limit
 };
 
 std::map<std::string, std::string> parseSettings(const std::vector<std::string>& items) {
@@ -124,6 +125,7 @@ int replay(const Options& o) {
   ro.dtype = o.dtype;
   ro.settings = parseSettings(o.settings);
   if (!o.rows.empty()) ro.rows = parseRows(o.rows);
+  investigate::setReplayTimeout(o.timeout);
   if (investigate::isJobRank(o.bundle)) return replayJob(o, ro);
   auto r = investigate::replay(o.bundle, ro);
   if (o.json)
@@ -149,6 +151,10 @@ Command replayCommand(CLI::App& root) {
                   "Keep only these samples of the step's batch, by row: e.g. 0,3 (an experiment); of a job's rank, "
                   "that rank's batch only");
   cmd->add_flag("--no-instrument", o->noInstrument, "Skip the per-op NaN/Inf checks (faster)");
+  cmd->add_option("--timeout", o->timeout,
+                  "Stop a replay that runs in the recorded program, or in a job's ranks, after SECONDS and say so "
+                  "(default: no limit). A TorchScript recording replays inside crashcap and is not bounded by it")
+      ->check(CLI::NonNegativeNumber);
   cmd->footer(
       "Restores the newest keyframe before the step, replays the steps after it with the recorded batches,\n"
       "generator states and learning rates, compares each step's loss and gradient norm with the recording\n"

@@ -128,6 +128,7 @@ std::string lastLines(const std::string& text, size_t count) {
 }
 
 bool gAllowChangedSources = false;
+double gReplayTimeout = 0;  ///< setReplayTimeout
 
 /// One replay request a recorded program is to serve: its command, and where its answer will be.
 struct ProgramRun {
@@ -188,6 +189,13 @@ replayer::ReplayOutcome programOutcome(const std::string& bundle, const ProgramR
       throw;
     }
   }
+  if (run.timedOut)
+    throw Error(ErrorCode::LimitExceeded,
+                fmt::format("the recorded program ({}) had not answered {:g} s after it began replaying {}, and was "
+                            "stopped (--timeout){}",
+                            p.shown, gReplayTimeout, bundle, lastLines(run.err.empty() ? run.out : run.err, 12)),
+                "a replay that waits where the training hung shows the hang; for a program that is only slow, "
+                "raise --timeout");
   if (run.exitCode == -SIGKILL)
     // Not the failure in another form: something outside killed it (the kernel's OOM killer, most
     // likely, since every replay starts the whole program again).
@@ -211,7 +219,7 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
   ProgramRun p = prepareProgramRun(bundle, std::move(request));
   supervisor::CapturedRun run;
   try {
-    run = supervisor::runCaptured(p.program.commandLine, 1e9, p.options);
+    run = supervisor::runCaptured(p.program.commandLine, gReplayTimeout > 0 ? gReplayTimeout : 1e9, p.options);
   } catch (Error& e) {
     throw e.with(fmt::format("while starting the recorded program to replay {}", bundle));
   }
@@ -222,6 +230,7 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
 
 void allowChangedSources(bool allow) { gAllowChangedSources = allow; }
 bool changedSourcesAllowed() { return gAllowChangedSources; }
+void setReplayTimeout(double seconds) { gReplayTimeout = seconds > 0 ? seconds : 0; }
 
 std::string replayRoute(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);
@@ -437,7 +446,7 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
   }
   std::vector<supervisor::CapturedRun> runs;
   try {
-    runs = supervisor::runTogether(commands, hangSeconds);
+    runs = supervisor::runTogether(commands, hangSeconds, gReplayTimeout);
   } catch (Error& e) {
     throw e.with(fmt::format("while starting the ranks of job {} to replay them", d.jobId));
   }
@@ -446,6 +455,17 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     const supervisor::JobRank& was = *recorded[i];
     // A rank crashcap run stopped (SIGKILL after its SIGTERM) did not fail of that signal.
     const int recordedSignal = was.outcome == "failed" ? was.signal : 0;
+    if (runs[i].pastDeadline) {  // no answer: whatever it waited for, it is not the recorded failure
+      r.error = fmt::format("rank {} had not ended {:g} s after the job's replay began, and was stopped (--timeout): "
+                            "{}{}",
+                            r.rank, gReplayTimeout,
+                            std::all_of(runs.begin(), runs.end(), [](const supervisor::CapturedRun& x) { return x.pastDeadline; })
+                                ? "no rank ended, so every one waited for something no peer did (a collective, a "
+                                  "barrier) or hung on its own"
+                                : "it waited for something no peer did (a collective, a barrier) or hung on its own",
+                            lastLines(runs[i].err, 6));
+      continue;
+    }
     // Died of the signal the recorded rank died of: the failure, again (the process could not answer).
     if (!runs[i].timedOut && recordedSignal && runs[i].exitCode < 0 && -runs[i].exitCode == recordedSignal) {
       r.verdict = "reproduced";

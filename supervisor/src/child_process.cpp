@@ -209,7 +209,8 @@ CapturedRun runCaptured(const std::vector<std::string>& argv, double timeoutSeco
   return r;
 }
 
-std::vector<CapturedRun> runTogether(const std::vector<TogetherCommand>& commands, double hangSeconds) {
+std::vector<CapturedRun> runTogether(const std::vector<TogetherCommand>& commands, double hangSeconds,
+                                     double deadlineSeconds) {
   std::vector<CapturedRun> runs(commands.size());
   std::vector<ChildProcess> children;
   children.reserve(commands.size());
@@ -237,6 +238,11 @@ std::vector<CapturedRun> runTogether(const std::vector<TogetherCommand>& command
       if (child.exited() && child.secondsSinceExit() > 2) ended = true;
       if (!ended && firstEnd && std::chrono::duration<double>(Clock::now() - *firstEnd).count() > hangSeconds) {
         runs[i].timedOut = true;
+        child.signal(SIGKILL);
+        ended = true;
+      }
+      if (!ended && deadlineSeconds > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > deadlineSeconds) {
+        runs[i].timedOut = runs[i].pastDeadline = true;
         child.signal(SIGKILL);
         ended = true;
       }

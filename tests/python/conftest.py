@@ -16,12 +16,13 @@ SAMPLE = os.path.join(SOURCE, "samples", "python", "train.py")
 TRAININGS = os.path.join(os.path.dirname(__file__), "trainings")
 
 
-def crashcap(*args, cwd=None, check=False, timeout=900):
-    """Runs the crashcap CLI; returns the CompletedProcess (text)."""
+def crashcap(*args, cwd=None, check=False, timeout=900, env=None):
+    """Runs the crashcap CLI; returns the CompletedProcess (text). `env`: variables added to this
+    process's environment."""
     if not BIN:
         pytest.skip("CRASHCAP_BIN is not set (ctest sets it)")
     r = subprocess.run([os.path.join(BIN, "crashcap"), *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                       timeout=timeout)
+                       timeout=timeout, env=dict(os.environ, **env) if env else None)
     if check and r.returncode != 0:
         raise AssertionError(f"crashcap {' '.join(map(str, args))} exited {r.returncode}:\n{r.stdout}\n{r.stderr}")
     return r

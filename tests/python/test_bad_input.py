@@ -1,10 +1,12 @@
 """Bad input to the Python recorder and to replays of Python recordings: each a clear message,
 and nothing lost."""
 
+import json
 import os
 import shutil
 import subprocess
 import textwrap
+import time
 
 import pytest
 
@@ -58,6 +60,34 @@ def test_another_torch_version_is_named_in_the_verdict(tmp_path):
     replay = crashcap_json("replay", only_bundle(tmp_path / "runs"))
     assert any(n.startswith("torch 9.9.0 here,") for n in replay["notes"]), replay["notes"]
     assert replay["verdict"] == "reproduced" and replay["same_setup"] is False
+
+
+def test_a_replaying_program_that_never_answers_is_stopped_at_the_timeout_and_named(tmp_path):
+    # A sitecustomize that makes the replaying process (only) hang before it can answer, as a
+    # program stuck in a DataLoader worker or a lock would.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(textwrap.dedent("""
+        import os, time
+        if "CRASHCAP_REPLAY_REQUEST" in os.environ:
+            time.sleep(3600)
+    """))
+    script = tmp_path / "train.py"
+    shutil.copy(os.path.join(TRAININGS, "mlp_tuple.py"), script)
+    pythonpath = os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])
+    r = run_python(str(script), "--record", "runs", "--fault-step", 9, cwd=tmp_path, env={"PYTHONPATH": pythonpath})
+    assert r.returncode != 0
+    bundle = only_bundle(tmp_path / "runs")
+    started = time.monotonic()
+    r = crashcap("replay", bundle, "--timeout", 3, timeout=120, env={"PYTHONPATH": pythonpath})
+    assert 3 <= time.monotonic() - started < 60
+    assert r.returncode != 0, r.stdout
+    assert "had not answered 3 s after it began replaying" in r.stderr and "train.py" in r.stderr, r.stderr
+    assert "and was stopped (--timeout)" in r.stderr and "raise --timeout" in r.stderr, r.stderr
+    r = crashcap("replay", bundle, "--json", "--timeout", 3, timeout=120, env={"PYTHONPATH": pythonpath})
+    failed = json.loads(r.stdout)  # JSON: the error, with its code
+    assert r.returncode != 0 and failed["error"]["code"] == "limit-exceeded", failed
+    assert os.path.exists(bundle)
 
 
 def test_the_libtorch_free_crashcap_inspects_a_python_bundle(tmp_path):

@@ -175,6 +175,22 @@ def test_a_nan_sample_on_one_rank_is_the_story_s_first_failure_reaches_the_other
     assert replay["ranks"][bad]["replay"]["first_nonfinite_op"]["name"] == "aten::addmm"
     text = crashcap("replay", ranks[bad]["bundle"], check=True).stdout
     assert f"its {nproc} ranks replayed together" in text and text.count("reproduced-bitwise") >= nproc, text
+    if nproc == 2:
+        # A replay none of whose ranks ends (each waits at step 1, as in a deadlock) would wait for
+        # Gloo's 30-minute timeout: --timeout stops every rank there, and each says why.
+        started = time.monotonic()
+        r = crashcap("replay", ranks[bad]["bundle"], "--json", "--timeout", 15, env={"DDP_TEST_HANG_AT_STEP": "1"},
+                     timeout=300)
+        seconds = time.monotonic() - started
+        assert 15 <= seconds < 120, seconds
+        hung = json.loads(r.stdout)
+        assert [h["rank"] for h in hung["ranks"]] == [0, 1], hung
+        for h in hung["ranks"]:
+            assert h["replay"] is None and h["verdict"] is None, h
+            assert h["error"].startswith(f"rank {h['rank']} had not ended 15 s after the job's replay began, and was "
+                                         f"stopped (--timeout): no rank ended"), h["error"]
+        r = crashcap("replay", ranks[bad]["bundle"], "--timeout", -1)
+        assert r.returncode != 0 and "--timeout" in r.stderr, r.stderr
     # Triage runs on the job: every experiment replays all the ranks, cutting the bad rank's rows.
     # Asked of a rank that failed only through the all-reduce, it triages the rank that failed first.
     asked = 0

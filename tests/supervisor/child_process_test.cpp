@@ -41,6 +41,42 @@ TEST_CASE("a child past its timeout is killed and says so", "[supervisor][child]
   CHECK(seconds < 10);  // not the 30 s of the sleep
 }
 
+TEST_CASE("processes run together: a peer left running after one ended is stopped; with a deadline, so are all that never end",
+          "[supervisor][child]") {
+  using supervisor::runTogether;
+  auto sleeper = [](const char* text) {
+    return supervisor::TogetherCommand{{"/bin/sh", "-c", std::string("echo ") + text + "; exec sleep 30"}, {}};
+  };
+  SECTION("one ends: the other is stopped hangSeconds later, not at a deadline") {
+    auto t0 = std::chrono::steady_clock::now();
+    auto runs = runTogether({{{"/bin/sh", "-c", "exit 4"}, {}}, sleeper("waiting")}, 0.5);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    REQUIRE(runs.size() == 2);
+    CHECK(runs[0].exitCode == 4);
+    CHECK_FALSE(runs[0].timedOut);
+    CHECK(runs[1].timedOut);
+    CHECK_FALSE(runs[1].pastDeadline);
+    CHECK(runs[1].exitCode == -SIGKILL);
+    CHECK(runs[1].out == "waiting\n");
+    CHECK(seconds < 10);
+  }
+  SECTION("none ends: without a deadline nothing would stop them; with one, every one is stopped there") {
+    auto t0 = std::chrono::steady_clock::now();
+    auto runs = runTogether({sleeper("first"), sleeper("second")}, 0.5, 1.0);
+    double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    REQUIRE(runs.size() == 2);
+    for (const auto& r : runs) {
+      CHECK(r.timedOut);
+      CHECK(r.pastDeadline);
+      CHECK(r.exitCode == -SIGKILL);
+      CHECK(r.seconds >= 1.0);
+    }
+    CHECK(runs[0].out == "first\n");
+    CHECK(runs[1].out == "second\n");
+    CHECK(seconds < 10);  // the deadline, not the 30 s of the sleeps
+  }
+}
+
 TEST_CASE("a grandchild holding the pipes does not keep a finished run waiting", "[supervisor][child]") {
   auto t0 = std::chrono::steady_clock::now();
   auto r = runCaptured({"/bin/sh", "-c", "sleep 20 & echo parent done"}, 60);

@@ -9,7 +9,9 @@ is one rank.
 
 Faults, at --fail-step on --fail-rank: raise (a Python exception), kill (SIGKILL to itself, as the
 kernel's OOM killer would), nan (a NaN in one sample of the rank's batch). --hang-rank hangs at
---fail-step before its collective, as a rank stuck in a data loader or a deadlock does."""
+--fail-step before its collective, as a rank stuck in a data loader or a deadlock does.
+DDP_TEST_HANG_AT_STEP=N in the environment makes every rank hang so at step N (a job none of whose
+ranks ends; the tests set it for a replay only)."""
 
 import argparse
 import os
@@ -59,9 +61,10 @@ def main():
     model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 1)))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     step = 0
+    hang_all = int(os.environ.get("DDP_TEST_HANG_AT_STEP", -1))
     for xb, yb in loader:
         failing = rank == args.fail_rank and step == args.fail_step
-        if rank == args.hang_rank and step == args.fail_step:
+        if (rank == args.hang_rank and step == args.fail_step) or step == hang_all:
             time.sleep(3600)
         loss = nn.functional.binary_cross_entropy_with_logits(model(xb), yb)
         if failing and args.fail_how == "raise":

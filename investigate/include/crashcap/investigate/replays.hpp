@@ -38,6 +38,13 @@ std::string replayRoute(const std::string& bundle);
 void allowChangedSources(bool allow);
 bool changedSourcesAllowed();
 
+/// From now on, a replay that runs in a recorded program, or in the programs of a job's ranks, is
+/// stopped when it has not ended `seconds` after it started (0, the default: no limit): the CLI's
+/// `replay --timeout`. A program a replay waits for can hang where the training hung (a collective
+/// no peer joins, a DataLoader worker that never answers); a job whose ranks all wait is ended by
+/// nothing else. The stopped program is Error{LimitExceeded}; each stopped rank of a job says so.
+void setReplayTimeout(double seconds);
+
 /// Replays `bundle` by its route. Throws crashcap::Error as replayer::replay does (an error the
 /// program hands back keeps its code and hint), Error{Unsupported} when the program cannot be
 /// started or ends without an answer (its exit status and the last lines of its output say why),

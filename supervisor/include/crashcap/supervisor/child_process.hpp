@@ -81,6 +81,7 @@ class ChildProcess {
 struct CapturedRun {
   int exitCode = -1;          ///< the exit status, or -signal
   bool timedOut = false;      ///< killed with SIGKILL at the timeout
+  bool pastDeadline = false;  ///< runTogether: killed at its overall deadline (timedOut too)
   std::string out, err;
   double seconds = 0;
 };
@@ -96,8 +97,11 @@ struct TogetherCommand {
 };
 /// Runs the commands at the same time, each to its end with its output captured: the processes of
 /// one job. Once one has ended, those still running `hangSeconds` later are killed (SIGKILL,
-/// `timedOut`): a peer of a process that is gone may wait for it forever. Throws as
-/// ChildProcess::start does (the ones already started are killed).
-std::vector<CapturedRun> runTogether(const std::vector<TogetherCommand>& commands, double hangSeconds);
+/// `timedOut`): a peer of a process that is gone may wait for it forever. With `deadlineSeconds`
+/// > 0, those still running that long after the start are killed too (`timedOut` and
+/// `pastDeadline`): processes that all wait, none ending, would otherwise never be stopped.
+/// Throws as ChildProcess::start does (the ones already started are killed).
+std::vector<CapturedRun> runTogether(const std::vector<TogetherCommand>& commands, double hangSeconds,
+                                     double deadlineSeconds = 0);
 
 }  // namespace crashcap::supervisor

@@ -191,8 +191,8 @@ replayer::ReplayOutcome programOutcome(const std::string& bundle, const ProgramR
   }
   if (run.timedOut)
     throw Error(ErrorCode::LimitExceeded,
-                fmt::format("the recorded program ({}) had not answered {:g} s after it began replaying {}, and was "
-                            "stopped (--timeout){}",
+                fmt::format("the recorded program ({}) had not answered {} s after it was started to replay {}, and "
+                            "was stopped (--timeout){}",
                             p.shown, gReplayTimeout, bundle, lastLines(run.err.empty() ? run.out : run.err, 12)),
                 "a replay that waits where the training hung shows the hang; for a program that is only slow, "
                 "raise --timeout");
@@ -455,15 +455,26 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     const supervisor::JobRank& was = *recorded[i];
     // A rank crashcap run stopped (SIGKILL after its SIGTERM) did not fail of that signal.
     const int recordedSignal = was.outcome == "failed" ? was.signal : 0;
-    if (runs[i].pastDeadline) {  // no answer: whatever it waited for, it is not the recorded failure
-      r.error = fmt::format("rank {} had not ended {:g} s after the job's replay began, and was stopped (--timeout): "
-                            "{}{}",
-                            r.rank, gReplayTimeout,
-                            std::all_of(runs.begin(), runs.end(), [](const supervisor::CapturedRun& x) { return x.pastDeadline; })
-                                ? "no rank ended, so every one waited for something no peer did (a collective, a "
-                                  "barrier) or hung on its own"
-                                : "it waited for something no peer did (a collective, a barrier) or hung on its own",
-                            lastLines(runs[i].err, 6));
+    // A rank stopped after it wrote its answer (it hung on its way out) is judged by the answer.
+    const bool answered = fs::exists(programs[i].resultPath);
+    // Stopped at --timeout without an answer. After a peer ended, a rank crashcap run had stopped in
+    // the recording hangs again; with no rank ended, whatever they wait for is not what was recorded.
+    if (runs[i].pastDeadline && !answered) {
+      const bool peerEnded = std::any_of(runs.begin(), runs.end(), [](const supervisor::CapturedRun& x) { return !x.timedOut; });
+      if (peerEnded && was.outcome == "stopped") {
+        r.verdict = "reproduced";
+        r.error = fmt::format("had not ended when the replay's --timeout of {} s came, after another rank's replay "
+                              "ended, as in the recording (where crashcap run stopped it): stopped, so only the hang "
+                              "is compared{}",
+                              gReplayTimeout, lastLines(runs[i].err, 4));
+      } else {
+        r.error = fmt::format("rank {} had not ended {} s after the job's replay began, and was stopped (--timeout): {}{}",
+                              r.rank, gReplayTimeout,
+                              peerEnded ? "it waited for something no peer did (a collective, a barrier) or hung on its own"
+                                        : "no rank ended, so every one waited for something no peer did (a collective, "
+                                          "a barrier) or hung on its own",
+                              lastLines(runs[i].err, 6));
+      }
       continue;
     }
     // Died of the signal the recorded rank died of: the failure, again (the process could not answer).
@@ -476,7 +487,7 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     }
     // Still running long after a peer ended, as in the recording, where crashcap run stopped it: the
     // hang, again.
-    if (runs[i].timedOut && was.outcome == "stopped") {
+    if (runs[i].timedOut && !answered && was.outcome == "stopped") {
       r.verdict = "reproduced";
       r.error = fmt::format("had not ended {:.0f} s after another rank's replay ended, as in the recording (where "
                             "crashcap run stopped it): stopped again, so only the hang is compared{}",
@@ -484,7 +495,7 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
       continue;
     }
     try {
-      if (runs[i].timedOut)
+      if (runs[i].timedOut && !answered)
         throw Error(ErrorCode::Unsupported,
                     fmt::format("rank {} had not ended {:.0f} s after another rank's replay ended, and was stopped: it "
                                 "waited for something no peer did (a collective, a barrier) or hung on its own{}",

@@ -196,6 +196,7 @@ CapturedRun runCaptured(const std::vector<std::string>& argv, double timeoutSeco
     if (child.exited() && child.secondsSinceExit() > 2) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
     if (left <= 0) {
+      if (child.exited()) break;  // it ended in time; only a grandchild still holds the pipes
       r.timedOut = true;
       child.signal(SIGKILL);
       break;
@@ -236,12 +237,15 @@ std::vector<CapturedRun> runTogether(const std::vector<TogetherCommand>& command
       // A grandchild may hold the pipes open after the child is gone: give it a moment, not more.
       bool ended = !child.outputOpen() && child.exited();
       if (child.exited() && child.secondsSinceExit() > 2) ended = true;
-      if (!ended && firstEnd && std::chrono::duration<double>(Clock::now() - *firstEnd).count() > hangSeconds) {
+      // A process that has exited is waited for (its pipes, above), never counted as stopped.
+      if (!ended && !child.exited() && firstEnd &&
+          std::chrono::duration<double>(Clock::now() - *firstEnd).count() > hangSeconds) {
         runs[i].timedOut = true;
         child.signal(SIGKILL);
         ended = true;
       }
-      if (!ended && deadlineSeconds > 0 && std::chrono::duration<double>(Clock::now() - t0).count() > deadlineSeconds) {
+      if (!ended && !child.exited() && deadlineSeconds > 0 &&
+          std::chrono::duration<double>(Clock::now() - t0).count() > deadlineSeconds) {
         runs[i].timedOut = runs[i].pastDeadline = true;
         child.signal(SIGKILL);
         ended = true;

@@ -82,7 +82,7 @@ def test_a_replaying_program_that_never_answers_is_stopped_at_the_timeout_and_na
     r = crashcap("replay", bundle, "--timeout", 3, timeout=120, env={"PYTHONPATH": pythonpath})
     assert 3 <= time.monotonic() - started < 60
     assert r.returncode != 0, r.stdout
-    assert "had not answered 3 s after it began replaying" in r.stderr and "train.py" in r.stderr, r.stderr
+    assert "had not answered 3 s after it was started to replay" in r.stderr and "train.py" in r.stderr, r.stderr
     assert "and was stopped (--timeout)" in r.stderr and "raise --timeout" in r.stderr, r.stderr
     r = crashcap("replay", bundle, "--json", "--timeout", 3, timeout=120, env={"PYTHONPATH": pythonpath})
     failed = json.loads(r.stdout)  # JSON: the error, with its code

@@ -135,6 +135,33 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
     else:
         assert replay["step"] == 2 and "rank 1 was in step 3" in replay["notes"][0], replay
         assert set(verdicts.values()) == {"reproduced-bitwise"}, verdicts
+    if replay["step"] == 3:
+        # With --timeout shorter than the 30 s wait: rank 0 is stopped at the timeout, after rank 1
+        # ended, and that is still the recorded hang.
+        bounded = crashcap_json("replay", ranks[1]["bundle"], "--timeout", 15)
+        assert {r["rank"]: r["verdict"] for r in bounded["ranks"]} == {0: "reproduced", 1: "reproduced"}, bounded
+        assert "had not ended when the replay's --timeout of 15 s came" in bounded["ranks"][0]["error"], bounded
+
+
+def test_a_job_replay_none_of_whose_ranks_ends_is_stopped_at_the_timeout_and_each_rank_says_so(tmp_path):
+    r, stories, _ = _job(tmp_path, "--fail-rank", 1, "--fail-how", "raise", "--fail-step", 3)
+    assert r.returncode != 0 and sorted(stories) == [0, 1], r.stderr
+    bundle = {r["rank"]: r["bundle"] for r in crashcap_json("inspect", tmp_path / "runs")["jobs"][0]["ranks"]}[1]
+    # In the replay every rank sleeps at step 1 before its collective (the training's
+    # DDP_TEST_HANG_AT_STEP), so no rank ends: without --timeout only Gloo's 30-minute timeout would.
+    started = time.monotonic()
+    r = crashcap("replay", bundle, "--json", "--timeout", 15, env={"DDP_TEST_HANG_AT_STEP": "1"},
+                 timeout=300)
+    seconds = time.monotonic() - started
+    assert 15 <= seconds < 120, seconds
+    hung = json.loads(r.stdout)
+    assert [h["rank"] for h in hung["ranks"]] == [0, 1], hung
+    for h in hung["ranks"]:
+        assert h["replay"] is None and h["verdict"] is None, h
+        assert h["error"].startswith(f"rank {h['rank']} had not ended 15 s after the job's replay began, and was "
+                                     f"stopped (--timeout): no rank ended"), h["error"]
+    r = crashcap("replay", bundle, "--timeout", -1)
+    assert r.returncode != 0 and "--timeout" in r.stderr, r.stderr
 
 
 @pytest.mark.parametrize("nproc", [2, 4])
@@ -175,22 +202,6 @@ def test_a_nan_sample_on_one_rank_is_the_story_s_first_failure_reaches_the_other
     assert replay["ranks"][bad]["replay"]["first_nonfinite_op"]["name"] == "aten::addmm"
     text = crashcap("replay", ranks[bad]["bundle"], check=True).stdout
     assert f"its {nproc} ranks replayed together" in text and text.count("reproduced-bitwise") >= nproc, text
-    if nproc == 2:
-        # A replay none of whose ranks ends (each waits at step 1, as in a deadlock) would wait for
-        # Gloo's 30-minute timeout: --timeout stops every rank there, and each says why.
-        started = time.monotonic()
-        r = crashcap("replay", ranks[bad]["bundle"], "--json", "--timeout", 15, env={"DDP_TEST_HANG_AT_STEP": "1"},
-                     timeout=300)
-        seconds = time.monotonic() - started
-        assert 15 <= seconds < 120, seconds
-        hung = json.loads(r.stdout)
-        assert [h["rank"] for h in hung["ranks"]] == [0, 1], hung
-        for h in hung["ranks"]:
-            assert h["replay"] is None and h["verdict"] is None, h
-            assert h["error"].startswith(f"rank {h['rank']} had not ended 15 s after the job's replay began, and was "
-                                         f"stopped (--timeout): no rank ended"), h["error"]
-        r = crashcap("replay", ranks[bad]["bundle"], "--timeout", -1)
-        assert r.returncode != 0 and "--timeout" in r.stderr, r.stderr
     # Triage runs on the job: every experiment replays all the ranks, cutting the bad rank's rows.
     # Asked of a rank that failed only through the all-reduce, it triages the rank that failed first.
     asked = 0

@@ -47,9 +47,9 @@ TEST_CASE("processes run together: a peer left running after one ended is stoppe
   auto sleeper = [](const char* text) {
     return supervisor::TogetherCommand{{"/bin/sh", "-c", std::string("echo ") + text + "; exec sleep 30"}, {}};
   };
-  SECTION("one ends: the other is stopped hangSeconds later, not at a deadline") {
+  SECTION("one ends: the other is stopped hangSeconds later, long before a deadline") {
     auto t0 = std::chrono::steady_clock::now();
-    auto runs = runTogether({{{"/bin/sh", "-c", "exit 4"}, {}}, sleeper("waiting")}, 0.5);
+    auto runs = runTogether({{{"/bin/sh", "-c", "exit 4"}, {}}, sleeper("waiting")}, 0.5, 20.0);
     double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     REQUIRE(runs.size() == 2);
     CHECK(runs[0].exitCode == 4);
@@ -75,6 +75,30 @@ TEST_CASE("processes run together: a peer left running after one ended is stoppe
     CHECK(runs[1].out == "second\n");
     CHECK(seconds < 10);  // the deadline, not the 30 s of the sleeps
   }
+  SECTION("one ends, and the deadline comes before hangSeconds: the other is stopped at the deadline") {
+    auto runs = runTogether({{{"/bin/sh", "-c", "exit 0"}, {}}, sleeper("waiting")}, 30, 1.0);
+    REQUIRE(runs.size() == 2);
+    CHECK(runs[0].exitCode == 0);
+    CHECK_FALSE(runs[0].timedOut);
+    CHECK(runs[1].timedOut);
+    CHECK(runs[1].pastDeadline);
+    CHECK(runs[1].seconds < 10);
+  }
+  SECTION("one that has exited is never counted as stopped, though a grandchild holds its pipes past the deadline") {
+    auto runs = runTogether({{{"/bin/sh", "-c", "sleep 20 & echo answered"}, {}}}, 30, 0.5);
+    REQUIRE(runs.size() == 1);
+    CHECK(runs[0].exitCode == 0);
+    CHECK(runs[0].out == "answered\n");
+    CHECK_FALSE(runs[0].timedOut);
+    CHECK_FALSE(runs[0].pastDeadline);
+  }
+}
+
+TEST_CASE("a child that ended in time is not timed out while a grandchild holds its pipes", "[supervisor][child]") {
+  auto r = runCaptured({"/bin/sh", "-c", "sleep 20 & echo answered"}, 0.5);
+  CHECK(r.exitCode == 0);
+  CHECK(r.out == "answered\n");
+  CHECK_FALSE(r.timedOut);
 }
 
 TEST_CASE("a grandchild holding the pipes does not keep a finished run waiting", "[supervisor][child]") {

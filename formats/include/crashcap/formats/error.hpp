@@ -18,7 +18,7 @@ enum class ErrorCode : int {
   IncompatibleVersion = 3,  ///< made by a crashcap whose format major version we do not read
   Truncated = 4,            ///< the file ends inside a structure
   Corrupt = 5,              ///< a checksum, sync word or invariant does not hold
-  LimitExceeded = 6,        ///< a length or count is beyond the reader's configured limits
+  LimitExceeded = 6,        ///< a length or count beyond the reader's limits, or a replay past its time limit
   NotFound = 7,             ///< a named tensor, record or file does not exist
   InvalidArgument = 8,      ///< the caller passed something malformed (name, slice, shape)
   Unsupported = 9,          ///< a valid request this build cannot serve (e.g. no LibTorch)

@@ -450,6 +450,9 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
   } catch (Error& e) {
     throw e.with(fmt::format("while starting the ranks of job {} to replay them", d.jobId));
   }
+  const bool anyRankEnded =
+      std::any_of(runs.begin(), runs.end(), [](const supervisor::CapturedRun& x) { return !x.timedOut; });
+  const char* waitedForNoPeer = "waited for something no peer did (a collective, a barrier) or hung on its own";
   for (size_t i = 0; i < out.ranks.size(); ++i) {
     auto& r = out.ranks[i];
     const supervisor::JobRank& was = *recorded[i];
@@ -460,19 +463,16 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     // Stopped at --timeout without an answer. After a peer ended, a rank crashcap run had stopped in
     // the recording hangs again; with no rank ended, whatever they wait for is not what was recorded.
     if (runs[i].pastDeadline && !answered) {
-      const bool peerEnded = std::any_of(runs.begin(), runs.end(), [](const supervisor::CapturedRun& x) { return !x.timedOut; });
-      if (peerEnded && was.outcome == "stopped") {
+      if (anyRankEnded && was.outcome == "stopped") {
         r.verdict = "reproduced";
         r.error = fmt::format("had not ended when the replay's --timeout of {} s came, after another rank's replay "
                               "ended, as in the recording (where crashcap run stopped it): stopped, so only the hang "
                               "is compared{}",
                               gReplayTimeout, lastLines(runs[i].err, 4));
       } else {
-        r.error = fmt::format("rank {} had not ended {} s after the job's replay began, and was stopped (--timeout): {}{}",
+        r.error = fmt::format("rank {} had not ended {} s after the job's replay began, and was stopped (--timeout): {}{}{}",
                               r.rank, gReplayTimeout,
-                              peerEnded ? "it waited for something no peer did (a collective, a barrier) or hung on its own"
-                                        : "no rank ended, so every one waited for something no peer did (a collective, "
-                                          "a barrier) or hung on its own",
+                              anyRankEnded ? "it " : "no rank ended, so every one ", waitedForNoPeer,
                               lastLines(runs[i].err, 6));
       }
       continue;
@@ -498,8 +498,8 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
       if (runs[i].timedOut && !answered)
         throw Error(ErrorCode::Unsupported,
                     fmt::format("rank {} had not ended {:.0f} s after another rank's replay ended, and was stopped: it "
-                                "waited for something no peer did (a collective, a barrier) or hung on its own{}",
-                                r.rank, hangSeconds, lastLines(runs[i].err, 6)));
+                                "{}{}",
+                                r.rank, hangSeconds, waitedForNoPeer, lastLines(runs[i].err, 6)));
       auto outcome = programOutcome(r.bundle, programs[i], runs[i]);
       if (outcome.error) throw *outcome.error;
       if (!outcome.replay) throw Error(ErrorCode::Corrupt, "the program answered a replay request with no replay");

@@ -61,6 +61,17 @@ RecordedProgram recordedProgram(const std::string& bundle) {
   if (!env || env->commandLine.empty())
     throw Error(ErrorCode::Unsupported, fmt::format("{} holds no command line to run its program again", bundle),
                 "the environment record is missing (`crashcap inspect` says what the bundle holds)");
+  // Its command line is multiprocessing's (`-c "from multiprocessing.spawn import spawn_main..."`),
+  // which reads the function to run and its arguments from a pipe only the parent held.
+  if (env->fact("python.launcher") == "torch.multiprocessing.spawn")
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("{} is of a process torch.multiprocessing.spawn started, which crashcap cannot start "
+                            "again on its own yet: its command line is multiprocessing's, and the function it ran "
+                            "came through a pipe from the parent",
+                            bundle),
+                "inspect it (`crashcap inspect`, and the directory for the job's story); to replay, start the ranks "
+                "with `crashcap run --record --nproc N` or torchrun (the script reading RANK, WORLD_SIZE and "
+                "MASTER_ADDR/MASTER_PORT from its environment) and record again");
   std::vector<std::string> redactedArgs;
   for (const auto& name : env->redacted)
     if (name.rfind("argv[", 0) == 0) redactedArgs.push_back(name);

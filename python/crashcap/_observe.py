@@ -224,6 +224,7 @@ class Observer:
         self.pid = os.getpid()
         self.policy = dict(policy)
         self.replay = replay            # True: this process serves a replay request
+        self.launcher = None            # python.launcher: what started this process, when not its command line
         self.quiet = bool(self.policy.get("quiet", False))
         self.lock = threading.RLock()
         self.optimizers = []            # weakrefs, in the order the program made them
@@ -481,6 +482,8 @@ class Observer:
         self.capture_only = ordinal is None
         facts = [("python.capture", "observed"), ("python.observed.loader", "none" if ordinal is None else str(ordinal)),
                  ("python.observed.training", str(self.training)), ("python.observed.model", words)]
+        if self.launcher:
+            facts.append(("python.launcher", self.launcher))
         policy = {k: v for k, v in self.policy.items() if k != "directory"}
         if scaler is not None and "check_gradients" not in policy:
             # A GradScaler's scaled gradients overflow to Inf by design (it skips that update and
@@ -834,9 +837,11 @@ def _after_init(cls, seen):
         cls.__init__ = _after_call(init, seen)
 
 
-def start_from_environment():
+def start_from_environment(launcher=None):
     """Called by the bootstrap once torch is imported: records when `crashcap run --record` asked
-    for it (CRASHCAP_OBSERVE: the policy as JSON), or serves a replay request."""
+    for it (CRASHCAP_OBSERVE: the policy as JSON), or serves a replay request. `launcher`: what
+    started this process when that is not its command line (a rank torch.multiprocessing.spawn
+    started), recorded as the fact python.launcher."""
     replay = REPLAY_REQUEST_VARIABLE in os.environ
     text = os.environ.get("CRASHCAP_OBSERVE")
     if not replay and text is None:
@@ -847,5 +852,7 @@ def start_from_environment():
             policy = json.loads(text)
         except ValueError as e:
             _say(f"CRASHCAP_OBSERVE is not JSON ({e}); recording with the default policy")
-    return install(policy, replay)
+    observer = install(policy, replay)
+    observer.launcher = launcher
+    return observer
 

@@ -339,3 +339,31 @@ def test_nproc_bad_input_is_refused_clearly(tmp_path):
     assert r.returncode != 0 and "--nproc" in r.stderr
     r = crashcap("run", "--nproc", 0, "--", PYTHON, "-c", "pass", cwd=tmp_path)
     assert r.returncode != 0 and "nproc" in r.stderr
+
+
+def test_ranks_that_torch_multiprocessing_spawn_starts_each_record_and_tell_one_story_but_do_not_replay_yet(tmp_path):
+    # mp.spawn(train, nprocs=2): each rank is a spawned process running the script's function, not
+    # a command line; rank 1's batch at step 3 carries a NaN. Each rank's DataLoader worker is a
+    # spawned process too, and records nothing.
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, os.path.join(TRAININGS, "ddp_spawn.py"),
+                 "--nan-step", 3, cwd=tmp_path, timeout=600)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert "trained" not in r.stdout  # stopped at the NaN, as a process crashcap started itself would be
+    runs = tmp_path / "runs"
+    assert sorted(p.name.split("-")[0] for p in runs.iterdir()) == ["crash", "crash", "runs.jsonl"], list(runs.iterdir())
+    job = crashcap_json("inspect", runs)["jobs"]
+    assert len(job) == 1, job
+    job = job[0]
+    ranks = {r["rank"]: r for r in job["ranks"]}
+    assert sorted(ranks) == [0, 1] and job["missing"] == [] and job["first_failed"] == 1, job["headline"]
+    assert ranks[1]["classification"] == "nonfinite-loss" and ranks[1]["step"] == 3 and not ranks[1]["from_peer"]
+    assert ranks[0]["from_peer"] and ranks[0]["step"] == 3, ranks[0]
+    for rank in ranks.values():
+        story = crashcap_json("inspect", rank["bundle"])
+        assert story["distributed"]["world_size"] == 2 and story["distributed"]["backend"] == "gloo"
+        assert story["env"]["facts"]["python.launcher"] == "torch.multiprocessing.spawn"
+    # Its command line is multiprocessing's: replay says so and what to do instead.
+    r = crashcap("replay", ranks[1]["bundle"])
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "torch.multiprocessing.spawn started, which crashcap cannot start again on its own yet" in r.stderr, r.stderr
+    assert "crashcap run --record --nproc N" in r.stderr, r.stderr

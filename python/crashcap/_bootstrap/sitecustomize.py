@@ -27,7 +27,7 @@ def _run_hidden_sitecustomize():
         print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(e).__name__}: {e}", file=sys.stderr)
 
 
-def _observe():
+def _observe(launcher=None):
     try:
         # This crashcap, not another one the program's path may hold; and its directory only for
         # this import: an installed package's directory is a whole site directory, which must not
@@ -37,10 +37,13 @@ def _observe():
             from crashcap import _observe
         finally:
             sys.path.remove(_PACKAGE_PARENT)
-        _observe.start_from_environment()
+        _observe.start_from_environment(launcher)
     except Exception as e:
         print(f"crashcap: not recording this training: the crashcap package failed to load "
               f"({type(e).__name__}: {e})", file=sys.stderr)
+
+
+_AFTER_TORCH = _observe  # what runs once torch is imported
 
 
 class _AfterTorch:
@@ -59,24 +62,44 @@ class _AfterTorch:
 
         def exec_then_observe(module):
             exec_module(module)
-            _observe()
+            _AFTER_TORCH()
 
         spec.loader.exec_module = exec_then_observe
         return spec
 
 
 def _multiprocessing_child():
-    """A process multiprocessing started with spawn or forkserver (a DataLoader worker): it imports
-    torch before multiprocessing says it is a child, and is never a training of its own."""
+    """A process multiprocessing started with spawn or forkserver: a DataLoader worker, or a rank
+    that torch.multiprocessing.spawn started. It imports torch before multiprocessing says it is a
+    child."""
     argv = getattr(sys, "orig_argv", sys.argv)  # the interpreter's own: `-c "from multiprocessing..."`
     return "--multiprocessing-fork" in argv or any(a.startswith("from multiprocessing.") for a in argv)
 
 
+def _observe_spawned_function():
+    """In a multiprocessing child, once torch is imported: the function torch.multiprocessing.spawn
+    runs in it (a rank of a job: `mp.spawn(train, nprocs=N)`) starts under the observer, which
+    records the training it runs. A DataLoader worker never calls it, and records nothing."""
+    # The module (`torch.multiprocessing.spawn` as an attribute is its function of that name).
+    spawn = sys.modules.get("torch.multiprocessing.spawn")
+    wrap = getattr(spawn, "_wrap", None)
+    if wrap is None:  # another torch: the rank runs unrecorded, as before
+        return
+
+    def _wrap(*args, **kwargs):
+        _observe("torch.multiprocessing.spawn")
+        return wrap(*args, **kwargs)
+
+    spawn._wrap = _wrap
+
+
 _run_hidden_sitecustomize()
 if _multiprocessing_child():
-    # Nothing of the parent's recording or replay is this process's to act on.
+    # Nothing of the parent's replay is this process's to act on.
     os.environ.pop("CRASHCAP_REPLAY_REQUEST", None)
-    os.environ.pop("CRASHCAP_OBSERVE", None)
+    if os.environ.get("CRASHCAP_OBSERVE") is not None:
+        _AFTER_TORCH = _observe_spawned_function
+        sys.meta_path.insert(0, _AfterTorch())
 elif os.environ.get("CRASHCAP_OBSERVE") is not None or os.environ.get("CRASHCAP_REPLAY_REQUEST") is not None:
     if "torch" in sys.modules:
         _observe()

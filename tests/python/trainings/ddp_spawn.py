@@ -1,0 +1,58 @@
+"""A DDP training whose ranks torch.multiprocessing.spawn starts, as tutorials write it: the script
+is its own launcher, and each rank is a function run in a spawned process (Gloo, CPU). Each rank's
+DataLoader has a worker of its own, started with spawn too. Knows nothing of crashcap.
+
+--nan-step N puts a NaN into one sample of rank 1's batch at step N (the one its sampler puts in
+row 5 there)."""
+
+import argparse
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+
+def train(rank, world_size, port, steps, nan_step):
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=world_size)
+    torch.manual_seed(0)
+    x = torch.randn(256, 8)
+    y = torch.randint(0, 3, (256,))
+    data = TensorDataset(x, y)
+    sampler = DistributedSampler(data, shuffle=True, seed=2)
+    if rank == 1 and nan_step >= 0:
+        x[list(sampler)[nan_step * 8 + 5], 3] = float("nan")
+    loader = DataLoader(data, batch_size=8, sampler=sampler, num_workers=1, multiprocessing_context="spawn")
+    model = DistributedDataParallel(nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 3)))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for step, (xb, yb) in enumerate(loader):
+        if step == steps:
+            break
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(xb), yb)
+        loss.backward()
+        optimizer.step()
+    dist.destroy_process_group()
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--nan-step", type=int, default=-1)
+    a = p.parse_args()
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.spawn(train, args=(a.nproc, port, a.steps, a.nan_step), nprocs=a.nproc, join=True)
+    print("trained")
+
+
+if __name__ == "__main__":
+    main()

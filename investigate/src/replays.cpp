@@ -61,17 +61,6 @@ RecordedProgram recordedProgram(const std::string& bundle) {
   if (!env || env->commandLine.empty())
     throw Error(ErrorCode::Unsupported, fmt::format("{} holds no command line to run its program again", bundle),
                 "the environment record is missing (`crashcap inspect` says what the bundle holds)");
-  // Its command line is multiprocessing's (`-c "from multiprocessing.spawn import spawn_main..."`),
-  // which reads the function to run and its arguments from a pipe only the parent held.
-  if (env->fact("python.launcher") == "torch.multiprocessing.spawn")
-    throw Error(ErrorCode::Unsupported,
-                fmt::format("{} is of a process torch.multiprocessing.spawn started, which crashcap cannot start "
-                            "again on its own yet: its command line is multiprocessing's, and the function it ran "
-                            "came through a pipe from the parent",
-                            bundle),
-                "inspect it (`crashcap inspect`, and the directory for the job's story); to replay, start the ranks "
-                "with `crashcap run --record --nproc N` or torchrun (the script reading RANK, WORLD_SIZE and "
-                "MASTER_ADDR/MASTER_PORT from its environment) and record again");
   std::vector<std::string> redactedArgs;
   for (const auto& name : env->redacted)
     if (name.rfind("argv[", 0) == 0) redactedArgs.push_back(name);
@@ -82,6 +71,22 @@ RecordedProgram recordedProgram(const std::string& bundle) {
                 "pass secrets to the training through the environment or a file, not its arguments");
   RecordedProgram p;
   p.commandLine = env->commandLine;
+  if (env->fact("python.launcher") == "torch.multiprocessing.spawn") {
+    // Its command line is multiprocessing's (`-c "from multiprocessing.spawn import spawn_main..."`),
+    // which reads what to run from a pipe only the parent held; the recording kept what came
+    // through it, and crashcap's own module runs the rank's function from that (crashcap/_spawn.py).
+    if (env->fact("python.spawn").empty()) {
+      const std::string why = env->fact("python.spawn.unrecordable");
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("{} is of a process torch.multiprocessing.spawn started, and the recording could not "
+                              "keep what it ran{}, so crashcap cannot start it again",
+                              bundle, why.empty() ? "" : ": " + why),
+                  "start the ranks with `crashcap run --record --nproc N` or torchrun (the script reading RANK, "
+                  "WORLD_SIZE and MASTER_ADDR/MASTER_PORT from its environment) and record again");
+    }
+    p.commandLine = {"python3", "-m", "crashcap._spawn"};
+    p.environment.push_back("CRASHCAP_SPAWN=" + env->fact("python.spawn"));
+  }
   // A Python program runs again under the interpreter that recorded it, not whichever python3
   // comes first on this PATH (which may lack torch, or be another version).
   if (python && !env->fact("python.executable").empty()) p.commandLine.front() = env->fact("python.executable");

@@ -224,7 +224,7 @@ class Observer:
         self.pid = os.getpid()
         self.policy = dict(policy)
         self.replay = replay            # True: this process serves a replay request
-        self.launcher = None            # python.launcher: what started this process, when not its command line
+        self.launch_facts = []          # how to start this process again when its command line cannot (_spawn.py)
         self.quiet = bool(self.policy.get("quiet", False))
         self.lock = threading.RLock()
         self.optimizers = []            # weakrefs, in the order the program made them
@@ -482,8 +482,7 @@ class Observer:
         self.capture_only = ordinal is None
         facts = [("python.capture", "observed"), ("python.observed.loader", "none" if ordinal is None else str(ordinal)),
                  ("python.observed.training", str(self.training)), ("python.observed.model", words)]
-        if self.launcher:
-            facts.append(("python.launcher", self.launcher))
+        facts += self.launch_facts
         policy = {k: v for k, v in self.policy.items() if k != "directory"}
         if scaler is not None and "check_gradients" not in policy:
             # A GradScaler's scaled gradients overflow to Inf by design (it skips that update and
@@ -837,11 +836,11 @@ def _after_init(cls, seen):
         cls.__init__ = _after_call(init, seen)
 
 
-def start_from_environment(launcher=None):
+def start_from_environment(spawned=None):
     """Called by the bootstrap once torch is imported: records when `crashcap run --record` asked
-    for it (CRASHCAP_OBSERVE: the policy as JSON), or serves a replay request. `launcher`: what
-    started this process when that is not its command line (a rank torch.multiprocessing.spawn
-    started), recorded as the fact python.launcher."""
+    for it (CRASHCAP_OBSERVE: the policy as JSON), or serves a replay request. `spawned`: (function,
+    rank, arguments) when torch.multiprocessing.spawn started this process to run them, which its
+    recording keeps so that a replay can start it again (crashcap/_spawn.py)."""
     replay = REPLAY_REQUEST_VARIABLE in os.environ
     text = os.environ.get("CRASHCAP_OBSERVE")
     if not replay and text is None:
@@ -853,6 +852,8 @@ def start_from_environment(launcher=None):
         except ValueError as e:
             _say(f"CRASHCAP_OBSERVE is not JSON ({e}); recording with the default policy")
     observer = install(policy, replay)
-    observer.launcher = launcher
+    if spawned is not None:
+        from . import _spawn
+        observer.launch_facts = _spawn.launch_facts(*spawned)
     return observer
 

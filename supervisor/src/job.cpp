@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstdlib>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -52,7 +53,14 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
   r.bundle = path;
   r.backend = d.backend;
   if (auto info = reader.recordingInfo()) r.pid = info->pid;
-  if (v.supervision) {
+  // crashcap run's record of the process it started is this rank's own only when that process is
+  // the one that recorded: the record of a launcher that started the ranks (torchrun,
+  // torch.multiprocessing.spawn, a script starting copies of itself) says how the launcher ended,
+  // which is whichever rank's failure it reported first, not this rank's.
+  uint32_t recorder = 0;  // the process that recorded the rank (the bundle's writer may be crashcap run)
+  if (auto env = reader.environment()) recorder = uint32_t(std::strtoul(env->fact("process.pid").c_str(), nullptr, 10));
+  if (!recorder && v.crash) recorder = v.crash->pid;
+  if (v.supervision && (!recorder || v.supervision->pid == recorder)) {
     const auto& sv = *v.supervision;
     r.pid = sv.pid;
     r.timeNs = sv.endNs;

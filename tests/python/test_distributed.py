@@ -12,6 +12,7 @@ from torch.utils.data import DistributedSampler
 from conftest import PYTHON, TRAININGS, crashcap, crashcap_json
 
 DDP = os.path.join(TRAININGS, "ddp_gloo.py")
+SPAWN = os.path.join(TRAININGS, "ddp_spawn.py")
 
 
 def test_each_rank_of_a_ddp_job_records_its_rank_backend_and_the_shared_job_id(tmp_path):
@@ -341,12 +342,12 @@ def test_nproc_bad_input_is_refused_clearly(tmp_path):
     assert r.returncode != 0 and "nproc" in r.stderr
 
 
-def test_ranks_that_torch_multiprocessing_spawn_starts_each_record_and_tell_one_story_but_do_not_replay_yet(tmp_path):
+def test_ranks_that_torch_multiprocessing_spawn_starts_record_tell_one_story_replay_bitwise_and_are_triaged(tmp_path):
     # mp.spawn(train, nprocs=2): each rank is a spawned process running the script's function, not
     # a command line; rank 1's batch at step 3 carries a NaN. Each rank's DataLoader worker is a
     # spawned process too, and records nothing.
-    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, os.path.join(TRAININGS, "ddp_spawn.py"),
-                 "--nan-step", 3, cwd=tmp_path, timeout=600)
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, SPAWN, "--nan-step", 3, cwd=tmp_path,
+                 timeout=600)
     assert r.returncode != 0, r.stdout + r.stderr
     assert "trained" not in r.stdout  # stopped at the NaN, as a process crashcap started itself would be
     runs = tmp_path / "runs"
@@ -356,14 +357,40 @@ def test_ranks_that_torch_multiprocessing_spawn_starts_each_record_and_tell_one_
     job = job[0]
     ranks = {r["rank"]: r for r in job["ranks"]}
     assert sorted(ranks) == [0, 1] and job["missing"] == [] and job["first_failed"] == 1, job["headline"]
-    assert ranks[1]["classification"] == "nonfinite-loss" and ranks[1]["step"] == 3 and not ranks[1]["from_peer"]
+    assert ranks[1]["classification"] == "nonfinite-loss" and ranks[1]["step"] == 3 and not ranks[1]["from_peer"], (ranks, r.stderr)
     assert ranks[0]["from_peer"] and ranks[0]["step"] == 3, ranks[0]
     for rank in ranks.values():
         story = crashcap_json("inspect", rank["bundle"])
         assert story["distributed"]["world_size"] == 2 and story["distributed"]["backend"] == "gloo"
-        assert story["env"]["facts"]["python.launcher"] == "torch.multiprocessing.spawn"
-    # Its command line is multiprocessing's: replay says so and what to do instead.
-    r = crashcap("replay", ranks[1]["bundle"])
+        facts = story["env"]["facts"]
+        assert facts["python.launcher"] == "torch.multiprocessing.spawn" and facts["python.spawn"], facts
+    # The replay starts each rank's function again as multiprocessing would have, without a parent.
+    replay = crashcap_json("replay", ranks[1]["bundle"])
+    assert replay["world_size"] == 2 and replay["step"] == 3, replay
+    for r in replay["ranks"]:
+        assert r["error"] is None and r["replay"]["verdict"] == "reproduced-bitwise", r
+        assert [s["step"] for s in r["replay"]["steps"]] == [0, 1, 2, 3]
+    assert replay["ranks"][1]["replay"]["first_nonfinite_op"]["name"] == "aten::addmm"
+    # Triage names the rank, its row and the row's dataset index.
+    triage = crashcap_json("triage", ranks[0]["bundle"])
+    hypotheses = {h["id"]: h for h in triage["hypotheses"]}
+    assert hypotheses["invalid-data"]["verdict"] == "confirmed", hypotheses["invalid-data"]
+    expected_index = list(DistributedSampler(range(256), num_replicas=2, rank=1, shuffle=True, seed=2))[3 * 8 + 5]
+    culprit = triage["culprit"]
+    assert culprit["rank"] == 1 and culprit["step"] == 3 and culprit["rows"] == [5], culprit
+    assert culprit["dataset_indices"] == [expected_index], culprit
+
+
+def test_a_spawned_rank_whose_arguments_do_not_pickle_records_and_its_replay_says_why_it_cannot_run(tmp_path):
+    # A multiprocessing queue among mp.spawn's arguments pickles only while multiprocessing spawns.
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, SPAWN, "--nan-step", 3, "--report-queue",
+                 cwd=tmp_path, timeout=600)
+    assert r.returncode != 0, r.stdout + r.stderr
+    bundles = sorted(glob.glob(str(tmp_path / "runs" / "crash-*.ccap")))
+    assert len(bundles) == 2, (bundles, r.stderr)
+    facts = crashcap_json("inspect", bundles[0])["env"]["facts"]
+    assert "python.spawn" not in facts and "do not pickle outside multiprocessing" in facts["python.spawn.unrecordable"]
+    r = crashcap("replay", bundles[0])
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "torch.multiprocessing.spawn started, which crashcap cannot start again on its own yet" in r.stderr, r.stderr
-    assert "crashcap run --record --nproc N" in r.stderr, r.stderr
+    assert "torch.multiprocessing.spawn started, and the recording could not keep what it ran" in r.stderr, r.stderr
+    assert "do not pickle outside multiprocessing" in r.stderr and "--nproc N" in r.stderr, r.stderr

@@ -63,6 +63,16 @@ void writeRank(const std::string& path, const RankSpec& s) {
   w->seal();
 }
 
+/// crashcap run's record of a process it started, from start to end.
+SupervisionData supervision(uint32_t pid, std::string classification, int64_t startNs, int64_t endNs) {
+  SupervisionData sv;
+  sv.pid = pid;
+  sv.classification = std::move(classification);
+  sv.startNs = startNs;
+  sv.endNs = endNs;
+  return sv;
+}
+
 const supervisor::JobRank& rankOf(const supervisor::Job& job, int rank) {
   for (const auto& r : job.ranks)
     if (r.rank == rank) return r;
@@ -167,13 +177,9 @@ TEST_CASE("a SIGKILLed rank's story takes its last op and collective from its pr
   {
     auto w = BundleWriter::create(dir.file("crash-a1.ccap"));
     writeMetaRecord(*w, DistributedData{"job-a", "crashcap run", 1, 2, 1, "gloo", "", "test"});
-    SupervisionData sv;
-    sv.pid = 101;
+    SupervisionData sv = supervision(101, "signal", 500'000'000, 1'000'000'000);
     sv.signal = 9;
     sv.signalName = "SIGKILL";
-    sv.classification = "signal";
-    sv.startNs = 500'000'000;
-    sv.endNs = 1'000'000'000;
     writeMetaRecord(*w, sv);
     RunStatusData status;
     status.state = "interrupted";
@@ -214,4 +220,41 @@ TEST_CASE("a SIGKILLed rank's story takes its last op and collective from its pr
   CHECK(j["jobs"][0]["ranks"][0]["last_collective"]["from_progress"] == false);
   CHECK(j["jobs"][0]["ranks"][1]["collectives_issued"] == 9);
   CHECK(j["jobs"][0]["ranks"][1]["op"] == "aten::linear");
+}
+
+TEST_CASE("a launcher's supervision record in a rank's bundle is not taken for the rank's own", "[job]") {
+  test::TempDir dir;
+  // The ranks of a launcher crashcap run started (torch.multiprocessing.spawn, torchrun): the
+  // supervisor appended the launcher's record (pid 50, its exit after reporting rank 0's
+  // failure) to rank 1's bundle. Rank 1's own account is its crash record (recorded by pid 101).
+  writeRank(dir.file("crash-a0.ccap"), {"job-a", 0, 2, "RuntimeError: Connection closed by peer [127.0.0.1]:4242",
+                                        2'000'000'000, 4, {collective(8, 4, true)}});
+  {
+    auto w = BundleWriter::create(dir.file("crash-a1.ccap"));
+    writeMetaRecord(*w, DistributedData{"job-a", "crashcap run", 1, 2, 1, "gloo", "", "test"});
+    EnvironmentData env;
+    env.facts = {{"process.pid", "101"}};
+    w->writeEnvironment(env);
+    CrashData c;
+    c.kind = "nonfinite";
+    c.step = 4;
+    c.phase = "forward";
+    c.error = "non-finite loss at step 4: nan";
+    c.timeNs = 1'900'000'000;
+    c.pid = 101;
+    writeMetaRecord(*w, c);
+    SupervisionData sv = supervision(50, "python-exception", 500'000'000, 9'000'000'000);
+    sv.exitCode = 1;
+    sv.evidence = "ProcessExitedException: process 0 terminated with exit code 1";
+    writeMetaRecord(*w, sv);
+    w->seal();
+  }
+  auto stories = supervisor::readJobs(dir.path());
+  REQUIRE(stories.jobs.size() == 1);
+  const auto& job = stories.jobs[0];
+  const auto& own = rankOf(job, 1);
+  CHECK(own.classification == "nonfinite-loss");
+  CHECK(own.error == "non-finite loss at step 4: nan");
+  CHECK(own.timeNs == 1'900'000'000);  // its recorder's clock, not the launcher's exit
+  CHECK(job.firstFailed == 1);
 }

@@ -27,7 +27,7 @@ def _run_hidden_sitecustomize():
         print(f"Error in sitecustomize; set PYTHONVERBOSE for traceback:\n{type(e).__name__}: {e}", file=sys.stderr)
 
 
-def _observe(launcher=None):
+def _observe(spawned=None):
     try:
         # This crashcap, not another one the program's path may hold; and its directory only for
         # this import: an installed package's directory is a whole site directory, which must not
@@ -37,7 +37,7 @@ def _observe(launcher=None):
             from crashcap import _observe
         finally:
             sys.path.remove(_PACKAGE_PARENT)
-        _observe.start_from_environment(launcher)
+        _observe.start_from_environment(spawned)
     except Exception as e:
         print(f"crashcap: not recording this training: the crashcap package failed to load "
               f"({type(e).__name__}: {e})", file=sys.stderr)
@@ -86,9 +86,9 @@ def _observe_spawned_function():
     if wrap is None:  # another torch: the rank runs unrecorded, as before
         return
 
-    def _wrap(*args, **kwargs):
-        _observe("torch.multiprocessing.spawn")
-        return wrap(*args, **kwargs)
+    def _wrap(fn, i, args, *rest, **kwargs):
+        _observe(spawned=(fn, i, args))
+        return wrap(fn, i, args, *rest, **kwargs)
 
     spawn._wrap = _wrap
 

@@ -3,7 +3,8 @@ is its own launcher, and each rank is a function run in a spawned process (Gloo,
 DataLoader has a worker of its own, started with spawn too. Knows nothing of crashcap.
 
 --nan-step N puts a NaN into one sample of rank 1's batch at step N (the one its sampler puts in
-row 5 there)."""
+row 5 there). --report-queue passes the ranks a multiprocessing queue for their last loss, as
+scripts that collect results do."""
 
 import argparse
 import os
@@ -17,7 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
 
-def train(rank, world_size, port, steps, nan_step):
+def train(rank, world_size, port, steps, nan_step, queue=None):
     os.environ["MASTER_ADDR"] = "127.0.0.1"
     os.environ["MASTER_PORT"] = str(port)
     dist.init_process_group("gloo", rank=rank, world_size=world_size)
@@ -38,6 +39,8 @@ def train(rank, world_size, port, steps, nan_step):
         loss = nn.functional.cross_entropy(model(xb), yb)
         loss.backward()
         optimizer.step()
+    if queue is not None:
+        queue.put((rank, loss.item()))
     dist.destroy_process_group()
 
 
@@ -46,11 +49,13 @@ def main():
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--nan-step", type=int, default=-1)
+    p.add_argument("--report-queue", action="store_true")
     a = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    mp.spawn(train, args=(a.nproc, port, a.steps, a.nan_step), nprocs=a.nproc, join=True)
+    queue = mp.get_context("spawn").SimpleQueue() if a.report_queue else None
+    mp.spawn(train, args=(a.nproc, port, a.steps, a.nan_step, queue), nprocs=a.nproc, join=True)
     print("trained")
 
 

@@ -78,9 +78,9 @@ RecordedProgram recordedProgram(const std::string& bundle) {
     if (env->fact("python.spawn").empty()) {
       const std::string why = env->fact("python.spawn.unrecordable");
       throw Error(ErrorCode::Unsupported,
-                  fmt::format("{} is of a process torch.multiprocessing.spawn started, and the recording could not "
-                              "keep what it ran{}, so crashcap cannot start it again",
-                              bundle, why.empty() ? "" : ": " + why),
+                  fmt::format("the rank recorded in {} was started by torch.multiprocessing.spawn, and its recording "
+                              "could not keep the function it ran{}; so crashcap cannot start it again",
+                              bundle, why.empty() ? "" : " (" + why + ")"),
                   "start the ranks with `crashcap run --record --nproc N` or torchrun (the script reading RANK, "
                   "WORLD_SIZE and MASTER_ADDR/MASTER_PORT from its environment) and record again");
     }

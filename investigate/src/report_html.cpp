@@ -284,9 +284,12 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   section("Environment");
   body += "<table>";
   const json facts = story["env"].value("facts", json::object());
-  for (const auto& [key, value] : facts.items())
-    body += fmt::format("<tr><td><code>{}</code></td><td>{}</td></tr>", escape(key),
-                        escape(value.is_string() ? value.get<std::string>() : value.dump()));
+  for (const auto& [key, value] : facts.items()) {
+    std::string text = value.is_string() ? value.get<std::string>() : value.dump();
+    // A spawned rank's function and arguments, pickled: what a replay starts it from, not for reading.
+    if (key == "python.spawn") text = fmt::format("({} bytes: what crashcap replay starts this rank from)", text.size());
+    body += fmt::format("<tr><td><code>{}</code></td><td>{}</td></tr>", escape(key), escape(text));
+  }
   std::string command;
   for (const auto& a : story["env"].value("command_line", json::array()))
     command += (command.empty() ? "" : " ") + a.get<std::string>();

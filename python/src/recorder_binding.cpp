@@ -7,6 +7,7 @@
 
 #include "bindings.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/recorder/environment.hpp"
 #include "crashcap/recorder/recorder.hpp"
 
 namespace py = pybind11;
@@ -131,6 +132,9 @@ void bindRecorder(py::module_& m) {
   // they skip the op observer's callback (and the boxing of their arguments it asks for), which
   // otherwise runs for every op of every sample the worker loads.
   m.def("stop_observing_ops_in_this_thread", []() { at::enableRecordFunction(false); });
+
+  // The command line as the environment record keeps it: values that look secret replaced.
+  m.def("redact_arguments", &rec::redactArguments, py::arg("args"));
 
   static py::exception<rec::NonFiniteError> nonFinite(m, "NonFiniteError", PyExc_FloatingPointError);
   py::register_exception_translator([](std::exception_ptr p) {

@@ -53,14 +53,20 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
   r.bundle = path;
   r.backend = d.backend;
   if (auto info = reader.recordingInfo()) r.pid = info->pid;
-  // crashcap run's record of the process it started is this rank's own only when that process is
-  // the one that recorded: the record of a launcher that started the ranks (torchrun,
-  // torch.multiprocessing.spawn, a script starting copies of itself) says how the launcher ended,
-  // which is whichever rank's failure it reported first, not this rank's.
+  // crashcap run's record of the process it started says how a launcher that started the ranks
+  // (torchrun, torch.multiprocessing.spawn, a script starting copies of itself) ended: whichever
+  // rank's failure it reported first, not this rank's. crashcap run adds it to one rank's bundle,
+  // and seals with it the recordings of ranks that could not seal their own (SIGKILL). A rank
+  // that wrote its own crash record is told by that record; the launcher's is kept for a rank
+  // without one, as the only account of it there is.
   uint32_t recorder = 0;  // the process that recorded the rank (the bundle's writer may be crashcap run)
   if (auto env = reader.environment()) recorder = uint32_t(std::strtoul(env->fact("process.pid").c_str(), nullptr, 10));
-  if (!recorder && v.crash) recorder = v.crash->pid;
-  if (v.supervision && (!recorder || v.supervision->pid == recorder)) {
+  bool launcherRecord = false;
+  if (v.supervision && recorder && v.supervision->pid != recorder && v.crash && v.crash->pid == recorder) {
+    const auto& started = v.supervision->environment;  // crashcap run --nproc started it as this rank
+    launcherRecord = std::find(started.begin(), started.end(), fmt::format("RANK={}", d.rank)) == started.end();
+  }
+  if (v.supervision && !launcherRecord) {
     const auto& sv = *v.supervision;
     r.pid = sv.pid;
     r.timeNs = sv.endNs;

@@ -381,16 +381,25 @@ def test_ranks_that_torch_multiprocessing_spawn_starts_record_tell_one_story_rep
     assert culprit["dataset_indices"] == [expected_index], culprit
 
 
-def test_a_spawned_rank_whose_arguments_do_not_pickle_records_and_its_replay_says_why_it_cannot_run(tmp_path):
+@pytest.mark.parametrize("args, why", [
     # A multiprocessing queue among mp.spawn's arguments pickles only while multiprocessing spawns.
-    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, SPAWN, "--nan-step", 3, "--report-queue",
+    (["--report-queue"], "do not pickle outside multiprocessing"),
+    # The rank runs with the launcher's command line, which the fact would carry unredacted.
+    (["--api-token", "tok-5ecret-4242"], "the launcher's command line had argv[4] withheld as secret"),
+])
+def test_a_spawned_rank_that_cannot_be_kept_records_and_its_replay_says_why_it_cannot_run(tmp_path, args, why):
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, SPAWN, "--nan-step", 3, *args,
                  cwd=tmp_path, timeout=600)
     assert r.returncode != 0, r.stdout + r.stderr
     bundles = sorted(glob.glob(str(tmp_path / "runs" / "crash-*.ccap")))
     assert len(bundles) == 2, (bundles, r.stderr)
-    facts = crashcap_json("inspect", bundles[0])["env"]["facts"]
-    assert "python.spawn" not in facts and "do not pickle outside multiprocessing" in facts["python.spawn.unrecordable"]
+    for bundle in bundles:
+        facts = crashcap_json("inspect", bundle)["env"]["facts"]
+        assert "python.spawn" not in facts and why in facts["python.spawn.unrecordable"], facts
+        with open(bundle, "rb") as f:
+            assert b"5ecret" not in f.read()
     r = crashcap("replay", bundles[0])
     assert r.returncode == 2, r.stdout + r.stderr
-    assert "torch.multiprocessing.spawn started, and the recording could not keep what it ran" in r.stderr, r.stderr
-    assert "do not pickle outside multiprocessing" in r.stderr and "--nproc N" in r.stderr, r.stderr
+    assert "was started by torch.multiprocessing.spawn, and its recording could not keep the function it ran" in r.stderr, \
+        r.stderr
+    assert why in r.stderr and "--nproc N" in r.stderr, r.stderr

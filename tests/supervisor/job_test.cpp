@@ -222,39 +222,62 @@ TEST_CASE("a SIGKILLed rank's story takes its last op and collective from its pr
   CHECK(j["jobs"][0]["ranks"][1]["op"] == "aten::linear");
 }
 
-TEST_CASE("a launcher's supervision record in a rank's bundle is not taken for the rank's own", "[job]") {
-  test::TempDir dir;
-  // The ranks of a launcher crashcap run started (torch.multiprocessing.spawn, torchrun): the
-  // supervisor appended the launcher's record (pid 50, its exit after reporting rank 0's
-  // failure) to rank 1's bundle. Rank 1's own account is its crash record (recorded by pid 101).
-  writeRank(dir.file("crash-a0.ccap"), {"job-a", 0, 2, "RuntimeError: Connection closed by peer [127.0.0.1]:4242",
-                                        2'000'000'000, 4, {collective(8, 4, true)}});
-  {
-    auto w = BundleWriter::create(dir.file("crash-a1.ccap"));
-    writeMetaRecord(*w, DistributedData{"job-a", "crashcap run", 1, 2, 1, "gloo", "", "test"});
-    EnvironmentData env;
-    env.facts = {{"process.pid", "101"}};
-    w->writeEnvironment(env);
+/// Rank 1 of job-a recorded by pid 101, with crashcap run's record of pid `supervised` (started
+/// with `environment`), and a crash record written by pid `crashPid` (0: none).
+void writeSupervisedRank(const std::string& path, uint32_t supervised, std::vector<std::string> environment,
+                         uint32_t crashPid) {
+  auto w = BundleWriter::create(path);
+  writeMetaRecord(*w, DistributedData{"job-a", "crashcap run", 1, 2, 1, "gloo", "", "test"});
+  EnvironmentData env;
+  env.facts = {{"process.pid", "101"}};
+  w->writeEnvironment(env);
+  if (crashPid) {
     CrashData c;
-    c.kind = "nonfinite";
+    c.kind = crashPid == 101 ? "nonfinite" : "exit";
     c.step = 4;
     c.phase = "forward";
-    c.error = "non-finite loss at step 4: nan";
+    c.error = crashPid == 101 ? "non-finite loss at step 4: nan" : "process 1 terminated with signal SIGKILL";
     c.timeNs = 1'900'000'000;
-    c.pid = 101;
+    c.pid = crashPid;
     writeMetaRecord(*w, c);
-    SupervisionData sv = supervision(50, "python-exception", 500'000'000, 9'000'000'000);
-    sv.exitCode = 1;
-    sv.evidence = "ProcessExitedException: process 0 terminated with exit code 1";
-    writeMetaRecord(*w, sv);
-    w->seal();
   }
-  auto stories = supervisor::readJobs(dir.path());
-  REQUIRE(stories.jobs.size() == 1);
-  const auto& job = stories.jobs[0];
-  const auto& own = rankOf(job, 1);
-  CHECK(own.classification == "nonfinite-loss");
-  CHECK(own.error == "non-finite loss at step 4: nan");
-  CHECK(own.timeNs == 1'900'000'000);  // its recorder's clock, not the launcher's exit
-  CHECK(job.firstFailed == 1);
+  SupervisionData sv = supervision(supervised, "python-exception", 500'000'000, 9'000'000'000);
+  sv.exitCode = 1;
+  sv.evidence = "ProcessExitedException: process 1 terminated with signal SIGKILL";
+  sv.environment = std::move(environment);
+  writeMetaRecord(*w, sv);
+  w->seal();
+}
+
+TEST_CASE("a launcher's supervision record tells a rank only when the rank has no account of its own", "[job]") {
+  test::TempDir dir;
+  // Rank 0 failed through its peer; rank 1's bundle holds crashcap run's record of pid 50.
+  writeRank(dir.file("crash-a0.ccap"), {"job-a", 0, 2, "RuntimeError: Connection closed by peer [127.0.0.1]:4242",
+                                        2'000'000'000, 4, {collective(8, 4, true)}});
+  auto rank1 = [&] {
+    auto stories = supervisor::readJobs(dir.path());
+    REQUIRE(stories.jobs.size() == 1);
+    CHECK(stories.jobs[0].firstFailed == 1);
+    return rankOf(stories.jobs[0], 1);
+  };
+  SECTION("the rank recorded its own crash: pid 50 was the launcher (torch.multiprocessing.spawn, torchrun)") {
+    writeSupervisedRank(dir.file("crash-a1.ccap"), 50, {}, 101);
+    auto own = rank1();
+    CHECK(own.classification == "nonfinite-loss");
+    CHECK(own.error == "non-finite loss at step 4: nan");
+    CHECK(own.timeNs == 1'900'000'000);  // its recorder's clock, not the launcher's exit
+  }
+  SECTION("crashcap run --nproc started pid 50 as this rank (a wrapper script that runs Python)") {
+    writeSupervisedRank(dir.file("crash-a1.ccap"), 50, {"RANK=1", "WORLD_SIZE=2"}, 101);
+    auto own = rank1();
+    CHECK(own.classification == "python-exception");
+    CHECK(own.timeNs == 9'000'000'000);
+  }
+  SECTION("the rank was SIGKILLed and crashcap run sealed its recording with the launcher's record") {
+    writeSupervisedRank(dir.file("crash-a1.ccap"), 50, {}, 50);
+    auto own = rank1();
+    CHECK(own.outcome == "failed");
+    CHECK(own.classification == "python-exception");
+    CHECK(own.error.find("terminated with signal SIGKILL") != std::string::npos);
+  }
 }

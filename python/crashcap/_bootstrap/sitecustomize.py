@@ -80,24 +80,37 @@ def _observe_spawned_function():
     """In a multiprocessing child, once torch is imported: the function torch.multiprocessing.spawn
     runs in it (a rank of a job: `mp.spawn(train, nprocs=N)`) starts under the observer, which
     records the training it runs. A DataLoader worker never calls it, and records nothing."""
-    # The module (`torch.multiprocessing.spawn` as an attribute is its function of that name).
-    spawn = sys.modules.get("torch.multiprocessing.spawn")
-    wrap = getattr(spawn, "_wrap", None)
-    if wrap is None:  # another torch: the rank runs unrecorded, as before
-        return
+    try:
+        import functools
 
-    def _wrap(fn, i, args, *rest, **kwargs):
-        _observe(spawned=(fn, i, args))
-        return wrap(fn, i, args, *rest, **kwargs)
+        # The module (`torch.multiprocessing.spawn` as an attribute is its function of that name).
+        spawn = sys.modules.get("torch.multiprocessing.spawn")
+        wrap = getattr(spawn, "_wrap", None)
+        if wrap is None:  # another torch: the rank runs unrecorded
+            return
 
-    spawn._wrap = _wrap
+        # Named as the original, so that pickle finds it there: a process that spawns ranks of its
+        # own passes it to multiprocessing as their target.
+        @functools.wraps(wrap)
+        def _wrap(fn, i, args, *rest, **kwargs):
+            if _OBSERVE_POLICY is not None:
+                os.environ["CRASHCAP_OBSERVE"] = _OBSERVE_POLICY  # a rank: its own children see it again
+            _observe(spawned=(fn, i, args))
+            return wrap(fn, i, args, *rest, **kwargs)
+
+        spawn._wrap = _wrap
+    except Exception as e:
+        print(f"crashcap: not recording this process: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 _run_hidden_sitecustomize()
+_OBSERVE_POLICY = None  # a multiprocessing child's CRASHCAP_OBSERVE, until it turns out to be a rank
 if _multiprocessing_child():
-    # Nothing of the parent's replay is this process's to act on.
+    # Nothing of the parent's replay is this process's to act on, nor its recording unless it is a
+    # rank (a DataLoader worker's own children do not record).
     os.environ.pop("CRASHCAP_REPLAY_REQUEST", None)
-    if os.environ.get("CRASHCAP_OBSERVE") is not None:
+    _OBSERVE_POLICY = os.environ.pop("CRASHCAP_OBSERVE", None)
+    if _OBSERVE_POLICY is not None:
         _AFTER_TORCH = _observe_spawned_function
         sys.meta_path.insert(0, _AfterTorch())
 elif os.environ.get("CRASHCAP_OBSERVE") is not None or os.environ.get("CRASHCAP_REPLAY_REQUEST") is not None:

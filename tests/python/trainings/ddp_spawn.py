@@ -4,7 +4,8 @@ DataLoader has a worker of its own, started with spawn too. Knows nothing of cra
 
 --nan-step N puts a NaN into one sample of rank 1's batch at step N (the one its sampler puts in
 row 5 there). --report-queue passes the ranks a multiprocessing queue for their last loss, as
-scripts that collect results do."""
+scripts that collect results do. --api-token is a secret on the command line, as scripts that log
+to a tracking service take one; nothing uses it."""
 
 import argparse
 import os
@@ -50,6 +51,7 @@ def main():
     p.add_argument("--steps", type=int, default=6)
     p.add_argument("--nan-step", type=int, default=-1)
     p.add_argument("--report-queue", action="store_true")
+    p.add_argument("--api-token", default="")
     a = p.parse_args()
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -63,14 +63,19 @@ int run(Options& r) {
     std::cerr << fmt::format("  trace     {}\n", a.trace);
     std::cerr << fmt::format("  bundle    {}\n", a.bundle);
     for (const auto& b : a.otherBundles) std::cerr << fmt::format("  also      {}\n", b);
-    bool hasSteps = false;
+    bool hasSteps = false, rankOfJob = false;
     try {
       auto reader = formats::BundleReader::open(a.bundle);
-      hasSteps = formats::readRecords(*reader).program.has_value();
+      auto records = formats::readRecords(*reader);
+      hasSteps = records.program.has_value();
+      rankOfJob = records.distributed && records.distributed->worldSize > 1;
     } catch (const Error&) {
       // The summary still names the bundle; `crashcap inspect` says what is wrong with it.
     }
-    std::cerr << fmt::format("  next      crashcap inspect {}\n", a.bundle);
+    // A rank of a job (crashcap run --nproc, or a launcher's: torch.multiprocessing.spawn): the
+    // story across its ranks first.
+    if (rankOfJob) std::cerr << fmt::format("  next      crashcap inspect {}   (the job's story, every rank)\n", o.dir);
+    std::cerr << fmt::format("  {}crashcap inspect {}\n", rankOfJob ? "          " : "next      ", a.bundle);
     if (a.trace.rfind("recorded", 0) == 0) std::cerr << fmt::format("            crashcap inspect {} --trace\n", a.bundle);
     if (hasSteps) std::cerr << fmt::format("            crashcap triage {}\n", a.bundle);
     for (const auto& rk : a.ranks) {

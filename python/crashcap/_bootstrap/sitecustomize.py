@@ -43,13 +43,14 @@ def _observe(spawned=None):
               f"({type(e).__name__}: {e})", file=sys.stderr)
 
 
-_AFTER_TORCH = _observe  # what runs once torch is imported
-
-
 class _AfterTorch:
     """A meta path finder that finds nothing itself: when `torch` is first imported, wraps its
     loader so that the observer starts once torch's own import has finished. (The protocol is the
-    find_spec method alone; importlib.abc's base class would cost every Python start-up 10 ms.)"""
+    find_spec method alone; importlib.abc's base class would cost every Python start-up 10 ms.)
+    `then`: what runs once torch is imported."""
+
+    def __init__(self, then):
+        self.then = then
 
     def find_spec(self, name, path=None, target=None):
         if name != "torch":
@@ -58,11 +59,11 @@ class _AfterTorch:
         spec = importlib.util.find_spec(name)
         if spec is None or spec.loader is None or not hasattr(spec.loader, "exec_module"):
             return spec
-        exec_module = spec.loader.exec_module
+        exec_module, then = spec.loader.exec_module, self.then
 
         def exec_then_observe(module):
             exec_module(module)
-            _AFTER_TORCH()
+            then()
 
         spec.loader.exec_module = exec_then_observe
         return spec
@@ -111,10 +112,9 @@ if _multiprocessing_child():
     os.environ.pop("CRASHCAP_REPLAY_REQUEST", None)
     _OBSERVE_POLICY = os.environ.pop("CRASHCAP_OBSERVE", None)
     if _OBSERVE_POLICY is not None:
-        _AFTER_TORCH = _observe_spawned_function
-        sys.meta_path.insert(0, _AfterTorch())
+        sys.meta_path.insert(0, _AfterTorch(_observe_spawned_function))
 elif os.environ.get("CRASHCAP_OBSERVE") is not None or os.environ.get("CRASHCAP_REPLAY_REQUEST") is not None:
     if "torch" in sys.modules:
         _observe()
     else:
-        sys.meta_path.insert(0, _AfterTorch())
+        sys.meta_path.insert(0, _AfterTorch(_observe))

@@ -8,10 +8,12 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <sstream>
 
 #include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/inspect/summary.hpp"
+#include "crashcap/supervisor/job_archive.hpp"
 
 namespace crashcap::cli {
 
@@ -104,6 +106,45 @@ void writeFileAtomically(const std::string& path, const std::string& text) {
                   fmt::format("cannot write {} bytes to {}: {}", text.size(), output.path(), std::strerror(errno)));
   }
   output.commit();
+}
+
+int onBundleOrJobArchive(std::string& bundle, const std::function<int()>& body) {
+  std::unique_ptr<supervisor::ExtractedJob> job;
+  if (auto member = supervisor::archiveMember(bundle)) {
+    job = supervisor::ExtractedJob::extract(member->first);
+    bundle = job->member(member->second);
+  } else if (supervisor::isJobArchive(bundle)) {
+    job = supervisor::ExtractedJob::extract(bundle);
+    bundle = job->startingBundle();
+  } else {
+    return body();
+  }
+  // What the command prints goes through here, so that no path names the directory that is
+  // removed when it ends. Progress lines go to stderr as they come.
+  std::ostringstream captured;
+  std::streambuf* original = std::cout.rdbuf(captured.rdbuf());
+  struct Restore {
+    std::streambuf* original;
+    ~Restore() { std::cout.rdbuf(original); }
+  } restore{original};
+  auto flush = [&] {
+    std::cout.rdbuf(original);
+    std::cout << job->relabel(captured.str()) << std::flush;
+  };
+  int code = kExitOk;
+  try {
+    code = body();
+  } catch (const Error& e) {
+    flush();
+    Error relabelled(e.code(), job->relabel(e.message()), job->relabel(e.hint()));
+    for (const auto& frame : e.context()) relabelled.with(job->relabel(frame));  // innermost first, as they came
+    throw relabelled;
+  } catch (...) {
+    flush();
+    throw;
+  }
+  flush();
+  return code;
 }
 
 }  // namespace crashcap::cli

@@ -6,6 +6,7 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -49,5 +50,13 @@ uint64_t parseByteSize(const std::string& text, const std::string& option);
 
 /// Writes `text` to `path` through `path.partial` and a rename, so a reader never sees half a file.
 void writeFileAtomically(const std::string& path, const std::string& text);
+
+/// Runs a command on its bundle argument. When `bundle` names a job archive (crashcap merge), the
+/// archive is extracted into a directory of its own for the command's duration and `bundle` names
+/// the bundle the job's commands start from (the rank that failed first), or the member that
+/// "JOB.ccap:crash-....ccap" names; what the command prints,
+/// and an error's message, then name the archive's members ("JOB.ccap:crash-....ccap") instead of
+/// that directory. Anything else runs `body` as it is.
+int onBundleOrJobArchive(std::string& bundle, const std::function<int()>& body);
 
 }  // namespace crashcap::cli

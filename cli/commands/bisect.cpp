@@ -153,7 +153,7 @@ Command bisectCommand(CLI::App& root) {
               "  torch.autocast, torch.threads flipped, and on each other device here.\n"
               "Experiments of samples and config are `crashcap replay` child processes with a timeout, so a crash\n"
               "or hang is a result, not the end. A setModel recording replays in its own program (see replay --help).");
-  return {cmd, [o] { return endingLikeTheProgram([&] { return bisect(*o); }); }, &o->json};
+  return {cmd, [o] { return endingLikeTheProgram([&] { return onBundleOrJobArchive(o->bundle, [&] { return bisect(*o); }); }); }, &o->json};
 }
 
 }  // namespace

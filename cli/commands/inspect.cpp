@@ -13,6 +13,7 @@
 #include "crashcap/inspect/trace_report.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/supervisor/job.hpp"
+#include "crashcap/supervisor/job_archive.hpp"
 
 namespace crashcap::cli {
 namespace {
@@ -57,6 +58,21 @@ int inspectJobs(const Options& o) {
   return kExitOk;
 }
 
+/// A job archive (crashcap merge): the story of its job, as of the directory it was merged from.
+int inspectArchive(const Options& o) {
+  if (o.trace)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("--trace reads one bundle; {} is a whole job's archive", o.bundle),
+                "crashcap inspect ARCHIVE tells the job's story across its ranks");
+  auto job = supervisor::ExtractedJob::extract(o.bundle);
+  auto stories = job->stories();
+  if (o.read.json) {
+    printJson(supervisor::jobsJson(stories));
+    return kExitOk;
+  }
+  std::cout << supervisor::jobsText(stories);
+  return kExitOk;
+}
+
 int inspectStory(const Options& o) {
   std::error_code ec;
   if (std::filesystem::is_directory(o.bundle, ec) && !recorder::isRecording(o.bundle)) return inspectJobs(o);
@@ -89,8 +105,9 @@ Command inspectCommand(CLI::App& root) {
                                   "The story of a recorded run: steps, keyframes, the crash, last ops, the failing batch; "
                                   "of a directory: its multi-process jobs across their ranks");
   cmd->add_option("bundle", o->bundle,
-                  "Bundle file (crash-*.ccap), or a directory (`crashcap run --nproc N --dir DIR`): which rank of each "
-                  "job failed first, at which step, phase and op, and what every other rank was doing then")
+                  "Bundle file (crash-*.ccap), or a directory (`crashcap run --nproc N --dir DIR`) or a job archive "
+                  "(`crashcap merge`): which rank of each job failed first, at which step, phase and op, and what "
+                  "every other rank was doing then. One bundle of an archive: JOB.ccap:crash-....ccap")
       ->required();
   auto* traceFlag = cmd->add_flag("--trace", o->trace,
                                   "The kernel trace instead: per traced process the first CUDA error (kernel, op), the "
@@ -105,7 +122,13 @@ Command inspectCommand(CLI::App& root) {
               "         crashcap inspect runs/crash-20261121T233427Z-4242.ccap --trace --launches 50\n"
               "The trace's time line: crashcap export B --chrome trace.json (docs/INSPECT.md).");
   addReadOptions(cmd, o->read);
-  return {cmd, [o] { return inspectStory(*o); }, &o->read.json};
+  return {cmd,
+          [o] {
+            // A whole archive tells its job's story; one of its members ("JOB.ccap:crash-....ccap"), its own.
+            if (supervisor::isJobArchive(o->bundle)) return inspectArchive(*o);
+            return onBundleOrJobArchive(o->bundle, [&] { return inspectStory(*o); });
+          },
+          &o->read.json};
 }
 
 }  // namespace

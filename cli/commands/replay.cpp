@@ -169,7 +169,7 @@ Command replayCommand(CLI::App& root) {
       "the same directory, each in its program started again with RANK, WORLD_SIZE and a local rendezvous, from\n"
       "a keyframe they all hold, in lockstep through their collectives; a verdict per rank.\n"
       "Example: crashcap replay crash.ccap --set cudnn.benchmark=false --json");
-  return {cmd, [o] { return endingLikeTheProgram([&] { return replay(*o); }); }, &o->json};
+  return {cmd, [o] { return endingLikeTheProgram([&] { return onBundleOrJobArchive(o->bundle, [&] { return replay(*o); }); }); }, &o->json};
 }
 
 }  // namespace

@@ -79,7 +79,7 @@ Command reportCommand(CLI::App& root) {
       "Examples: crashcap report crash.ccap -o bug.md --html-out bug.html\n"
       "          crashcap report crash.ccap --html -o report.html --no-triage");
   addAllowChangedSource(cmd);
-  return {cmd, [o] { return report(*o); }};
+  return {cmd, [o] { return onBundleOrJobArchive(o->bundle, [&] { return report(*o); }); }};
 }
 
 }  // namespace

@@ -97,7 +97,7 @@ Command triageCommand(CLI::App& root) {
               "together, and the rows bisected are the batch of the rank that failed first on its own (the one\n"
               "triaged when the rank asked for failed only because a peer did). bisect ops is not built for jobs.\n"
               "A bundle that verify finds damaged is refused before any experiment (--allow-damaged).");
-  return {cmd, [o] { return triage(*o); }, &o->json};
+  return {cmd, [o] { return onBundleOrJobArchive(o->bundle, [&] { return triage(*o); }); }, &o->json};
 }
 
 }  // namespace

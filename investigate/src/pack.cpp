@@ -23,6 +23,7 @@
 #include "crashcap/investigate/bisect.hpp"
 #include "crashcap/investigate/replays.hpp"
 #include "crashcap/investigate/report.hpp"
+#include "crashcap/supervisor/job_archive.hpp"
 #include "zip_writer.hpp"
 
 namespace crashcap::investigate {
@@ -105,14 +106,20 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   auto reader = formats::BundleReader::open(in, o.limits);
   if (!reader->report().complete())
     rep.warnings.push_back(fmt::format("{} is damaged ({}): packed from what is intact", in, reader->report().summary()));
+  if (auto info = reader->recordingInfo(); info && info->producer == supervisor::kJobArchiveProducer)
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("{} is a job archive (crashcap merge): every rank's bundle of a job, the attachment already; "
+                            "packing a job smaller is not built yet",
+                            in),
+                "attach it as it is; crashcap replay " + in + " replays its ranks");
   const auto view = formats::readRecords(*reader);
   if (view.distributed && view.distributed->worldSize > 1)
     // A rank replays only with every rank of its job: one rank's attachment would not replay.
     throw Error(ErrorCode::Unsupported,
-                fmt::format("{} is rank {} of a {}-rank job, which replays only with every rank's bundle: packing a "
-                            "job is not built yet",
+                fmt::format("{} is rank {} of a {}-rank job, which replays only with every rank's bundle: one rank "
+                            "packed alone would not replay, and packing a job smaller is not built yet",
                             in, view.distributed->rank, view.distributed->worldSize),
-                "attach every rank's bundle of the job's directory (crashcap inspect DIR lists them)");
+                "attach the whole job in one file: crashcap merge DIR -o JOB.ccap (DIR: where its ranks' bundles are)");
 
   // The step that failed: the crash's, else where a killed process was (its run status), else the last recorded.
   std::map<int64_t, const formats::StepBeginData*> begun;

@@ -14,6 +14,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/signal_name.hpp"
 #include "crashcap/inspect/story.hpp"
+#include "crashcap/supervisor/job_archive.hpp"
 #include "crashcap/supervisor/run_log.hpp"
 #include "crashcap/supervisor/summary.hpp"
 
@@ -237,6 +238,10 @@ JobStories readJobs(const std::string& dir) {
   for (const auto& path : listing.bundles) {
     try {
       auto reader = formats::BundleReader::open(path);
+      if (auto info = reader->recordingInfo(); info && info->producer == kJobArchiveProducer) {
+        out.archives.push_back(path);  // a whole job of its own, told by inspect FILE
+        continue;
+      }
       auto v = formats::readRecords(*reader);
       std::string jobId;
       int worldSize = 0;
@@ -446,12 +451,15 @@ json jobsJson(const JobStories& stories) {
           {"jobs", jobs},
           {"not_in_a_job", stories.notInJob},
           {"unsealed", stories.unsealed},
-          {"unreadable", unreadable}};
+          {"archives", stories.archives},
+          {"unreadable", unreadable},
+          {"archive", stories.archive.empty() ? json(nullptr) : json(stories.archive)}};
 }
 
 std::string jobsText(const JobStories& stories) {
   std::string s;
   auto name = [&](const std::string& path) {
+    if (!stories.archive.empty()) return path;  // "ARCHIVE:member" already
     std::error_code ec;
     auto r = fs::relative(path, fs::absolute(stories.dir), ec);
     return ec || r.empty() ? path : r.string();
@@ -500,13 +508,18 @@ std::string jobsText(const JobStories& stories) {
       if (r.outcome == "healthy") healthy += (healthy.empty() ? "" : ", ") + std::to_string(r.rank);
     s += fmt::format("\nhealthy    {}\n", healthy.empty() ? "none" : "rank" + std::string(healthy.find(',') == std::string::npos ? " " : "s ") + healthy);
     for (const auto& p : job.problems) s += fmt::format("problem    {}\n", p);
-    if (first && !first->bundle.empty())
+    if (first && !first->bundle.empty() && !stories.archive.empty())
+      s += fmt::format("next       crashcap replay {}   (every rank, from the archive)\n           crashcap triage {}\n",
+                       stories.archive, stories.archive);
+    else if (first && !first->bundle.empty())
       s += fmt::format("next       crashcap inspect {}\n           crashcap triage {}\n", first->bundle, first->bundle);
     s += "\n";
   }
   for (const auto& b : stories.notInJob) s += fmt::format("single     {} (no distributed record)\n", name(b));
   for (const auto& u : stories.unsealed)
     s += fmt::format("unsealed   {}: a recording nobody sealed; crashcap seal {}/{} adds it\n", u, stories.dir, u);
+  for (const auto& a : stories.archives)
+    s += fmt::format("archive    {}: a job merged into one file; crashcap inspect {} tells its story\n", name(a), a);
   for (const auto& [path, why] : stories.unreadable) s += fmt::format("unreadable {}: {}\n", name(path), why);
   return s;
 }

@@ -228,8 +228,43 @@ def test_a_nan_sample_on_one_rank_is_the_story_s_first_failure_reaches_the_other
     assert f"crashcap bisect samples {ranks[bad]['bundle']}" in r.stderr, r.stderr
     # One rank packed alone would not replay: said before anything is written.
     r = crashcap("pack", ranks[bad]["bundle"], "-o", tmp_path / "packed.ccap")
-    assert r.returncode != 0 and "packing a job is not built yet" in r.stderr, r.stderr
+    assert r.returncode != 0 and "one rank packed alone would not replay" in r.stderr, r.stderr
+    assert "crashcap merge DIR -o JOB.ccap" in r.stderr, r.stderr
     assert not (tmp_path / "packed.ccap").exists()
+    if nproc == 2:
+        _the_job_travels_in_one_archive(tmp_path, job, bad)
+
+
+def _the_job_travels_in_one_archive(tmp_path, job, bad):
+    """crashcap merge: the job's ranks in one file, which tells the same story and replays bit for
+    bit with the directory it came from gone; nothing extracted is left behind."""
+    (tmp_path / "attach").mkdir()
+    archive = tmp_path / "attach" / "job.ccap"
+    merged = crashcap_json("merge", tmp_path / "runs", "-o", archive)
+    assert merged["job_id"] == job["job_id"] and merged["first_failed"] == bad and merged["world_size"] == 2
+    assert merged["members"][0] == os.path.basename(job["ranks"][bad]["bundle"]), merged
+    assert sorted(merged["members"][:2]) == sorted(os.path.basename(r["bundle"]) for r in job["ranks"])
+    assert merged["members"][2:] == ["runs.jsonl"] and merged["archive_bytes"] == os.path.getsize(archive)
+    assert crashcap("verify", archive).returncode == 0
+    os.rename(tmp_path / "runs", tmp_path / "gone")  # the archive alone, as on another machine
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    env = {"TMPDIR": str(scratch)}
+    story = json.loads(crashcap("inspect", archive, "--json", env=env, check=True).stdout)
+    assert story["archive"] == str(archive) and len(story["jobs"]) == 1, story
+    assert story["jobs"][0]["headline"] == job["headline"] and story["jobs"][0]["first_failed"] == bad
+    assert {r["bundle"] for r in story["jobs"][0]["ranks"]} == \
+        {f"{archive}:{os.path.basename(r['bundle'])}" for r in job["ranks"]}
+    replay = json.loads(crashcap("replay", archive, "--json", env=env, check=True).stdout)
+    assert replay["job_id"] == job["job_id"] and replay["rank"] == bad and replay["step"] == 3
+    assert [r["replay"]["verdict"] for r in replay["ranks"]] == ["reproduced-bitwise"] * 2, replay
+    # One rank by its name in the archive, as the commands print it.
+    member = f"{archive}:{merged['members'][1]}"
+    text = crashcap("inspect", member, env=env, check=True).stdout
+    assert f"bundle     {member}" in text and "rank       " in text, text
+    assert list(scratch.iterdir()) == []  # every extraction removed
+    r = crashcap("pack", archive, "-o", tmp_path / "packed.ccap")
+    assert r.returncode != 0 and "is a job archive" in r.stderr, r.stderr
 
 
 def test_a_rank_of_four_sigkilled_at_step_n_is_named_first_and_the_job_replays_to_it(tmp_path):

@@ -69,9 +69,13 @@ struct Job {
 
 struct JobStories {
   std::string dir;
+  /// The job archive the stories were read from (crashcap merge; then `dir` names it too, and
+  /// each bundle is "ARCHIVE:member"), "" for a directory.
+  std::string archive;
   std::vector<Job> jobs;                ///< the job with the newest failure last
   std::vector<std::string> notInJob;    ///< bundles without a distributed record
   std::vector<std::string> unsealed;    ///< recording directories nobody sealed
+  std::vector<std::string> archives;    ///< job archives in DIR (crashcap merge's): read with inspect FILE
   std::vector<std::pair<std::string, std::string>> unreadable;  ///< (path, why)
 };
 
@@ -87,7 +91,7 @@ std::string jobHeadline(const Job& job);
 /// ranks [{rank, bundle, other_bundles, pid, outcome, failed_first, how, classification, error,
 /// step, phase, op, op_trace, ops_from_progress, collectives_issued, last_collective, time, seconds_after_first,
 /// keyframes, from_peer, collective_story}], healthy [ranks], missing [ranks], furthest_collective, problems}],
-/// not_in_a_job, unsealed, unreadable [{path, why}].
+/// not_in_a_job, unsealed, archives, unreadable [{path, why}], archive (null for a directory).
 nlohmann::json jobsJson(const JobStories& stories);
 std::string jobsText(const JobStories& stories);
 

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <map>
+#include <regex>
 #include <set>
 
 #include "crashcap/formats/bundle_reader.hpp"
@@ -42,6 +43,27 @@ bool isPeerError(std::string e) {
   return false;
 }
 
+/// What a launcher printed of one of its ranks' deaths by a signal: the signal and the launcher's
+/// own line. torchrun's failure report names the process by pid ("exitcode  : -9 (pid: 4242)",
+/// "Signal 9 (SIGKILL) received by PID 4242"); torch.multiprocessing.spawn by its index, which is
+/// the rank as spawn hands it out ("process 1 terminated with signal SIGKILL").
+struct LauncherAccount {
+  int signal = 0;
+  std::string line;
+};
+std::optional<LauncherAccount> launcherAccount(const std::string& output, uint32_t pid, int rank) {
+  std::smatch m;
+  const std::string p = std::to_string(pid);
+  if (pid && std::regex_search(output, m, std::regex("Signal (\\d+) \\(SIG[A-Z0-9]+\\) received by PID " + p + "\\b")))
+    return LauncherAccount{std::stoi(m[1]), m[0]};
+  if (pid && std::regex_search(output, m, std::regex("exitcode\\s*:\\s*-(\\d+)\\s*\\(pid:\\s*" + p + "\\)")))
+    return LauncherAccount{std::stoi(m[1]), m[0]};
+  if (std::regex_search(output, m, std::regex("process " + std::to_string(rank) + " terminated with signal (SIG[A-Z0-9]+)")))
+    for (int s = 1; s < 65; ++s)
+      if (const char* name = formats::signalName(s); name && m[1] == name) return LauncherAccount{s, m[0]};
+  return std::nullopt;
+}
+
 /// What one bundle says of its rank; nullopt when the bundle has no distributed record.
 std::optional<JobRank> rankOf(const std::string& path, const formats::BundleReader& reader,
                               const formats::BundleRecords& v, std::string& jobId, int& worldSize) {
@@ -62,12 +84,13 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
   // without one, as the only account of it there is.
   uint32_t recorder = 0;  // the process that recorded the rank (the bundle's writer may be crashcap run)
   if (auto env = reader.environment()) recorder = uint32_t(std::strtoul(env->fact("process.pid").c_str(), nullptr, 10));
-  bool launcherRecord = false;
-  if (v.supervision && recorder && v.supervision->pid != recorder && v.crash && v.crash->pid == recorder) {
+  bool launcherRecord = false;  // the record is a launcher's, not this rank's process's
+  if (v.supervision && recorder && v.supervision->pid != recorder) {
     const auto& started = v.supervision->environment;  // crashcap run --nproc started it as this rank
     launcherRecord = std::find(started.begin(), started.end(), fmt::format("RANK={}", d.rank)) == started.end();
   }
-  if (v.supervision && !launcherRecord) {
+  const bool ownCrash = v.crash && v.crash->pid == recorder;
+  if (v.supervision && !(launcherRecord && ownCrash)) {
     const auto& sv = *v.supervision;
     r.pid = sv.pid;
     r.timeNs = sv.endNs;
@@ -112,6 +135,19 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
     r.nonfiniteLoss = c.kind == "nonfinite" && c.error.rfind("non-finite loss", 0) == 0;
     r.fromPeer = r.outcome == "failed" && isPeerError(c.error);
   }
+  // A rank without an account of its own (SIGKILLed), under a launcher: the signal the launcher saw
+  // it die of, when it said, not the launcher's exit; and no time, the launcher's end being no
+  // rank's (it may notice a death seconds later).
+  if (launcherRecord && !ownCrash) {
+    r.timeNs = 0;
+    if (auto said = launcherAccount(v.supervision->stderrTail + "\n" + v.supervision->evidence, recorder, d.rank)) {
+      r.signal = said->signal;
+      r.how = "killed by " + signalText(said->signal);
+      r.outcome = isStopSignal(signalText(said->signal)) ? "stopped" : "failed";
+      r.classification = "signal";
+      r.error = said->line + " (the launcher's report)";
+    }
+  }
   if (r.outcome.empty()) {
     r.outcome = "healthy";
     r.how = "no failure recorded";
@@ -122,7 +158,8 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
     r.phase = v.status->lastPhase;
   }
   if (r.step < 0 && !v.stepBegins.empty()) r.step = v.stepBegins.back().step;
-  if (!r.fromPeer && r.outcome == "failed" && v.supervision) r.fromPeer = isPeerError(v.supervision->stderrTail.substr(
+  // (A launcher's output holds every rank's: another's peer error is not this rank's.)
+  if (!r.fromPeer && r.outcome == "failed" && v.supervision && !launcherRecord) r.fromPeer = isPeerError(v.supervision->stderrTail.substr(
       v.supervision->stderrTail.size() > 2048 ? v.supervision->stderrTail.size() - 2048 : 0));
   if (v.opTrace) {
     r.opTrace = true;

@@ -13,6 +13,9 @@ from conftest import PYTHON, TRAININGS, crashcap, crashcap_json
 
 DDP = os.path.join(TRAININGS, "ddp_gloo.py")
 SPAWN = os.path.join(TRAININGS, "ddp_spawn.py")
+# torchrun over 2 ranks. torch 1.13's torchrun cannot parse its own default `--redirects 0` on
+# Python 3.11 (IntFlag iteration there skips the zero member); any other value works.
+TORCHRUN = [PYTHON, "-m", "torch.distributed.run", "--nproc_per_node", 2, "--redirects", 2, "--tee", 2]
 
 
 def test_each_rank_of_a_ddp_job_records_its_rank_backend_and_the_shared_job_id(tmp_path):
@@ -439,3 +442,35 @@ def test_a_spawned_rank_that_cannot_be_kept_records_and_its_replay_says_why_it_c
     assert "was started by torch.multiprocessing.spawn, and its recording could not keep the function it ran" in r.stderr, \
         r.stderr
     assert why in r.stderr and "--nproc N" in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize("how", ["nan", "kill"])
+def test_ranks_that_torchrun_starts_record_tell_one_story_and_replay(tmp_path, how):
+    """torchrun starts each rank as a process of its own (not crashcap run --nproc): each records,
+    the story names rank 1 first, a SIGKILLed rank by what torchrun reported of its pid, and the
+    job replays, the killed rank killed again."""
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", *TORCHRUN, DDP, "--steps", 6, "--fail-rank", 1,
+                 "--fail-how", how, "--fail-step", 3, cwd=tmp_path, timeout=600)
+    assert r.returncode != 0, r.stdout + r.stderr
+    assert len(glob.glob(str(tmp_path / "runs" / "crash-*.ccap"))) == 2, r.stdout + r.stderr
+    jobs = crashcap_json("inspect", tmp_path / "runs")["jobs"]
+    assert len(jobs) == 1 and jobs[0]["world_size"] == 2 and jobs[0]["missing"] == [], jobs
+    job = jobs[0]
+    ranks = {r["rank"]: r for r in job["ranks"]}
+    assert job["first_failed"] == 1, job["headline"]
+    assert ranks[0]["from_peer"] and not ranks[1]["from_peer"], job["headline"]
+    replay = crashcap_json("replay", ranks[1]["bundle"])
+    verdicts = {r["rank"]: r for r in replay["ranks"]}
+    if how == "nan":
+        assert ranks[1]["classification"] == "nonfinite-loss" and ranks[1]["step"] == 3
+        assert [verdicts[k]["replay"]["verdict"] for k in (0, 1)] == ["reproduced-bitwise"] * 2, replay
+    else:
+        # The launcher's exit is not the rank's: torchrun's report names the rank's pid and signal.
+        assert ranks[1]["how"] == "killed by SIGKILL" and ranks[1]["classification"] == "signal", ranks[1]
+        assert ranks[1]["error"].endswith("(the launcher's report)") and "SIGKILL" in ranks[1]["error"], ranks[1]
+        assert ranks[1]["step"] == 3 and ranks[1]["ops_from_progress"], ranks[1]
+        if replay["step"] == 3:  # step 3's batch reached rank 1's bundle: it kills itself again
+            assert verdicts[1]["verdict"] == "reproduced" and "killed by SIGKILL again" in verdicts[1]["error"], replay
+        else:  # SIGKILL came first: the replay ends at the last step rank 1's bundle holds, and says why
+            assert replay["step"] == 2 and "rank 1 was in step 3" in replay["notes"][0], replay
+            assert {v["verdict"] for v in verdicts.values()} == {"reproduced-bitwise"}, replay

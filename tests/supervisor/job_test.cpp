@@ -223,9 +223,10 @@ TEST_CASE("a SIGKILLed rank's story takes its last op and collective from its pr
 }
 
 /// Rank 1 of job-a recorded by pid 101, with crashcap run's record of pid `supervised` (started
-/// with `environment`), and a crash record written by pid `crashPid` (0: none).
+/// with `environment`, its stderr ending in `stderrTail`), and a crash record written by pid
+/// `crashPid` (0: none).
 void writeSupervisedRank(const std::string& path, uint32_t supervised, std::vector<std::string> environment,
-                         uint32_t crashPid) {
+                         uint32_t crashPid, std::string stderrTail = "") {
   auto w = BundleWriter::create(path);
   writeMetaRecord(*w, DistributedData{"job-a", "crashcap run", 1, 2, 1, "gloo", "", "test"});
   EnvironmentData env;
@@ -243,7 +244,9 @@ void writeSupervisedRank(const std::string& path, uint32_t supervised, std::vect
   }
   SupervisionData sv = supervision(supervised, "python-exception", 500'000'000, 9'000'000'000);
   sv.exitCode = 1;
-  sv.evidence = "ProcessExitedException: process 1 terminated with signal SIGKILL";
+  sv.evidence = stderrTail.empty() ? "ProcessExitedException: process 1 terminated with signal SIGKILL"
+                                   : "ChildFailedError: ========";
+  sv.stderrTail = std::move(stderrTail);
   sv.environment = std::move(environment);
   writeMetaRecord(*w, sv);
   w->seal();
@@ -274,10 +277,30 @@ TEST_CASE("a launcher's supervision record tells a rank only when the rank has n
     CHECK(own.timeNs == 9'000'000'000);
   }
   SECTION("the rank was SIGKILLed and crashcap run sealed its recording with the launcher's record") {
+    // torch.multiprocessing.spawn names the process by its index, the rank.
     writeSupervisedRank(dir.file("crash-a1.ccap"), 50, {}, 50);
     auto own = rank1();
     CHECK(own.outcome == "failed");
-    CHECK(own.classification == "python-exception");
-    CHECK(own.error.find("terminated with signal SIGKILL") != std::string::npos);
+    CHECK(own.how == "killed by SIGKILL");  // what the launcher saw it die of, not the launcher's exit status 1
+    CHECK(own.signal == 9);
+    CHECK(own.classification == "signal");
+    CHECK(own.error == "process 1 terminated with signal SIGKILL (the launcher's report)");
+    CHECK(own.timeNs == 0);  // the launcher's end is not when the rank died
+  }
+  SECTION("torchrun reported the rank's process by pid, among the other ranks' errors") {
+    writeSupervisedRank(dir.file("crash-a1.ccap"), 50, {}, 50,
+                        "[default0]:RuntimeError: [../gloo/transport/tcp/pair.cc:589] Read error: Connection reset by "
+                        "peer\n  rank      : 1 (local_rank: 1)\n  exitcode  : -9 (pid: 101)\n  error_file: <N/A>\n"
+                        "  traceback : Signal 9 (SIGKILL) received by PID 101\n");
+    auto own = rank1();
+    CHECK(own.how == "killed by SIGKILL");
+    CHECK(own.error == "Signal 9 (SIGKILL) received by PID 101 (the launcher's report)");
+    CHECK_FALSE(own.fromPeer);  // rank 0's peer error is in the launcher's output, not this rank's
+  }
+  SECTION("a launcher that reports another process's signal tells nothing of this rank") {
+    writeSupervisedRank(dir.file("crash-a1.ccap"), 50, {}, 50, "  exitcode  : -9 (pid: 1010)\n");
+    auto own = rank1();
+    CHECK(own.how == "exit status 1");
+    CHECK(own.signal == 0);
   }
 }

@@ -108,12 +108,18 @@ void writeFileAtomically(const std::string& path, const std::string& text) {
   output.commit();
 }
 
-int onBundleOrJobArchive(std::string& bundle, const std::function<int()>& body) {
+namespace {
+const supervisor::ExtractedJob* gExtracted = nullptr;  // the archive a command works in, if any
+}  // namespace
+
+std::string namedAsTheArchive(const std::string& text) { return gExtracted ? gExtracted->relabel(text) : text; }
+
+int onBundleOrJobArchive(std::string& bundle, const std::function<int()>& body, bool membersOnly) {
   std::unique_ptr<supervisor::ExtractedJob> job;
   if (auto member = supervisor::archiveMember(bundle)) {
     job = supervisor::ExtractedJob::extract(member->first);
     bundle = job->member(member->second);
-  } else if (supervisor::isJobArchive(bundle)) {
+  } else if (!membersOnly && supervisor::isJobArchive(bundle)) {
     job = supervisor::ExtractedJob::extract(bundle);
     bundle = job->startingBundle();
   } else {
@@ -123,9 +129,13 @@ int onBundleOrJobArchive(std::string& bundle, const std::function<int()>& body) 
   // removed when it ends. Progress lines go to stderr as they come.
   std::ostringstream captured;
   std::streambuf* original = std::cout.rdbuf(captured.rdbuf());
+  gExtracted = job.get();
   struct Restore {
     std::streambuf* original;
-    ~Restore() { std::cout.rdbuf(original); }
+    ~Restore() {
+      std::cout.rdbuf(original);
+      gExtracted = nullptr;
+    }
   } restore{original};
   auto flush = [&] {
     std::cout.rdbuf(original);

@@ -54,9 +54,13 @@ void writeFileAtomically(const std::string& path, const std::string& text);
 /// Runs a command on its bundle argument. When `bundle` names a job archive (crashcap merge), the
 /// archive is extracted into a directory of its own for the command's duration and `bundle` names
 /// the bundle the job's commands start from (the rank that failed first), or the member that
-/// "JOB.ccap:crash-....ccap" names; what the command prints,
+/// "JOB.ccap:crash-....ccap" names (with `membersOnly`, only that: a command that reads any bundle,
+/// the archive itself included, such as info, verify and show); what the command prints,
 /// and an error's message, then name the archive's members ("JOB.ccap:crash-....ccap") instead of
 /// that directory. Anything else runs `body` as it is.
-int onBundleOrJobArchive(std::string& bundle, const std::function<int()>& body);
+int onBundleOrJobArchive(std::string& bundle, const std::function<int()>& body, bool membersOnly = false);
+/// Within onBundleOrJobArchive's body: `text` naming the archive's members instead of the directory
+/// they were extracted into, for what a command writes to files (a report); elsewhere, `text`.
+std::string namedAsTheArchive(const std::string& text);
 
 }  // namespace crashcap::cli

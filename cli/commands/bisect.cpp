@@ -134,7 +134,11 @@ Command bisectCommand(CLI::App& root) {
   cmd->add_option("what", o->what, "steps | ops | samples | config")
       ->required()
       ->check(CLI::IsMember({"samples", "steps", "ops", "config"}));
-  cmd->add_option("bundle", o->bundle, "Crash bundle with a step program, or made with setModel + setStep")->required();
+  cmd->add_option("bundle", o->bundle,
+                  "Crash bundle with a step program, or made with setModel + setStep; or a job archive "
+                  "(crashcap merge), from the rank that failed first; or one rank of an archive, "
+                  "JOB.ccap:crash-....ccap")
+      ->required();
   cmd->add_option("--step", o->step, "Step to bisect (default: the crash's step)");
   cmd->add_option("--timeout", o->timeout, "Seconds per experiment before it is killed")->capture_default_str();
   cmd->add_option("--tolerance", o->tolerance, "ops: error allowed against float64, relative to the largest value")

@@ -20,13 +20,15 @@ Command infoCommand(CLI::App& root) {
   cmd->add_option("bundle", o->bundle, "Bundle file (*.ccap)")->required();
   addReadOptions(cmd, o->read);
   return {cmd, [o] {
-            auto reader = formats::BundleReader::open(o->bundle, o->read.limits(), progressPrinter("scanning"));
-            endProgress();
-            if (o->read.json)
-              printJson(inspect::bundleInfoJson(*reader));
-            else
-              std::cout << inspect::bundleInfoText(*reader);
-            return kExitOk;
+            return onBundleOrJobArchive(o->bundle, [&] {
+              auto reader = formats::BundleReader::open(o->bundle, o->read.limits(), progressPrinter("scanning"));
+              endProgress();
+              if (o->read.json)
+                printJson(inspect::bundleInfoJson(*reader));
+              else
+                std::cout << inspect::bundleInfoText(*reader);
+              return kExitOk;
+            }, /*membersOnly=*/true);
           },
           &o->read.json};
 }

@@ -138,7 +138,11 @@ int replay(const Options& o) {
 Command replayCommand(CLI::App& root) {
   auto o = std::make_shared<Options>();
   auto* cmd = root.add_subcommand("replay", torchCommandSummary("replay"));
-  cmd->add_option("bundle", o->bundle, "Crash bundle (crash-*.ccap) with a step program, or made with setModel + setStep")->required();
+  cmd->add_option("bundle", o->bundle,
+                  "Crash bundle (crash-*.ccap) with a step program, or made with setModel + setStep; or a job "
+                  "archive (crashcap merge), from the rank that failed first; or one rank of an archive, "
+                  "JOB.ccap:crash-....ccap")
+      ->required();
   cmd->add_option("--step", o->step, "Step to reproduce (default: the crash's step)");
   cmd->add_option("--device", o->device, "Where to replay: cpu, cuda:K (default: the recorded device when here, else cpu)");
   cmd->add_option("--dtype", o->dtype, "float64: replay in double precision (the reference of bisect ops)")

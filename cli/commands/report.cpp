@@ -38,7 +38,7 @@ int report(const Options& o) {
     if (o.out.empty()) {
       std::cout << text;
     } else {
-      writeFileAtomically(o.out, text);
+      writeFileAtomically(o.out, namedAsTheArchive(text));
       std::cerr << "wrote " << o.out << "\n";
     }
   };
@@ -48,7 +48,7 @@ int report(const Options& o) {
   }
   std::string link;
   if (!o.htmlOut.empty()) {
-    writeFileAtomically(o.htmlOut, investigate::htmlReport(o.bundle, triage));
+    writeFileAtomically(o.htmlOut, namedAsTheArchive(investigate::htmlReport(o.bundle, triage)));
     std::cerr << "wrote " << o.htmlOut << "\n";
     // The Markdown links it as a path from where the Markdown lies.
     namespace fs = std::filesystem;
@@ -63,7 +63,10 @@ int report(const Options& o) {
 Command reportCommand(CLI::App& root) {
   auto o = std::make_shared<Options>();
   auto* cmd = root.add_subcommand("report", torchCommandSummary("report"));
-  cmd->add_option("bundle", o->bundle, "Crash bundle")->required();
+  cmd->add_option("bundle", o->bundle,
+                  "Crash bundle; or a job archive (crashcap merge), from the rank that failed first; or one "
+                  "rank of an archive, JOB.ccap:crash-....ccap")
+      ->required();
   cmd->add_option("-o,--out", o->out, "Write the report to this file (default: stdout)");
   cmd->add_flag("--html", o->html,
                 "Write one self-contained HTML page with plots instead of Markdown (it loads nothing: open it anywhere)");

@@ -59,7 +59,8 @@ Command showCommand(CLI::App& root) {
   cmd->add_option("--precision", o->precision, "Digits after the point for floats")->capture_default_str();
   cmd->footer("Example: crashcap show crash.ccap batch/images --stats --slice '0,0'");
   addReadOptions(cmd, o->read);
-  return {cmd, [o] { return show(*o); }, &o->read.json};
+  return {cmd, [o] { return onBundleOrJobArchive(o->bundle, [&] { return show(*o); }, /*membersOnly=*/true); },
+          &o->read.json};
 }
 
 }  // namespace

@@ -80,7 +80,10 @@ int triage(const Options& o) {
 Command triageCommand(CLI::App& root) {
   auto o = std::make_shared<Options>();
   auto* cmd = root.add_subcommand("triage", torchCommandSummary("triage"));
-  cmd->add_option("bundle", o->bundle, "Bundle with a step program")->required();
+  cmd->add_option("bundle", o->bundle,
+                  "Bundle with a step program; or a job archive (crashcap merge), from the rank that failed first; or one "
+                  "rank of an archive, JOB.ccap:crash-....ccap")
+      ->required();
   cmd->add_option("--timeout", o->timeout, "Seconds per experiment before it is killed")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
   addAllowDamaged(cmd, o->allowDamaged);

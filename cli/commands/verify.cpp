@@ -20,13 +20,15 @@ Command verifyCommand(CLI::App& root) {
   cmd->add_option("bundle", o->bundle, "Bundle file")->required();
   addReadOptions(cmd, o->read);
   return {cmd, [o] {
-            auto v = formats::verifyBundle(o->bundle, o->read.limits(), progressPrinter("verifying"));
-            endProgress();
-            if (o->read.json)
-              printJson(inspect::verifyJson(o->bundle, v));
-            else
-              std::cout << inspect::verifyText(o->bundle, v);
-            return v.ok() ? kExitOk : kExitCheckFailed;
+            return onBundleOrJobArchive(o->bundle, [&] {
+              auto v = formats::verifyBundle(o->bundle, o->read.limits(), progressPrinter("verifying"));
+              endProgress();
+              if (o->read.json)
+                printJson(inspect::verifyJson(o->bundle, v));
+              else
+                std::cout << inspect::verifyText(o->bundle, v);
+              return v.ok() ? kExitOk : kExitCheckFailed;
+            }, /*membersOnly=*/true);
           },
           &o->read.json};
 }

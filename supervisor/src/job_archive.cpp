@@ -1,6 +1,7 @@
 #include "crashcap/supervisor/job_archive.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -9,6 +10,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -42,8 +44,13 @@ class Mapping {
     Mapping m;
     m.fd_ = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (m.fd_ < 0) throw Error(ErrorCode::Io, fmt::format("cannot create {}: {}", path, std::strerror(errno)));
-    if (::ftruncate(m.fd_, static_cast<off_t>(size)) != 0)
-      throw Error(ErrorCode::Io, fmt::format("cannot size {} to {} bytes: {}", path, size, std::strerror(errno)));
+    // Reserved on disk first: a store into a mapping of space the disk does not have is a SIGBUS,
+    // not an error.
+    if (size > 0) {
+      if (int e = ::posix_fallocate(m.fd_, 0, static_cast<off_t>(size)); e != 0)
+        throw Error(ErrorCode::Io, fmt::format("cannot reserve {} bytes for {}: {}", size, path, std::strerror(e)),
+                    "free space there, or point TMPDIR at a disk with room for the job");
+    }
     m.map(path, size, PROT_READ | PROT_WRITE);
     return m;
   }
@@ -119,6 +126,8 @@ MergeResult mergeJob(const MergeOptions& o) {
   auto stories = readJobs(o.dir);
   const Job& job = chooseJob(stories, o.dir, o.jobId);
   std::error_code ec;
+  if (fs::is_directory(o.out, ec))
+    throw Error(ErrorCode::InvalidArgument, fmt::format("{} is a directory; -o names the archive file to write", o.out));
   if (fs::exists(o.out, ec) && !o.overwrite)
     throw Error(ErrorCode::InvalidArgument, fmt::format("{} exists", o.out), "give another -o, or --force to replace it");
 
@@ -133,6 +142,10 @@ MergeResult mergeJob(const MergeOptions& o) {
     if (!r->bundle.empty()) files.emplace_back(memberName(r->bundle, r->rank, taken), r->bundle);
     for (const auto& b : r->otherBundles) files.emplace_back(memberName(b, r->rank, taken), b);
   }
+  for (const auto& [name, path] : files)
+    if (fs::equivalent(path, o.out, ec))
+      throw Error(ErrorCode::InvalidArgument,
+                  fmt::format("{} is {}, one of the job's own bundles; write the archive elsewhere", o.out, name));
   if (files.empty())
     throw Error(ErrorCode::NotFound, fmt::format("job {} in {} has no bundle: every rank ended cleanly", job.jobId, o.dir),
                 "there is nothing to replay; the run log alone tells how it ended");
@@ -156,6 +169,7 @@ MergeResult mergeJob(const MergeOptions& o) {
   one.jobs = {job};
   one.notInJob.clear();
   one.unsealed.clear();
+  one.archives.clear();
   one.unreadable.clear();
 
   const std::string partial = o.out + ".partial";
@@ -183,7 +197,8 @@ MergeResult mergeJob(const MergeOptions& o) {
       out.memberBytes += log.size();
     }
     w->seal();
-    fs::rename(partial, o.out);
+    fs::rename(partial, o.out, ec);
+    if (ec) throw Error(ErrorCode::Io, fmt::format("cannot rename {} to {}: {}", partial, o.out, ec.message()));
   } catch (...) {
     fs::remove(partial, ec);
     throw;
@@ -207,6 +222,15 @@ json toJson(const MergeResult& r) {
 bool isJobArchive(const std::string& path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return false;
+  // Cheaply first: the producer's name is in the file's first record (RecordingInfo), in its
+  // first KiB. Only a file that holds it is opened: opening an unsealed recording scans all of it.
+  {
+    std::ifstream in(path, std::ios::binary);
+    std::string head(4096, '\0');
+    in.read(head.data(), static_cast<std::streamsize>(head.size()));
+    head.resize(static_cast<size_t>(in.gcount()));
+    if (head.find(kJobArchiveProducer) == std::string::npos) return false;
+  }
   try {
     return producedByMerge(*formats::BundleReader::open(path));
   } catch (const Error&) {
@@ -224,39 +248,75 @@ std::optional<std::pair<std::string, std::string>> archiveMember(const std::stri
   return std::nullopt;
 }
 
+namespace {
+
+constexpr const char* kExtractionPrefix = "crashcap-job-";
+constexpr const char* kOwnerFile = ".owner";  // the extracting process's pid; no member starts with a dot
+
+/// Extractions whose process is gone (killed before it could remove them: a Ctrl-C, a timeout).
+void removeAbandonedExtractions(const fs::path& tmp) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(tmp, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(kExtractionPrefix, 0) != 0 || !e.is_directory(ec)) continue;
+    std::ifstream owner(e.path() / kOwnerFile);
+    long pid = 0;
+    if (!(owner >> pid) || pid <= 0) continue;  // not one of ours, or still being made
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+  }
+}
+
+}  // namespace
+
 std::unique_ptr<ExtractedJob> ExtractedJob::extract(const std::string& path) {
-  auto reader = formats::BundleReader::open(path);
+  formats::ReaderLimits limits;
+  limits.maxTensorBytes = UINT64_MAX;  // a member goes to a file of its own size, not into memory
+  auto reader = formats::BundleReader::open(path, limits);
   if (!producedByMerge(*reader))
     throw Error(ErrorCode::InvalidArgument, fmt::format("{} is no job archive", path),
                 "crashcap merge DIR -o JOB.ccap makes one from the directory a job was recorded into");
-  std::unique_ptr<ExtractedJob> job(new ExtractedJob);
-  job->archive_ = path;
-  job->jobId_ = noteOf(*reader, kJobArchiveIdNote);
-  std::string templ = (fs::temp_directory_path() / "crashcap-job-XXXXXX").string();
-  if (!::mkdtemp(templ.data()))
-    throw Error(ErrorCode::Io, fmt::format("cannot create a directory to extract {} into: {}", path, std::strerror(errno)));
-  job->dir_ = templ;  // from here on, the destructor removes it
+  if (!reader->report().complete())
+    throw Error(ErrorCode::Corrupt, fmt::format("{} is damaged: {}", path, reader->report().summary()),
+                "crashcap verify " + path + " lists the damage; merge the job's directory again if you have it");
+  // Every name first: a plain file name, once; nothing that leaves the directory.
   const std::string prefix = kJobArchiveMemberPrefix;
-  size_t members = 0;
+  std::vector<std::pair<std::string, const formats::TensorInfo*>> members;
+  std::set<std::string> names;
   for (const auto& t : reader->tensors()) {
     if (t.name.rfind(prefix, 0) != 0) continue;
     const std::string name = t.name.substr(prefix.size());
-    // A name from the file: one plain file name, nothing that leaves the directory.
-    if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos || t.dtype != formats::DType::UInt8)
-      throw Error(ErrorCode::Corrupt, fmt::format("{}: member '{}' is not a plain file name of bytes", path, t.name));
-    auto m = Mapping::forWriting((fs::path(job->dir_) / name).string(), t.totalBytes);
+    if (name.empty() || name[0] == '.' || name.find('/') != std::string::npos || t.dtype != formats::DType::UInt8 ||
+        !names.insert(name).second)
+      throw Error(ErrorCode::Corrupt, fmt::format("{}: member '{}' is not a plain file name of bytes, once", path, t.name));
+    members.emplace_back(name, &t);
+  }
+  if (members.empty()) throw Error(ErrorCode::Corrupt, fmt::format("{}: a job archive without a single file of the job", path));
+
+  std::unique_ptr<ExtractedJob> job(new ExtractedJob);
+  job->archive_ = path;
+  job->jobId_ = noteOf(*reader, kJobArchiveIdNote);
+  std::error_code ec;
+  const fs::path tmp = fs::temp_directory_path(ec);
+  if (ec)
+    throw Error(ErrorCode::Io, fmt::format("no directory to extract {} into: {}", path, ec.message()),
+                "set TMPDIR to a directory with room for the job");
+  removeAbandonedExtractions(tmp);
+  std::string templ = (fs::absolute(tmp) / (std::string(kExtractionPrefix) + "XXXXXX")).string();
+  if (!::mkdtemp(templ.data()))
+    throw Error(ErrorCode::Io, fmt::format("cannot create a directory to extract {} into: {}", path, std::strerror(errno)),
+                "set TMPDIR to a directory with room for the job");
+  job->dir_ = templ;  // from here on, the destructor removes it
+  std::ofstream(fs::path(templ) / kOwnerFile) << ::getpid() << "\n";
+  for (const auto& [name, t] : members) {
+    auto m = Mapping::forWriting((fs::path(job->dir_) / name).string(), t->totalBytes);
     try {
-      reader->readTensor(t, m.data(), t.totalBytes);
+      reader->readTensor(*t, m.data(), t->totalBytes);
     } catch (const Error& e) {
+      if (e.code() != ErrorCode::Corrupt && e.code() != ErrorCode::Truncated) throw;
       throw Error(ErrorCode::Corrupt, fmt::format("{}: its file {} is damaged: {}", path, name, e.what()),
                   "crashcap verify " + path + " lists the damage; merge the job's directory again if you have it");
     }
-    ++members;
   }
-  if (members == 0) throw Error(ErrorCode::Corrupt, fmt::format("{}: a job archive without a single file of the job", path));
-  if (!reader->report().complete())
-    throw Error(ErrorCode::Corrupt, fmt::format("{} is damaged: {}", path, reader->report().summary()),
-                "crashcap verify " + path + " lists the damage");
   return job;
 }
 
@@ -267,10 +327,11 @@ ExtractedJob::~ExtractedJob() {
 
 std::string ExtractedJob::member(const std::string& name) const {
   std::error_code ec;
-  if (!name.empty() && name.find('/') == std::string::npos && fs::is_regular_file(fs::path(dir_) / name, ec))
+  if (!name.empty() && name[0] != '.' && name.find('/') == std::string::npos && fs::is_regular_file(fs::path(dir_) / name, ec))
     return (fs::path(dir_) / name).string();
   std::vector<std::string> names;
-  for (const auto& e : fs::directory_iterator(dir_, ec)) names.push_back(e.path().filename().string());
+  for (const auto& e : fs::directory_iterator(dir_, ec))
+    if (e.path().filename() != kOwnerFile) names.push_back(e.path().filename().string());
   std::sort(names.begin(), names.end());
   throw Error(ErrorCode::NotFound, fmt::format("{} has no file '{}'; it holds {}", archive_, name, fmt::join(names, ", ")),
               fmt::format("crashcap inspect {} lists its ranks' bundles", archive_));
@@ -295,11 +356,13 @@ JobStories ExtractedJob::stories() const {
   auto s = readJobs(dir_);
   s.archive = archive_;
   s.dir = archive_;
-  for (auto& job : s.jobs)
+  for (auto& job : s.jobs) {
     for (auto& r : job.ranks) {
       if (!r.bundle.empty()) r.bundle = relabel(r.bundle);
       for (auto& b : r.otherBundles) b = relabel(b);
     }
+    for (auto& p : job.problems) p = relabel(p);
+  }
   for (auto& p : s.notInJob) p = relabel(p);
   for (auto& [p, why] : s.unreadable) p = relabel(p);
   return s;
@@ -314,7 +377,9 @@ std::string ExtractedJob::startingBundle() const {
     for (const auto& r : job.ranks)
       if (!r.bundle.empty()) return r.bundle;
   }
-  throw Error(ErrorCode::NotFound, fmt::format("{} holds no bundle of a rank of job {}", archive_, jobId_));
+  throw Error(ErrorCode::NotFound,
+              fmt::format("{} holds no bundle of a rank of {}", archive_, jobId_.empty() ? "its job" : "job " + jobId_),
+              "crashcap verify " + archive_ + " lists what it holds");
 }
 
 }  // namespace crashcap::supervisor

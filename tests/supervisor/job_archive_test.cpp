@@ -3,6 +3,10 @@
 // directory refused. The archive of a real job, replayed, is in tests/python/test_distributed.py.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -51,6 +55,17 @@ void writeTwoJobs(const test::TempDir& dir) {
                   "\n");
 }
 
+/// runs/ of writeTwoJobs, and job-a of it merged into job.ccap; returns the archive's path.
+std::string mergeJobA(const test::TempDir& dir) {
+  writeTwoJobs(dir);
+  supervisor::MergeOptions o;
+  o.dir = dir.file("runs");
+  o.out = dir.file("job.ccap");
+  o.jobId = "job-a";
+  supervisor::mergeJob(o);
+  return o.out;
+}
+
 std::string textOf(const std::string& path) {
   std::ifstream in(path);
   return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -96,6 +111,14 @@ TEST_CASE("one job of a directory merges into an archive that extracts byte for 
   CHECK_THROWS_AS(supervisor::mergeJob(o), Error);  // the archive exists
   o.overwrite = true;
   CHECK_NOTHROW(supervisor::mergeJob(o));
+  {
+    // Not over one of the job's own bundles, even with --force.
+    auto bundle = test::readFile(dir.file("runs/crash-a0.ccap"));
+    supervisor::MergeOptions over = o;
+    over.out = dir.file("runs/crash-a0.ccap");
+    CHECK_THROWS_AS(supervisor::mergeJob(over), Error);
+    CHECK(test::readFile(dir.file("runs/crash-a0.ccap")) == bundle);
+  }
 
   auto original = supervisor::readJobs(dir.file("runs"));
   std::string extractedDir;
@@ -149,17 +172,12 @@ TEST_CASE("one job of a directory merges into an archive that extracts byte for 
 
 TEST_CASE("a damaged archive, and one that names a file outside its directory, are refused", "[job][archive]") {
   test::TempDir dir;
-  writeTwoJobs(dir);
-  supervisor::MergeOptions o;
-  o.dir = dir.file("runs");
-  o.out = dir.file("job.ccap");
-  o.jobId = "job-a";
-  supervisor::mergeJob(o);
+  const std::string archive = mergeJobA(dir);
 
   SECTION("a member's bytes changed") {
     uint64_t lastBodyByte = 0;
     {
-      auto reader = BundleReader::open(o.out);
+      auto reader = BundleReader::open(archive);
       for (const auto& rec : reader->records())
         if (rec.type == static_cast<uint16_t>(RecordType::TensorChunk)) {
           lastBodyByte = rec.offset + rec.length - 1;
@@ -167,11 +185,11 @@ TEST_CASE("a damaged archive, and one that names a file outside its directory, a
         }
     }
     REQUIRE(lastBodyByte > 0);
-    auto bytes = test::readFile(o.out);
+    auto bytes = test::readFile(archive);
     bytes[lastBodyByte] ^= 0x5a;
-    test::writeFile(o.out, bytes);
+    test::writeFile(archive, bytes);
     try {
-      supervisor::ExtractedJob::extract(o.out);
+      supervisor::ExtractedJob::extract(archive);
       FAIL("a damaged archive extracted");
     } catch (const Error& e) {
       CHECK(e.code() == ErrorCode::Corrupt);
@@ -199,4 +217,36 @@ TEST_CASE("a damaged archive, and one that names a file outside its directory, a
   SECTION("a bundle that is no archive") {
     CHECK_THROWS_AS(supervisor::ExtractedJob::extract(dir.file("runs/crash-a0.ccap")), Error);
   }
+}
+
+TEST_CASE("an extraction whose process is gone is removed by the next one; a live one's stays", "[job][archive]") {
+  test::TempDir dir;
+  const std::string archive = mergeJobA(dir);
+  fs::create_directory(dir.file("tmp"));
+  const char* before = std::getenv("TMPDIR");
+  const std::string saved = before ? before : "";
+  ::setenv("TMPDIR", dir.file("tmp").c_str(), 1);
+  // A process that has ended (and was waited for): its pid names no process.
+  pid_t gone = ::fork();
+  if (gone == 0) ::_exit(0);
+  ::waitpid(gone, nullptr, 0);
+  auto abandoned = [&](const std::string& name, long pid) {
+    fs::create_directory(dir.file("tmp/" + name));
+    test::writeText(dir.file("tmp/" + name + "/crash-a0.ccap"), "left behind");
+    if (pid) test::writeText(dir.file("tmp/" + name + "/.owner"), std::to_string(pid) + "\n");
+  };
+  abandoned("crashcap-job-gone00", gone);
+  abandoned("crashcap-job-alive0", ::getpid());
+  abandoned("crashcap-job-nopid0", 0);
+  {
+    auto job = supervisor::ExtractedJob::extract(archive);
+    CHECK(fs::path(job->dir()).parent_path() == fs::path(dir.file("tmp")));
+    CHECK(fs::path(job->dir()).is_absolute());
+  }
+  if (before) ::setenv("TMPDIR", saved.c_str(), 1);
+  else ::unsetenv("TMPDIR");
+  CHECK_FALSE(fs::exists(dir.file("tmp/crashcap-job-gone00")));
+  CHECK(fs::exists(dir.file("tmp/crashcap-job-alive0")));
+  CHECK(fs::exists(dir.file("tmp/crashcap-job-nopid0")));
+  CHECK(std::distance(fs::directory_iterator(dir.file("tmp")), fs::directory_iterator()) == 2);  // its own removed too
 }

@@ -49,10 +49,10 @@ struct MergeResult {
 };
 
 /// Writes the archive of one job of `o.dir`: every bundle of every rank (the story's, older ones
-/// included) and the run log's lines of that job. Throws Error{NotFound} when DIR holds no job,
-/// Error{InvalidArgument} when it holds several and o.jobId names none of them (the message lists
-/// them) or when o.out exists (without o.overwrite), Error{Io} on a write failure (the partial
-/// archive is removed).
+/// included) and the run log's lines of that job. Throws Error{NotFound} when DIR holds no job or
+/// o.jobId names none of its jobs, Error{InvalidArgument} when it holds several and o.jobId is ""
+/// (the messages list them) or when o.out exists (without o.overwrite) or is one of the job's
+/// bundles, Error{Io} on a write failure (the partial archive is removed).
 MergeResult mergeJob(const MergeOptions& o);
 
 /// Keys: out, job_id, world_size, first_failed (rank or null), headline, members, member_bytes,
@@ -70,9 +70,10 @@ std::optional<std::pair<std::string, std::string>> archiveMember(const std::stri
 /// An archive's files in a directory of their own, removed with this object.
 class ExtractedJob {
  public:
-  /// Extracts every member of the archive at `path`, each checked against its checksums. Throws
-  /// Error{Corrupt} naming the member that is damaged, Error{InvalidArgument} when `path` is no
-  /// job archive.
+  /// Extracts every member of the archive at `path` into a new directory under TMPDIR, each
+  /// checked against its checksums (removing, first, extractions whose process is gone). Throws
+  /// Error{Corrupt} when the archive is damaged (naming the member), Error{InvalidArgument} when
+  /// `path` is no job archive, Error{Io} when TMPDIR has no room.
   static std::unique_ptr<ExtractedJob> extract(const std::string& path);
   ~ExtractedJob();
   ExtractedJob(const ExtractedJob&) = delete;

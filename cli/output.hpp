@@ -55,7 +55,7 @@ void writeFileAtomically(const std::string& path, const std::string& text);
 /// archive is extracted into a directory of its own for the command's duration and `bundle` names
 /// the bundle the job's commands start from (the rank that failed first), or the member that
 /// "JOB.ccap:crash-....ccap" names (with `membersOnly`, only that: a command that reads any bundle,
-/// the archive itself included, such as info, verify and show); what the command prints,
+/// the archive itself included, such as info, verify, show and export); what the command prints,
 /// and an error's message, then name the archive's members ("JOB.ccap:crash-....ccap") instead of
 /// that directory. Anything else runs `body` as it is.
 int onBundleOrJobArchive(std::string& bundle, const std::function<int()>& body, bool membersOnly = false);

@@ -113,7 +113,8 @@ Command exportCommand(CLI::App& root) {
               "the first CUDA error. Open it in https://ui.perfetto.dev (or chrome://tracing). docs/INSPECT.md.\n"
               "  crashcap export crash.ccap --chrome trace.json");
   addReadOptions(cmd, o->read);
-  return {cmd, [o] { return exportAny(*o); }, &o->read.json};
+  return {cmd, [o] { return onBundleOrJobArchive(o->bundle, [&] { return exportAny(*o); }, /*membersOnly=*/true); },
+          &o->read.json};
 }
 
 }  // namespace

@@ -155,7 +155,10 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
 }
 
 Hypothesis judgeLossNumerics(const TriageFacts& f) {
-  Hypothesis h{"loss-numerics", V::Inconclusive, {}, fmt::format("crashcap bisect ops {}", f.bundle)};
+  // A job's ranks have no float64 comparison (bisect ops refuses them); the job's replay names each
+  // rank's first non-finite op.
+  Hypothesis h{"loss-numerics", V::Inconclusive, {},
+               (f.job ? "crashcap replay " : "crashcap bisect ops ") + f.bundle};
   if (auto why = f.replayBlocked()) {
     h.evidence.push_back(*why);
     return h;

@@ -307,6 +307,11 @@ TEST_CASE("loss-numerics is confirmed when an op makes NaN from finite inputs, a
   CHECK(h.evidence.at(0) == "aten::div (forward, step 6) turns finite inputs into NaN/Inf");
   CHECK(has(h, "an input of aten::div reaches 0 (a division or log of zero?)"));
   CHECK(h.rerun == "crashcap bisect ops crash.ccap");
+  // A job's rank has no float64 comparison (bisect ops refuses it): its replay names the op.
+  f.job = JobTriage{};
+  f.job->worldSize = 2;
+  f.job->rank = f.job->askedRank = f.job->firstFailed = 1;
+  CHECK(judgeLossNumerics(f).rerun == "crashcap replay crash.ccap");
 }
 
 TEST_CASE("loss-numerics is refuted when the first non-finite op was fed NaN, or overflows runaway values, or none is "

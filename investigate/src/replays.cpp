@@ -290,12 +290,13 @@ replayer::ReferenceComparison compareWithReference(const std::string& bundle, co
     // The float64 reference would need every rank's reference run together, its all-reduces in
     // float64 too, and the two sides' ops matched rank by rank. Under DistributedDataParallel it
     // cannot be had by turning the model to float64 when the replay begins: the program built DDP
-    // before, and its reducer checks each gradient against the dtype of the bucket it made then.
+    // before, its gradient buckets keep the dtype of then, and the all-reduce no longer reaches
+    // float64 gradients (torch 1.13: each rank keeps its own, silently).
     auto view = formats::readRecords(*formats::BundleReader::open(bundle));
     throw Error(ErrorCode::Unsupported,
                 fmt::format("{} is rank {} of a {}-rank job: comparing its ops with a float64 replay is not built for "
                             "a job's ranks (under DistributedDataParallel it cannot be: DDP's gradient buckets keep the "
-                            "dtype the program built them with, and refuse float64 gradients)",
+                            "dtype the program built them with, and its all-reduce does not reach float64 gradients)",
                             bundle, view.distributed->rank, view.distributed->worldSize),
                 "crashcap replay " + bundle + " names the first op with a non-finite output on every rank");
   }

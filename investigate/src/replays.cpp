@@ -379,6 +379,20 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
                             fmt::join(missing, ", ")),
                 "put every rank's bundle into one directory (crashcap run --nproc N --dir DIR does; --keep-recording "
                 "keeps the recordings of ranks that end cleanly, to seal with crashcap seal)");
+  // In float64, a DistributedDataParallel model's all-reduce no longer reaches its gradients: the
+  // buckets DDP built keep the dtype of then, and each rank silently keeps its own gradients
+  // (torch 1.13, measured), so every verdict would be the replay's own doing.
+  if (options.dtype == "float64")
+    for (const auto& r : out.ranks) {
+      auto env = formats::BundleReader::open(r.bundle)->environment();
+      if (env && env->fact("python.observed.model").find("DistributedDataParallel") != std::string::npos)
+        throw Error(ErrorCode::Unsupported,
+                    fmt::format("rank {} of job {} trains a DistributedDataParallel model, whose gradient buckets keep "
+                                "the dtype the program built it with: in float64 its all-reduce would no longer reach "
+                                "the gradients, each rank keeping its own, and the verdicts would be the replay's doing",
+                                r.rank, d.jobId),
+                    "replay the job as recorded (without --dtype): it names each rank's first op with a non-finite output");
+    }
   // One target step and one keyframe for all: the one they all hold.
   out.step = options.step >= 0 ? options.step
              : view.crash && view.crash->step >= 0 ? view.crash->step

@@ -232,6 +232,9 @@ def test_a_nan_sample_on_one_rank_is_the_story_s_first_failure_reaches_the_other
     # bisect ops has no float64 reference for a DDP job, and says why.
     r = crashcap("bisect", "ops", ranks[bad]["bundle"])
     assert r.returncode == 2 and "DDP's gradient buckets keep the dtype" in r.stderr, r.stderr
+    # Nor a replay in float64: its all-reduce would not reach the gradients (said, not replayed).
+    r = crashcap("replay", ranks[bad]["bundle"], "--dtype", "float64")
+    assert r.returncode == 2 and "trains a DistributedDataParallel model" in r.stderr, r.stderr
     # One rank packed alone would not replay: said before anything is written.
     r = crashcap("pack", ranks[bad]["bundle"], "-o", tmp_path / "packed.ccap")
     assert r.returncode != 0 and "one rank packed alone would not replay" in r.stderr, r.stderr

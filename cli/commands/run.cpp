@@ -74,7 +74,10 @@ int run(Options& r) {
     }
     // A rank of a job (crashcap run --nproc, or a launcher's: torch.multiprocessing.spawn): the
     // story across its ranks first.
-    if (rankOfJob) std::cerr << fmt::format("  next      crashcap inspect {}   (the job's story, every rank)\n", o.dir);
+    if (rankOfJob) {
+      std::cerr << fmt::format("  next      crashcap inspect {}   (the job's story, every rank)\n", o.dir);
+      std::cerr << fmt::format("            crashcap merge {} -o job.ccap   (the job in one file, to attach)\n", o.dir);
+    }
     std::cerr << fmt::format("  {}crashcap inspect {}\n", rankOfJob ? "          " : "next      ", a.bundle);
     if (a.trace.rfind("recorded", 0) == 0) std::cerr << fmt::format("            crashcap inspect {} --trace\n", a.bundle);
     if (hasSteps) std::cerr << fmt::format("            crashcap triage {}\n", a.bundle);

@@ -396,6 +396,7 @@ def test_ranks_that_torch_multiprocessing_spawn_starts_record_tell_one_story_rep
     assert "trained" not in r.stdout  # stopped at the NaN, as a process crashcap started itself would be
     runs = tmp_path / "runs"
     assert f"next      crashcap inspect {runs}   (the job's story, every rank)" in r.stderr, r.stderr
+    assert f"crashcap merge {runs} -o job.ccap   (the job in one file, to attach)" in r.stderr, r.stderr
     assert sorted(p.name.split("-")[0] for p in runs.iterdir()) == ["crash", "crash", "runs.jsonl"], list(runs.iterdir())
     job = crashcap_json("inspect", runs)["jobs"]
     assert len(job) == 1, job

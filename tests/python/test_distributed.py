@@ -271,6 +271,12 @@ def _the_job_travels_in_one_archive(tmp_path, job, bad):
     member = f"{archive}:{merged['members'][1]}"
     text = crashcap("inspect", member, env=env, check=True).stdout
     assert f"bundle     {member}" in text and "rank       " in text, text
+    assert crashcap("verify", member, env=env).returncode == 0
+    # A report written to a file names the archive's members, never the extraction directory.
+    report = tmp_path / "attach" / "report.md"
+    crashcap("report", archive, "--no-triage", "-o", report, env=env, check=True)
+    written = report.read_text()
+    assert f"crashcap replay {archive}:" in written and str(scratch) not in written, written
     assert list(scratch.iterdir()) == []  # every extraction removed
     r = crashcap("pack", archive, "-o", tmp_path / "packed.ccap")
     assert r.returncode != 0 and "is a job archive" in r.stderr, r.stderr

@@ -106,7 +106,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   auto reader = formats::BundleReader::open(in, o.limits);
   if (!reader->report().complete())
     rep.warnings.push_back(fmt::format("{} is damaged ({}): packed from what is intact", in, reader->report().summary()));
-  if (auto info = reader->recordingInfo(); info && info->producer == supervisor::kJobArchiveProducer)
+  if (supervisor::isJobArchive(*reader))
     throw Error(ErrorCode::Unsupported,
                 fmt::format("{} is a job archive (crashcap merge): every rank's bundle of a job, the attachment already; "
                             "packing a job smaller is not built yet",

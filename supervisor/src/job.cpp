@@ -275,7 +275,7 @@ JobStories readJobs(const std::string& dir) {
   for (const auto& path : listing.bundles) {
     try {
       auto reader = formats::BundleReader::open(path);
-      if (auto info = reader->recordingInfo(); info && info->producer == kJobArchiveProducer) {
+      if (isJobArchive(*reader)) {
         out.archives.push_back(path);  // a whole job of its own, told by inspect FILE
         continue;
       }

@@ -115,9 +115,13 @@ std::string noteOf(const formats::BundleReader& reader, const std::string& key) 
   return "";
 }
 
-bool producedByMerge(const formats::BundleReader& reader) {
-  auto info = reader.recordingInfo();
-  return info && info->producer == kJobArchiveProducer;
+/// `text` with every `from` replaced by `to`.
+std::string replaceEvery(const std::string& text, const std::string& from, const std::string& to) {
+  std::string out;
+  size_t at = 0;
+  for (size_t hit; (hit = text.find(from, at)) != std::string::npos; at = hit + from.size())
+    out += text.substr(at, hit - at) + to;
+  return out + text.substr(at);
 }
 
 }  // namespace
@@ -219,6 +223,11 @@ json toJson(const MergeResult& r) {
           {"missing", r.missing}};
 }
 
+bool isJobArchive(const formats::BundleReader& reader) {
+  auto info = reader.recordingInfo();
+  return info && info->producer == kJobArchiveProducer;
+}
+
 bool isJobArchive(const std::string& path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec)) return false;
@@ -232,7 +241,7 @@ bool isJobArchive(const std::string& path) {
     if (head.find(kJobArchiveProducer) == std::string::npos) return false;
   }
   try {
-    return producedByMerge(*formats::BundleReader::open(path));
+    return isJobArchive(*formats::BundleReader::open(path));
   } catch (const Error&) {
     return false;
   }
@@ -272,7 +281,7 @@ std::unique_ptr<ExtractedJob> ExtractedJob::extract(const std::string& path) {
   formats::ReaderLimits limits;
   limits.maxTensorBytes = UINT64_MAX;  // a member goes to a file of its own size, not into memory
   auto reader = formats::BundleReader::open(path, limits);
-  if (!producedByMerge(*reader))
+  if (!isJobArchive(*reader))
     throw Error(ErrorCode::InvalidArgument, fmt::format("{} is no job archive", path),
                 "crashcap merge DIR -o JOB.ccap makes one from the directory a job was recorded into");
   if (!reader->report().complete())
@@ -338,18 +347,8 @@ std::string ExtractedJob::member(const std::string& name) const {
 }
 
 std::string ExtractedJob::relabel(const std::string& text) const {
-  std::string out;
-  const std::string from = dir_ + "/";
-  size_t at = 0;
-  for (size_t hit; (hit = text.find(from, at)) != std::string::npos; at = hit + from.size())
-    out += text.substr(at, hit - at) + archive_ + ":";
-  out += text.substr(at);
-  // The directory alone (a message naming where the ranks are).
-  std::string result;
-  at = 0;
-  for (size_t hit; (hit = out.find(dir_, at)) != std::string::npos; at = hit + dir_.size())
-    result += out.substr(at, hit - at) + archive_;
-  return result + out.substr(at);
+  // A member's path, then the directory alone (a message naming where the ranks are).
+  return replaceEvery(replaceEvery(text, dir_ + "/", archive_ + ":"), dir_, archive_);
 }
 
 JobStories ExtractedJob::stories() const {

@@ -21,6 +21,10 @@
 
 #include "crashcap/supervisor/job.hpp"
 
+namespace crashcap::formats {
+class BundleReader;
+}
+
 namespace crashcap::supervisor {
 
 /// The producer an archive's RecordingInfo names, and the notes it carries.
@@ -62,6 +66,8 @@ nlohmann::json toJson(const MergeResult& r);
 /// Whether `path` is a job archive (a file whose RecordingInfo names kJobArchiveProducer). False
 /// for directories, other bundles and files that are no bundle at all.
 bool isJobArchive(const std::string& path);
+/// Whether the bundle `reader` opened is a job archive.
+bool isJobArchive(const formats::BundleReader& reader);
 
 /// "JOB.ccap:crash-....ccap", the name the commands give a member of an archive, as (archive,
 /// member); nullopt when `arg` is a file itself or no archive's name ends before a ':' in it.

@@ -29,6 +29,17 @@ if(NOT CRASHCAP_WITH_TORCH STREQUAL "OFF")
   endif()
 endif()
 
+# crashcap_torch_pch(TARGET): TARGET's sources compile against the one precompiled LibTorch header
+# (<torch/torch.h>), which crashcap::formats_torch, the lowest LibTorch library, builds. Such a
+# header is about 700 MB with debug information and 40 s of one core to build: one per target made
+# the build's precompiled headers 4.6 GB of its 7 GB, and that once filled a CI machine's disk.
+# GCC takes a precompiled header only where it was built with the same -fPIC/-fPIE, so the
+# libraries (position-independent code) share it; an executable with one LibTorch source gains
+# nothing from a header it would build for that source alone.
+function(crashcap_torch_pch target)
+  target_precompile_headers(${target} REUSE_FROM crashcap_formats_torch)
+endfunction()
+
 # CUPTI (the kernel tracer arrives with its issue): AUTO probes, ON requires, OFF skips.
 # Nothing links it yet; the result is recorded so `crashcap doctor` and the tracer can use it.
 set(CRASHCAP_HAVE_CUPTI OFF)

@@ -30,8 +30,9 @@ void printSteps(const investigate::StepBisection& b) {
   std::cout << fmt::format("replayed steps {}..{} from keyframe {}\n", b.fromKeyframe, b.target, b.fromKeyframe);
   std::cout << "  step   lr           loss           grad norm      weight norm after update\n";
   for (const auto& s : b.steps)
-    std::cout << fmt::format("  {:<6} {:<12.4g} {:<14.7g} {:<14.7g} {}\n", s.step, s.learningRate, s.loss,
-                             s.hasGradNorm ? s.gradNorm : std::nan(""),
+    std::cout << fmt::format("  {:<6} {:<12.4g} {:<14} {:<14} {}\n", s.step, s.learningRate,
+                             s.hasLoss ? fmt::format("{:.7g}", s.loss) : "-",
+                             s.hasGradNorm ? fmt::format("{:.7g}", s.gradNorm) : "-",
                              s.weightNorm ? fmt::format("{:.7g}", *s.weightNorm) : std::string("-"));
   if (!b.lostSteps.empty())
     std::cout << fmt::format("the recording lost step {}: the replay stopped before it\n", joinRows(b.lostSteps));

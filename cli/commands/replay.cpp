@@ -71,7 +71,7 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
                              settingsText(r.settings, r.recordedSettings));
   for (const auto& n : r.notes) std::cout << fmt::format("  note: {}\n", n);
   for (const auto& s : r.steps) {
-    std::cout << fmt::format("  step {:<5} loss {:<14} grad norm {:<14} {}", s.step, fmt::format("{:.7g}", s.loss),
+    std::cout << fmt::format("  step {:<5} loss {:<14} grad norm {:<14} {}", s.step, s.hasLoss ? fmt::format("{:.7g}", s.loss) : "-",
                              s.hasGradNorm ? fmt::format("{:.7g}", s.gradNorm) : "-",
                              !s.recorded  ? "(no recorded fingerprint)"
                              : s.bitwise ? "= recording, bit for bit"

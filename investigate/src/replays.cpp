@@ -538,6 +538,17 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
       if (outcome.error) throw *outcome.error;
       if (!outcome.replay) throw Error(ErrorCode::Corrupt, "the program answered a replay request with no replay");
       r.result = std::move(*outcome.replay);
+      // Stopped in the recording after another rank failed (by crashcap run, or by a launcher that
+      // stops the rest of its ranks when one exits), it ends at the same step when a peer goes
+      // away: the same consequence of the other rank's failure, which is all there is to compare.
+      if (was.outcome == "stopped" && anyRankEnded && r.result->verdict == replayer::Verdict::NotReproduced &&
+          !r.result->divergedAt && supervisor::isPeerError(r.result->error)) {
+        r.result->verdict = replayer::Verdict::Reproduced;
+        r.result->notes.push_back(fmt::format(
+            "it was stopped in the recording after another rank failed ({}); here it ended when a peer went away, "
+            "as a rank does once another has failed: only that is compared",
+            r.result->recordedError.empty() ? "no error of its own" : r.result->recordedError));
+      }
       r.verdict = replayer::verdictName(r.result->verdict);
     } catch (const Error& e) {
       r.error = e.message() + (e.hint().empty() ? "" : " (" + e.hint() + ")");

@@ -836,6 +836,26 @@ def _after_init(cls, seen):
         cls.__init__ = _after_call(init, seen)
 
 
+def recording_exceptions(fn):
+    """`fn`, whose exception is recorded as the training's crash on its way out. For the function a
+    rank that torch.multiprocessing.spawn started runs: torch's wrapper around it catches the
+    exception, sends its traceback to the launcher and exits 1, so sys.excepthook never sees it."""
+
+    @functools.wraps(fn)
+    def run(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            try:
+                # As the excepthook is called: again if a signal handler (the DataLoader's, as a
+                # worker goes) raises into it.
+                _api._native.call_despite_signals(_api._recorder.record_uncaught, e)
+            except Exception as inner:
+                print(f"crashcap: could not record the crash: {inner}", file=sys.stderr)
+            raise
+    return run
+
+
 def start_from_environment(spawned=None):
     """Called by the bootstrap once torch is imported: records when `crashcap run --record` asked
     for it (CRASHCAP_OBSERVE: the policy as JSON), or serves a replay request. `spawned`: (function,

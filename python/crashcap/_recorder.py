@@ -151,6 +151,14 @@ class _SignalHandlersDeferred:
 
 
 def _excepthook(kind, value, tb):
+    record_uncaught(value)
+    _previous_excepthook(kind, value, tb)
+
+
+def record_uncaught(value):
+    """Records `value`, an exception that ends the program, as the active Recorder's crash (none
+    active: nothing). What sys.excepthook does first; also called for an exception that a wrapper
+    catches before the hook could see it (torch.multiprocessing.spawn's, in a rank)."""
     rec = _active() if _active is not None else None
     if rec is not None and isinstance(value, Exception):
         # A signal handler may raise before the recording began (tried again) or after it ended
@@ -171,7 +179,6 @@ def _excepthook(kind, value, tb):
                     break
         if error is not None:  # the hook must still report the training's own error
             print(f"crashcap: could not record the crash: {error}", file=sys.stderr)
-    _previous_excepthook(kind, value, tb)
 
 
 _previous_excepthook = sys.__excepthook__  # the hook crashcap's replaced, set when it is installed

@@ -652,6 +652,7 @@ struct Run {
     at::NoGradGuard noGrad;
     at::Tensor l = loss.detach();
     r.loss = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
+    r.hasLoss = true;
     std::vector<at::Tensor> grads;
     for (const auto& p : ordered)
       if (p.grad().defined()) grads.push_back(p.grad().detach());

@@ -141,7 +141,7 @@ namespace {
 
 json stepJson(const StepReplay& s) {
   return {{"step", s.step},
-          {"loss", number(s.loss)},
+          {"loss", s.hasLoss ? number(s.loss) : json(nullptr)},
           {"grad_norm", s.hasGradNorm ? number(s.gradNorm) : json(nullptr)},
           {"recorded_loss", s.recorded ? number(s.recordedLoss) : json(nullptr)},
           {"recorded_grad_norm", s.recorded ? number(s.recordedGradNorm) : json(nullptr)},
@@ -155,7 +155,10 @@ json stepJson(const StepReplay& s) {
 StepReplay stepFrom(const json& j) {
   StepReplay s;
   s.step = integer(j, "step");
-  s.loss = real(j, "loss");
+  if (auto l = optReal(j, "loss")) {
+    s.hasLoss = true;
+    s.loss = *l;
+  }
   if (auto g = optReal(j, "grad_norm")) {
     s.hasGradNorm = true;
     s.gradNorm = *g;

@@ -98,6 +98,31 @@ std::string trimmed(std::string line) {
   return line;
 }
 
+/// The line that names the exception of the last traceback Python printed: the first line after
+/// "Traceback (most recent call last):" that is not one of its frames (those are indented). The
+/// last, because a chained exception prints the one raised last at the end, and a launcher
+/// (torch.multiprocessing.spawn) ends with its rank's traceback inside its own exception's text;
+/// whatever the program prints after it (a warning at exit) is not the exception. A traceback
+/// Python prints for an exception it ignored ("Exception ignored in: ...", a failing atexit
+/// callback) is skipped. "" when no traceback is there.
+std::string exceptionLine(const std::vector<std::string>& all) {
+  std::string found;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (all[i].rfind("Traceback (most recent call last):", 0) != 0) continue;
+    size_t before = i;
+    while (before > 0 && all[before - 1].empty()) --before;
+    if (before > 0 && all[before - 1].rfind("Exception ignored", 0) == 0) continue;
+    std::string line = all[i];  // a traceback cut off before its exception line: the traceback itself
+    for (size_t k = i + 1; k < all.size(); ++k)
+      if (!all[k].empty() && all[k][0] != ' ' && all[k][0] != '\t') {
+        line = all[k];
+        break;
+      }
+    found = line;
+  }
+  return found;
+}
+
 }  // namespace
 
 Classification classifyExit(int exitCode, int signal, const std::string& stdoutText, const std::string& stderrText) {
@@ -115,15 +140,8 @@ Classification classifyExit(int exitCode, int signal, const std::string& stdoutT
       for (const auto& p : processPatterns())
         if (line.find(p.text) != std::string::npos) return {p.id, trimmed(line)};
   for (const std::string* text : {&stderrText, &stdoutText}) {
-    auto all = lines(*text);
-    for (size_t i = 0; i < all.size(); ++i)
-      if (all[i].rfind("Traceback (most recent call last):", 0) == 0) {
-        // The exception line is the last non-indented line after the traceback.
-        std::string last;
-        for (size_t k = i + 1; k < all.size(); ++k)
-          if (!all[k].empty() && all[k][0] != ' ') last = all[k];
-        return {"python-exception", trimmed(last.empty() ? all[i] : last)};
-      }
+    std::string line = exceptionLine(lines(*text));
+    if (!line.empty()) return {"python-exception", trimmed(line)};
   }
   if (signal != 0) {
     const char* name = formats::signalName(signal);

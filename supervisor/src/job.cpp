@@ -33,16 +33,6 @@ std::string signalText(int signal) {
   return name ? name : fmt::format("signal {}", signal);
 }
 
-/// The words of an error a rank sees when another rank of its job went away or stopped answering
-/// (Gloo, NCCL, the TCP store), lower case.
-bool isPeerError(std::string e) {
-  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return std::tolower(c); });
-  for (const char* words : {"connection closed by peer", "connection reset by peer", "broken pipe", "timed out",
-                            "remote process exited", "socket timeout", "connection refused"})
-    if (e.find(words) != std::string::npos) return true;
-  return false;
-}
-
 /// What a launcher printed of one of its ranks' deaths by a signal: the signal and the launcher's
 /// own line. torchrun's failure report names the process by pid ("exitcode  : -9 (pid: 4242)",
 /// "Signal 9 (SIGKILL) received by PID 4242"); torch.multiprocessing.spawn by its index, which is
@@ -263,6 +253,14 @@ std::string collectiveStory(const JobRank& r, const Job& job) {
 }
 
 }  // namespace
+
+bool isPeerError(std::string e) {
+  std::transform(e.begin(), e.end(), e.begin(), [](unsigned char c) { return std::tolower(c); });
+  for (const char* words : {"connection closed by peer", "connection reset by peer", "broken pipe", "timed out",
+                            "remote process exited", "socket timeout", "connection refused"})
+    if (e.find(words) != std::string::npos) return true;
+  return false;
+}
 
 JobStories readJobs(const std::string& dir) {
   RunDirListing listing = listRunDir(dir);

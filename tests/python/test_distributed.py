@@ -433,6 +433,36 @@ def test_ranks_that_torch_multiprocessing_spawn_starts_record_tell_one_story_rep
     assert culprit["dataset_indices"] == [expected_index], culprit
 
 
+def test_a_spawned_rank_that_raises_records_its_own_error_and_its_peer_replays_to_the_same_end(tmp_path):
+    # Rank 1 raises in its forward at step 3 (a label cross_entropy refuses). torch's spawn wrapper
+    # catches the exception (it hands the traceback to the launcher and exits 1), so the rank's
+    # own recording must keep it; rank 0, waiting in the all-reduce, is stopped by the launcher or
+    # fails on Gloo's lost connection.
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, SPAWN, "--bad-label-step", 3, cwd=tmp_path,
+                 timeout=600)
+    assert r.returncode != 0, r.stdout + r.stderr
+    # The launcher's last lines are a warning at exit; the evidence is the rank's exception.
+    assert "evidence  IndexError: Target 99 is out of bounds." in r.stderr, r.stderr
+    job = crashcap_json("inspect", tmp_path / "runs")["jobs"]
+    assert len(job) == 1, job
+    job = job[0]
+    ranks = {r["rank"]: r for r in job["ranks"]}
+    assert sorted(ranks) == [0, 1] and job["first_failed"] == 1, job["headline"]
+    first = ranks[1]
+    assert (first["how"], first["classification"], first["step"], first["phase"]) == ("raised", "exception", 3, "forward"), first
+    assert first["error"] == "IndexError: Target 99 is out of bounds." and first["op"] == "aten::cross_entropy_loss", first
+    assert os.path.basename(first["bundle"]).startswith("crash-"), first  # its recorder's bundle, not one crashcap run sealed
+    assert ranks[0]["step"] == 3 and (ranks[0]["outcome"] == "stopped" or ranks[0]["from_peer"]), ranks[0]
+    # Replayed together: rank 1 raises again, bit for bit; rank 0 ends when rank 1 goes, as it did.
+    replay = crashcap_json("replay", first["bundle"])
+    verdicts = {r["rank"]: r for r in replay["ranks"]}
+    assert verdicts[1]["replay"]["verdict"] == "reproduced-bitwise", verdicts[1]
+    assert verdicts[1]["replay"]["error"] == "IndexError: Target 99 is out of bounds."
+    assert verdicts[1]["replay"]["steps"][-1]["loss"] is None, verdicts[1]  # it raised before it had one
+    assert verdicts[0]["replay"]["verdict"] == "reproduced", verdicts[0]
+    assert [s["bitwise"] for s in verdicts[0]["replay"]["steps"][:3]] == [True, True, True], verdicts[0]
+
+
 @pytest.mark.parametrize("args, why", [
     # A multiprocessing queue among mp.spawn's arguments pickles only while multiprocessing spawns.
     (["--report-queue"], "do not pickle outside multiprocessing"),

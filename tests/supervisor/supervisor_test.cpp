@@ -103,6 +103,23 @@ TEST_CASE("classification: the earliest GPU error decides, from the messages rea
       {"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    raise ValueError(\"bad config\")\n"
        "ValueError: bad config\n",
        "python-exception", "ValueError: bad config"},
+      // torch.multiprocessing.spawn's launcher: its rank's traceback inside its own exception's
+      // text, then what the interpreter printed at exit (not the exception)
+      {"Traceback (most recent call last):\n  File \"train.py\", line 80, in <module>\n    mp.spawn(run, nprocs=2)\n"
+       "torch.multiprocessing.spawn.ProcessRaisedException: \n\n-- Process 1 terminated with the following error:\n"
+       "Traceback (most recent call last):\n  File \"train.py\", line 58, in run\n    loss = cross_entropy(model(x), y)\n"
+       "IndexError: Target 99 is out of bounds.\n\n"
+       "/usr/lib/python3.11/multiprocessing/resource_tracker.py:224: UserWarning: resource_tracker: There appear to be "
+       "11 leaked semaphore objects to clean up at shutdown\n",
+       "python-exception", "IndexError: Target 99 is out of bounds."},
+      // a chained exception: the one raised last is the run's; a traceback Python printed for an
+      // exception it ignored (an atexit callback's) is not
+      {"Traceback (most recent call last):\n  File \"train.py\", line 5, in load\nKeyError: 'lr'\n\n"
+       "The above exception was the direct cause of the following exception:\n\n"
+       "Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\nValueError: config has no lr\n"
+       "Exception ignored in atexit callback: <function flush at 0x7f>\n"
+       "Traceback (most recent call last):\n  File \"log.py\", line 2, in flush\nOSError: [Errno 28] No space left\n",
+       "python-exception", "ValueError: config has no lr"},
   };
   for (const auto& c : cases) {
     INFO(c.stderrText);

@@ -38,9 +38,11 @@ def _observe(spawned=None):
         finally:
             sys.path.remove(_PACKAGE_PARENT)
         _observe.start_from_environment(spawned)
+        return _observe
     except Exception as e:
         print(f"crashcap: not recording this training: the crashcap package failed to load "
               f"({type(e).__name__}: {e})", file=sys.stderr)
+        return None
 
 
 class _AfterTorch:
@@ -96,8 +98,11 @@ def _observe_spawned_function():
         def _wrap(fn, i, args, *rest, **kwargs):
             if _OBSERVE_POLICY is not None:
                 os.environ["CRASHCAP_OBSERVE"] = _OBSERVE_POLICY  # a rank: its own children see it again
-            _observe(spawned=(fn, i, args))
-            return wrap(fn, i, args, *rest, **kwargs)
+            observe = _observe(spawned=(fn, i, args))
+            # torch's wrapper catches the rank's exception (it hands the traceback to the launcher
+            # and exits 1): recorded on its way there, as sys.excepthook records a program's.
+            run = observe.recording_exceptions(fn) if observe is not None else fn
+            return wrap(run, i, args, *rest, **kwargs)
 
         spawn._wrap = _wrap
     except Exception as e:

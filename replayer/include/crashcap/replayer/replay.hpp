@@ -85,6 +85,7 @@ struct NonFiniteOp {
 struct StepReplay {
   int64_t step = 0;
   double loss = 0, gradNorm = 0;
+  bool hasLoss = false;          ///< the step got as far as its loss (a step that threw before has none)
   bool hasGradNorm = false;
   bool recorded = false;         ///< the recording has this step's fingerprint
   double recordedLoss = 0, recordedGradNorm = 0;

@@ -79,6 +79,10 @@ struct JobStories {
   std::vector<std::pair<std::string, std::string>> unreadable;  ///< (path, why)
 };
 
+/// Whether `error` is what a rank sees when another rank of its job went away or stopped answering
+/// (Gloo, NCCL, the TCP store: "Connection closed by peer", "timed out", ...).
+bool isPeerError(std::string error);
+
 /// Reads DIR as `crashcap summary` does (recursively; recording directories are listed, not
 /// entered). Throws crashcap::Error{NotFound} when DIR is not a directory.
 JobStories readJobs(const std::string& dir);

@@ -88,6 +88,11 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
   if (r.divergedAt)
     std::cout << fmt::format("diverged at step {}: replay departs from the recording (nondeterminism?)\n", *r.divergedAt);
   if (!r.error.empty()) std::cout << fmt::format("error    {}\n", r.error);
+  if (r.raisingOp) {
+    const auto& f = *r.raisingOp;
+    std::cout << fmt::format("raised in {} ({}, op #{} of the step)\n", f.name, f.phase, f.index);
+    for (const auto& v : f.inputs) std::cout << valueLine("input ", v);
+  }
   if (r.firstNonFiniteOp) {
     const auto& f = *r.firstNonFiniteOp;
     std::cout << fmt::format("first op with a non-finite output: {} ({}, op #{} of the step, autograd seq {})\n", f.name,

@@ -35,7 +35,7 @@ int report(const Options& o) {
     throw Error(ErrorCode::Unsupported, "no HTML report: " + why, "write the Markdown report (without --html)");
   // To the file -o names, else to stdout.
   auto emit = [&](const std::string& text) {
-    if (o.out.empty()) {
+    if (o.out.empty() || o.out == "-") {
       std::cout << text;
     } else {
       writeFileAtomically(o.out, namedAsTheArchive(text));
@@ -67,7 +67,7 @@ Command reportCommand(CLI::App& root) {
                   "Crash bundle; or a job archive (crashcap merge), from the rank that failed first; or one "
                   "rank of an archive, JOB.ccap:crash-....ccap")
       ->required();
-  cmd->add_option("-o,--out", o->out, "Write the report to this file (default: stdout)");
+  cmd->add_option("-o,--out", o->out, "Write the report to this file (default, or -: stdout)");
   cmd->add_flag("--html", o->html,
                 "Write one self-contained HTML page with plots instead of Markdown (it loads nothing: open it anywhere)");
   cmd->add_option("--html-out", o->htmlOut, "Also write the HTML report to this file; the Markdown links it");

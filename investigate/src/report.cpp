@@ -103,8 +103,8 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   md += "\n## Steps to Reproduce\n";
   md += fmt::format("1. Get the crash bundle `{}` (attached).\n", bundle);
   md += fmt::format("2. `crashcap inspect {}` (what was recorded, the crash, the last ops)\n", bundle);
-  md += fmt::format("3. `crashcap replay {}` (re-runs step {} from keyframe {}, bit for bit on the CPU)\n", bundle,
-                    stepText, replay ? std::to_string(replay->keyframe) : "?");
+  md += fmt::format("3. `crashcap replay {}` (re-runs step {} from {}, bit for bit on the CPU)\n", bundle, stepText,
+                    replay ? fmt::format("keyframe {}", replay->keyframe) : std::string("the newest keyframe before it"));
   md += fmt::format("4. `crashcap triage {}` ({})\n", bundle, triage ? "the experiments below" : "the experiments that name the cause");
   md += "\n## Expected Behavior\nThe step completes with a finite loss and training continues.\n";
   md += "\n## Actual Behavior\n";
@@ -115,14 +115,22 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   }
   if (replay) {
     md += fmt::format("- Replay verdict: {} over {} steps.\n", replayer::verdictName(replay->verdict), replay->steps.size());
+    if (replay->raisingOp)
+      md += fmt::format("- The error comes out of `{}` ({}).\n", replay->raisingOp->name, replay->raisingOp->phase);
     if (replay->firstNonFiniteOp)
       md += fmt::format("- First op whose output goes non-finite: `{}` ({}).\n", replay->firstNonFiniteOp->name,
                         replay->firstNonFiniteOp->phase);
   }
-  for (const auto& t : story["crash_tensors"])
-    if (t.contains("stats") && !t["stats"].is_null() && t["stats"]["nan_count"].get<uint64_t>() > 0)
-      md += fmt::format("- `{}` holds {} NaN (first at {}).\n", t["name"].get<std::string>(), t["stats"]["nan_count"].dump(),
-                        t["stats"]["first_nan"].dump());
+  for (const auto& t : story["crash_tensors"]) {
+    if (!t.contains("stats") || t["stats"].is_null()) continue;
+    const json& s = t["stats"];
+    std::vector<std::string> held;
+    for (const char* kind : {"nan", "inf"})
+      if (s.value(fmt::format("{}_count", kind), uint64_t(0)) > 0)
+        held.push_back(fmt::format("{} {} (first at {})", s[fmt::format("{}_count", kind)].dump(),
+                                   kind == std::string("nan") ? "NaN" : "Inf", s[fmt::format("first_{}", kind)].dump()));
+    if (!held.empty()) md += fmt::format("- `{}` holds {}.\n", t["name"].get<std::string>(), fmt::join(held, " and "));
+  }
   md += "\n## Logs / Stack Trace\n```\n";
   if (!crash.is_null()) {
     md += crash["error"].get<std::string>() + "\n";
@@ -146,14 +154,17 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
       std::replace(ev.begin(), ev.end(), '|', '/');  // a table cell cannot hold one
       md += fmt::format("| {} | **{}** | {} | `{}` |\n", h.id, verdictName(h.verdict), ev, h.rerun);
     }
+    // What triage could place, and only that.
     const auto& c = triage->culprit;
-    auto quoted = [](const std::optional<std::string>& s) { return s ? "\"" + *s + "\"" : std::string("null"); };
-    md += fmt::format("\nCulprit: {}step {}, batch rows {}{}, op {} ({}){}.\n",
-                      c.rank ? fmt::format("rank {}, ", *c.rank) : "", c.step ? std::to_string(*c.step) : "null",
-                      c.rows ? jsonList(*c.rows) : "null",
-                      c.datasetIndices ? " (dataset indices " + jsonList(*c.datasetIndices) + ")" : "", quoted(c.op),
-                      quoted(c.phase),
-                      c.changes && !c.changes->empty() ? "; the outcome changes with " + json(*c.changes).dump() : "");
+    std::vector<std::string> where;
+    if (c.rank) where.push_back(fmt::format("rank {}", *c.rank));
+    if (c.step) where.push_back(fmt::format("step {}", *c.step));
+    if (c.rows)
+      where.push_back(fmt::format("batch rows {}{}", jsonList(*c.rows),
+                                  c.datasetIndices ? " (dataset indices " + jsonList(*c.datasetIndices) + ")" : ""));
+    if (c.op) where.push_back(fmt::format("op `{}`{}", *c.op, c.phase ? " (" + *c.phase + ")" : ""));
+    if (c.changes && !c.changes->empty()) where.push_back("the outcome changes with " + json(*c.changes).dump());
+    md += fmt::format("\nCulprit: {}.\n", where.empty() ? std::string("not placed") : fmt::format("{}", fmt::join(where, ", ")));
   }
   return md;
 }

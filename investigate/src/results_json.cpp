@@ -26,7 +26,7 @@ ReplaySide sideFrom(const json& j) {
   s.device = text(j, "device");
   s.dtype = text(j, "dtype");
   s.error = optText(j, "error");
-  s.firstNonFiniteOp = replayer::nonFiniteOpFromJson(j, "first_nonfinite_op");
+  s.firstNonFiniteOp = replayer::probedOpFromJson(j, "first_nonfinite_op");
   return s;
 }
 

@@ -203,8 +203,7 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
   if (f.ops) {
     const auto& ref = f.ops->reference;
     if (f.ops->failsInFloat64() && ref.firstNonFiniteOp)
-      h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too: the arithmetic itself, not "
-                                       "float32 rounding or range",
+      h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too: not float32 rounding or range",
                                        ref.firstNonFiniteOp->name));
     else if (f.ops->failsInFloat64())
       h.evidence.push_back("the float64 CPU replay fails with the same error: not a matter of precision");
@@ -377,7 +376,27 @@ Hypothesis judgeNondeterminism(const TriageFacts& f) {
     h.evidence.push_back(r.divergedAt ? fmt::format("replay departs from the recording at step {}", *r.divergedAt)
                                       : "replay departs from the recording");
   } else {
-    h.evidence.push_back(fmt::format("replay verdict {}", replayer::verdictName(r.verdict)));
+    // The steps the recording has fingerprints of are the evidence either way.
+    size_t compared = 0;
+    bool same = r.sameSetup && !r.divergedAt;
+    for (const auto& s : r.steps)
+      if (s.recorded) {
+        ++compared;
+        same = same && s.bitwise;
+      }
+    if (same && compared > 0 && replayer::showsFailure(r)) {
+      h.verdict = V::Refuted;
+      h.evidence.push_back(fmt::format("the {} replayed step{} with a recorded fingerprint matched it bit for bit, and the "
+                                       "failure came back (verdict {}: its error's text differs)",
+                                       compared, compared == 1 ? "" : "s", replayer::verdictName(r.verdict)));
+    } else if (same && compared > 0) {
+      h.evidence.push_back(fmt::format("the {} replayed step{} with a recorded fingerprint matched it bit for bit, but the "
+                                       "failing step ran clean here (verdict {}): a cause outside the step's "
+                                       "computation, or a race within it",
+                                       compared, compared == 1 ? "" : "s", replayer::verdictName(r.verdict)));
+    } else {
+      h.evidence.push_back(fmt::format("replay verdict {}", replayer::verdictName(r.verdict)));
+    }
   }
   return h;
 }
@@ -409,9 +428,11 @@ Culprit findCulprit(const TriageFacts& f) {
     if (auto rows = f.culpritRows(); !rows.empty()) c.rows = rows;
     if (f.samples) c.datasetIndices = f.samples->datasetIndices;
   }
-  if (f.replay && f.replay->firstNonFiniteOp) {
-    c.op = f.replay->firstNonFiniteOp->name;
-    c.phase = f.replay->firstNonFiniteOp->phase;
+  // An error names the op it came out of; a non-finite value the first op that made one.
+  if (const auto& op = f.replay ? (f.replay->raisingOp ? f.replay->raisingOp : f.replay->firstNonFiniteOp)
+                                : std::optional<replayer::ProbedOp>()) {
+    c.op = op->name;
+    c.phase = op->phase;
   }
   if (f.config) c.changes = f.config->changesOutcome;
   return c;

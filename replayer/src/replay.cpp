@@ -23,6 +23,7 @@
 #include <climits>
 #include <chrono>
 #include <cmath>
+#include <exception>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -96,7 +97,9 @@ struct OuterOutput {
 };
 struct Probe {
   uint64_t ops = 0;
-  std::optional<NonFiniteOp> found;
+  std::optional<ProbedOp> found;
+  std::optional<ProbedOp> raising;
+  bool deliberateInfinity = false;  ///< an op of the step filled with an infinity it was given
   uint64_t outer = 0;
   std::vector<OuterOutput>* capture = nullptr;
   const std::vector<OuterOutput>* reference = nullptr;
@@ -180,17 +183,41 @@ void eachTensor(const Values& values, Fn&& fn) {
 struct OpCall : at::ObserverContext {
   std::vector<at::Tensor> tensors;
   bool outer = false;
+  int unwinding = 0;  ///< std::uncaught_exceptions() as it began: more at its end, it raised
 };
+
+/// The op was given an infinite scalar (masked_fill(mask, -inf), fill_(inf), full(..., -inf)): the
+/// infinities it writes are what the program asked for.
+bool givenInfinity(const at::RecordFunction& fn) {
+  for (const c10::IValue& v : formats::torch::opArguments(fn))
+    if (v.isDouble() && std::isinf(v.toDouble())) return true;
+  return false;
+}
+
+bool holdsNaN(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || !(t.is_floating_point() || t.is_complex())) return false;
+  return at::isnan(t.detach()).any().item<bool>();
+}
 
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
   if (tInside || !gProbe) return nullptr;
   if (fn.name() && std::strncmp(fn.name(), "autograd::engine::", 18) == 0) ++tEngineDepth;
   auto ctx = std::make_unique<OpCall>();
   ctx->outer = tDepth++ == 0;
-  if (!gProbe->found) {
+  ctx->unwinding = std::uncaught_exceptions();
+  if (!gProbe->found || (ctx->outer && !gProbe->raising)) {
     try {
+      // An in-place op (add_, masked_fill_, log_) overwrites its first argument: a copy keeps the
+      // values it started from, or its inputs would show its outputs.
+      const bool inPlace = fn.name() && std::strlen(fn.name()) > 6 && fn.name()[std::strlen(fn.name()) - 1] == '_';
       eachTensor(formats::torch::opArguments(fn), [&](const at::Tensor& t) {
-        if (t.defined() && ctx->tensors.size() < 8) ctx->tensors.push_back(t);
+        if (!t.defined() || ctx->tensors.size() >= 8) return;
+        if (inPlace && ctx->tensors.empty()) {
+          at::DisableRecordFunctionGuard quiet;  // the copy is the probe's, not the step's
+          ctx->tensors.push_back(t.detach().clone());
+        } else {
+          ctx->tensors.push_back(t);
+        }
       });
     } catch (...) {
     }
@@ -254,11 +281,34 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
       bool engine = std::strncmp(name, "autograd::engine::", 18) == 0;
       if (engine && tEngineDepth > 0) --tEngineDepth;
       std::string phase = tBackwardDepth > 0 || tEngineDepth > 0 || engine ? "backward" : "forward";
+      // Ended by an exception on its way out: the outermost such op is the one the step called.
+      if (call && call->outer && !gProbe->raising && std::uncaught_exceptions() > call->unwinding) {
+        ProbedOp op;
+        op.name = name;
+        op.phase = phase;
+        op.seq = fn.seqNr();
+        op.index = index;
+        for (const auto& t : call->tensors) op.inputs.push_back(statsOf(t));
+        gProbe->raising = std::move(op);
+      }
       if (!gProbe->found && !allocates(fn.name()) && !movesOnly(fn.name())) {
         bool bad = false;
         eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) { bad = bad || nonFinite(t); });
         if (bad) {
-          NonFiniteOp op;
+          // Infinities the program means (an attention's -inf mask) are not a finding: neither
+          // the op that writes the infinity it was given, nor, after one, an op that only passes
+          // infinities on. A NaN, or an infinity made from finite inputs, still is.
+          bool nan = false;
+          eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) { nan = nan || holdsNaN(t); });
+          if (!nan && givenInfinity(fn)) {
+            gProbe->deliberateInfinity = true;
+            bad = false;
+          } else if (!nan && gProbe->deliberateInfinity && call) {
+            bad = std::none_of(call->tensors.begin(), call->tensors.end(), [](const at::Tensor& t) { return nonFinite(t); });
+          }
+        }
+        if (bad) {
+          ProbedOp op;
           op.name = name;
           op.phase = phase;
           op.seq = fn.seqNr();
@@ -685,6 +735,7 @@ struct Run {
     if (narrowDefault) c10::set_default_dtype(*narrowDefault);
     narrowDefault.reset();
     if (r.step == target && probe.found) result.firstNonFiniteOp = probe.found;
+    if (r.step == target && probe.raising && !r.error.empty()) result.raisingOp = probe.raising;
     result.steps.push_back(r);
     // Only the same setup can be held to the recording's bits; any setup to its errors.
     bool departs = !r.error.empty() || (result.sameSetup && r.recorded && !r.bitwise);

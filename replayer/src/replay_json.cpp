@@ -124,10 +124,10 @@ json statsListJson(const std::vector<ValueStats>& values) {
 
 }  // namespace
 
-std::optional<NonFiniteOp> nonFiniteOpFromJson(const json& j, const char* key) {
+std::optional<ProbedOp> probedOpFromJson(const json& j, const char* key) {
   if (!j.contains(key) || j[key].is_null()) return std::nullopt;
   const json& o = j[key];
-  NonFiniteOp op;
+  ProbedOp op;
   op.name = text(o, "name");
   op.phase = text(o, "phase");
   op.seq = integer(o, "seq");
@@ -214,7 +214,7 @@ json toJson(const ValueStats& v) {
           {"max", v.max ? number(*v.max) : json(nullptr)}};
 }
 
-json toJson(const std::optional<NonFiniteOp>& op) {
+json toJson(const std::optional<ProbedOp>& op) {
   if (!op) return nullptr;
   return {{"name", op->name},
           {"phase", op->phase},
@@ -232,6 +232,7 @@ json toJson(const ReplayResult& r) {
           {"recorded_error", nullable(r.recordedError)},
           {"diverged_at", nullable(r.divergedAt)},
           {"first_nonfinite_op", toJson(r.firstNonFiniteOp)},
+          {"raising_op", toJson(r.raisingOp)},
           {"steps", toJson(r.steps)},
           {"steps_replayed", r.steps.size()},
           {"batch_size", r.batchSize},
@@ -259,7 +260,8 @@ ReplayResult replayResultFromJson(const json& j) {
   r.error = optText(j, "error");
   r.recordedError = optText(j, "recorded_error");
   r.divergedAt = optInteger(j, "diverged_at");
-  r.firstNonFiniteOp = nonFiniteOpFromJson(j, "first_nonfinite_op");
+  r.firstNonFiniteOp = probedOpFromJson(j, "first_nonfinite_op");
+  r.raisingOp = probedOpFromJson(j, "raising_op");
   r.steps = stepReplaysFromJson(j, "steps");
   r.batchSize = integer(j, "batch_size");
   if (!at(j, "rows").is_null()) r.rows = integers(j["rows"], "rows");

@@ -24,7 +24,7 @@ replayer::ReplayResult sampleReplay() {
   r.error = "Traceback...\nTarget 10 is out of bounds.";
   r.recordedError = r.error;
   r.divergedAt = 5;
-  replayer::NonFiniteOp op;
+  replayer::ProbedOp op;
   op.name = "aten::div";
   op.phase = "backward";
   op.seq = 42;
@@ -38,10 +38,14 @@ replayer::ReplayResult sampleReplay() {
   op.inputs = {v};
   op.outputs = {v, v};
   r.firstNonFiniteOp = op;
+  op.name = "aten::nll_loss";
+  op.outputs.clear();
+  r.raisingOp = op;
   for (int64_t s = 4; s <= 6; ++s) {
     replayer::StepReplay sr;
     sr.step = s;
     sr.loss = s == 6 ? NAN : 0.25 * s;
+    sr.hasLoss = s != 5;  // step 5 raised before its loss
     sr.hasGradNorm = s < 6;
     sr.gradNorm = 1.5;
     sr.recorded = s != 5;
@@ -88,11 +92,16 @@ TEST_CASE("a replay result reads back from its JSON, NaN and infinities included
   CHECK(back.firstNonFiniteOp->seq == 42);
   CHECK(back.firstNonFiniteOp->outputs.size() == 2);
   CHECK(std::isinf(*back.firstNonFiniteOp->inputs[0].max));
+  REQUIRE(back.raisingOp);
+  CHECK(back.raisingOp->name == "aten::nll_loss");
+  CHECK(back.raisingOp->outputs.empty());
+  CHECK(j["steps"][1]["loss"].is_null());
   REQUIRE(back.steps.size() == 3);
   for (size_t i = 0; i < 3; ++i) {
     INFO("step " << r.steps[i].step);
-    CHECK(sameBits(back.steps[i].loss, r.steps[i].loss));
+    if (r.steps[i].hasLoss) CHECK(sameBits(back.steps[i].loss, r.steps[i].loss));
     CHECK(back.steps[i].hasGradNorm == r.steps[i].hasGradNorm);
+    CHECK(back.steps[i].hasLoss == r.steps[i].hasLoss);
     CHECK(back.steps[i].recorded == r.steps[i].recorded);
     CHECK(back.steps[i].bitwise == r.steps[i].bitwise);
     CHECK(back.steps[i].weightNorm == r.steps[i].weightNorm);

@@ -31,8 +31,8 @@ replayer::ValueStats stats(int64_t nan, int64_t inf, std::optional<double> min, 
   return v;
 }
 
-replayer::NonFiniteOp nonFiniteOp(const std::string& name, std::vector<replayer::ValueStats> inputs) {
-  replayer::NonFiniteOp op;
+replayer::ProbedOp nonFiniteOp(const std::string& name, std::vector<replayer::ValueStats> inputs) {
+  replayer::ProbedOp op;
   op.name = name;
   op.phase = "forward";
   op.inputs = std::move(inputs);
@@ -533,7 +533,8 @@ TEST_CASE("config-dependent is inconclusive when the step passes and no flip mak
   CHECK(has(h, "cudnn.* and TF32 settings do not change CPU kernels: replay on cuda:0 for them to count"));
 }
 
-TEST_CASE("nondeterminism is refuted by a bitwise replay, confirmed by a divergence, inconclusive otherwise",
+TEST_CASE("nondeterminism is refuted by a bitwise replay or bitwise steps before a reproduced failure, confirmed by a "
+          "divergence, inconclusive otherwise",
           "[investigate][triage]") {
   auto f = reproducedAt6();
   auto h = judgeNondeterminism(f);
@@ -552,6 +553,25 @@ TEST_CASE("nondeterminism is refuted by a bitwise replay, confirmed by a diverge
   auto k = judgeNondeterminism(f);
   CHECK(k.verdict == V::Inconclusive);
   CHECK(k.evidence.at(0) == "replay verdict reproduced");
+
+  // The steps before the target matched their recorded fingerprints bit for bit: the replay is
+  // deterministic where it can be checked. Reproduced with another error text refutes it; a
+  // failing step that ran clean (a SIGKILL from outside) leaves it open, saying why.
+  for (auto& s : f.replay->steps)
+    if (s.step < 6) s.recorded = s.bitwise = true;
+  auto m = judgeNondeterminism(f);
+  CHECK(m.verdict == V::Refuted);
+  CHECK(m.evidence.at(0) == "the 2 replayed steps with a recorded fingerprint matched it bit for bit, and the failure "
+                            "came back (verdict reproduced: its error's text differs)");
+  f.replay->verdict = Verdict::NotReproduced;
+  f.replay->error.clear();
+  auto n = judgeNondeterminism(f);
+  CHECK(n.verdict == V::Inconclusive);
+  CHECK(n.evidence.at(0) == "the 2 replayed steps with a recorded fingerprint matched it bit for bit, but the failing "
+                            "step ran clean here (verdict not-reproduced): a cause outside the step's computation, or a "
+                            "race within it");
+  f.replay->steps[0].bitwise = false;
+  CHECK(judgeNondeterminism(f).evidence.at(0) == "replay verdict not-reproduced");
 }
 
 TEST_CASE("no rule reads a replay that could not reach the failing step as a finding", "[investigate][triage]") {
@@ -615,6 +635,17 @@ TEST_CASE("the culprit names rows only when they trigger the failure", "[investi
   auto d = findCulprit(f);
   CHECK_FALSE(d.rows);
   CHECK_FALSE(d.datasetIndices);
+}
+
+TEST_CASE("the culprit of an error is the op it came out of, not an earlier op's non-finite output", "[investigate][triage]") {
+  // An attention's -inf mask before a loss that raises on a label out of range.
+  auto f = reproducedAt6();
+  f.replay->error = "IndexError: Target 99 is out of bounds.";
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::softmax", {stats(0, 4, -3.0, 2.0)});
+  f.replay->raisingOp = nonFiniteOp("aten::cross_entropy_loss", {stats(0, 0, -2.0, 2.0)});
+  auto c = findCulprit(f);
+  CHECK(c.op == "aten::cross_entropy_loss");
+  CHECK(c.phase == "forward");
 }
 
 namespace {

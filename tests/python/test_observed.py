@@ -87,6 +87,40 @@ def test_a_dict_batch_with_file_names_replays_and_triage_names_the_corrupt_image
     assert triage["culprit"]["dataset_indices"] == [201]
 
 
+def test_an_attention_mask_s_deliberate_infinity_is_not_the_culprit_and_an_in_place_op_shows_the_inputs_it_began_with(
+        tmp_path):
+    # The model masks padding with masked_fill(mask, -inf) before a softmax in every step. A label
+    # cross_entropy refuses is an error: its culprit op is the one it came out of, not the mask.
+    r, runs = run_recorded(tmp_path, "masked_attention.py", "--bad-label-index", 37)
+    assert r.returncode != 0 and "evidence  IndexError: Target 99 is out of bounds." in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    assert replay["raising_op"]["name"] == "aten::cross_entropy_loss", replay["raising_op"]
+    assert replay["raising_op"]["inputs"][1]["max"] == 99, replay["raising_op"]  # the labels it was given
+    assert replay["first_nonfinite_op"] is None, replay["first_nonfinite_op"]
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    assert triage["culprit"]["op"] == "aten::cross_entropy_loss" and triage["culprit"]["dataset_indices"] == [37]
+    # A sample of zero features: the in-place log_ makes -inf of a legitimate 0. The op is named
+    # (not the mask, not a later op), with its input as it was before log_ overwrote it.
+    (tmp_path / "zero").mkdir()
+    r, runs = run_recorded(tmp_path / "zero", "masked_attention.py", "--zero-index", 37)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    op = replay["first_nonfinite_op"]
+    assert op["name"] == "aten::log_", op
+    assert op["inputs"][0]["inf_count"] == 0 and op["inputs"][0]["min"] == 0, op
+    assert op["outputs"][0]["inf_count"] == 1, op
+    triage = crashcap_json("triage", bundle)
+    hypotheses = {h["id"]: h for h in triage["hypotheses"]}
+    assert hypotheses["loss-numerics"]["verdict"] == "confirmed", hypotheses["loss-numerics"]
+    assert any("reaches 0" in e for e in hypotheses["loss-numerics"]["evidence"]), hypotheses["loss-numerics"]
+    assert triage["culprit"]["op"] == "aten::log_" and triage["culprit"]["dataset_indices"] == [37], triage["culprit"]
+
+
 def test_two_optimizers_are_one_warning_kept_together_and_the_training_computes_the_same(tmp_path):
     bare = run_bare(tmp_path, "two_optimizers.py")
     r, runs = run_recorded(tmp_path, "two_optimizers.py")

@@ -32,7 +32,7 @@ struct ReplaySide {
   replayer::Verdict verdict = replayer::Verdict::NotReproduced;
   std::string device, dtype;
   std::string error;                             ///< last line; "" when the step ran clean
-  std::optional<replayer::NonFiniteOp> firstNonFiniteOp;
+  std::optional<replayer::ProbedOp> firstNonFiniteOp;
 };
 
 /// `bisect ops`: the first op whose output goes non-finite, and the first that departs from a

@@ -73,8 +73,10 @@ struct ValueStats {
   std::optional<double> min, max;  ///< over finite elements
 };
 
-/// The first op of the target step whose output holds a NaN or Inf.
-struct NonFiniteOp {
+/// An op of the target step that the replay singled out (the first whose output holds a NaN or
+/// Inf, the one the step's error came out of), with its inputs' values as the op began and its
+/// outputs'.
+struct ProbedOp {
   std::string name;
   std::string phase;             ///< "forward" | "backward"
   int64_t seq = -1;              ///< autograd sequence number
@@ -126,7 +128,13 @@ struct ReplayResult {
   std::string recordedError;     ///< what the recording says happened at the target
   std::string error;             ///< what replay saw at the target ("" when it ran clean)
   std::optional<int64_t> divergedAt;
-  std::optional<NonFiniteOp> firstNonFiniteOp;
+  /// The first op of the target step whose output holds a NaN or Inf. Infinities the program means
+  /// are not one: an op that writes an infinity it was given (masked_fill(mask, -inf), an attention
+  /// mask), and after one, an op that only passes infinities on (no NaN, infinite inputs).
+  std::optional<ProbedOp> firstNonFiniteOp;
+  /// The outermost op of the target step whose call the step's error came out of (no outputs);
+  /// nullopt when the step raised none, or raised it outside an op.
+  std::optional<ProbedOp> raisingOp;
   std::vector<StepReplay> steps;
   double loadMs = 0, replayMs = 0;
   int threads = 0;

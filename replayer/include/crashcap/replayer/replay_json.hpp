@@ -17,7 +17,7 @@
 namespace crashcap::replayer {
 
 /// `crashcap replay --json`. Keys: verdict, step, keyframe, error, recorded_error, diverged_at,
-/// first_nonfinite_op, steps [{step, loss, grad_norm, recorded_loss, recorded_grad_norm, bitwise,
+/// first_nonfinite_op, raising_op (both {name, phase, seq, index, inputs, outputs} or null), steps [{step, loss, grad_norm, recorded_loss, recorded_grad_norm, bitwise,
 /// error, lr, weight_norm, weights_finite}], steps_replayed, batch_size, rows, lost_steps (verdict
 /// "recording-incomplete": the steps of the window the recording lost), load_ms, replay_ms, device,
 /// recorded_device, dtype, settings, recorded_settings, same_setup, threads, keyframe_written (the
@@ -45,8 +45,8 @@ ReferenceComparison referenceComparisonFromJson(const nlohmann::json& j);
 
 nlohmann::json toJson(const ValueStats& v);
 ValueStats valueStatsFromJson(const nlohmann::json& j);
-nlohmann::json toJson(const std::optional<NonFiniteOp>& op);
-std::optional<NonFiniteOp> nonFiniteOpFromJson(const nlohmann::json& j, const char* key);
+nlohmann::json toJson(const std::optional<ProbedOp>& op);
+std::optional<ProbedOp> probedOpFromJson(const nlohmann::json& j, const char* key);
 
 /// A number as JSON: finite as is, NaN and infinities as "nan", "inf", "-inf".
 nlohmann::json number(double v);

@@ -247,7 +247,13 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
   b.baseline.device = base.device;
   b.baseline.recordedDevice = base.recordedDevice;
   b.baseline.settings = base.settings;
-  b.baseline.fails = replayer::showsFailure(base);
+  // Another setup is not held to the recording's bits, so a trial never "diverges": the baseline is
+  // judged by its failing step alone too, or a replay that departs before it would make every trial
+  // that fails there look like a change of outcome.
+  const bool reachedTarget = !base.steps.empty() && base.steps.back().step == base.step;
+  b.baseline.fails = replayer::showsFailure(base) ||
+                     (base.verdict == replayer::Verdict::Diverged && reachedTarget && !base.error.empty());
+  b.baseline.divergedAt = base.divergedAt;
   b.baseline.error = lastLine(base.error);
   b.baseline.command = baseline.command;
   auto trial = [&](const Experiment& e) {

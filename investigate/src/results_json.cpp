@@ -190,6 +190,7 @@ json toJson(const ConfigBisection& b) {
             {"settings", b.baseline.settings},
             {"fails", b.baseline.fails},
             {"error", nullable(b.baseline.error)},
+            {"diverged_at", nullable(b.baseline.divergedAt)},
             {"command", b.baseline.command}}},
           {"flips", flips},
           {"devices", devices},
@@ -207,6 +208,7 @@ ConfigBisection configBisectionFromJson(const json& j) {
   b.baseline.fails = flag(base, "fails");
   b.baseline.error = optText(base, "error");
   b.baseline.command = text(base, "command");
+  b.baseline.divergedAt = optInteger(base, "diverged_at");
   b.flips = configTrialsFrom(j, "flips");
   b.devices = configTrialsFrom(j, "devices");
   b.changesOutcome = strings(j, "changes_outcome");

@@ -354,6 +354,13 @@ Hypothesis judgeConfigDependent(const TriageFacts& f) {
   } else {
     h.evidence.push_back("no single setting change makes the step fail");
   }
+  if (c.baseline.divergedAt) {
+    // The trials start where the replay departed from the recording, not from the training's state.
+    if (h.verdict == V::Confirmed) h.verdict = V::Inconclusive;
+    h.evidence.push_back(fmt::format("the replay under the recorded settings departs from the recording at step {}: "
+                                     "every trial starts from a state the training did not have",
+                                     *c.baseline.divergedAt));
+  }
   const std::string recordedDevice = f.replay ? f.replay->recordedDevice : "";
   if (c.baseline.device == "cpu" && !recordedDevice.empty() && recordedDevice != "cpu")
     h.evidence.push_back("cudnn.* and TF32 settings do not change CPU kernels: replay on " + recordedDevice +

@@ -332,6 +332,8 @@ class Observer:
                       f"are not recorded (the steps are DataLoader #{self.training_loader}'s). Iterate validation "
                       f"loaders under torch.no_grad()")
             return
+        # A step that ran backward() without an update leaves gradients a keyframe cannot hold.
+        accumulating = self.in_flight is not None and self.backwards > 0 and self.updates == 0
         if self.in_flight is not None:
             if self.backwards == 0:
                 self.warn("prefetch", f"DataLoader #{ordinal} gave a batch before step {self.in_flight} ran backward(): "
@@ -340,9 +342,8 @@ class Observer:
                           f"then name the wrong rows")
             elif self.updates == 0:
                 self.warn("accumulation", f"step {self.in_flight} ran backward() without an optimizer step: gradient "
-                          f"accumulation? Each batch is recorded as a step; a replay from a keyframe taken between "
-                          f"two updates starts without the gradients accumulated before it and departs from the "
-                          f"recording")
+                          f"accumulation? Each batch is recorded as a step, and keyframes wait for the step after "
+                          f"an update (a keyframe holds no gradients)")
         self._finish()
         extra = ()
         if indices is not None:
@@ -352,6 +353,7 @@ class Observer:
         step = self.step
         self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
         self.step += 1
+        self.rec._native.hold_keyframes(accumulating)
         self.rec.begin(step, batch, _extra=extra)
 
     def on_backward(self, tensors):

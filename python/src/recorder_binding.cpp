@@ -234,6 +234,7 @@ void bindRecorder(py::module_& m) {
            },
            py::arg("rank"), py::arg("world_size"), py::arg("local_rank"), py::arg("backend"), py::arg("rendezvous"),
            py::arg("source"))
+      .def("hold_keyframes", &rec::Recorder::holdKeyframes, py::arg("held"))
       .def("warn", &rec::Recorder::warn, py::arg("warning"), py::arg("print") = true)
       .def("stats", [](const rec::Recorder& r) { return statsOf(r.stats()); })
       .def("recording_dir", &rec::Recorder::recordingDir)

@@ -104,6 +104,7 @@ struct Recorder::Impl {
   int64_t lastStep = -1;
   int64_t lastKeyframe = -1;
   bool keyframeDue = true;
+  bool keyframesHeld = false;  ///< holdKeyframes: mid-accumulation, a due keyframe waits
   // The keyframe cadence: Policy::keyframeEvery, or chosen from what keyframes cost (interval()).
   int64_t autoInterval = Policy::kAutoKeyframeEveryMin;  ///< what the automatic cadence chooses now
   double stepSeconds = 0;           ///< moving average of the time between beginSteps, keyframe copies left out
@@ -847,6 +848,8 @@ void Recorder::setDistributed(formats::DistributedData identity) {
 
 StepGuard Recorder::beginStep(int64_t step, const Batch& batch) { return beginStep(step, batch, std::string()); }
 
+void Recorder::holdKeyframes(bool held) { impl_->keyframesHeld = held; }
+
 StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string structure) {
   auto& m = *impl_;
   if (m.forkedAway()) {
@@ -884,7 +887,10 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
   // A keyframe goes in the keyframe lane and the step in the step lane: a keyframe that does not
   // fit is skipped (and tried again at the next step), and the step is kept either way.
   m.measureStep();
-  if (m.keyframeDue || step - m.lastKeyframe >= m.interval()) {
+  const bool keyframeDue = m.keyframeDue || step - m.lastKeyframe >= m.interval();
+  if (keyframeDue && m.keyframesHeld) {
+    m.keyframeDue = true;  // the first step after the next optimizer update takes it
+  } else if (keyframeDue) {
     const uint64_t bytes = m.lastKeyframeBytes = m.keyframeBytes();
     if (!m.writer->wouldAccept(bytes, detail::Lane::Keyframe)) {
       // The writer is still writing the last keyframe: do not copy the model just to drop it.

@@ -157,6 +157,17 @@ def test_gradient_accumulation_is_one_warning_and_changes_nothing(tmp_path):
     r, runs = run_recorded(tmp_path, "mlp_loader.py", "--accumulate", 2, "--epochs", 1)
     assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
     assert r.stderr.count("gradient accumulation?") == 1, r.stderr
+    # A keyframe holds no gradients: one due between two updates waits for the step after the next
+    # update, so a replay never starts without the gradients accumulated before it.
+    (tmp_path / "nan").mkdir()
+    r, runs = run_recorded(tmp_path / "nan", "mlp_loader.py", "--accumulate", 2, "--epochs", 2, "--nan-index", 100,
+                           "--fault-epoch", 1, options=("--keyframe-every", 3))
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    keyframes = crashcap_json("inspect", bundle)["keyframes"]
+    assert len(keyframes) > 1 and all(k % 2 == 0 for k in keyframes), keyframes  # updates end the odd steps
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
 
 
 def test_a_training_that_records_itself_is_left_to_its_own_recorder(tmp_path):

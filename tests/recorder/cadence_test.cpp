@@ -12,6 +12,9 @@
 #include <string>
 #include <thread>
 
+#include <fmt/format.h>
+
+#include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/recorder/recorder.hpp"
 #include "test_support.hpp"
@@ -124,4 +127,35 @@ TEST_CASE("a cadence or budget that means nothing is refused", "[recorder][caden
   CHECK_THROWS_AS(recorder::Recorder(dir.path(), budget), crashcap::Error);
   budget.keyframeBudget = 1.5;
   CHECK_THROWS_AS(recorder::Recorder(dir.path(), budget), crashcap::Error);
+}
+
+TEST_CASE("a keyframe due while keyframes are held (between two updates of gradient accumulation) waits for the "
+          "first step after the hold",
+          "[recorder][cadence]") {
+  test::TempDir dir;
+  State state(4 << 10);
+  recorder::Policy policy;
+  policy.keyframeEvery = 3;
+  policy.quiet = true;
+  policy.crashGuard = false;
+  policy.kernelTrace = false;
+  recorder::Recorder rec(dir.path(), policy);
+  rec.setModel(*state.model);
+  rec.setOptimizer(*state.adam);
+  const auto batch = torch::randn({4, 8});
+  // An update every second step (1, 3, 5, ...): the even steps begin after one, the odd steps
+  // between two. Due at 3 (held: it waits), taken at 4; due again at 7 (held), taken at 8.
+  for (int64_t step = 0; step < 10; ++step) {
+    rec.holdKeyframes(step % 2 == 1);
+    auto guard = rec.beginStep(step, {{"x", batch}});
+    guard.end(torch::tensor(1.0));
+  }
+  CHECK(rec.stats().keyframes == 3);  // 0, 4, 8
+  auto bundle = rec.fail(std::runtime_error("the end of the test"));
+  REQUIRE_FALSE(bundle.empty());
+  auto reader = formats::BundleReader::open(bundle);
+  for (int64_t step = 0; step < 10; ++step) {
+    INFO("step " << step);
+    CHECK(bool(reader->find(fmt::format("keyframes/{}/parameters/w", step))) == (step % 4 == 0));
+  }
 }

@@ -117,9 +117,14 @@ struct ConfigBisection {
   struct Baseline {
     std::string device, recordedDevice;
     std::map<std::string, std::string> settings;
+    /// The failing step fails (an error, a NaN/Inf), also when an earlier step departed from the
+    /// recording: every trial replays from the same keyframe, so they are compared with it.
     bool fails = false;
     std::string error;                           ///< last line
     std::string command;
+    /// The step before the failing one where this replay departs from the recording: the trials
+    /// start from a state the training did not have.
+    std::optional<int64_t> divergedAt;
   } baseline;
   std::vector<ConfigTrial> flips, devices;
   std::vector<std::string> changesOutcome;       ///< "cudnn.benchmark=false", "device=cuda:0"

@@ -45,7 +45,7 @@ nlohmann::json toJson(const SampleBisection& b);
 SampleBisection sampleBisectionFromJson(const nlohmann::json& j);
 
 /// `crashcap bisect config --json`. Keys: kind "config", step, baseline {device,
-/// recorded_device, settings, fails, error, command}, flips [{setting, recorded, value, fails, other_failure,
+/// recorded_device, settings, fails, error, diverged_at, command}, flips [{setting, recorded, value, fails, other_failure,
 /// outcome, error, command, seconds}], devices [{device, ...}], changes_outcome, experiments.
 nlohmann::json toJson(const ConfigBisection& b);
 ConfigBisection configBisectionFromJson(const nlohmann::json& j);

@@ -318,6 +318,12 @@ class Recorder {
   /// The same, with the batch's nesting (StepBegin.structure: JSON, "" flat).
   StepGuard beginStep(int64_t step, const Batch& batch, std::string structure);
 
+  /// Whether the steps begun from now on are between two optimizer updates (gradient
+  /// accumulation: the last step ran backward() without one). A keyframe holds no gradients, so
+  /// one taken there would replay without those accumulated before it: while held, a keyframe
+  /// that comes due waits for the first step begun after the hold is lifted.
+  void holdKeyframes(bool held);
+
   /// The exception that ended training: records it as the crash (with the step and phase of
   /// the failed step) and seals the crash bundle. Returns the bundle path ("" when it
   /// could not be sealed). Call from the handler that caught it.

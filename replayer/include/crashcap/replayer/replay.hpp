@@ -158,6 +158,12 @@ struct ReplayResult {
   std::string keyframeNotWritten;
 };
 
+/// The errors name the same failure: their last lines (the exception's own, after any traceback)
+/// are equal once numbers and hex addresses are taken out ("Target 7 is out of bounds." and
+/// "Target 12 is out of bounds." are one failure; an IndexError and a ValueError, or two different
+/// messages, are two). A replay of the recorded setup reproduces an error only with the same failure.
+bool sameFailure(const std::string& replayed, const std::string& recorded);
+
 /// The replay shows a failure: it reproduces the recording (reproduces(verdict)) at a step where
 /// something failed. A replay of a step the recording saw pass, which passes again, reproduces the
 /// recording but shows no failure: what a replay of a bundle whose failing step was lost (a

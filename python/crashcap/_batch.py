@@ -7,15 +7,26 @@ the same shape: tuples stay tuples, dicts keep their key order.
 
 Structure nodes:
   {"tensor": NAME}              a tensor, stored as steps/<step>/batch/NAME
-  {"tuple": [NODE...]}          also named tuples (rebuilt as plain tuples)
+  {"tuple": [NODE...]}
   {"list": [NODE...]}
   {"dict": [[KEY, NODE]...]}    KEY a string or an integer
+  {"object": [[FIELD, NODE]...]} a dataclass, or an object of a class of the program's whose
+                                attributes (vars()) are the batch's parts
   {"value": V}                  a JSON value (str, int, float, bool, None) kept as is
   {"opaque": TEXT}              anything else: its type and repr, rebuilt as None
+
+A tuple, dict or object node of a class that is not the plain one (a namedtuple, an OrderedDict, a
+UserDict such as transformers' BatchEncoding, a dataclass) also has "type": "MODULE:QUALNAME", and
+is rebuilt as that class when the replayed program has it (a module it imported, never one imported
+for the purpose): a namedtuple from its items, a mapping from a dict of its items, an object without
+its __init__ by setting the recorded attributes. Without the class, the plain container.
 """
 
+import collections.abc
+import dataclasses
 import json
 import math
+import sys
 
 import torch
 
@@ -39,20 +50,36 @@ def _name_for(path, used):
     return candidate
 
 
+def _typed(node, value, plain):
+    """`node` with the class of `value` when it is not `plain`."""
+    cls = type(value)
+    if cls is not plain:
+        node["type"] = f"{cls.__module__}:{cls.__qualname__}"
+    return node
+
+
 def _walk(value, path, tensors, used):
     """The structure node of `value`; its tensors appended to `tensors` under fresh names."""
     if isinstance(value, torch.Tensor):
         name = _name_for(path, used)
         tensors.append((name, value))
         return {"tensor": name}
-    if isinstance(value, dict):
+    if isinstance(value, collections.abc.Mapping):  # dict, OrderedDict, UserDict (BatchEncoding)
         items = []
         for key, sub in value.items():
             plain_key = key if isinstance(key, (str, int)) and not isinstance(key, bool) else str(key)
             items.append([plain_key, _walk(sub, path + [_part(key)], tensors, used)])
-        return {"dict": items}
+        return _typed({"dict": items}, value, dict)
     if isinstance(value, tuple):
-        return {"tuple": [_walk(sub, path + [str(i)], tensors, used) for i, sub in enumerate(value)]}
+        node = {"tuple": [_walk(sub, path + [str(i)], tensors, used) for i, sub in enumerate(value)]}
+        return _typed(node, value, tuple)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = [[f.name, _walk(getattr(value, f.name), path + [_part(f.name)], tensors, used)]
+                  for f in dataclasses.fields(value)]
+        return _typed({"object": fields}, value, None)
+    if _plain_object(value):
+        fields = [[k, _walk(v, path + [_part(k)], tensors, used)] for k, v in vars(value).items()]
+        return _typed({"object": fields}, value, None)
     if isinstance(value, list):
         # A list of plain values (file names, ids) is one value, not a node per element.
         if all(v is None or isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))
@@ -64,6 +91,51 @@ def _walk(value, path, tensors, used):
     if isinstance(value, float):
         return {"value": value} if math.isfinite(value) else {"opaque": f"float {value!r}"}
     return {"opaque": f"{type(value).__module__}.{type(value).__qualname__}: {repr(value)[:200]}"}
+
+
+def _plain_object(value):
+    """An instance of a class of the program's that holds its parts as attributes and nothing a
+    setattr could not give back (no __slots__, a module that is not a library's)."""
+    cls = type(value)
+    if not hasattr(value, "__dict__") or hasattr(cls, "__slots__") or isinstance(value, type):
+        return False
+    module = cls.__module__ or ""
+    if module == "builtins" or module.split(".")[0] in ("torch", "numpy", "collections", "typing"):
+        return False
+    return all(isinstance(v, (torch.Tensor, str, int, float, bool, list, tuple, dict, type(None)))
+               for v in vars(value).values())
+
+
+def tensors_of(batch):
+    """The batch's tensors in the order flatten() names them, without naming them."""
+    if isinstance(batch, torch.Tensor):
+        yield batch
+    elif isinstance(batch, collections.abc.Mapping):
+        for v in batch.values():
+            yield from tensors_of(v)
+    elif isinstance(batch, (list, tuple)):
+        for v in batch:
+            yield from tensors_of(v)
+    elif dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        for f in dataclasses.fields(batch):
+            yield from tensors_of(getattr(batch, f.name))
+    elif _plain_object(batch):
+        for v in vars(batch).values():
+            yield from tensors_of(v)
+
+
+def opaque_parts(structure_node, path="batch"):
+    """What of a batch structure (the parsed node) is kept only as text: [(path, text)]."""
+    out = []
+    if "opaque" in structure_node:
+        return [(path, structure_node["opaque"])]
+    for key in ("tuple", "list"):
+        for i, sub in enumerate(structure_node.get(key, ())):
+            out += opaque_parts(sub, f"{path}[{i}]")
+    for key in ("dict", "object"):
+        for name, sub in structure_node.get(key, ()):
+            out += opaque_parts(sub, f"{path}.{name}" if key == "object" else f"{path}[{name!r}]")
+    return out
 
 
 def flatten(batch, extra=()):
@@ -85,7 +157,7 @@ def flatten(batch, extra=()):
             used.add(name)
             tensors.append((name, tensor() if callable(tensor) else tensor))
             added = True
-    flat = not added and "dict" in root and all(
+    flat = not added and "dict" in root and "type" not in root and all(
         isinstance(k, str) and "tensor" in node and node["tensor"] == k for k, node in root["dict"])
     structure = "" if flat else json.dumps(root, separators=(",", ":"))
     if len(structure) > 60_000:
@@ -102,15 +174,50 @@ def rebuild(structure, tensors):
     return _build(json.loads(structure), tensors)
 
 
+def _class_of(node):
+    """The class a node names, from the modules the program imported; None without one."""
+    name = node.get("type")
+    if not isinstance(name, str) or ":" not in name:
+        return None
+    module, qualname = name.split(":", 1)
+    obj = sys.modules.get(module)
+    for part in qualname.split("."):
+        obj = getattr(obj, part, None) if obj is not None and part != "<locals>" else None
+    return obj if isinstance(obj, type) else None
+
+
 def _build(node, tensors):
     if "tensor" in node:
         return tensors.get(node["tensor"])
     if "tuple" in node:
-        return tuple(_build(n, tensors) for n in node["tuple"])
+        items = tuple(_build(n, tensors) for n in node["tuple"])
+        cls = _class_of(node)
+        if cls is not None and issubclass(cls, tuple):
+            try:
+                return cls._make(items) if hasattr(cls, "_make") else cls(items)
+            except Exception:
+                pass
+        return items
     if "list" in node:
         return [_build(n, tensors) for n in node["list"]]
     if "dict" in node:
-        return {key: _build(n, tensors) for key, n in node["dict"]}
+        items = {key: _build(n, tensors) for key, n in node["dict"]}
+        cls = _class_of(node)
+        if cls is not None and issubclass(cls, collections.abc.Mapping):
+            try:
+                return cls(items)
+            except Exception:
+                pass
+        return items
+    if "object" in node:
+        fields = {name: _build(n, tensors) for name, n in node["object"]}
+        cls = _class_of(node)
+        if cls is None:
+            return fields
+        obj = cls.__new__(cls)  # the recorded attributes, without running its __init__ again
+        for name, value in fields.items():
+            object.__setattr__(obj, name, value)
+        return obj
     if "value" in node:
         return node["value"]
     return None

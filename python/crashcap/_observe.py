@@ -55,8 +55,8 @@ class _Api:
     """crashcap's modules, imported on first use."""
 
     def __getattr__(self, name):
-        from . import _native, _recorder, _replay
-        self._native, self._recorder, self._replay = _native, _recorder, _replay
+        from . import _batch, _native, _recorder, _replay
+        self._batch, self._native, self._recorder, self._replay = _batch, _native, _recorder, _replay
         self.Recorder, self.NonFiniteError = _recorder.Recorder, _recorder.NonFiniteError
         return self.__dict__[name]
 
@@ -347,7 +347,7 @@ class Observer:
         self._finish()
         extra = ()
         if indices is not None:
-            first = next((t for t in _tensors(batch)), None)
+            first = next(_api._batch.tensors_of(batch), None)
             if first is not None and first.dim() > 0 and first.size(0) == len(indices):
                 extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)  # made only when kept
         step = self.step
@@ -552,17 +552,6 @@ def _recorded_training():
         return int(_api._native.bundle_fact(bundle, "python.observed.training") or 0)
     except (OSError, KeyError, ValueError):
         return 0
-
-
-def _tensors(batch):
-    if isinstance(batch, torch.Tensor):
-        yield batch
-    elif isinstance(batch, dict):
-        for v in batch.values():
-            yield from _tensors(v)
-    elif isinstance(batch, (list, tuple)):
-        for v in batch:
-            yield from _tensors(v)
 
 
 def _refuse_replay(code, message, hint=""):

@@ -3,6 +3,7 @@
 import atexit
 import contextlib
 import functools
+import json
 import os
 import signal
 import sys
@@ -246,6 +247,7 @@ class Recorder:
         self._step = None            # the native step in flight
         self._step_index = None
         self._next_step = 0
+        self._said_opaque = False  # a batch part kept only as text is said once
         self._closed = False
         from . import _replay
         request = _replay.take_request()
@@ -333,6 +335,12 @@ class Recorder:
         if not self._rank_placed and self._next_step == 0:  # a process group made after the Recorder
             self._rank_placed = _state.record_distributed(self._native)
         tensors, structure = _batch.flatten(batch, _extra)
+        if not self._said_opaque and '"opaque"' in structure:
+            self._said_opaque = True
+            parts = _batch.opaque_parts(json.loads(structure))
+            self.warn(f"the batch of step {step} holds what crashcap keeps only as text, which a replay cannot "
+                      f"rebuild (its loop would get None there): "
+                      + "; ".join(f"{path}: {text[:120]}" for path, text in parts[:4]))
         self._step = self._native.begin_step(int(step), tensors, structure)
         self._step_index = int(step)
         self._next_step = int(step) + 1

@@ -1,5 +1,8 @@
 """The pieces of a Python training's state the recorder keeps, kept and given back exactly."""
 
+import collections
+import dataclasses
+import json
 import random
 
 import numpy
@@ -33,6 +36,64 @@ def test_keys_that_would_collide_or_break_a_name_get_names_of_their_own():
     assert [n for n, _ in tensors] == ["a_b", "a_b~1"]
     back = _batch.rebuild(structure, dict(tensors))
     assert torch.equal(back["a/b"], torch.zeros(1)) and torch.equal(back["a_b"], torch.ones(1))
+
+
+Pair = collections.namedtuple("Pair", ["x", "y"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Features:
+    x: torch.Tensor
+    lengths: torch.Tensor
+    source: str = "train"
+
+
+class Encoding(collections.UserDict):  # the shape of transformers' BatchEncoding
+    def __getattr__(self, name):
+        try:
+            return self.data[name]
+        except KeyError:
+            raise AttributeError(name)
+
+
+class Batch:  # a class of the program's own, its parts as attributes
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+class Slotted:
+    __slots__ = ("x",)
+
+    def __init__(self, x):
+        self.x = x
+
+
+def test_batches_of_the_program_s_own_classes_are_rebuilt_as_those_classes():
+    x, y = torch.randn(4, 3), torch.arange(4)
+    batch = {"pair": Pair(x, y), "features": Features(x, y), "encoding": Encoding(input_ids=y, mask=x),
+             "ordered": collections.OrderedDict([("b", y), ("a", x)]), "own": Batch(x, y)}
+    tensors, structure = _batch.flatten(batch)
+    assert [n for n, _ in tensors] == ["pair/0", "pair/1", "features/x", "features/lengths", "encoding/input_ids",
+                                       "encoding/mask", "ordered/b", "ordered/a", "own/x", "own/y"]
+    assert list(_batch.tensors_of(batch)) == [t for _, t in tensors]
+    back = _batch.rebuild(structure, dict(tensors))
+    assert type(back["pair"]) is Pair and back["pair"].y is y
+    assert type(back["features"]) is Features and back["features"].lengths is y and back["features"].source == "train"
+    assert type(back["encoding"]) is Encoding and back["encoding"].input_ids is y
+    assert type(back["ordered"]) is collections.OrderedDict and list(back["ordered"]) == ["b", "a"]
+    assert type(back["own"]) is Batch and back["own"].x is x
+    # A class the replayed program does not have (here: a name no module holds) is the plain
+    # container; a root mapping of another class is not the flat dict form.
+    assert _batch.rebuild(structure.replace("test_state:Pair", "gone:Pair"), dict(tensors))["pair"] == (x, y)
+    tensors, structure = _batch.flatten(collections.OrderedDict([("x", x)]))
+    assert structure and type(_batch.rebuild(structure, dict(tensors))) is collections.OrderedDict
+
+
+def test_what_a_batch_holds_that_cannot_be_rebuilt_is_named():
+    tensors, structure = _batch.flatten({"x": torch.zeros(2), "slotted": Slotted(torch.ones(2))})
+    assert [n for n, _ in tensors] == ["x"]
+    parts = _batch.opaque_parts(json.loads(structure))
+    assert len(parts) == 1 and parts[0][0] == "batch['slotted']" and "Slotted" in parts[0][1], parts
 
 
 def _model():

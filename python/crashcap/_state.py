@@ -313,11 +313,30 @@ def dataloader_worker_failure(exc, wait=10.0):
         time.sleep(0.005)
 
 
+def _cwd():
+    try:
+        return os.getcwd()
+    except OSError:  # the directory was removed
+        return ""
+
+
+_IMPORTED_IN = _cwd()  # where the program was when it imported crashcap (its first lines, as a rule)
+
+
+def start_directory():
+    """The directory the program started in, where a replay must run it again: its relative paths
+    (the script, its data) are relative to it, whatever os.chdir() it did before recording began.
+    crashcap run --record's bootstrap saw it at start-up; without it, where crashcap was imported."""
+    boot = sys.modules.get("sitecustomize")
+    return getattr(boot, "CRASHCAP_START_DIRECTORY", None) or _IMPORTED_IN or _cwd()
+
+
 def program_facts():
     """Facts for the environment record that only Python knows."""
     # The path as invoked, not resolved: a virtualenv's bin/python is a link to the base
     # interpreter, and only through the link does it find the environment's packages.
-    facts = [("python.executable", os.path.abspath(sys.executable)),
+    facts = [("process.cwd", start_directory()),
+             ("python.executable", os.path.abspath(sys.executable)),
              ("python.version", sys.version.split()[0]),
              ("python.torch_version", torch.__version__)]
     # Where the program found its modules: PYTHONPATH, and this package's own directory.

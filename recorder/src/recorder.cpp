@@ -360,7 +360,13 @@ struct Recorder::Impl {
     fact("recorder.op_trace_depth", std::to_string(policy.opTraceDepth));
     fact("recorder.nonfinite", policy.nonFinite == NonFinitePolicy::Raise ? "raise" : "record");
     if (foreign)
-      for (const auto& [key, value] : foreign->facts) env.facts.emplace_back(key, value);
+      for (const auto& [key, value] : foreign->facts) {
+        auto same = std::find_if(env.facts.begin(), env.facts.end(), [&](const auto& f) { return f.first == key; });
+        if (same != env.facts.end())
+          same->second = value;  // the front end knows better (process.cwd: where the program started)
+        else
+          env.facts.emplace_back(key, value);
+      }
     writer->push({recordJob(env, Job::Kind::RunRecord)});
     // A rank of a job its launcher placed (torchrun, crashcap run --nproc), unless the program
     // said more already (setDistributed: the backend); a later setDistributed holds over it.

@@ -281,3 +281,32 @@ def test_a_sanity_backward_before_the_loop_is_not_a_training_without_a_dataloade
     r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "warmup", "--nan-index", 130)
     assert "no DataLoader batch" not in r.stderr, r.stderr
     replay_and_triage(only_bundle(runs))
+
+
+def test_a_program_that_changes_directory_before_it_trains_replays_from_where_it_started(tmp_path):
+    # The script is named relative to where it started, and loads its data relative to where it
+    # changed to: the replay must start it where it started, not where the recording began.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import os, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        os.chdir("data")
+        if not os.path.exists("table.pt"):
+            torch.manual_seed(0)
+            x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+            x[37, 1] = float("nan")
+            torch.save((x, y), "table.pt")
+        x, y = torch.load("table.pt")
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for xb, yb in DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    """))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    assert crashcap_json("inspect", bundle)["env"]["facts"]["process.cwd"] == str(tmp_path)
+    replay = crashcap_json("replay", bundle, cwd=tmp_path / "data")
+    assert replay["verdict"] == "reproduced-bitwise", replay

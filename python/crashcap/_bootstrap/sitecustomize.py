@@ -12,6 +12,10 @@ import os
 import sys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+try:  # where the program started: a replay runs it there (crashcap/_state.py, start_directory)
+    CRASHCAP_START_DIRECTORY = os.getcwd()
+except OSError:
+    CRASHCAP_START_DIRECTORY = ""
 _PACKAGE_PARENT = os.path.dirname(os.path.dirname(_HERE))  # where `import crashcap` finds this crashcap
 
 

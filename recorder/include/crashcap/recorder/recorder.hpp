@@ -173,6 +173,8 @@ struct ForeignTraining {
   /// (a non-finite loss): the Python frames, where the native ones say little.
   std::function<std::vector<std::string>()> stack;
   /// Facts for the environment record: "python.executable", "python.version", "python.torch_version".
+  /// One the recorder captures itself is replaced: "process.cwd", the directory the program started
+  /// in (replay runs it there), which the recorder, made later, may not see (an os.chdir before).
   std::vector<std::pair<std::string, std::string>> facts;
   /// Opt-in: the step as a TorchScript archive (torch.jit.save of a module that takes the batch's
   /// tensors in order and returns the loss, and whose parameters and buffers are setModel's, by

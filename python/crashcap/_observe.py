@@ -235,6 +235,8 @@ class Observer:
         self.training = -1              # the current training's number (-1: none began yet)
         self.training_over = False      # an optimizer was made since the current training began
         self.training_loader = None     # the ordinal of the loader whose batches are the current training's steps
+        self.training_dataset = None    # a weakref to that loader's dataset: a loader made anew over it takes over
+        self.training_loader_done = False  # the training loader's last iteration ran to its end
         self.rec = None
         self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
         self.loaderless_backwards = 0   # backward() calls before any training began
@@ -313,8 +315,8 @@ class Observer:
         that no training has claimed, and none is under way or the one under way is over."""
         return (self.training < 0 or self.training_over) and bool(self._new_optimizers())
 
-    def on_batch(self, ordinal, indices, batch):
-        """A batch the loader `ordinal` yielded: a step when it is the training loader's."""
+    def on_batch(self, ordinal, indices, batch, dataset=None):
+        """A batch the loader `ordinal` (over `dataset`) yielded: a step when it is the training loader's."""
         if self.replay or not torch.is_grad_enabled():
             return
         if self.capture_only and self._new_optimizers() or self.begins_training():
@@ -322,11 +324,16 @@ class Observer:
             self.end_training()  # the last training's recording stays (the supervisor keeps or drops it)
             if not self._start(ordinal):
                 return
+            self.training_dataset = _weak(dataset)
         elif self.rec is None:
             if self.training < 0:
                 self.warn("no-optimizer", "a DataLoader batch came before any torch.optim optimizer was made, so there "
                           "is no model to record yet; recording begins at the first batch after one is made")
             return
+        elif self._takes_over(ordinal, dataset):
+            # A loader made anew for the training (one per epoch: a new sampler, batch size, or
+            # subset of the data): the training goes on from it.
+            self.training_loader, self.training_dataset = ordinal, _weak(dataset)
         elif ordinal != self.training_loader:
             self.warn("loaders", f"a second DataLoader (#{ordinal}) is iterated with gradients enabled; its batches "
                       f"are not recorded (the steps are DataLoader #{self.training_loader}'s). Iterate validation "
@@ -344,6 +351,7 @@ class Observer:
                 self.warn("accumulation", f"step {self.in_flight} ran backward() without an optimizer step: gradient "
                           f"accumulation? Each batch is recorded as a step, and keyframes wait for the step after "
                           f"an update (a keyframe holds no gradients)")
+        self.training_loader_done = False
         self._finish()
         extra = ()
         if indices is not None:
@@ -355,6 +363,22 @@ class Observer:
         self.step += 1
         self.rec._native.hold_keyframes(accumulating)
         self.rec.begin(step, batch, _extra=extra)
+
+    def _takes_over(self, ordinal, dataset):
+        """Whether loader `ordinal`, made after the training loader, is the training's next one: it
+        is over the same dataset, or the training loader's iteration has ended and the model is in
+        training mode (a validation loop iterated with gradients enabled runs the model in eval
+        mode, as a rule; it stays a second loader, and is said so)."""
+        if self.training_loader is None or ordinal <= self.training_loader:
+            return False
+        if dataset is not None and self.training_dataset is not None and self.training_dataset() is dataset:
+            return True
+        return self.training_loader_done and _in_training_mode(self.rec.model)
+
+    def loader_ended(self, ordinal):
+        """An iterator of loader `ordinal` ran to its end."""
+        if ordinal == self.training_loader:
+            self.training_loader_done = True
 
     def on_backward(self, tensors):
         """After a backward(): the step's loss, when it is the step's first backward of a one-element tensor."""
@@ -590,6 +614,20 @@ def _replay_never_began():
                        "shows its command line); the program may have stopped early, before its training loop")
 
 
+def _in_training_mode(model):
+    """Whether the model's modules are in training mode (model.train()), not eval."""
+    modules = [m for m in model.modules() if not isinstance(m, _Roots)]
+    return any(m.training for m in modules) if modules else True
+
+
+def _weak(obj):
+    """A weak reference to `obj`, or None (None, or an object that takes none)."""
+    try:
+        return weakref.ref(obj) if obj is not None else None
+    except TypeError:
+        return None
+
+
 def _guarded(fn):
     """Runs an observer seam; an error of crashcap's own stops the observer, never the training.
     crashcap.NonFiniteError (the training's loss) passes through."""
@@ -635,7 +673,12 @@ def _seen_batch(iterator, batch):
     # A loader that hands batches out as they come (in_order=False, torch 2.6) breaks the pairing
     # of each batch with the index drawn for it: no dataset indices then.
     indices = _dataset_indices(index) if getattr(iterator, "_in_order", True) else None
-    _observer.on_batch(getattr(iterator, "_crashcap_loader", -1), indices, batch)
+    _observer.on_batch(getattr(iterator, "_crashcap_loader", -1), indices, batch, getattr(iterator, "_dataset", None))
+
+
+@_guarded
+def _seen_end(iterator):
+    _observer.loader_ended(getattr(iterator, "_crashcap_loader", -1))
 
 
 @_guarded
@@ -723,6 +766,7 @@ def install(policy=None, replay=False):
         try:
             batch = next_(self)
         except StopIteration:
+            _seen_end(self)
             raise
         except BaseException:
             _drop_index(self)  # the batch whose index was drawn never came (a worker's error)

@@ -277,6 +277,21 @@ def test_the_second_fold_of_a_cross_validation_is_recorded_anew_and_replays_afte
     assert triage["culprit"]["dataset_indices"] == [120 - 80]  # the fold's Subset index
 
 
+def test_a_dataloader_made_anew_every_epoch_goes_on_recording_the_training_and_a_validation_loader_does_not(tmp_path):
+    bare = run_bare(tmp_path, "shapes_of_loops.py", "--case", "per-epoch")
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "per-epoch")
+    assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
+    # The NaN row joins in epoch 1, from the second epoch's loader: recorded, replayed, triaged.
+    (tmp_path / "nan").mkdir()
+    r, runs = run_recorded(tmp_path / "nan", "shapes_of_loops.py", "--case", "per-epoch", "--nan-index", 130)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert r.stderr.count("a second DataLoader") == 1, r.stderr  # the validation loader, in eval mode
+    assert "more than once" not in r.stderr, r.stderr
+    replay, triage = replay_and_triage(only_bundle(runs))
+    assert replay["step"] >= 10, replay  # epoch 0 has 10 steps of 16 rows
+    assert triage["culprit"]["dataset_indices"] == [130]
+
+
 def test_a_sanity_backward_before_the_loop_is_not_a_training_without_a_dataloader(tmp_path):
     r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "warmup", "--nan-index", 130)
     assert "no DataLoader batch" not in r.stderr, r.stderr

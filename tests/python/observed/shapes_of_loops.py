@@ -8,6 +8,8 @@ each trains a small MLP and meets a NaN row (dataset index --nan-index) in --cas
                before the model and optimizer exist
   kfold        two folds, each with its own model, optimizer and loader; the NaN is in fold 1
   warmup       one backward() on a dummy batch before the loop (a sanity check)
+  per-epoch    a DataLoader made anew at every epoch over a new subset of the data (the NaN row
+               joins from epoch 1), and a validation loop in eval mode with gradients enabled
 """
 
 import argparse
@@ -56,9 +58,26 @@ def train(loader, epochs, mean=0.0):
     return model
 
 
+def per_epoch(rows, nan_index, epochs=3):
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    for epoch in range(epochs):
+        keep = [i for i in range(len(rows)) if epoch > 0 or i != nan_index]
+        model.train()
+        for x, y in DataLoader(torch.utils.data.Subset(rows, keep), batch_size=16, shuffle=True):
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        model.eval()
+        held_out = DataLoader(torch.utils.data.Subset(rows, range(32)), batch_size=16)
+        validation = sum(F.cross_entropy(model(x), y).item() for x, y in held_out)
+        print(f"epoch {epoch}: loss {loss.item():.6f} validation {validation:.6f}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup"])
+    p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup", "per-epoch"])
     p.add_argument("--nan-index", type=int, default=-1)
     a = p.parse_args()
     torch.manual_seed(0)
@@ -80,6 +99,8 @@ def main():
         probe = nn.Linear(6, 2)
         F.cross_entropy(probe(torch.randn(4, 6)), torch.zeros(4, dtype=torch.long)).backward()
         train(DataLoader(rows, batch_size=16, shuffle=True), 3)
+    elif a.case == "per-epoch":
+        per_epoch(rows, a.nan_index)
 
 
 if __name__ == "__main__":

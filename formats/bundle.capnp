@@ -248,7 +248,9 @@ struct OpInput {
 struct Crash {
   kind @0 :Text;                # "exception" | "terminate" | "signal" | "nonfinite"
   step @1 :Int64;               # step in progress; -1 outside steps
-  phase @2 :Text;               # "setup" | "forward" | "backward" | "optimizer" | "between-steps"
+  phase @2 :Text;               # "setup" | "forward" | "backward" | "optimizer" | "between-steps" | "loading"
+                                # ("loading": the training's DataLoader raised instead of giving the
+                                # batch after `step`, which ran to its end; a Python front end's)
   error @3 :Text;               # the error text, as the program would have printed it
   errorType @4 :Text;           # demangled exception type; "" when none
   signal @5 :Int32;             # signal number; 0 when the failure was no signal

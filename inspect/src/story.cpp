@@ -363,12 +363,21 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
     s += fmt::format("\nCRASH      {} {}{}\n", str(c["kind"]), where,
                      c["signal"].is_null() ? "" : fmt::format(", signal {}", str(c["signal_name"])));
     std::string err = str(c["error"]);
-    // The last lines of a TorchScript traceback hold the original message.
+    // A front end's notes come first, each a line in parentheses ("(DataLoader #0 raised it while
+    // loading ...)"): they stay. Of the rest, the last lines: a traceback's hold the message.
+    std::string notes;
+    while (!err.empty() && err[0] == '(') {
+      const size_t nl = err.find('\n');
+      if (nl == std::string::npos || err[nl - 1] != ')') break;
+      notes += err.substr(0, nl + 1) + "           ";
+      err = err.substr(nl + 1);
+    }
     if (std::count(err.begin(), err.end(), '\n') > 8) {
       auto cut = err.size();
       for (int n = 0; n < 8 && cut > 0; ++n) cut = err.rfind('\n', cut - 1);
       err = "..." + err.substr(cut);
     }
+    err = notes + err;
     s += fmt::format("error      {}\n", err);
     if (!c["classification"].is_null())
       s += fmt::format("class      {}  (crashcap run: {})\n", str(c["classification"]), str(c["evidence"]));

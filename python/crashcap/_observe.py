@@ -375,6 +375,15 @@ class Observer:
             return True
         return self.training_loader_done and _in_training_mode(self.rec.model)
 
+    def on_loading_failed(self, ordinal, indices):
+        """The training loader raised instead of giving the next step's batch (the dataset's
+        __getitem__, a collate function, a worker that died): the step in flight ran to its end,
+        and the failure, when it ends the program, is the loading's."""
+        if self.rec is None or ordinal != self.training_loader or self.replay:
+            return
+        self._finish()
+        self.rec._loading_failure = (self.step - 1, ordinal, indices)
+
     def loader_ended(self, ordinal):
         """An iterator of loader `ordinal` ran to its end."""
         if ordinal == self.training_loader:
@@ -649,8 +658,17 @@ def _guarded(fn):
 
 def _drop_index(iterator):
     queue = getattr(iterator, "_crashcap_indices", None)
-    if queue:
-        queue.popleft()
+    return queue.popleft() if queue else None
+
+
+def _seen_failure(iterator):
+    _loading_failed(iterator, _drop_index(iterator))
+
+
+@_guarded
+def _loading_failed(iterator, index):
+    indices = _dataset_indices(index) if index is not None else None
+    _observer.on_loading_failed(getattr(iterator, "_crashcap_loader", -1), indices)
 
 
 def _dataset_indices(index):
@@ -769,7 +787,7 @@ def install(policy=None, replay=False):
             _seen_end(self)
             raise
         except BaseException:
-            _drop_index(self)  # the batch whose index was drawn never came (a worker's error)
+            _seen_failure(self)  # the batch whose index was drawn never came (a worker's error)
             raise
         _seen_batch(self, batch)
         return batch

@@ -248,6 +248,9 @@ class Recorder:
         self._step_index = None
         self._next_step = 0
         self._said_opaque = False  # a batch part kept only as text is said once
+        # (step, loader ordinal, dataset indices or None): the training's loader raised while it
+        # loaded the batch of the step after `step` (crashcap run --record's observer sets it).
+        self._loading_failure = None
         self._closed = False
         from . import _replay
         request = _replay.take_request()
@@ -334,6 +337,7 @@ class Recorder:
         self._finish_step()
         if not self._rank_placed and self._next_step == 0:  # a process group made after the Recorder
             self._rank_placed = _state.record_distributed(self._native)
+        self._loading_failure = None
         tensors, structure = _batch.flatten(batch, _extra)
         if not self._said_opaque and '"opaque"' in structure:
             self._said_opaque = True
@@ -384,8 +388,16 @@ class Recorder:
             for e in signals.run_pending():
                 if str(e).strip() != died and (not str(e).strip() or str(e).strip() not in _chain_text(exc)):
                     notes.append(f"meanwhile a signal handler raised {_exception_type_name(e)}: {e}".rstrip(": "))
+            phase = ""
+            if self._loading_failure is not None:
+                # The batch after the last step never came: not a step's failure, and the step
+                # before it passed. The dataset indices its sampler drew say which samples to load.
+                step, ordinal, indices = self._loading_failure
+                phase = "loading"
+                notes.append(f"DataLoader #{ordinal} raised it while loading the batch after step {step}"
+                             + (f", of dataset indices {indices}" if indices else ""))
             kind, type_name, text, stack = _describe(exc, notes)
-            bundle = self._native.fail(kind, type_name, text, stack)
+            bundle = self._native.fail(kind, type_name, text, stack, phase)
             try:
                 exc._crashcap_bundle = bundle
             except AttributeError:  # an exception type with __slots__: it may be recorded twice

@@ -847,6 +847,12 @@ struct Run {
                                                             : "; in another setup only that the step fails is compared"));
       if (!sameClass) {
         result.verdict = Verdict::NotReproduced;
+        if (view.crash->phase == "loading")
+          result.notes.push_back(fmt::format(
+              "the recorded error came from the DataLoader while it loaded the batch after step {}, which never "
+              "arrived: a replay runs the recorded steps again, not the data pipeline. The crash record names the "
+              "batch's dataset indices (crashcap inspect): load those samples with the dataset to see it fail",
+              target));
       } else {
         // A non-finite target without a recorded fingerprint (a batch cut to some rows) is held
         // to the bits only through the steps before it: with none, nothing was compared.

@@ -661,6 +661,18 @@ def _drop_index(iterator):
     return queue.popleft() if queue else None
 
 
+def _underlying_indices(dataset, indices):
+    """`indices` into `dataset`, as indices into the dataset under its Subsets (random_split, a
+    fold): the samples' places in the data the program loads, not in a view of it."""
+    try:
+        while isinstance(dataset, torch.utils.data.Subset):
+            indices = [operator.index(dataset.indices[i]) for i in indices]
+            dataset = dataset.dataset
+    except (TypeError, IndexError):
+        pass  # a Subset whose indices are not plain integers: its own places
+    return indices
+
+
 def _seen_failure(iterator):
     _loading_failed(iterator, _drop_index(iterator))
 
@@ -668,6 +680,8 @@ def _seen_failure(iterator):
 @_guarded
 def _loading_failed(iterator, index):
     indices = _dataset_indices(index) if index is not None else None
+    if indices is not None:
+        indices = _underlying_indices(getattr(iterator, "_dataset", None), indices)
     _observer.on_loading_failed(getattr(iterator, "_crashcap_loader", -1), indices)
 
 
@@ -691,6 +705,8 @@ def _seen_batch(iterator, batch):
     # A loader that hands batches out as they come (in_order=False, torch 2.6) breaks the pairing
     # of each batch with the index drawn for it: no dataset indices then.
     indices = _dataset_indices(index) if getattr(iterator, "_in_order", True) else None
+    if indices is not None:
+        indices = _underlying_indices(getattr(iterator, "_dataset", None), indices)
     _observer.on_batch(getattr(iterator, "_crashcap_loader", -1), indices, batch, getattr(iterator, "_dataset", None))
 
 

@@ -274,7 +274,7 @@ def test_the_second_fold_of_a_cross_validation_is_recorded_anew_and_replays_afte
     assert facts["python.observed.training"] == "1"
     replay, triage = replay_and_triage(bundle)
     assert replay["keyframe"] == 0  # fold 1's own first step: fold 0 ran before it, as the program runs it
-    assert triage["culprit"]["dataset_indices"] == [120 - 80]  # the fold's Subset index
+    assert triage["culprit"]["dataset_indices"] == [120]  # the index in the data, not in the fold's Subset
 
 
 def test_a_dataloader_made_anew_every_epoch_goes_on_recording_the_training_and_a_validation_loader_does_not(tmp_path):

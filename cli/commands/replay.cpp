@@ -62,8 +62,11 @@ std::string valueLine(const char* what, const replayer::ValueStats& v) {
 }
 
 void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
-  std::cout << fmt::format("replayed steps {}..{} of {} from keyframe {} on {} ({} threads, {}) in {:.0f} ms\n", r.keyframe,
-                           r.step, bundle, r.keyframe, r.device, r.threads,
+  // A replay that stopped before its target (a step that threw) says where it stopped.
+  const int64_t last = r.steps.empty() ? r.step : r.steps.back().step;
+  std::cout << fmt::format("replayed steps {}..{}{} of {} from keyframe {} on {} ({} threads, {}) in {:.0f} ms\n", r.keyframe,
+                           last, last == r.step ? std::string() : fmt::format(" (of {})", r.step), bundle, r.keyframe,
+                           r.device, r.threads,
                            r.dtype == "float64" ? "float64" : "dtype as recorded", r.loadMs + r.replayMs);
   if (!r.sameSetup)
     std::cout << fmt::format("  not the recorded setup (recorded on {}; {}): only the failure is compared, not the bits\n",

@@ -1,6 +1,7 @@
 #include "crashcap/inspect/story.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <cmath>
@@ -118,6 +119,10 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   steps["first"] = v.stepBegins.empty() ? json(nullptr) : json(v.stepBegins.front().step);
   steps["last"] = v.stepBegins.empty() ? json(nullptr) : json(v.stepBegins.back().step);
   steps["last_loss"] = v.stepEnds.empty() ? json(nullptr) : number(v.stepEnds.back().loss);
+  // The schedule moves the learning rates: the optimizer record has the first ones.
+  steps["last_learning_rates"] = json::array();
+  if (!v.stepBegins.empty())
+    for (double lr : v.stepBegins.back().learningRates) steps["last_learning_rates"].push_back(number(lr));
   steps["last_grad_norm"] =
       v.stepEnds.empty() || !v.stepEnds.back().hasGradNorm ? json(nullptr) : number(v.stepEnds.back().gradNorm);
   // Steps the recorder lost (their records were dropped): replay cannot cross them.
@@ -333,12 +338,19 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
     if (!j["optimizer"]["groups"].empty())
       for (const auto& [k, val] : j["optimizer"]["groups"][0]["options"].items())
         opts += fmt::format("{}{}={}", opts.empty() ? "" : " ", k, str(val));
-    s += fmt::format("optimizer  {} ({} group(s)) {}\n", str(j["optimizer"]["kind"]),
-                     j["optimizer"]["groups"].size(), opts);
+    const auto& st = j["steps"];
+    std::string now;
+    if (!st["last_learning_rates"].empty()) {
+      std::vector<std::string> lrs;
+      for (const auto& lr : st["last_learning_rates"]) lrs.push_back(str(lr));
+      now = fmt::format("; at step {}: lr {}", str(st["last"]), fmt::join(lrs, ", "));
+    }
+    s += fmt::format("optimizer  {} ({} group(s)) {} (as first recorded){}\n", str(j["optimizer"]["kind"]),
+                     j["optimizer"]["groups"].size(), opts, now);
   }
   const auto& st = j["steps"];
   if (st["count"].get<uint64_t>() > 0)
-    s += fmt::format("steps      {}..{}: {} recorded, {} completed; last loss {}, grad norm {}\n", str(st["first"]),
+    s += fmt::format("steps      {}..{}: {} recorded, {} fingerprinted; last loss {}, grad norm {}\n", str(st["first"]),
                      str(st["last"]), str(st["count"]), str(st["completed"]), str(st["last_loss"]),
                      str(st["last_grad_norm"]));
   else
@@ -450,7 +462,14 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
     }
   }
   if (j["status"].is_null() && !j["supervision"].is_null() && j["steps"]["count"].get<uint64_t>() == 0) {
-    s += "\nrecorder   none in the process: no steps, batches or weights to replay (docs/RECORDING.md adds one)\n";
+    // Under crashcap run --record the recorder starts at the training's first batch; without it,
+    // nothing in the process recorded.
+    bool observed = false;
+    for (const auto& e : j["supervision"]["environment"]) observed = observed || str(e).rfind("CRASHCAP_OBSERVE=", 0) == 0;
+    s += observed ? "\nrecorder   none yet: the process ended before its training's first batch, where crashcap run --record "
+                    "begins recording; no steps, batches or weights to replay\n"
+                  : "\nrecorder   none in the process: no steps, batches or weights to replay (crashcap run --record "
+                    "records a Python training; docs/RECORDING.md a C++ one)\n";
   } else {
     s += fmt::format("\nrecorder   {}; {} records dropped ({})", j["status"].is_null() ? "no status record" : str(j["status"]),
                      str(j["dropped_records"]), formatBytes(j["dropped_bytes"].get<uint64_t>()));

@@ -34,7 +34,12 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   // A crash the supervisor saw outside any step has no phase.
   const std::string phase = !crash.is_null() && crash["phase"].is_string() ? crash["phase"].get<std::string>() : "unknown";
   const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : replayed;
-  std::string title = error.substr(0, 80);
+  // At most 80 characters, cut at a word and marked as cut.
+  std::string title = error;
+  if (title.size() > 80) {
+    const size_t space = title.rfind(' ', 79);
+    title = title.substr(0, space == std::string::npos || space < 40 ? 79 : space) + "…";
+  }
   std::replace(title.begin(), title.end(), '"', '\'');  // keep the front matter valid YAML
   std::string md;
   md += fmt::format("---\ntitle: \"Training crash at step {}: {}\"\ndate: \"{}\"\ntype: \"bug_report\"\n"

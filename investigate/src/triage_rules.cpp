@@ -122,6 +122,10 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     if (f.samples->datasetIndices)
       h.evidence.push_back(fmt::format("dataset index {} ({}batch's {} tensor)", joinRows(*f.samples->datasetIndices),
                                        f.job ? whose : "the ", formats::kDatasetIndexName));
+    else
+      h.evidence.push_back(fmt::format("no dataset index: {}batch has no {} tensor (an IterableDataset, or a sampler "
+                                       "that draws no integers), so the rows are named by their place in the batch",
+                                       f.job ? whose : "the ", formats::kDatasetIndexName));
     for (const auto& r : f.rowFindings)
       if (r.invalid()) h.evidence.push_back(rowFindingText(r));
     if (f.rowsInvalid()) {

@@ -20,7 +20,8 @@ struct StoryOptions {
 };
 
 /// Keys: bundle, state, sealed, run, env, program, optimizer, steps {first, last, count,
-/// completed, last_loss, last_grad_norm, lost [steps the recorder lost]}, keyframes [steps], crash (null or {kind, step,
+/// completed (steps fingerprinted: their loss reached end()), last_loss, last_grad_norm, last_learning_rates (of
+/// the last step begun, per parameter group), lost [steps the recorder lost]}, keyframes [steps], crash (null or {kind, step,
 /// phase, error, error_type, signal (null when none), signal_name, stack, time}), last_ops,
 /// op_trace {total_ops, capacity, total_collectives}, collectives (see collectivesJson), crash_tensors [{name, dtype, shape, stats}],
 /// dropped_records, dropped_bytes, segments_deleted, keyframes_skipped, keyframe_interval (0 unknown),

@@ -36,6 +36,7 @@ struct RecordedProgram {
   std::vector<std::string> commandLine;
   std::string cwd;
   std::vector<std::string> environment;  ///< NAME=VALUE the program needs again
+  std::string capture;                   ///< python.capture: "observed" (crashcap run --record), "api", "" (C++)
 };
 
 RecordedProgram recordedProgram(const std::string& bundle) {
@@ -94,6 +95,7 @@ RecordedProgram recordedProgram(const std::string& bundle) {
   if (python && !env->fact("python.pythonpath").empty()) p.environment.push_back("PYTHONPATH=" + env->fact("python.pythonpath"));
   p.cwd = env->fact("process.cwd");
   if (p.cwd.empty() || p.cwd == "unknown") p.cwd.clear();
+  if (python) p.capture = env->fact("python.capture");
   std::error_code ec;
   if (!p.cwd.empty() && !fs::is_directory(p.cwd, ec))
     throw Error(ErrorCode::NotFound,
@@ -227,8 +229,11 @@ replayer::ReplayOutcome programOutcome(const std::string& bundle, const ProgramR
               fmt::format("the recorded program ({}, in {}) exited with status {} without replaying{}", p.shown,
                           p.program.cwd.empty() ? "this directory" : p.program.cwd, run.exitCode,
                           lastLines(run.err.empty() ? run.out : run.err, 12)),
-              "it must be the program that made the recording, built the same way, and construct its Recorder as "
-              "it did then (C++: setModel and setStep; Python: crashcap.Recorder before its training loop)");
+              p.program.capture == "observed"
+                  ? "it must be the program that made the recording, with the files it read where they were: "
+                    "crashcap run --record replays it from its training's DataLoader"
+                  : "it must be the program that made the recording, built the same way, and construct its Recorder "
+                    "as it did then (C++: setModel and setStep; Python: crashcap.Recorder before its training loop)");
 }
 
 replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::ReplayRequest request) {

@@ -55,10 +55,17 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
     std::cout << fmt::format("step {} does not fail when replayed with its whole batch: nothing to bisect\n", b.step);
     return;
   }
-  std::cout << fmt::format(
-      "step {}: the failure needs batch row{} [{}] of {}{} ({} replays; a single culprit row takes at most {})\n", b.step,
-      b.rows.size() == 1 ? "" : "s", joinRows(b.rows), b.batchSize,
-      b.datasetIndices ? fmt::format(", dataset index {}", joinRows(*b.datasetIndices)) : "", b.replays, b.replayBound);
+  const auto& culprits = b.culprits();
+  const std::string indices = b.datasetIndices ? fmt::format(", dataset index {}", joinRows(*b.datasetIndices)) : "";
+  if (b.triggers.empty())
+    std::cout << fmt::format("step {}: the failure needs batch row{} [{}] of {}{}", b.step, b.rows.size() == 1 ? "" : "s",
+                             joinRows(b.rows), b.batchSize, indices);
+  else
+    std::cout << fmt::format("step {}: batch row{} [{}] of {}{} trigger{} the failure (the whole batch passes without "
+                             "{}); the smallest set that fails is rows [{}], the others only let the step run",
+                             b.step, culprits.size() == 1 ? "" : "s", joinRows(culprits), b.batchSize, indices,
+                             culprits.size() == 1 ? "s" : "", culprits.size() == 1 ? "it" : "them", joinRows(b.rows));
+  std::cout << fmt::format(" ({} replays; a single culprit row takes at most {})\n", b.replays, b.replayBound);
   std::cout << fmt::format("rerun: crashcap replay {} --step {} --rows {}\n", bundle, b.step, joinRows(b.rows));
 }
 

@@ -141,6 +141,14 @@ RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vec
     }
   }
   result.rows = current;
+  if (current.size() > 1)
+    for (int64_t row : current) {
+      std::vector<int64_t> without;
+      for (int64_t i = 0; i < batchSize; ++i)
+        if (i != row) without.push_back(i);
+      if (!run(without)) result.triggers.push_back(row);
+    }
+  if (result.triggers.size() == current.size()) result.triggers.clear();  // every row is needed alike
   return result;
 }
 
@@ -229,9 +237,10 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   auto search = searchRows(base.batchSize, test);
   b.reproduced = search.reproduced;
   b.rows = search.rows;
+  b.triggers = search.triggers;
   b.replays = search.replays;
   b.trials = std::move(search.log);
-  if (b.reproduced) b.datasetIndices = datasetIndices(bundle, b.step, b.rows);
+  if (b.reproduced) b.datasetIndices = datasetIndices(bundle, b.step, b.culprits());
   return b;
 }
 

@@ -155,6 +155,7 @@ json toJson(const SampleBisection& b) {
           {"batch_size", b.batchSize},
           {"reproduced", b.reproduced},
           {"rows", b.rows},
+          {"triggers", b.triggers},
           {"dataset_indices", nullable(b.datasetIndices)},
           {"replays", b.replays},
           {"replay_bound_single_row", b.replayBound},
@@ -168,6 +169,7 @@ SampleBisection sampleBisectionFromJson(const json& j) {
   b.batchSize = integer(j, "batch_size");
   b.reproduced = flag(j, "reproduced");
   b.rows = integers(at(j, "rows"), "rows");
+  if (j.contains("triggers")) b.triggers = integers(j["triggers"], "triggers");
   if (!at(j, "dataset_indices").is_null()) b.datasetIndices = integers(j["dataset_indices"], "dataset_indices");
   b.replays = static_cast<int>(integer(j, "replays"));
   b.replayBound = static_cast<int>(integer(j, "replay_bound_single_row"));

@@ -66,6 +66,11 @@ std::string rowFindingText(const RowFinding& r) {
 /// "step 6 fails with rank 2's batch row [3] alone, every other rank's whole batch, and passes ...".
 std::string triggerText(const TriageFacts& f) {
   const auto rows = f.culpritRows();
+  if (!f.samples->triggers.empty())  // alone they fail another way: others let the step run
+    return fmt::format("step {} fails with {}batch rows [{}]{} and passes without row{} [{}] ({} replays{})", f.step(),
+                       f.job ? fmt::format("rank {}'s ", f.job->rank) : "", joinRows(f.samples->rows),
+                       f.job ? ", every other rank feeding its whole batch," : "", rows.size() == 1 ? "" : "s",
+                       joinRows(rows), f.samples->replays + 1, f.job ? fmt::format(" of all {} ranks", f.job->worldSize) : "");
   return fmt::format("step {} fails with {}batch row{} [{}] alone{} and passes without {} ({} replays{})", f.step(),
                      f.job ? fmt::format("rank {}'s ", f.job->rank) : "", rows.size() == 1 ? "" : "s", joinRows(rows),
                      f.job ? ", every other rank feeding its whole batch," : "", rows.size() == 1 ? "it" : "them",
@@ -96,7 +101,7 @@ std::optional<std::string> TriageFacts::replayBlocked() const {
 }
 
 std::vector<int64_t> TriageFacts::culpritRows() const {
-  return samples && samples->reproduced ? samples->rows : std::vector<int64_t>{};
+  return samples && samples->reproduced ? samples->culprits() : std::vector<int64_t>{};
 }
 
 bool TriageFacts::rowsTrigger() const {

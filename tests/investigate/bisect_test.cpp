@@ -37,9 +37,27 @@ TEST_CASE("rows that fail only together are all kept, and a batch that passes is
     return investigate::Trial{has(rows, 3) && has(rows, 17), "", 0, ""};
   });
   CHECK(b.rows == std::vector<int64_t>{3, 17});
+  CHECK(b.triggers.empty());  // each is needed alike: the batch passes without either
   auto none = investigate::searchRows(16, [](const std::vector<int64_t>&) { return investigate::Trial{false, "", 0, ""}; });
   CHECK(!none.reproduced);
   CHECK(none.replays == 1);
+}
+
+TEST_CASE("a row that triggers the failure but cannot fail alone (a batch norm needs two rows) is told from the row "
+          "that only lets the step run",
+          "[investigate][bisect]") {
+  // Row 5 holds the bad label; a set of one row fails another way (not the failure), so the
+  // smallest failing set has two rows, and only row 5's absence makes the whole batch pass.
+  auto b = investigate::searchRows(16, [](const std::vector<int64_t>& rows) {
+    return investigate::Trial{has(rows, 5) && rows.size() >= 2, "", 0, ""};
+  });
+  REQUIRE(b.rows.size() == 2);
+  CHECK(has(b.rows, 5));
+  CHECK(b.triggers == std::vector<int64_t>{5});
+  investigate::SampleBisection s;
+  s.rows = b.rows;
+  s.triggers = b.triggers;
+  CHECK(s.culprits() == std::vector<int64_t>{5});
 }
 
 TEST_CASE("crashcap bisect samples names the corrupt row of a real crash", "[investigate][bisect][e2e]") {

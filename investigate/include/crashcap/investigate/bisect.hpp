@@ -65,11 +65,16 @@ struct Trial {
 struct RowSearch {
   bool reproduced = false;                 ///< the whole batch fails
   std::vector<int64_t> rows;               ///< 1-minimal: removing any one of them makes it pass
+  /// Of `rows` (when more than one), those without which the whole batch passes: the rows that
+  /// trigger the failure, where the others only let the step run (a batch norm needs two rows).
+  /// Empty when rows has one row, or when no single row's absence makes the batch pass.
+  std::vector<int64_t> triggers;
   int replays = 0;                         ///< experiments run
   std::vector<std::pair<std::vector<int64_t>, Trial>> log;
 };
 /// Zeller's ddmin over the rows 0..batchSize-1: the smallest set of rows that still fails. For a
-/// single culprit row it halves: at most 2*ceil(log2 B) + 2 experiments.
+/// single culprit row it halves: at most 2*ceil(log2 B) + 2 experiments. A set of several rows is
+/// then tested row by row against the whole batch (one experiment each) for its triggers.
 RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vector<int64_t>&)>& test);
 /// 2*ceil(log2 max(B, 2)) + 2: the experiments a single culprit row costs at most.
 int singleRowBound(int64_t batchSize);
@@ -80,8 +85,11 @@ struct SampleBisection {
   int64_t step = -1;
   int64_t batchSize = 0;
   bool reproduced = false;                       ///< the whole batch fails
-  std::vector<int64_t> rows;
-  std::optional<std::vector<int64_t>> datasetIndices;
+  std::vector<int64_t> rows;                     ///< the smallest set that fails (RowSearch::rows)
+  std::vector<int64_t> triggers;                 ///< RowSearch::triggers
+  /// The rows that cause the failure: the triggers when there are, else the smallest failing set.
+  const std::vector<int64_t>& culprits() const { return triggers.empty() ? rows : triggers; }
+  std::optional<std::vector<int64_t>> datasetIndices;  ///< of culprits()
   int replays = 0;
   int replayBound = 0;                           ///< singleRowBound(batchSize)
   std::vector<int64_t> lostSteps;                ///< the recording lost these: the step cannot be reached

@@ -656,7 +656,8 @@ def _guarded(fn):
     return run
 
 
-def _drop_index(iterator):
+def _take_index(iterator):
+    """The sampler's draw for the batch the iterator gives (or failed to give) now; None unknown."""
     queue = getattr(iterator, "_crashcap_indices", None)
     return queue.popleft() if queue else None
 
@@ -674,15 +675,22 @@ def _underlying_indices(dataset, indices):
 
 
 def _seen_failure(iterator):
-    _loading_failed(iterator, _drop_index(iterator))
+    _loading_failed(iterator, _take_index(iterator))
 
 
 @_guarded
 def _loading_failed(iterator, index):
-    indices = _dataset_indices(index) if index is not None else None
-    if indices is not None:
-        indices = _underlying_indices(getattr(iterator, "_dataset", None), indices)
-    _observer.on_loading_failed(getattr(iterator, "_crashcap_loader", -1), indices)
+    _observer.on_loading_failed(getattr(iterator, "_crashcap_loader", -1), _indices_of(iterator, index))
+
+
+def _indices_of(iterator, index):
+    """The dataset indices of the batch the sampler drew as `index`, in the data under any Subset;
+    None when they are not known. A loader that hands batches out as they come (in_order=False,
+    torch 2.6) breaks the pairing of each batch with the index drawn for it: none then."""
+    if index is None or not getattr(iterator, "_in_order", True):
+        return None
+    indices = _dataset_indices(index)
+    return None if indices is None else _underlying_indices(getattr(iterator, "_dataset", None), indices)
 
 
 def _dataset_indices(index):
@@ -700,14 +708,8 @@ def _dataset_indices(index):
 def _seen_batch(iterator, batch):
     if _api._recorder._user_recorder_made:
         return  # the program records itself
-    queue = getattr(iterator, "_crashcap_indices", None)
-    index = queue.popleft() if queue else None
-    # A loader that hands batches out as they come (in_order=False, torch 2.6) breaks the pairing
-    # of each batch with the index drawn for it: no dataset indices then.
-    indices = _dataset_indices(index) if getattr(iterator, "_in_order", True) else None
-    if indices is not None:
-        indices = _underlying_indices(getattr(iterator, "_dataset", None), indices)
-    _observer.on_batch(getattr(iterator, "_crashcap_loader", -1), indices, batch, getattr(iterator, "_dataset", None))
+    _observer.on_batch(getattr(iterator, "_crashcap_loader", -1), _indices_of(iterator, _take_index(iterator)), batch,
+                       getattr(iterator, "_dataset", None))
 
 
 @_guarded

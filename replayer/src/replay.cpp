@@ -210,7 +210,8 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
     try {
       // An in-place op (add_, masked_fill_, log_) overwrites its first argument: a copy keeps the
       // values it started from, or its inputs would show its outputs.
-      const bool inPlace = fn.name() && std::strlen(fn.name()) > 6 && fn.name()[std::strlen(fn.name()) - 1] == '_';
+      const size_t length = fn.name() ? std::strlen(fn.name()) : 0;
+      const bool inPlace = length > 0 && fn.name()[length - 1] == '_';
       eachTensor(formats::torch::opArguments(fn), [&](const at::Tensor& t) {
         if (!t.defined() || ctx->tensors.size() >= 8) return;
         if (inPlace && ctx->tensors.empty()) {

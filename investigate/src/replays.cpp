@@ -544,15 +544,28 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
       if (!outcome.replay) throw Error(ErrorCode::Corrupt, "the program answered a replay request with no replay");
       r.result = std::move(*outcome.replay);
       // Stopped in the recording after another rank failed (by crashcap run, or by a launcher that
-      // stops the rest of its ranks when one exits), it ends at the same step when a peer goes
-      // away: the same consequence of the other rank's failure, which is all there is to compare.
-      if (was.outcome == "stopped" && anyRankEnded && r.result->verdict == replayer::Verdict::NotReproduced &&
+      // stops the rest of its ranks when one exits), or failed there of a peer going away, it ends
+      // at the same step when a peer goes away: the same consequence of the other rank's failure,
+      // which is all there is to compare. The transport's words for it are not (another port, a
+      // reset instead of a close, depending on which end noticed first).
+      const bool peerEnded = was.outcome == "stopped" || (was.outcome == "failed" && was.fromPeer);
+      if (peerEnded && anyRankEnded && r.result->verdict == replayer::Verdict::NotReproduced &&
           !r.result->divergedAt && supervisor::isPeerError(r.result->error)) {
         r.result->verdict = replayer::Verdict::Reproduced;
-        r.result->notes.push_back(fmt::format(
-            "it was stopped in the recording after another rank failed ({}); here it ended when a peer went away, "
-            "as a rank does once another has failed: only that is compared",
-            r.result->recordedError.empty() ? "no error of its own" : r.result->recordedError));
+        auto& notes = r.result->notes;  // the replayer's "not the recorded failure" is answered here
+        notes.erase(std::remove_if(notes.begin(), notes.end(),
+                                   [](const std::string& n) {
+                                     return n.find("raised another error than the recorded one") != std::string::npos;
+                                   }),
+                    notes.end());
+        notes.push_back(
+            was.outcome == "stopped"
+                ? fmt::format("it was stopped in the recording after another rank failed ({}); here it ended when a "
+                              "peer went away, as a rank does once another has failed: only that is compared",
+                              r.result->recordedError.empty() ? "no error of its own" : r.result->recordedError)
+                : fmt::format("it failed in the recording when a peer went away ({}), and here again, in other "
+                              "words: only that is compared",
+                              r.result->recordedError));
       }
       r.verdict = replayer::verdictName(r.result->verdict);
     } catch (const Error& e) {

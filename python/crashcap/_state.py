@@ -288,29 +288,58 @@ def restore_numpy_generator(state):
     numpy.random.set_state(("MT19937", numpy.array(v[:624], dtype=numpy.uint32), v[624], v[625], _bits_float(v[626])))
 
 
-def dataloader_worker_failure(exc, wait=10.0):
+def dataloader_worker_failure(exc, wait=10.0, dumping_wait=120.0):
     """The DataLoader's own word on a worker that died ("DataLoader worker (pid 123) is killed by
     signal: Segmentation fault."), or None. A broken pipe from a dying worker (ConnectionResetError,
     EOFError) often reaches the training before the worker's exit does (a worker that segfaults
     dumps core first), so for those, when DataLoader workers ran in this process, it waits up to
     `wait` seconds for the exit to show. The wait ends as soon as it does; 2 s was too short on a
     loaded 2-core machine, where writing a worker's core took longer and the bundle kept only
-    "Connection reset by peer"."""
+    "Connection reset by peer". A child still writing its core file is dying for certain, and writing
+    a large one to a busy disk takes longer than that: the wait goes on while a child is writing
+    its core or exiting (up to `dumping_wait` seconds in all)."""
     check = getattr(torch._C, "_error_if_any_worker_fails", None)
     if check is None:
         return None
     from torch.utils.data._utils import signal_handling
     workers_ran = getattr(signal_handling, "_SIGCHLD_handler_set", True)
     broken_pipe = isinstance(exc, (ConnectionError, EOFError))
-    deadline = time.monotonic() + (wait if broken_pipe and workers_ran else 0)
+    start = time.monotonic()
+    deadline = start + (wait if broken_pipe and workers_ran else 0)
     while True:
         try:
             check()
         except RuntimeError as e:
             return str(e).strip()
-        if time.monotonic() >= deadline:
-            return None
+        now = time.monotonic()
+        if now >= deadline:
+            if not (broken_pipe and workers_ran and now < start + dumping_wait and _a_child_is_dying()):
+                return None
         time.sleep(0.005)
+
+
+def _a_child_is_dying():
+    """Whether a child of this process is writing its core file (Linux's CoreDumping, 4.15 on) or
+    exiting (PF_EXITING: freeing a large worker's memory takes a while too)."""
+    children = set()
+    try:
+        for task in os.listdir("/proc/self/task"):
+            with open(f"/proc/self/task/{task}/children") as f:
+                children.update(f.read().split())
+    except OSError:  # no /proc, or a kernel without the children files
+        return False
+    for pid in children:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                flags = int(f.read().rsplit(")", 1)[1].split()[6])
+            if flags & 0x4:  # PF_EXITING
+                return True
+            with open(f"/proc/{pid}/status") as f:
+                if any(line.split() == ["CoreDumping:", "1"] for line in f):
+                    return True
+        except (OSError, ValueError, IndexError):  # it has gone meanwhile
+            pass
+    return False
 
 
 def _cwd():

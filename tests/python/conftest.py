@@ -49,3 +49,33 @@ def only_bundle(directory):
     bundles = glob.glob(os.path.join(str(directory), "crash-*.ccap"))
     assert len(bundles) == 1, f"expected one crash bundle in {directory}, found {bundles}"
     return bundles[0]
+
+
+# ---- crashcap run --record over the trainings in observed/ ----------------------------------------
+
+OBSERVED = os.path.join(os.path.dirname(__file__), "observed")
+
+
+def run_recorded(tmp_path, script, *args, options=()):
+    """crashcap run --record over the script; (CompletedProcess, the run's directory)."""
+    runs = tmp_path / "runs"
+    r = crashcap("run", "--record", *options, "--dir", runs, "--", PYTHON, os.path.join(OBSERVED, script), *args,
+                 cwd=tmp_path)
+    return r, runs
+
+
+def run_bare(tmp_path, script, *args):
+    return subprocess.run([PYTHON, os.path.join(OBSERVED, script), *map(str, args)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=600)
+
+
+def verdicts(triage):
+    return {h["id"]: h["verdict"] for h in triage["hypotheses"]}
+
+
+def replay_and_triage(bundle):
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    return replay, triage

@@ -8,8 +8,6 @@ import subprocess
 import textwrap
 import time
 
-import pytest
-
 from conftest import BIN, PYTHON, TRAININGS, crashcap, crashcap_json, only_bundle, run_python
 
 

@@ -3,7 +3,6 @@ disabled. The page must render from the file alone (no request leaves it), print
 console, plot one loss point per recorded step, and draw a screenshot that is not blank. The
 Markdown written beside it links it, and `pack --zip` puts both in the zip."""
 
-import json
 import os
 import re
 import shutil

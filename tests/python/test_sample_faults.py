@@ -2,7 +2,6 @@
 augmenting workers, dropout, a warm-up + cosine schedule, AdamW) is recorded, sealed, replayed
 bit for bit from a keyframe in an earlier epoch than the crash, and triaged to its cause."""
 
-import os
 
 import pytest
 

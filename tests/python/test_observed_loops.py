@@ -1,0 +1,126 @@
+"""`crashcap run --record` follows the shapes a training's loops and data take (tests/python/observed/
+shapes_of_loops.py and small programs of their own): workers, iterable datasets, a statistics pass,
+folds, a loader made anew each epoch, a directory changed before training, a dataset that raises."""
+
+import re
+import textwrap
+
+from conftest import PYTHON, crashcap, crashcap_json, only_bundle, replay_and_triage, run_bare, run_recorded
+
+
+def test_spawned_persistent_dataloader_workers_are_left_alone_and_the_training_replays(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "spawn", "--nan-index", 130)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert r.stderr.count("recording this training") == 1, r.stderr  # the workers record nothing
+    _, triage = replay_and_triage(only_bundle(runs))
+    assert triage["culprit"]["dataset_indices"] == [130]
+
+
+def test_an_iterable_dataset_of_whole_batches_replays_without_dataset_indices(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "iterable", "--nan-index", 130)
+    _, triage = replay_and_triage(only_bundle(runs))
+    assert triage["culprit"]["rows"] == [130 % 16] and triage["culprit"]["dataset_indices"] is None
+
+
+def test_a_statistics_pass_before_the_optimizer_exists_does_not_take_the_training_loader(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "stats-first", "--nan-index", 130)
+    assert "a second DataLoader" not in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    assert crashcap_json("inspect", bundle)["env"]["facts"]["python.observed.loader"] == "1"
+    _, triage = replay_and_triage(bundle)
+    assert triage["culprit"]["dataset_indices"] == [130]
+
+
+def test_the_second_fold_of_a_cross_validation_is_recorded_anew_and_replays_after_the_first(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "kfold", "--nan-index", 120)
+    assert "fold 1" in r.stdout and "a new training" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    facts = crashcap_json("inspect", bundle)["env"]["facts"]
+    assert facts["python.observed.training"] == "1"
+    replay, triage = replay_and_triage(bundle)
+    assert replay["keyframe"] == 0  # fold 1's own first step: fold 0 ran before it, as the program runs it
+    assert triage["culprit"]["dataset_indices"] == [120]  # the index in the data, not in the fold's Subset
+
+
+def test_a_dataloader_made_anew_every_epoch_goes_on_recording_the_training_and_a_validation_loader_does_not(tmp_path):
+    bare = run_bare(tmp_path, "shapes_of_loops.py", "--case", "per-epoch")
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "per-epoch")
+    assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
+    # The NaN row joins in epoch 1, from the second epoch's loader: recorded, replayed, triaged.
+    (tmp_path / "nan").mkdir()
+    r, runs = run_recorded(tmp_path / "nan", "shapes_of_loops.py", "--case", "per-epoch", "--nan-index", 130)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert r.stderr.count("a second DataLoader") == 1, r.stderr  # the validation loader, in eval mode
+    assert "more than once" not in r.stderr, r.stderr
+    replay, triage = replay_and_triage(only_bundle(runs))
+    assert replay["step"] >= 10, replay  # epoch 0 has 10 steps of 16 rows
+    assert triage["culprit"]["dataset_indices"] == [130]
+
+
+def test_a_sanity_backward_before_the_loop_is_not_a_training_without_a_dataloader(tmp_path):
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "warmup", "--nan-index", 130)
+    assert "no DataLoader batch" not in r.stderr, r.stderr
+    replay_and_triage(only_bundle(runs))
+
+
+def test_a_program_that_changes_directory_before_it_trains_replays_from_where_it_started(tmp_path):
+    # The script is named relative to where it started, and loads its data relative to where it
+    # changed to: the replay must start it where it started, not where the recording began.
+    (tmp_path / "data").mkdir()
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import os, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        os.chdir("data")
+        if not os.path.exists("table.pt"):
+            torch.manual_seed(0)
+            x, y = torch.randn(64, 4), torch.randint(0, 3, (64,))
+            x[37, 1] = float("nan")
+            torch.save((x, y), "table.pt")
+        x, y = torch.load("table.pt")
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for xb, yb in DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    """))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    assert crashcap_json("inspect", bundle)["env"]["facts"]["process.cwd"] == str(tmp_path)
+    replay = crashcap_json("replay", bundle, cwd=tmp_path / "data")
+    assert replay["verdict"] == "reproduced-bitwise", replay
+
+
+def test_a_dataset_that_raises_in_a_worker_is_a_loading_failure_after_the_last_step_with_the_batch_s_indices(tmp_path):
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Records(Dataset):
+            def __len__(self):
+                return 96
+            def __getitem__(self, i):
+                if i == 37:
+                    raise ValueError(f"corrupt record {i}")
+                return torch.full((4,), float(i) / 96), i % 3
+
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in DataLoader(Records(), batch_size=8, num_workers=2):  # 37 in the fifth batch
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    """))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "python-exception" in r.stderr, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    crash = crashcap_json("inspect", bundle)["crash"]
+    # The step before ran to its end; the batch after it never came, and its indices hold 37.
+    assert crash["phase"] == "loading" and crash["error"].endswith("ValueError: corrupt record 37"), crash
+    indices = re.search(r"loading the batch after step (\d+), of dataset indices \[([\d, ]+)\]", crash["error"])
+    assert indices and int(indices.group(1)) == crash["step"], crash["error"]
+    assert 37 in [int(i) for i in indices.group(2).split(",")], crash["error"]
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "not-reproduced" and replay["steps"][-1]["bitwise"], replay
+    assert any("not the data pipeline" in n for n in replay["notes"]), replay["notes"]

@@ -65,7 +65,11 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
                              "{}); the smallest set that fails is rows [{}], the others only let the step run",
                              b.step, culprits.size() == 1 ? "" : "s", joinRows(culprits), b.batchSize, indices,
                              culprits.size() == 1 ? "s" : "", culprits.size() == 1 ? "it" : "them", joinRows(b.rows));
-  std::cout << fmt::format(" ({} replays; a single culprit row takes at most {})\n", b.replays, b.replayBound);
+  if (b.triggers.empty())
+    std::cout << fmt::format(" ({} replays; a single culprit row takes at most {})\n", b.replays, b.replayBound);
+  else  // the search for the smallest set, then one replay of the whole batch without each of its rows
+    std::cout << fmt::format(" ({} replays, {} of them the whole batch without each row of the smallest set)\n",
+                             b.replays, b.rows.size());
   std::cout << fmt::format("rerun: crashcap replay {} --step {} --rows {}\n", bundle, b.step, joinRows(b.rows));
 }
 

@@ -432,7 +432,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   note += fmt::format("; left out {} keyframe(s) and {} step(s)", rep.keyframesLeftOut, rep.stepsLeftOut);
   if (cutRows)
     note += fmt::format("; of step {}'s batch of {}, rows {} only{}", target, rep.batchSize, listText(rep.rows, 32),
-                        o.rows == "culprit" ? " (the culprits bisect samples found)" : "");
+                        o.rows == "culprit" ? " (the smallest set of rows that still fails, from bisect samples)" : "");
   if (rep.replay)
     note += fmt::format("\nreplayed before packing: {}{}", replayer::verdictName(rep.replay->verdict),
                         rep.replay->error.empty() ? "" : " (" + lastLine(rep.replay->error) + ")");

@@ -43,13 +43,15 @@ std::vector<std::string> strings(const json& j, const char* key) {
 }
 
 json trialJson(const Trial& t) {
-  return {{"fails", t.fails}, {"outcome", t.outcome}, {"seconds", t.seconds}, {"command", t.command}};
+  return {{"fails", t.fails}, {"passes", t.passes}, {"outcome", t.outcome}, {"seconds", t.seconds},
+          {"command", t.command}};
 }
 
 Trial trialFrom(const json& j) {
   Trial t;
   t.fails = flag(j, "fails");
   t.outcome = text(j, "outcome");
+  t.passes = j.contains("passes") ? flag(j, "passes") : t.outcome == "passes";  // older results: by its outcome
   t.seconds = real(j, "seconds");
   t.command = text(j, "command");
   return t;

@@ -305,7 +305,7 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
   if (f.reproduced() && !f.replay->steps.empty()) {
     const int64_t batchSize = f.replay->batchSize;
     f.samples = run("bisect-samples", {"bisect", "samples", bundle, "--json", "--timeout", timeout},
-                    sampleBisectionFromJson, 2 * std::log2(batchSize + 1) + 3);
+                    sampleBisectionFromJson, 2 * std::log2(batchSize + 1) + 3 + 3);  // + a smallest set's rows each
     if (!f.samples) f.samplesOutcome = runner.log().back().outcome;
     const auto rows = f.culpritRows();
     std::vector<int64_t> rest;

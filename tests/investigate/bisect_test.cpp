@@ -34,7 +34,8 @@ TEST_CASE("one culprit row is found in at most 2*ceil(log2 B)+2 replays wherever
 
 TEST_CASE("rows that fail only together are all kept, and a batch that passes is not bisected", "[investigate][bisect]") {
   auto b = investigate::searchRows(32, [](const std::vector<int64_t>& rows) {
-    return investigate::Trial{has(rows, 3) && has(rows, 17), "", 0, ""};
+    const bool fails = has(rows, 3) && has(rows, 17);
+    return investigate::Trial{fails, "", 0, "", !fails};
   });
   CHECK(b.rows == std::vector<int64_t>{3, 17});
   CHECK(b.triggers.empty());  // each is needed alike: the batch passes without either
@@ -49,11 +50,19 @@ TEST_CASE("a row that triggers the failure but cannot fail alone (a batch norm n
   // Row 5 holds the bad label; a set of one row fails another way (not the failure), so the
   // smallest failing set has two rows, and only row 5's absence makes the whole batch pass.
   auto b = investigate::searchRows(16, [](const std::vector<int64_t>& rows) {
-    return investigate::Trial{has(rows, 5) && rows.size() >= 2, "", 0, ""};
+    const bool fails = has(rows, 5) && rows.size() >= 2;
+    return investigate::Trial{fails, "", 0, "", !fails && rows.size() >= 2};
   });
   REQUIRE(b.rows.size() == 2);
   CHECK(has(b.rows, 5));
   CHECK(b.triggers == std::vector<int64_t>{5});
+  // A replay without a row that does not run to a clean end (a timeout, another error) is no
+  // evidence that the row triggers anything: no triggers then.
+  auto unclear = investigate::searchRows(16, [](const std::vector<int64_t>& rows) {
+    return investigate::Trial{has(rows, 5) && rows.size() >= 2, "", 0, "", false};
+  });
+  CHECK(unclear.rows == b.rows);
+  CHECK(unclear.triggers.empty());
   investigate::SampleBisection s;
   s.rows = b.rows;
   s.triggers = b.triggers;

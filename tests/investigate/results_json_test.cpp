@@ -121,18 +121,24 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   s.step = 6;
   s.batchSize = 8;
   s.reproduced = true;
-  s.rows = {3};
+  s.rows = {3, 5};
+  s.triggers = {5};
   s.datasetIndices = std::vector<int64_t>{51};
   s.replays = 7;
   s.replayBound = 8;
   s.trials.push_back({{0, 1, 2, 3}, Trial{true, "fails (boom)", 1.5, "crashcap replay B --step 6 --rows 0,1,2,3"}});
+  s.trials.push_back({{0, 1, 2, 3, 4, 6, 7}, Trial{false, "passes", 1.2, "crashcap replay B --step 6 --rows 0,1,2,3,4,6,7", true}});
   auto sb = sampleBisectionFromJson(toJson(s));
   CHECK(sb.rows == s.rows);
+  CHECK(sb.triggers == s.triggers);
+  CHECK(sb.culprits() == std::vector<int64_t>{5});
   CHECK(sb.datasetIndices == s.datasetIndices);
   CHECK(sb.replays == 7);
-  REQUIRE(sb.trials.size() == 1);
+  REQUIRE(sb.trials.size() == 2);
   CHECK(sb.trials[0].first == std::vector<int64_t>{0, 1, 2, 3});
   CHECK(sb.trials[0].second.outcome == "fails (boom)");
+  CHECK(!sb.trials[0].second.passes);
+  CHECK(sb.trials[1].second.passes);
 
   ConfigBisection c;
   c.step = 6;

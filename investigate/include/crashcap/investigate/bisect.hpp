@@ -59,15 +59,20 @@ struct Trial {
   std::string outcome;         ///< "fails (<error>)", "passes", "timeout after 300 s", ...
   double seconds = 0;
   std::string command;         ///< the crashcap command that reruns it
+  /// The replay ran and its step ended without any error: a pass that is evidence. A search that
+  /// shrinks a set counts every non-failure as a pass (it only keeps what fails); a row is named
+  /// a trigger only on this (not on a timeout, or on another error).
+  bool passes = false;
 };
 
 /// Delta debugging over batch rows, on any predicate.
 struct RowSearch {
   bool reproduced = false;                 ///< the whole batch fails
   std::vector<int64_t> rows;               ///< 1-minimal: removing any one of them makes it pass
-  /// Of `rows` (when more than one), those without which the whole batch passes: the rows that
-  /// trigger the failure, where the others only let the step run (a batch norm needs two rows).
-  /// Empty when rows has one row, or when no single row's absence makes the batch pass.
+  /// Of `rows` (when more than one), those without which the whole batch passes (Trial::passes):
+  /// the rows that trigger the failure, where the others only let the step run (a batch norm needs
+  /// two rows). Empty when rows has one row, and when none or every one of them is such a row
+  /// (rows that fail only together are needed alike).
   std::vector<int64_t> triggers;
   int replays = 0;                         ///< experiments run
   std::vector<std::pair<std::vector<int64_t>, Trial>> log;
@@ -89,7 +94,7 @@ struct SampleBisection {
   std::vector<int64_t> triggers;                 ///< RowSearch::triggers
   /// The rows that cause the failure: the triggers when there are, else the smallest failing set.
   const std::vector<int64_t>& culprits() const { return triggers.empty() ? rows : triggers; }
-  std::optional<std::vector<int64_t>> datasetIndices;  ///< of culprits()
+  std::optional<std::vector<int64_t>> datasetIndices;  ///< of culprits(), in their order
   int replays = 0;
   int replayBound = 0;                           ///< singleRowBound(batchSize)
   std::vector<int64_t> lostSteps;                ///< the recording lost these: the step cannot be reached

@@ -548,7 +548,8 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
       // at the same step when a peer goes away: the same consequence of the other rank's failure,
       // which is all there is to compare. The transport's words for it are not (another port, a
       // reset instead of a close, depending on which end noticed first).
-      const bool peerEnded = was.outcome == "stopped" || (was.outcome == "failed" && was.fromPeer);
+      const bool peerEnded = was.outcome == "stopped" || (was.outcome == "failed" && was.fromPeer &&
+                                                           supervisor::isPeerError(r.result->recordedError));
       if (peerEnded && anyRankEnded && r.result->verdict == replayer::Verdict::NotReproduced &&
           !r.result->divergedAt && supervisor::isPeerError(r.result->error)) {
         r.result->verdict = replayer::Verdict::Reproduced;
@@ -562,10 +563,11 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
             was.outcome == "stopped"
                 ? fmt::format("it was stopped in the recording after another rank failed ({}); here it ended when a "
                               "peer went away, as a rank does once another has failed: only that is compared",
-                              r.result->recordedError.empty() ? "no error of its own" : r.result->recordedError)
-                : fmt::format("it failed in the recording when a peer went away ({}), and here again, in other "
-                              "words: only that is compared",
-                              r.result->recordedError));
+                              r.result->recordedError.empty() ? "no error of its own"
+                                                              : lastLine(r.result->recordedError))
+                : fmt::format("it failed in the recording when a peer went away ({}), and did again here (the "
+                              "transport words it differently): only that is compared",
+                              lastLine(r.result->recordedError)));
       }
       r.verdict = replayer::verdictName(r.result->verdict);
     } catch (const Error& e) {

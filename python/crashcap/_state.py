@@ -321,18 +321,24 @@ def dataloader_worker_failure(exc, wait=10.0, dumping_wait=120.0):
 def _a_child_is_dying():
     """Whether a child of this process is writing its core file (Linux's CoreDumping, 4.15 on) or
     exiting (PF_EXITING: freeing a large worker's memory takes a while too)."""
-    children = set()
     try:
-        for task in os.listdir("/proc/self/task"):
+        tasks = os.listdir("/proc/self/task")
+    except OSError:  # no /proc
+        return False
+    children = set()
+    for task in tasks:
+        try:
             with open(f"/proc/self/task/{task}/children") as f:
                 children.update(f.read().split())
-    except OSError:  # no /proc, or a kernel without the children files
-        return False
+        except OSError:  # the thread has ended meanwhile, or a kernel without the children files
+            continue
     for pid in children:
         try:
             with open(f"/proc/{pid}/stat") as f:
-                flags = int(f.read().rsplit(")", 1)[1].split()[6])
-            if flags & 0x4:  # PF_EXITING
+                fields = f.read().rsplit(")", 1)[1].split()
+            if fields[0] in ("Z", "X"):  # exited: whatever it was, its exit shows already
+                continue
+            if int(fields[6]) & 0x4:  # PF_EXITING
                 return True
             with open(f"/proc/{pid}/status") as f:
                 if any(line.split() == ["CoreDumping:", "1"] for line in f):

@@ -99,6 +99,9 @@ def _plain_object(value):
     cls = type(value)
     if not hasattr(value, "__dict__") or hasattr(cls, "__slots__") or isinstance(value, type):
         return False
+    if isinstance(value, (list, tuple, dict, set, frozenset, str, bytes, int, float)):
+        return False  # a subclass of a built-in holds its parts in what it is: walked as that
+
     module = cls.__module__ or ""
     if module == "builtins" or module.split(".")[0] in ("torch", "numpy", "collections", "typing"):
         return False

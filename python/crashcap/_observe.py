@@ -375,14 +375,15 @@ class Observer:
             return True
         return self.training_loader_done and _in_training_mode(self.rec.model)
 
-    def on_loading_failed(self, ordinal, indices):
-        """The training loader raised instead of giving the next step's batch (the dataset's
-        __getitem__, a collate function, a worker that died): the step in flight ran to its end,
-        and the failure, when it ends the program, is the loading's."""
+    def on_loading_failed(self, ordinal, indices, error):
+        """The training loader raised `error` instead of giving the next step's batch (the
+        dataset's __getitem__, a collate function, a worker that died): the step in flight ran to
+        its end, and the failure, when `error` (or one raised from it) ends the program, is the
+        loading's."""
         if self.rec is None or ordinal != self.training_loader or self.replay:
             return
         self._finish()
-        self.rec._loading_failure = (self.step - 1, ordinal, indices)
+        self.rec._loading_failure = (self.step - 1, ordinal, indices, error)
 
     def loader_ended(self, ordinal):
         """An iterator of loader `ordinal` ran to its end."""
@@ -674,13 +675,13 @@ def _underlying_indices(dataset, indices):
     return indices
 
 
-def _seen_failure(iterator):
-    _loading_failed(iterator, _take_index(iterator))
+def _seen_failure(iterator, error):
+    _loading_failed(iterator, _take_index(iterator), error)
 
 
 @_guarded
-def _loading_failed(iterator, index):
-    _observer.on_loading_failed(getattr(iterator, "_crashcap_loader", -1), _indices_of(iterator, index))
+def _loading_failed(iterator, index, error):
+    _observer.on_loading_failed(getattr(iterator, "_crashcap_loader", -1), _indices_of(iterator, index), error)
 
 
 def _indices_of(iterator, index):
@@ -804,8 +805,8 @@ def install(policy=None, replay=False):
         except StopIteration:
             _seen_end(self)
             raise
-        except BaseException:
-            _seen_failure(self)  # the batch whose index was drawn never came (a worker's error)
+        except BaseException as e:
+            _seen_failure(self, e)  # the batch whose index was drawn never came (a worker's error)
             raise
         _seen_batch(self, batch)
         return batch

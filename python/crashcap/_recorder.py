@@ -49,6 +49,17 @@ def _exception_text(e):
     return "".join(traceback.format_exception_only(type(e), e)).strip()
 
 
+def _in_chain(error, exc, limit=8):
+    """Whether `error` is `exc` or one it was raised from or while handling."""
+    seen, e = set(), exc
+    while e is not None and id(e) not in seen and len(seen) < limit:
+        if e is error:
+            return True
+        seen.add(id(e))
+        e = e.__cause__ if e.__cause__ is not None else e.__context__
+    return False
+
+
 def _chain_text(exc, limit=8, cause_chars=2000):
     """The exception's text after those it was raised from or while handling, in the order and
     with the words Python prints them (without their frames): the last line is the exception's.
@@ -339,9 +350,9 @@ class Recorder:
             self._rank_placed = _state.record_distributed(self._native)
         self._loading_failure = None
         tensors, structure = _batch.flatten(batch, _extra)
-        if not self._said_opaque and '"opaque"' in structure:
+        parts = _batch.opaque_parts(json.loads(structure)) if not self._said_opaque and '"opaque"' in structure else []
+        if parts:  # the text alone may be a key or a string named "opaque"
             self._said_opaque = True
-            parts = _batch.opaque_parts(json.loads(structure))
             self.warn(f"the batch of step {step} holds what crashcap keeps only as text, which a replay cannot "
                       f"rebuild (its loop would get None there): "
                       + "; ".join(f"{path}: {text[:120]}" for path, text in parts[:4]))
@@ -389,10 +400,10 @@ class Recorder:
                 if str(e).strip() != died and (not str(e).strip() or str(e).strip() not in _chain_text(exc)):
                     notes.append(f"meanwhile a signal handler raised {_exception_type_name(e)}: {e}".rstrip(": "))
             phase = ""
-            if self._loading_failure is not None:
+            if self._loading_failure is not None and _in_chain(self._loading_failure[3], exc):
                 # The batch after the last step never came: not a step's failure, and the step
                 # before it passed. The dataset indices its sampler drew say which samples to load.
-                step, ordinal, indices = self._loading_failure
+                step, ordinal, indices, _ = self._loading_failure
                 phase = "loading"
                 notes.append(f"DataLoader #{ordinal} raised it while loading the batch after step {step}"
                              + (f", of dataset indices {indices}" if indices else ""))

@@ -61,6 +61,10 @@ class Batch:  # a class of the program's own, its parts as attributes
         self.x, self.y = x, y
 
 
+class Rows(list):  # a list subclass: an instance has a __dict__, its parts are its items
+    pass
+
+
 class Slotted:
     __slots__ = ("x",)
 
@@ -87,6 +91,11 @@ def test_batches_of_the_program_s_own_classes_are_rebuilt_as_those_classes():
     assert _batch.rebuild(structure.replace("test_state:Pair", "gone:Pair"), dict(tensors))["pair"] == (x, y)
     tensors, structure = _batch.flatten(collections.OrderedDict([("x", x)]))
     assert structure and type(_batch.rebuild(structure, dict(tensors))) is collections.OrderedDict
+    # A subclass of a built-in container keeps its items (as that container), not its empty __dict__.
+    tensors, structure = _batch.flatten({"rows": Rows([x, y])})
+    assert [n for n, _ in tensors] == ["rows/0", "rows/1"] and list(_batch.tensors_of({"rows": Rows([x, y])})) == [x, y]
+    rows = _batch.rebuild(structure, dict(tensors))["rows"]
+    assert type(rows) is list and len(rows) == 2 and rows[0] is x and rows[1] is y
 
 
 def test_what_a_batch_holds_that_cannot_be_rebuilt_is_named():

@@ -259,8 +259,9 @@ class Recorder:
         self._step_index = None
         self._next_step = 0
         self._said_opaque = False  # a batch part kept only as text is said once
-        # (step, loader ordinal, dataset indices or None): the training's loader raised while it
-        # loaded the batch of the step after `step` (crashcap run --record's observer sets it).
+        # (step, loader ordinal, dataset indices or None, the error): the training's loader raised
+        # the error while it loaded the batch of the step after `step` (crashcap run --record's
+        # observer sets it; fail() names the loading only for that error or one raised from it).
         self._loading_failure = None
         self._closed = False
         from . import _replay

@@ -173,6 +173,9 @@ struct StepBegin {
                                 # step the recorder lost. Invariant: -2 <= previousStep < step.
   structure @7 :Text;           # how the batch tensors nest (Python: tuples, lists, dicts), JSON
                                 # (docs/FORMAT.md); "" a flat set of named tensors. At most 64 KiB.
+  rowDims @8 :List(Int8);       # per batch tensor (parallel to batch): the dimension holding the
+                                # batch's rows (samples), -1 none; empty in bundles written before
+                                # it (readers take dimension 0 where it equals the first tensor's)
 }
 
 # Record type 8. A step ended normally (the guard's end(loss) ran). No body.

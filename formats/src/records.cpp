@@ -136,6 +136,8 @@ std::vector<uint8_t> encodeMeta(const StepBeginData& v) {
   r.setKeyframe(v.keyframe);
   r.setPreviousStep(v.previousStep);
   r.setStructure(v.structure);
+  auto dims = r.initRowDims(v.rowDims.size());
+  for (unsigned i = 0; i < v.rowDims.size(); ++i) dims.set(i, v.rowDims[i]);
   return toBytes(b);
 }
 
@@ -316,6 +318,16 @@ StepBeginData decodeStepBegin(const std::vector<uint8_t>& meta, const ReaderLimi
       throw Error(ErrorCode::Corrupt, fmt::format("step_begin of step {} names previous step {}: expected -2..{}",
                                                   v.step, v.previousStep, v.step - 1));
     v.structure = text(r.getStructure(), 64 << 10, "step_begin batch structure");
+    const auto dims = r.getRowDims();
+    if (dims.size() != 0 && dims.size() != v.batch.size())
+      throw Error(ErrorCode::Corrupt, fmt::format("step_begin of step {} has {} row dimensions for {} batch tensors",
+                                                  v.step, dims.size(), v.batch.size()));
+    for (int8_t d : dims) {
+      if (d < -1)
+        throw Error(ErrorCode::Corrupt,
+                    fmt::format("step_begin of step {} names row dimension {}: expected -1 or more", v.step, d));
+      v.rowDims.push_back(d);
+    }
     return v;
   });
 }
@@ -880,6 +892,49 @@ std::optional<int64_t> killedInStep(const BundleRecords& records) {
       records.status->lastStep < 0)
     return std::nullopt;
   return records.status->lastStep;
+}
+
+std::vector<int8_t> rowDimensions(const std::vector<std::vector<int64_t>>& shapes, int64_t rows) {
+  std::vector<int8_t> dims(shapes.size(), -1);
+  if (rows < 0) {
+    for (const auto& shape : shapes)
+      if (!shape.empty()) {
+        rows = shape[0];
+        break;
+      }
+    for (size_t i = 0; i < shapes.size(); ++i)
+      if (!shapes[i].empty() && shapes[i][0] == rows) dims[i] = 0;
+    return dims;
+  }
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (!shapes[i].empty() && shapes[i][0] == rows)
+      dims[i] = 0;
+    else if (shapes[i].size() > 1 && shapes[i][1] == rows)
+      dims[i] = 1;
+  }
+  return dims;
+}
+
+BatchRows batchRows(const StepBeginData& begin, const std::vector<std::vector<int64_t>>& shapes) {
+  BatchRows out;
+  std::vector<int8_t> dims = begin.rowDims.size() == shapes.size() ? begin.rowDims : rowDimensions(shapes, -1);
+  out.dims.assign(shapes.size(), -1);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    const int d = dims[i];
+    if (d < 0 || d >= static_cast<int>(shapes[i].size())) continue;
+    if (out.count == 0) out.count = shapes[i][d];
+    if (shapes[i][d] == out.count) out.dims[i] = d;
+  }
+  return out;
+}
+
+BatchRows batchRows(const StepBeginData& begin, const BundleReader& reader) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& name : begin.batch) {
+    const auto* t = reader.find(name);
+    shapes.push_back(t ? t->shape : std::vector<int64_t>{});
+  }
+  return batchRows(begin, shapes);
 }
 
 }  // namespace crashcap::formats

@@ -169,19 +169,21 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       break;
     }
   }
-  // The crash step's batch: which of its tensors are per row (first dimension the batch's). Rows
-  // asked for are checked against it before anything runs.
-  std::set<std::string> rowTensors;
-  if (target >= 0)
-    for (const auto& n : begun.at(target)->batch)
-      if (const auto* t = reader->find(n); t && !t->shape.empty()) {
-        if (rep.batchSize == 0) rep.batchSize = t->shape[0];
-        if (t->shape[0] == rep.batchSize) rowTensors.insert(n);
-      }
+  // The crash step's batch: which of its tensors hold rows, and in which dimension (the recorded
+  // one: a sequence-first tensor's samples are its dimension 1). Rows asked for are checked
+  // against it before anything runs.
+  std::map<std::string, int> rowTensors;
+  if (target >= 0) {
+    const auto& begin = *begun.at(target);
+    const auto rows = formats::batchRows(begin, *reader);
+    rep.batchSize = rows.count;
+    for (size_t i = 0; i < begin.batch.size(); ++i)
+      if (rows.dims[i] >= 0) rowTensors.emplace(begin.batch[i], rows.dims[i]);
+  }
   if (o.rows != "all" && rep.batchSize == 0)
     throw Error(ErrorCode::InvalidArgument,
                 target < 0 ? std::string("--rows: the bundle records no step whose rows could be chosen")
-                           : fmt::format("--rows: step {}'s batch has no rows to choose (no tensor with a first dimension)", target));
+                           : fmt::format("--rows: step {}'s batch has no rows to choose (no tensor holds its samples)", target));
   for (int64_t row : chosen)
     if (row >= rep.batchSize)
       throw Error(ErrorCode::InvalidArgument,
@@ -298,8 +300,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     copied = formats::copyRecords(*reader, *writer, keepRecord, true, keepTensor);
     if (cutRows) {
       const at::Tensor keep = at::tensor(rep.rows, at::kLong);
-      for (const auto& n : rowTensors)
-        formats::torch::writeTensor(*writer, n, formats::torch::readTensor(*reader, n).index_select(0, keep));
+      for (const auto& [n, dim] : rowTensors)
+        formats::torch::writeTensor(*writer, n, formats::torch::readTensor(*reader, n).index_select(dim, keep));
     }
     if (materialisedRecord) {
       for (const auto& t : materialised->tensors()) {
@@ -345,11 +347,11 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   // What the attachment holds, in words.
   for (int64_t step : keptSteps) {
     const auto* s = begun.at(step);
-    uint64_t rows = 0;
+    const auto batchRows = formats::batchRows(*s, *reader);
+    const uint64_t rows = batchRows.count > 0 ? static_cast<uint64_t>(batchRows.count) : s->batch.empty() ? 0 : 1;
     for (const auto& n : s->batch) {
       const auto* t = reader->find(n);
       if (!t) continue;
-      if (rows == 0) rows = t->shape.empty() ? 1 : static_cast<uint64_t>(std::max<int64_t>(t->shape[0], 0));
       if (n == formats::batchTensorName(step, "index") && t->dtype == formats::DType::Int64 &&
           t->totalBytes <= reader->limits().maxTensorBytes) {
         auto bytes = reader->readTensor(*t);

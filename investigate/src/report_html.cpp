@@ -203,14 +203,17 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   for (const auto& b : view.stepBegins)
     if (b.step == crashStep) begun = &b;
   if (begun) {
+    // Each tensor that holds the batch's rows, with them first (a sequence-first tensor's are
+    // its dimension 1).
     std::vector<std::pair<std::string, at::Tensor>> tensors;
-    int64_t batchSize = 0;
-    for (const auto& n : begun->batch) {
+    const auto rows = formats::batchRows(*begun, *reader);
+    const int64_t batchSize = rows.count;
+    for (size_t i = 0; i < begun->batch.size(); ++i) {
+      const auto& n = begun->batch[i];
       const auto* t = reader->find(n);
-      if (!t || t->shape.empty() || t->totalBytes > reader->limits().maxTensorBytes) continue;
-      at::Tensor v = formats::torch::readTensor(*reader, *t);
-      if (batchSize == 0) batchSize = v.size(0);
-      if (v.size(0) == batchSize) tensors.emplace_back(n.substr(formats::batchTensorName(crashStep, "").size()), v);
+      if (!t || rows.dims[i] < 0 || t->totalBytes > reader->limits().maxTensorBytes) continue;
+      at::Tensor v = formats::torch::readTensor(*reader, *t).movedim(rows.dims[i], 0);
+      tensors.emplace_back(n.substr(formats::batchTensorName(crashStep, "").size()), v);
     }
     std::vector<int64_t> culprits;
     std::string whose;

@@ -140,21 +140,30 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
                                         const std::vector<IndexDomain>& domains) {
   std::vector<RowFinding> out;
   auto reader = formats::BundleReader::open(bundle);
-  const std::string prefix = formats::batchTensorName(step, "");
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
   auto isCulprit = [&](int64_t r) { return std::find(rows.begin(), rows.end(), r) != rows.end(); };
-  for (const auto& info : reader->tensors()) {
-    if (info.name.rfind(prefix, 0) != 0 || info.name == index) continue;
-    auto t = inspect::loadTensor(*reader, info.name);  // once per tensor, not per culprit row
-    if (t.shape.empty() || t.shape[0] == 0) continue;
-    const int64_t batch = t.shape[0];
+  const auto records = formats::readRecords(*reader);
+  const formats::StepBeginData* begin = nullptr;
+  for (const auto& b : records.stepBegins)
+    if (b.step == step) begin = &b;
+  if (!begin) return out;
+  const auto batchRows = formats::batchRows(*begin, *reader);
+  for (size_t i = 0; i < begin->batch.size(); ++i) {
+    const auto* info = reader->find(begin->batch[i]);
+    const int rowDim = batchRows.dims[i];
+    if (!info || info->name == index || rowDim < 0 || batchRows.count == 0) continue;
+    auto t = inspect::loadTensor(*reader, info->name);  // once per tensor, not per culprit row
+    const int64_t batch = batchRows.count;
     const bool floating = formats::isFloating(t.dtype) || formats::isComplex(t.dtype);
     const bool integer = !floating && t.dtype != formats::DType::Bool;
-    // Every row and its statistics: a culprit row is judged against the batch's other rows.
+    // Every row and its statistics: a culprit row is judged against the batch's other rows. A
+    // row is an index into the tensor's row dimension (":,5" in a sequence-first tensor).
+    std::string leading;
+    for (int d = 0; d < rowDim; ++d) leading += ":,";
     std::vector<inspect::HostTensor> rowTensors;
     std::vector<inspect::TensorStats> stats;
     for (int64_t r = 0; r < batch; ++r) {
-      rowTensors.push_back(inspect::applySlice(t, inspect::parseSlice(std::to_string(r))));
+      rowTensors.push_back(inspect::applySlice(t, inspect::parseSlice(leading + std::to_string(r))));
       stats.push_back(inspect::computeStats(rowTensors.back()));
     }
     // The domains that apply to this tensor: an op's index input of its shape (or element count,
@@ -174,7 +183,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       const auto& st = stats[r];
       RowFinding f;
       f.row = r;
-      f.tensor = info.name;
+      f.tensor = info->name;
       f.oneElement = st.count == 1;
       double othersMax = 0;
       bool othersAllZero = true;
@@ -208,10 +217,10 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
         f.value = magnitude;
         f.othersMax = othersMax;
         out.push_back(f);
-      } else if (auto column = floating ? columnOutlier(t, r, isCulprit) : std::nullopt) {
+      } else if (auto column = floating && rowDim == 0 ? columnOutlier(t, r, isCulprit) : std::nullopt) {
         out.push_back(*column);
         out.back().row = r;
-        out.back().tensor = info.name;
+        out.back().tensor = info->name;
       } else if (st.count > 1 && st.zeroCount == st.count && !othersAllZero) {
         f.kind = RowFinding::Kind::AllZeros;
         out.push_back(f);

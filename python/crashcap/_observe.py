@@ -353,16 +353,17 @@ class Observer:
                           f"an update (a keyframe holds no gradients)")
         self.training_loader_done = False
         self._finish()
-        extra = ()
-        if indices is not None:
-            first = next(_api._batch.tensors_of(batch), None)
-            if first is not None and first.dim() > 0 and first.size(0) == len(indices):
-                extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)  # made only when kept
+        extra, rows = (), None
+        if indices is not None and any(_holds_rows(t, len(indices)) for t in _api._batch.tensors_of(batch)):
+            # The sampler's indices are the batch's samples: each tensor's rows are found by their
+            # count, and the row's dataset index is kept beside them.
+            rows = len(indices)
+            extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)  # made only when kept
         step = self.step
         self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
         self.step += 1
         self.rec._native.hold_keyframes(accumulating)
-        self.rec.begin(step, batch, _extra=extra)
+        self.rec.begin(step, batch, rows=rows, _extra=extra)
 
     def _takes_over(self, ordinal, dataset):
         """Whether loader `ordinal`, made after the training loader, is the training's next one: it
@@ -622,6 +623,12 @@ def _replay_never_began():
                        f"(it made {_observer.loaders}), so crashcap had no training loop to replay the recording in",
                        "run the replay with the arguments and files the recording ran with (`crashcap inspect B` "
                        "shows its command line); the program may have stopped early, before its training loop")
+
+
+def _holds_rows(tensor, rows):
+    """Whether `tensor` holds `rows` samples in its first or second dimension (the rule the
+    recorder applies to find each tensor's rows: formats::rowDimensions)."""
+    return (tensor.dim() > 0 and tensor.size(0) == rows) or (tensor.dim() > 1 and tensor.size(1) == rows)
 
 
 def _in_training_mode(model):

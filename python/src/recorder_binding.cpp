@@ -199,9 +199,10 @@ void bindRecorder(py::module_& m) {
            py::arg("sources"), py::arg("kind"), py::arg("groups"), py::arg("learning_rates"), py::arg("generators"),
            py::arg("keyframe"), py::arg("facts"), py::arg("stack"), py::arg("torchscript") = py::none())
       .def("begin_step",
-           [](rec::Recorder& r, int64_t step, rec::Batch batch, std::string structure) {
-             return Step(r.beginStep(step, batch, std::move(structure)));
+           [](rec::Recorder& r, int64_t step, rec::Batch batch, std::string structure, int64_t rows) {
+             return Step(r.beginStep(step, batch, std::move(structure), rows));
            },
+           py::arg("step"), py::arg("batch"), py::arg("structure"), py::arg("rows") = -1,
            py::keep_alive<0, 1>())  // a step keeps its Recorder alive
       .def("fail",
            [](rec::Recorder& r, std::string kind, std::string type, std::string error, std::vector<std::string> stack,

@@ -525,7 +525,7 @@ struct Recorder::Impl {
     return jobs;
   }
 
-  std::vector<Job> stepJobs(int64_t step, int64_t previousStep, const Batch& batch, std::string structure) {
+  std::vector<Job> stepJobs(int64_t step, int64_t previousStep, const Batch& batch, std::string structure, int64_t rows) {
     std::vector<Job> jobs;
     formats::StepBeginData begin;
     begin.step = step;
@@ -534,13 +534,16 @@ struct Recorder::Impl {
     begin.timeNs = formats::unixTimeNs();
     begin.keyframe = lastKeyframe;
     begin.learningRates = learningRates();
+    std::vector<std::vector<int64_t>> shapes;
     for (const auto& [name, t] : batch) {
       auto full = formats::batchTensorName(step, name);
       if (auto job = hostCopy(full, t)) {
         jobs.push_back(tensorJob(std::move(*job)));
         begin.batch.push_back(full);
+        shapes.emplace_back(t.sizes().begin(), t.sizes().end());
       }
     }
+    begin.rowDims = formats::rowDimensions(shapes, rows);
     {
       auto gen = at::detail::getDefaultCPUGenerator();
       at::Tensor state;
@@ -852,11 +855,11 @@ void Recorder::setDistributed(formats::DistributedData identity) {
   if (m.writer && !m.forkedAway()) m.writer->push({Impl::recordJob(identity, Job::Kind::RunRecord)});
 }
 
-StepGuard Recorder::beginStep(int64_t step, const Batch& batch) { return beginStep(step, batch, std::string()); }
+StepGuard Recorder::beginStep(int64_t step, const Batch& batch) { return beginStep(step, batch, std::string(), -1); }
 
 void Recorder::holdKeyframes(bool held) { impl_->keyframesHeld = held; }
 
-StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string structure) {
+StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string structure, int64_t rows) {
   auto& m = *impl_;
   if (m.forkedAway()) {
     m.abandonInChild();
@@ -919,7 +922,7 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string stru
   m.writer->keyframeInterval.store(m.interval(), std::memory_order_relaxed);
   if (m.pool) m.writer->bufferPoolPeakBytes.store(m.pool->peakBytes(), std::memory_order_relaxed);
   {
-    auto jobs = m.stepJobs(step, previousStep, batch, std::move(structure));
+    auto jobs = m.stepJobs(step, previousStep, batch, std::move(structure), rows);
     m.stepRecordBytes = 0;
     for (const auto& j : jobs) m.stepRecordBytes += j.bytes();
     m.writer->push(std::move(jobs));

@@ -665,19 +665,27 @@ struct Run {
       gen->set_state(formats::torch::readTensor(*reader, name));
     }
     if (!begin.learningRates.empty()) r.learningRate = begin.learningRates[0];
+    // The target's rows: each batch tensor's row dimension, as recorded (a sequence-first tensor
+    // holds its samples in dimension 1).
+    std::map<std::string, int> rowDim;
+    if (s == target) {
+      const auto rows = formats::batchRows(begin, *reader);
+      result.batchSize = rows.count;
+      for (size_t i = 0; i < begin.batch.size(); ++i) rowDim[begin.batch[i]] = rows.dims[i];
+      for (int64_t row : options.rows)
+        if (row < 0 || row >= result.batchSize)
+          throw Error(ErrorCode::InvalidArgument,
+                      result.batchSize == 0
+                          ? fmt::format("row {} was asked for, but no tensor of step {}'s batch has rows", row, s)
+                          : fmt::format("row {} is outside the batch of step {} (rows 0..{})", row, s, result.batchSize - 1));
+    }
     Batch batch;
     for (const auto& input : inputs) {
-      at::Tensor t = formats::torch::readTensor(*reader, formats::batchTensorName(s, input));
-      if (s == target) {
-        if (batch.empty()) result.batchSize = t.dim() > 0 ? t.size(0) : 0;
-        if (!options.rows.empty() && t.dim() > 0 && t.size(0) == result.batchSize) {
-          for (int64_t row : options.rows)
-            if (row < 0 || row >= result.batchSize)
-              throw Error(ErrorCode::InvalidArgument,
-                          fmt::format("row {} is outside the batch of step {} (rows 0..{})", row, s, result.batchSize - 1));
-          t = t.index_select(0, at::tensor(options.rows, at::kLong));
-        }
-      }
+      const auto full = formats::batchTensorName(s, input);
+      at::Tensor t = formats::torch::readTensor(*reader, full);
+      if (s == target && !options.rows.empty())
+        if (auto d = rowDim.find(full); d != rowDim.end() && d->second >= 0)
+          t = t.index_select(d->second, at::tensor(options.rows, at::kLong));
       batch.emplace_back(input, onDevice(t));
     }
     return batch;

@@ -447,3 +447,42 @@ TEST_CASE("a record type one past the table is skipped and reported as a newer w
   REQUIRE(required.problems.size() == 1);
   CHECK_THAT(required.problems[0].what, Catch::Contains("marked required"));
 }
+
+TEST_CASE("a batch's rows are found in each tensor's sample dimension, and older bundles fall back to dimension 0",
+          "[formats][records]") {
+  using Shapes = std::vector<std::vector<int64_t>>;
+  // A sequence-first batch: tokens (time 30, batch 8), lengths (8), labels (8), a scalar.
+  const Shapes shapes{{30, 8}, {8}, {8}, {}};
+  CHECK(rowDimensions(shapes, 8) == std::vector<int8_t>{1, 0, 0, -1});
+  // Without the loader's count: dimension 0 of the first tensor, as bundles always read it.
+  CHECK(rowDimensions(shapes, -1) == std::vector<int8_t>{0, -1, -1, -1});
+  CHECK(rowDimensions({{8, 3, 32, 32}, {8}, {5, 5}}, -1) == std::vector<int8_t>{0, 0, -1});
+  // Dimension 0 first when both would fit (a square batch), and never a third dimension.
+  CHECK(rowDimensions({{8, 8}, {2, 3, 8}}, 8) == std::vector<int8_t>{0, -1});
+
+  StepBeginData begin{4, {"steps/4/batch/0", "steps/4/batch/1", "steps/4/batch/2", "steps/4/batch/3"}, {}, {}, 0, 0};
+  begin.rowDims = rowDimensions(shapes, 8);
+  auto decoded = decodeStepBegin(encodeMeta(begin));
+  CHECK(decoded.rowDims == begin.rowDims);
+  auto rows = batchRows(decoded, shapes);
+  CHECK(rows.count == 8);
+  CHECK(rows.dims == std::vector<int>{1, 0, 0, -1});
+  // A bundle written before row dimensions: the first tensor's dimension 0 is the batch.
+  decoded.rowDims.clear();
+  rows = batchRows(decoded, shapes);
+  CHECK(rows.count == 30);
+  CHECK(rows.dims == std::vector<int>{0, -1, -1, -1});
+  // A row dimension past a tensor's shape (a damaged record) is no row dimension.
+  decoded.rowDims = {3, 0, 0, -1};
+  rows = batchRows(decoded, shapes);
+  CHECK(rows.count == 8);
+  CHECK(rows.dims == std::vector<int>{-1, 0, 0, -1});
+
+  // As many row dimensions as batch tensors, each -1 or more; none at all is an older writer.
+  begin.rowDims = {1, 0};
+  CHECK_THROWS_AS(decodeStepBegin(encodeMeta(begin)), Error);
+  begin.rowDims = {1, 0, 0, -2};
+  CHECK_THROWS_AS(decodeStepBegin(encodeMeta(begin)), Error);
+  begin.rowDims.clear();
+  CHECK(decodeStepBegin(encodeMeta(begin)).rowDims.empty());
+}

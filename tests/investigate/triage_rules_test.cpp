@@ -667,6 +667,11 @@ TEST_CASE("row findings judge an index against the domain its tensor's other row
     writeInts(*w, "user", {1, 4, 9, 5, 0, 2, 7, 3});           // row 3 ordinary
     writeInts(*w, "item", {10, 99, 42, 150, 7, 88, 61, 0});   // row 3 outside the item table
     writeInts(*w, "label", {2, -100, 0, -1, 1, -100, 2, 0});  // -100 ignored, row 3's -1 is not
+    formats::StepBeginData begin;
+    begin.step = 6;
+    for (const char* name : {"user", "item", "label"}) begin.batch.push_back(formats::batchTensorName(6, name));
+    begin.rowDims = {0, 0, 0};
+    formats::writeMetaRecord(*w, begin);
     w->seal();
   }
   // Two embedding tables indexed by same-shaped tensors, and a loss.
@@ -689,6 +694,36 @@ TEST_CASE("row findings judge an index against the domain its tensor's other row
   CHECK(findRowOddities(bundle, 6, {0}, domains).empty());
 }
 
+TEST_CASE("row findings read a sequence-first tensor's rows along its recorded row dimension", "[investigate][triage]") {
+  test::TempDir dir;
+  const std::string bundle = dir.file("batch.ccap");
+  // Tokens [time 5, batch 8] and labels [8]: sample 3's token at time 2 is outside the table of 50.
+  std::vector<int64_t> tokens(5 * 8);
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>(i % 50);
+  tokens[2 * 8 + 3] = 99;
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    w->writeTensor(formats::batchTensorName(6, "tokens"), formats::DType::Int64, {5, 8}, tokens.data(),
+                   tokens.size() * sizeof(int64_t));
+    writeInts(*w, "label", {0, 1, 2, 0, 1, 2, 0, 1});
+    formats::StepBeginData begin;
+    begin.step = 6;
+    begin.batch = {formats::batchTensorName(6, "tokens"), formats::batchTensorName(6, "label")};
+    begin.rowDims = formats::rowDimensions({{5, 8}, {8}}, 8);
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  const std::vector<IndexDomain> domains = {{"aten::embedding", 50, {5, 8}, {50, 4}, std::nullopt}};
+  auto findings = findRowOddities(bundle, 6, {3}, domains);
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].tensor == "steps/6/batch/tokens");
+  CHECK(findings[0].row == 3);
+  CHECK(findings[0].kind == RowFinding::Kind::OutOfDomain);
+  CHECK(findings[0].value == 99);
+  // Row 2, sample 2's column of tokens, is as ordinary as the rest.
+  CHECK(findRowOddities(bundle, 6, {2}, domains).empty());
+}
+
 TEST_CASE("row findings find a feature far beyond its scale in the other rows, which a row-wide maximum hides",
           "[investigate][triage]") {
   test::TempDir dir;
@@ -702,6 +737,11 @@ TEST_CASE("row findings find a feature far beyond its scale in the other rows, w
   {
     auto w = formats::BundleWriter::create(bundle);
     w->writeTensor(formats::batchTensorName(6, "x"), formats::DType::Float32, {6, 2}, x.data(), x.size() * sizeof(float));
+    formats::StepBeginData begin;
+    begin.step = 6;
+    begin.batch = {formats::batchTensorName(6, "x")};
+    begin.rowDims = {0};
+    formats::writeMetaRecord(*w, begin);
     w->seal();
   }
   auto findings = findRowOddities(bundle, 6, {2}, {});

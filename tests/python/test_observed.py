@@ -7,7 +7,8 @@ import re
 import subprocess
 import textwrap
 
-from conftest import PYTHON, SAMPLE, crashcap, crashcap_json, only_bundle, run_bare, run_recorded, verdicts
+from conftest import (PYTHON, SAMPLE, crashcap, crashcap_json, only_bundle, replay_and_triage, run_bare, run_recorded,
+                      verdicts)
 
 
 def test_a_plain_loop_with_workers_dropout_and_a_schedule_replays_bit_for_bit_from_an_earlier_epoch(tmp_path):
@@ -66,6 +67,28 @@ def test_a_dict_batch_with_file_names_replays_and_triage_names_the_corrupt_image
     triage = crashcap_json("triage", bundle)
     assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
     assert triage["culprit"]["dataset_indices"] == [201]
+
+
+def test_a_sequence_first_batch_is_cut_by_its_sample_dimension_and_triage_names_the_bad_label(tmp_path):
+    # Tokens (time, batch) from pad_sequence, labels (batch,): sample 77's label is out of range.
+    r, runs = run_recorded(tmp_path, "sequence_first.py", "--bad-label-index", 77)
+    assert r.returncode != 0 and "Target 7 is out of bounds" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay, triage = replay_and_triage(bundle)
+    assert triage["culprit"]["dataset_indices"] == [77], triage["culprit"]
+    (row,) = triage["culprit"]["rows"]
+    (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
+    assert f"row {row} of steps/{replay['step']}/batch/1 is 7, outside 0..2" in " ".join(evidence), evidence
+    # A pack of that row alone keeps every token of its sequence, and still fails so.
+    step = replay["step"]
+    tokens = f"steps/{step}/batch/0"
+    whole = crashcap_json("show", bundle, tokens)
+    packed = crashcap_json("pack", bundle, "-o", tmp_path / "row.ccap", "--rows", row)
+    assert packed["rows"] == [row] and packed["samples"] == 1, packed
+    assert crashcap_json("show", tmp_path / "row.ccap", tokens)["shape"] == [whole["shape"][0], 1]
+    assert crashcap_json("show", tmp_path / "row.ccap", f"steps/{step}/batch/1")["text"] == "[7]"
+    again = crashcap_json("replay", tmp_path / "row.ccap")
+    assert again["verdict"] in ("reproduced", "reproduced-bitwise") and "out of bounds" in again["error"], again
 
 
 def test_an_attention_mask_s_deliberate_infinity_is_not_the_culprit_and_an_in_place_op_shows_the_inputs_it_began_with(

@@ -71,7 +71,30 @@ struct StepBeginData {
   /// bundle). A previous step the bundle lacks, inside its retained window, was lost.
   int64_t previousStep = -2;
   std::string structure;                ///< how the batch nests (JSON); "" flat
+  /// Per batch tensor (parallel to `batch`): the dimension that holds the batch's rows (its
+  /// samples), -1 none. Empty in a bundle written before it: rowDimensionsOf falls back.
+  std::vector<int8_t> rowDims;
 };
+
+/// The row dimension of each of a step's batch tensors, given their shapes, for the recorder.
+/// `rows`: the batch's sample count when the training's loader says it (a sampler's batch of
+/// indices), -1 when not: then a tensor's rows are its dimension 0 when that equals the first
+/// shaped tensor's dimension 0. With a count, a tensor's rows are dimension 0 when its size is
+/// the count, else dimension 1 (a sequence-first batch: time, then samples), else none.
+std::vector<int8_t> rowDimensions(const std::vector<std::vector<int64_t>>& shapes, int64_t rows);
+
+/// A step's batch seen by its rows: each tensor's row dimension (-1 none) and the row count
+/// (0 when no tensor has rows).
+struct BatchRows {
+  std::vector<int> dims;  ///< parallel to the StepBegin's batch
+  int64_t count = 0;
+};
+/// The rows of `begin`'s batch, whose tensors have `shapes` (parallel to begin.batch): its
+/// recorded row dimensions, or for a bundle that has none, the rule of rowDimensions(shapes, -1).
+/// Row dimensions that do not fit a shape (a damaged record) count as none.
+BatchRows batchRows(const StepBeginData& begin, const std::vector<std::vector<int64_t>>& shapes);
+/// The same, with the shapes of the tensors `reader` holds (one it lacks has none).
+BatchRows batchRows(const StepBeginData& begin, const BundleReader& reader);
 
 /// Type 8: a step's fingerprints.
 /// How a step's gradient norm was computed (formats/torch/fingerprint.hpp).

@@ -317,8 +317,11 @@ class Recorder {
   /// Records step `step`'s batch (copied now), generator states and learning rates, and a
   /// keyframe when one is due. Steps must increase.
   StepGuard beginStep(int64_t step, const Batch& batch);
-  /// The same, with the batch's nesting (StepBegin.structure: JSON, "" flat).
-  StepGuard beginStep(int64_t step, const Batch& batch, std::string structure);
+  /// The same, with the batch's nesting (StepBegin.structure: JSON, "" flat) and its number of
+  /// samples, `rows`, when the loader says it (-1 not known): with it, tensors whose samples are
+  /// not their first dimension (a sequence-first batch) are cut by the right one when a replay
+  /// or a pack keeps some rows only (formats::rowDimensions).
+  StepGuard beginStep(int64_t step, const Batch& batch, std::string structure, int64_t rows = -1);
 
   /// Whether the steps begun from now on are between two optimizer updates (gradient
   /// accumulation: the last step ran backward() without one). A keyframe holds no gradients, so

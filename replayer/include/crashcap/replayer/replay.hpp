@@ -146,7 +146,7 @@ struct ReplayResult {
   /// Device, dtype and settings equal the recording's, so fingerprints are compared bit for
   /// bit and a departure is `diverged`. Otherwise only the failure itself is compared.
   bool sameSetup = true;
-  int64_t batchSize = 0;         ///< rows of the target step's batch (dim 0 of its first input)
+  int64_t batchSize = 0;         ///< rows (samples) of the target step's batch (formats::batchRows)
   std::vector<int64_t> rows;     ///< the batch rows the target step kept (ReplayOptions::rows); empty: all
   /// Steps from the keyframe to the target that the recording lost (Verdict::RecordingIncomplete).
   std::vector<int64_t> lostSteps;

@@ -894,7 +894,12 @@ std::optional<int64_t> killedInStep(const BundleRecords& records) {
   return records.status->lastStep;
 }
 
-std::vector<int8_t> rowDimensions(const std::vector<std::vector<int64_t>>& shapes, int64_t rows) {
+bool rowDimensionInDoubt(const std::vector<int64_t>& shape, int64_t rows) {
+  return rows >= 0 && shape.size() > 1 && shape[0] == rows && shape[1] == rows;
+}
+
+std::vector<int8_t> rowDimensions(const std::vector<std::vector<int64_t>>& shapes, int64_t rows,
+                                  const std::vector<int8_t>& before) {
   std::vector<int8_t> dims(shapes.size(), -1);
   if (rows < 0) {
     for (const auto& shape : shapes)
@@ -907,7 +912,9 @@ std::vector<int8_t> rowDimensions(const std::vector<std::vector<int64_t>>& shape
     return dims;
   }
   for (size_t i = 0; i < shapes.size(); ++i) {
-    if (!shapes[i].empty() && shapes[i][0] == rows)
+    if (rowDimensionInDoubt(shapes[i], rows) && i < before.size() && before[i] == 1)
+      dims[i] = 1;
+    else if (!shapes[i].empty() && shapes[i][0] == rows)
       dims[i] = 0;
     else if (shapes[i].size() > 1 && shapes[i][1] == rows)
       dims[i] = 1;

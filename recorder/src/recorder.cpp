@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <map>
 #include <cstdio>
 #include <cstring>
 #include <mutex>
@@ -103,6 +104,9 @@ struct Recorder::Impl {
 
   int64_t lastStep = -1;
   int64_t lastKeyframe = -1;
+  /// Each batch input's row dimension at the last step where it was not in doubt
+  /// (formats::rowDimensions): a [T, B] input whose T is B at one step keeps dimension 1.
+  std::map<std::string, int8_t> rowDimBefore;
   bool keyframeDue = true;
   bool keyframesHeld = false;  ///< holdKeyframes: mid-accumulation, a due keyframe waits
   // The keyframe cadence: Policy::keyframeEvery, or chosen from what keyframes cost (interval()).
@@ -535,15 +539,22 @@ struct Recorder::Impl {
     begin.keyframe = lastKeyframe;
     begin.learningRates = learningRates();
     std::vector<std::vector<int64_t>> shapes;
+    std::vector<const std::string*> names;
+    std::vector<int8_t> before;
     for (const auto& [name, t] : batch) {
       auto full = formats::batchTensorName(step, name);
       if (auto job = hostCopy(full, t)) {
         jobs.push_back(tensorJob(std::move(*job)));
         begin.batch.push_back(full);
         shapes.emplace_back(t.sizes().begin(), t.sizes().end());
+        names.push_back(&name);
+        auto b = rowDimBefore.find(name);
+        before.push_back(b == rowDimBefore.end() ? -1 : b->second);
       }
     }
-    begin.rowDims = formats::rowDimensions(shapes, rows);
+    begin.rowDims = formats::rowDimensions(shapes, rows, before);
+    for (size_t i = 0; i < shapes.size(); ++i)
+      if (begin.rowDims[i] >= 0 && !formats::rowDimensionInDoubt(shapes[i], rows)) rowDimBefore[*names[i]] = begin.rowDims[i];
     {
       auto gen = at::detail::getDefaultCPUGenerator();
       at::Tensor state;

@@ -459,6 +459,13 @@ TEST_CASE("a batch's rows are found in each tensor's sample dimension, and older
   CHECK(rowDimensions({{8, 3, 32, 32}, {8}, {5, 5}}, -1) == std::vector<int8_t>{0, 0, -1});
   // Dimension 0 first when both would fit (a square batch), and never a third dimension.
   CHECK(rowDimensions({{8, 8}, {2, 3, 8}}, 8) == std::vector<int8_t>{0, -1});
+  // In doubt, the tensor's row dimension at an earlier step decides: tokens whose 8 time steps
+  // happen to be the batch's 8 samples stay sequence-first.
+  CHECK(rowDimensionInDoubt({8, 8}, 8));
+  CHECK_FALSE(rowDimensionInDoubt({30, 8}, 8));
+  CHECK(rowDimensions({{8, 8}, {8}}, 8, {1, 0}) == std::vector<int8_t>{1, 0});
+  CHECK(rowDimensions({{8, 8}, {8}}, 8, {-1, 0}) == std::vector<int8_t>{0, 0});
+  CHECK(rowDimensions({{30, 8}, {8}}, 8, {0, 0}) == std::vector<int8_t>{1, 0});  // not in doubt: the shape says
 
   StepBeginData begin{4, {"steps/4/batch/0", "steps/4/batch/1", "steps/4/batch/2", "steps/4/batch/3"}, {}, {}, 0, 0};
   begin.rowDims = rowDimensions(shapes, 8);

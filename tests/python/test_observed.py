@@ -91,6 +91,16 @@ def test_a_sequence_first_batch_is_cut_by_its_sample_dimension_and_triage_names_
     assert again["verdict"] in ("reproduced", "reproduced-bitwise") and "out of bounds" in again["error"], again
 
 
+def test_a_sequence_first_batch_with_as_many_time_steps_as_samples_keeps_its_earlier_sample_dimension(tmp_path):
+    # In dataset order, sample 77's batch (step 4) has tokens [16, 16]: shapes alone cannot tell.
+    r, runs = run_recorded(tmp_path, "sequence_first.py", "--bad-label-index", 77, "--square")
+    assert r.returncode != 0 and "Target 7 is out of bounds" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    assert crashcap_json("show", bundle, "steps/4/batch/0")["shape"] == [16, 16]
+    _, triage = replay_and_triage(bundle)
+    assert (triage["culprit"]["rows"], triage["culprit"]["dataset_indices"]) == ([77 % 16], [77]), triage["culprit"]
+
+
 def test_an_attention_mask_s_deliberate_infinity_is_not_the_culprit_and_an_in_place_op_shows_the_inputs_it_began_with(
         tmp_path):
     # The model masks padding with masked_fill(mask, -inf) before a softmax in every step. A label

@@ -5,6 +5,8 @@ shape (time, batch), labels of shape (batch,). Sequences of 20 to 40 tokens, emb
 linear head, Adam, DataLoader workers, shuffled.
 
   --bad-label-index K  sample K's label is out of range (cross_entropy raises)
+  --square             batches in dataset order, and the bad sample's batch of 16 holds sequences
+                       of 16 tokens: its tokens are [16, 16], as many time steps as samples
 """
 
 import argparse
@@ -15,19 +17,22 @@ import torch.nn.functional as F
 from torch.nn.utils.rnn import pad_sequence
 from torch.utils.data import DataLoader, Dataset
 
-VOCAB, CLASSES = 50, 3
+VOCAB, CLASSES, BATCH = 50, 3, 16
 
 
 class Texts(Dataset):
-    def __init__(self, length, bad_label_index):
-        self.length, self.bad_label_index = length, bad_label_index
+    def __init__(self, length, bad_label_index, square):
+        self.length, self.bad_label_index, self.square = length, bad_label_index, square
 
     def __len__(self):
         return self.length
 
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
-        tokens = torch.randint(1, VOCAB, (20 + int(torch.randint(0, 21, (1,), generator=g)),), generator=g)
+        length = 20 + int(torch.randint(0, 21, (1,), generator=g))
+        if self.square and i // BATCH == self.bad_label_index // BATCH:
+            length = BATCH
+        tokens = torch.randint(1, VOCAB, (length,), generator=g)
         label = int(tokens[:5].sum()) % CLASSES
         if i == self.bad_label_index:
             label = CLASSES + 4
@@ -54,11 +59,13 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bad-label-index", type=int, default=-1)
     p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--square", action="store_true")
     a = p.parse_args()
     torch.manual_seed(3)
     model = Classifier()
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
-    loader = DataLoader(Texts(192, a.bad_label_index), batch_size=16, shuffle=True, num_workers=2, collate_fn=collate)
+    loader = DataLoader(Texts(192, a.bad_label_index, a.square), batch_size=BATCH, shuffle=not a.square, num_workers=2,
+                        collate_fn=collate)
     for epoch in range(a.epochs):
         for tokens, labels in loader:
             loss = F.cross_entropy(model(tokens), labels)

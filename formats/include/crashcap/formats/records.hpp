@@ -80,8 +80,14 @@ struct StepBeginData {
 /// `rows`: the batch's sample count when the training's loader says it (a sampler's batch of
 /// indices), -1 when not: then a tensor's rows are its dimension 0 when that equals the first
 /// shaped tensor's dimension 0. With a count, a tensor's rows are dimension 0 when its size is
-/// the count, else dimension 1 (a sequence-first batch: time, then samples), else none.
-std::vector<int8_t> rowDimensions(const std::vector<std::vector<int64_t>>& shapes, int64_t rows);
+/// the count, else dimension 1 (a sequence-first batch: time, then samples), else none. When both
+/// have the count (a sequence-first batch whose time steps happen to be as many as its samples),
+/// `before` decides: the tensor's row dimension at an earlier step where it was not in doubt
+/// (parallel to `shapes`, -1 none known: then dimension 0).
+std::vector<int8_t> rowDimensions(const std::vector<std::vector<int64_t>>& shapes, int64_t rows,
+                                  const std::vector<int8_t>& before = {});
+/// Whether rowDimensions had to choose between `shape`'s first two dimensions for `rows`.
+bool rowDimensionInDoubt(const std::vector<int64_t>& shape, int64_t rows);
 
 /// A step's batch seen by its rows: each tensor's row dimension (-1 none) and the row count
 /// (0 when no tensor has rows).

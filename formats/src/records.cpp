@@ -916,7 +916,7 @@ std::vector<int8_t> rowDimensions(const std::vector<std::vector<int64_t>>& shape
       dims[i] = 1;
     else if (!shapes[i].empty() && shapes[i][0] == rows)
       dims[i] = 0;
-    else if (shapes[i].size() > 1 && shapes[i][1] == rows)
+    else if (shapes[i].size() > 1 && shapes[i][0] > 1 && shapes[i][1] == rows)
       dims[i] = 1;
   }
   return dims;

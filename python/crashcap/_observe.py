@@ -363,7 +363,7 @@ class Observer:
         self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
         self.step += 1
         self.rec._native.hold_keyframes(accumulating)
-        self.rec.begin(step, batch, rows=rows, _extra=extra)
+        self.rec.begin(step, batch, _extra=extra, _rows=rows)
 
     def _takes_over(self, ordinal, dataset):
         """Whether loader `ordinal`, made after the training loader, is the training's next one: it
@@ -627,8 +627,11 @@ def _replay_never_began():
 
 def _holds_rows(tensor, rows):
     """Whether `tensor` holds `rows` samples in its first or second dimension (the rule the
-    recorder applies to find each tensor's rows: formats::rowDimensions)."""
-    return (tensor.dim() > 0 and tensor.size(0) == rows) or (tensor.dim() > 1 and tensor.size(1) == rows)
+    recorder applies to find each tensor's rows: formats::rowDimensions; a [1, N] tensor is one
+    broadcast row, not N samples)."""
+    if tensor.dim() > 0 and tensor.size(0) == rows:
+        return True
+    return tensor.dim() > 1 and tensor.size(0) > 1 and tensor.size(1) == rows
 
 
 def _in_training_mode(model):

@@ -343,14 +343,13 @@ class Recorder:
         finally:
             self._finish_step()
 
-    def begin(self, step, batch, rows=None, _extra=()):
+    def begin(self, step, batch, _extra=(), _rows=None):
         """Records step `step`'s batch, generator states and learning rates (and a keyframe when
         one is due). steps() and step() call it; call it yourself only for a loop they do not fit.
-        `rows`: the batch's number of samples, for a batch whose tensors do not all hold them in
-        their first dimension (a sequence-first (time, batch, ...) tensor): each tensor's sample
-        dimension is then the first of its first two with that size, and replays and packs that
-        keep some rows only cut it there. Without it, a tensor's rows are its first dimension when
-        that is the first tensor's."""
+        `_rows` (the observer's): the batch's number of samples, from its loader's sampler; with
+        it each tensor's rows are found in its first or second dimension (docs/REPLAY.md, "Rows of
+        a batch"). Without it, a tensor's rows are its first dimension when that is the first
+        tensor's."""
         self._finish_step()
         if not self._rank_placed and self._next_step == 0:  # a process group made after the Recorder
             self._rank_placed = _state.record_distributed(self._native)
@@ -362,7 +361,7 @@ class Recorder:
             self.warn(f"the batch of step {step} holds what crashcap keeps only as text, which a replay cannot "
                       f"rebuild (its loop would get None there): "
                       + "; ".join(f"{path}: {text[:120]}" for path, text in parts[:4]))
-        self._step = self._native.begin_step(int(step), tensors, structure, -1 if rows is None else int(rows))
+        self._step = self._native.begin_step(int(step), tensors, structure, -1 if _rows is None else int(_rows))
         self._step_index = int(step)
         self._next_step = int(step) + 1
 

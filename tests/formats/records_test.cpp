@@ -457,6 +457,8 @@ TEST_CASE("a batch's rows are found in each tensor's sample dimension, and older
   // Without the loader's count: dimension 0 of the first tensor, as bundles always read it.
   CHECK(rowDimensions(shapes, -1) == std::vector<int8_t>{0, -1, -1, -1});
   CHECK(rowDimensions({{8, 3, 32, 32}, {8}, {5, 5}}, -1) == std::vector<int8_t>{0, 0, -1});
+  // A [1, N] tensor is one broadcast row (position ids), not N samples of one time step.
+  CHECK(rowDimensions({{30, 8}, {1, 8}, {8}}, 8) == std::vector<int8_t>{1, -1, 0});
   // Dimension 0 first when both would fit (a square batch), and never a third dimension.
   CHECK(rowDimensions({{8, 8}, {2, 3, 8}}, 8) == std::vector<int8_t>{0, -1});
   // In doubt, the tensor's row dimension at an earlier step decides: tokens whose 8 time steps

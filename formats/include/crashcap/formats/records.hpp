@@ -80,7 +80,8 @@ struct StepBeginData {
 /// `rows`: the batch's sample count when the training's loader says it (a sampler's batch of
 /// indices), -1 when not: then a tensor's rows are its dimension 0 when that equals the first
 /// shaped tensor's dimension 0. With a count, a tensor's rows are dimension 0 when its size is
-/// the count, else dimension 1 (a sequence-first batch: time, then samples), else none. When both
+/// the count, else dimension 1 (a sequence-first batch: time, then samples) unless dimension 0 is
+/// 1 (a [1, N] tensor is one row broadcast over the batch: position ids), else none. When both
 /// have the count (a sequence-first batch whose time steps happen to be as many as its samples),
 /// `before` decides: the tensor's row dimension at an earlier step where it was not in doubt
 /// (parallel to `shapes`, -1 none known: then dimension 0).

@@ -33,8 +33,9 @@ struct PackOptions {
   bool replay = true;
   /// Which rows of the crash step's batch to keep: "all" (default), "culprit" (the rows `bisect
   /// samples` finds the failure needs, searched on the packed bundle), or a list "3,5". Only the
-  /// crash step's batch is cut (tensors whose first dimension is the batch's, its dataset index
-  /// among them), and its recorded fingerprint goes with the rows it no longer matches.
+  /// crash step's batch is cut (the tensors that hold its rows, each along its row dimension,
+  /// its dataset index among them), and its recorded fingerprint goes with the rows it no longer
+  /// matches.
   std::string rows = "all";
   /// Of the culprit search's experiments.
   double experimentTimeoutSeconds = 300;

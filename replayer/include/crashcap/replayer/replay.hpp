@@ -45,8 +45,8 @@ struct ReplayOptions {
   /// Settings (formats/torch/settings.hpp names) that replace the recorded values, e.g.
   /// {"cudnn.benchmark", "false"}: the experiments of config bisection.
   std::map<std::string, std::string> settings;
-  /// Keep only these rows (dim 0) of the target step's batch: the experiment of a sample
-  /// bisection. Empty: the whole batch.
+  /// Keep only these rows of the target step's batch, each tensor cut along its row dimension
+  /// (formats::batchRows): the experiment of a sample bisection. Empty: the whole batch.
   std::vector<int64_t> rows;
   /// Start from the earliest keyframe in the bundle instead of the newest before the step
   /// (step bisection: the whole retained history).

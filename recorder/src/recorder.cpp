@@ -553,7 +553,8 @@ struct Recorder::Impl {
       }
     }
     begin.rowDims = formats::rowDimensions(shapes, rows, before);
-    for (size_t i = 0; i < shapes.size(); ++i)
+    // Only a count makes a row dimension known; without one, dimension 0 is a guess.
+    for (size_t i = 0; rows >= 0 && i < shapes.size(); ++i)
       if (begin.rowDims[i] >= 0 && !formats::rowDimensionInDoubt(shapes[i], rows)) rowDimBefore[*names[i]] = begin.rowDims[i];
     {
       auto gen = at::detail::getDefaultCPUGenerator();

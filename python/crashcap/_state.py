@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import signal
 import struct
 import sys
 import time
@@ -311,11 +312,37 @@ def dataloader_worker_failure(exc, wait=10.0, dumping_wait=120.0):
             check()
         except RuntimeError as e:
             return str(e).strip()
+        died = _worker_death_in_traceback(exc) if broken_pipe else None
+        if died:
+            return died
         now = time.monotonic()
         if now >= deadline:
             if not (broken_pipe and workers_ran and now < start + dumping_wait and _a_child_is_dying()):
                 return None
         time.sleep(0.005)
+
+
+def _worker_death_in_traceback(exc):
+    """A DataLoader worker's death read from the loader iterator the broken pipe came out of (a
+    frame of its traceback has it as `self`): its worker processes' exit codes. PyTorch's own check
+    knows only the workers still registered; an iterator shut down meanwhile has forgotten them."""
+    try:
+        tb = exc.__traceback__
+        while tb is not None:
+            it = tb.tb_frame.f_locals.get("self")
+            tb = tb.tb_next
+            workers = getattr(it, "_workers", None) if type(it).__name__ == "_MultiProcessingDataLoaderIter" else None
+            for w in workers or ():
+                code = w.exitcode  # None while it runs
+                if code is not None and code < 0:
+                    try:
+                        name = signal.strsignal(-code) or f"signal {-code}"
+                    except ValueError:
+                        name = f"signal {-code}"
+                    return f"DataLoader worker (pid {w.pid}) is killed by signal: {name}."
+    except Exception:  # an iterator of another torch version: PyTorch's own check is all there is
+        return None
+    return None
 
 
 def _a_child_is_dying():

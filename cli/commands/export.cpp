@@ -38,10 +38,14 @@ int exportChrome(const Options& e) {
   const auto& other = trace["otherData"];
   const size_t events = trace["traceEvents"].size();
   const auto kernels = other["kernels"].get<uint64_t>(), flows = other["flows"].get<uint64_t>();
+  const auto gpuUntimed = other["gpu_activities_without_time"].get<uint64_t>();
+  const auto kernelsUntimed = other["kernels_without_time"].get<uint64_t>();
   if (e.read.json) {
     printJson({{"output", e.chrome},
                {"events", events},
                {"kernels", kernels},
+               {"kernels_without_time", kernelsUntimed},
+               {"gpu_activities_without_time", gpuUntimed},
                {"flows", flows},
                {"ops", other["ops"]},
                {"kernel_trace", other["kernel_trace"]}});
@@ -50,6 +54,12 @@ int exportChrome(const Options& e) {
   std::cout << fmt::format("wrote {} ({} events: {} kernels, {} flows); load it in https://ui.perfetto.dev or "
                            "chrome://tracing\n",
                            e.chrome, events, kernels, flows);
+  if (gpuUntimed > 0)
+    std::cerr << fmt::format(
+        "note: {} GPU activities ({} kernels) are not on the time line: CUPTI gave them no GPU time, as it "
+        "does when the CUDA context faults before it has read their clocks; their launches are (category "
+        "launch_ring), and `crashcap inspect B --trace` lists them\n",
+        gpuUntimed, kernelsUntimed);
   bool allRecorded = !view.kernelTraces.empty();
   for (const auto& t : view.kernelTraces) allRecorded = allRecorded && t.available();
   if (!allRecorded) std::cerr << "note: kernel trace " << other["kernel_trace"].get<std::string>() << "\n";

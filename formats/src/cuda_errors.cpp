@@ -71,6 +71,14 @@ bool isStickyError(int32_t code) {
   }
 }
 
+bool isAnswerNotFailure(bool driver, std::string_view api, int32_t code) {
+  auto startsWith = [&](std::string_view prefix) { return api.substr(0, prefix.size()) == prefix; };
+  if (code == 600) return true;  // cudaErrorNotReady / CUDA_ERROR_NOT_READY
+  if (!driver) return false;
+  if (startsWith("cuGetProcAddress")) return true;
+  return code == 201 && startsWith("cuCtxGetDevice");  // CUDA_ERROR_INVALID_CONTEXT: none is current
+}
+
 std::string classificationForCode(int32_t code, bool) {
   const Code* c = find(code);
   return c ? c->classification : "";

@@ -144,6 +144,9 @@ json chromeTrace(const BundleRecords& v, const ChromeTraceOptions& options) {
   const uint32_t opPid = opTracePid(v, options);
   uint64_t kernels = 0, memcpys = 0, memsets = 0, apiCalls = 0, flows = 0, launches = 0, opEvents = 0;
   uint64_t opsWithoutTime = 0, entriesWithoutTime = 0;
+  // Kernels, copies and memsets CUPTI gave no GPU time: seen on a real GPU for every one of them
+  // when the context faulted (a sticky error) before CUPTI had read their clocks.
+  uint64_t gpuWithoutTime = 0, kernelsWithoutTime = 0;
   // GPU pseudo-process per (trace, device): streams of two processes must not merge.
   std::map<std::pair<size_t, uint32_t>, int64_t> gpuPids;
   std::map<int64_t, std::string> gpuNames;
@@ -188,6 +191,8 @@ json chromeTrace(const BundleRecords& v, const ChromeTraceOptions& options) {
       int64_t ns = 0;
       if (!tracerNs(a.startNs, ns)) {
         ++entriesWithoutTime;
+        if (a.kind != Kind::Overhead) ++gpuWithoutTime;
+        if (a.kind == Kind::Kernel) ++kernelsWithoutTime;
         continue;
       }
       const int64_t dur = spanNs(a.startNs, a.endNs);
@@ -359,7 +364,9 @@ json chromeTrace(const BundleRecords& v, const ChromeTraceOptions& options) {
                 {"flows", flows},
                 {"launches", launches},
                 {"ops_without_time", opsWithoutTime},
-                {"trace_entries_without_time", entriesWithoutTime}};
+                {"trace_entries_without_time", entriesWithoutTime},
+                {"gpu_activities_without_time", gpuWithoutTime},
+                {"kernels_without_time", kernelsWithoutTime}};
   return {{"traceEvents", std::move(events)}, {"displayTimeUnit", "ns"}, {"otherData", std::move(other)}};
 }
 

@@ -21,3 +21,19 @@ TEST_CASE("CUDA error codes: names, stickiness and what they classify as", "[for
   CHECK(formats::classificationForCode(2, false) == "cuda-oom");
   CHECK(formats::classificationForCode(1, false).empty());
 }
+
+TEST_CASE("CUDA error codes: answers that are not failures", "[formats][cuda]") {
+  // "Is a context current?" before PyTorch made one: CUDA 13's cuCtxGetDevice_v2 as well.
+  CHECK(formats::isAnswerNotFailure(true, "cuCtxGetDevice", 201));
+  CHECK(formats::isAnswerNotFailure(true, "cuCtxGetDevice_v2", 201));
+  CHECK(formats::isAnswerNotFailure(true, "cuGetProcAddress_v2", 500));
+  CHECK(formats::isAnswerNotFailure(false, "cudaStreamQuery", 600));
+  CHECK(formats::isAnswerNotFailure(true, "cuEventQuery", 600));
+  // The same code from another call, or another code from the same call, is a failure.
+  CHECK(!formats::isAnswerNotFailure(true, "cuCtxSynchronize", 201));
+  CHECK(!formats::isAnswerNotFailure(true, "cuCtxGetDevice_v2", 700));
+  CHECK(!formats::isAnswerNotFailure(false, "cudaGetDevice", 201));
+  CHECK(!formats::isAnswerNotFailure(true, "cuMemAlloc_v2", 2));
+  CHECK(!formats::isAnswerNotFailure(false, "cudaMalloc", 2));
+  CHECK(!formats::isAnswerNotFailure(true, "", 201));
+}

@@ -6,6 +6,9 @@
 //
 // --generic-message prints "step failed" instead of CUDA's error string, so only the kernel
 // trace can name the failure.
+// assert() is the point of --fault assert: keep it in any build type (RelWithDebInfo, the
+// project's default, defines NDEBUG, which compiled the device-side assert out).
+#undef NDEBUG
 #include <cuda_runtime.h>
 
 #include <cassert>

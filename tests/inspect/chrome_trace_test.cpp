@@ -164,8 +164,31 @@ TEST_CASE("a bundle without a usable kernel trace still exports valid JSON, with
     auto flows = checkEvents(trace);
     CHECK(flows.size() == 3);
     CHECK(trace["otherData"]["trace_entries_without_time"] == 2);
+    CHECK(trace["otherData"]["gpu_activities_without_time"] == 1);
+    CHECK(trace["otherData"]["kernels_without_time"] == 1);
     CHECK(trace["otherData"]["ops_without_time"] == 2);
     CHECK(trace["otherData"]["kernels"] == 2);
+  }
+  SECTION("a context that faulted: CUPTI gave the GPU activities no time; the launches keep theirs") {
+    // What an H100 gave for a kernel that trapped: every kernel, copy and memset of the process
+    // with start and end 0, the API calls and the launch ring timed as usual.
+    auto t = recordedTrace();
+    uint64_t gpu = 0, kernels = 0;
+    for (auto& a : t.activities) {
+      using K = TraceActivityData::Kind;
+      if (a.kind == K::Runtime || a.kind == K::Driver || a.kind == K::Overhead) continue;
+      a.startNs = a.endNs = 0;
+      ++gpu;
+      kernels += a.kind == K::Kernel;
+    }
+    REQUIRE(kernels == 3);
+    json trace = json::parse(inspect::chromeTrace(roundTrip({opTrace(), {t}, std::nullopt, true})).dump());
+    checkEvents(trace);
+    CHECK(trace["otherData"]["kernels"] == 0);
+    CHECK(trace["otherData"]["kernels_without_time"] == kernels);
+    CHECK(trace["otherData"]["gpu_activities_without_time"] == gpu);
+    CHECK(trace["otherData"]["launches"] == t.launches.size());
+    CHECK(trace["otherData"]["flows"] == 0);
   }
   SECTION("nothing at all") {
     json trace = json::parse(inspect::chromeTrace(roundTrip({std::nullopt, {}, std::nullopt, false})).dump());

@@ -211,14 +211,6 @@ bool driverLaunch(CUpti_CallbackId cbid, const void* params, LaunchShape& s) {
   }
 }
 
-/// Error codes that are answers, not failures.
-bool benign(bool driver, CUpti_CallbackId cbid, int32_t code) {
-  if (code == 600) return true;  // not ready: a query
-  if (driver && (cbid == CUPTI_DRIVER_TRACE_CBID_cuGetProcAddress || cbid == CUPTI_DRIVER_TRACE_CBID_cuGetProcAddress_v2))
-    return true;  // symbol lookups that miss are normal during start-up
-  return false;
-}
-
 class CuptiTracer final : public KernelTracer {
  public:
   CuptiTracer(const TracerOptions& o) : options_(o), collector_(o.activityCapacity), launches_(o.launchCapacity) {}
@@ -372,7 +364,7 @@ class CuptiTracer final : public KernelTracer {
       launches_.finish(slot, code);
       slot = ~0ull;
     }
-    if (code == 0 || benign(driver, cbid, code)) return;
+    if (code == 0 || formats::isAnswerNotFailure(driver, cb->functionName ? cb->functionName : "", code)) return;
     bool sticky = formats::isStickyError(code);
     {
       std::lock_guard<std::mutex> lk(errorMu_);

@@ -350,7 +350,7 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
   }
   const auto& st = j["steps"];
   if (st["count"].get<uint64_t>() > 0)
-    s += fmt::format("steps      {}..{}: {} recorded, {} fingerprinted; last loss {}, grad norm {}\n", str(st["first"]),
+    s += fmt::format("steps      {}..{}: {} recorded, {} completed; last loss {}, grad norm {}\n", str(st["first"]),
                      str(st["last"]), str(st["count"]), str(st["completed"]), str(st["last_loss"]),
                      str(st["last_grad_norm"]));
   else

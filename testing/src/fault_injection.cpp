@@ -1,6 +1,7 @@
 #include "crashcap/testing/fault_injection.hpp"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>  // at::NoGradGuard: not in <ATen/ATen.h> from LibTorch 2.x on
 #include <ATen/record_function.h>
 #include <fmt/format.h>
 

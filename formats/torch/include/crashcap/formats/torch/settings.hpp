@@ -16,6 +16,12 @@ namespace crashcap::formats::torch {
 /// the CPU and on CUDA (either enabled reads "true"); it is read on the recording thread.
 const std::vector<std::string>& settingNames();
 
+/// The value of cudnn.allow_tf32 and cuda.matmul.allow_tf32 when LibTorch will not answer:
+/// from 2.9 on it refuses the boolean TF32 getters once a program has set TF32 through the newer
+/// fp32_precision API ("a mix of the legacy and new APIs"). Recorded as such; replay leaves the
+/// setting to the program, and config bisection tries TF32 off.
+inline constexpr const char* kSetThroughPrecisionApi = "set-through-fp32_precision";
+
 /// The current value of `name`. Throws crashcap::Error (InvalidArgument) for an unknown name.
 std::string currentSetting(const std::string& name);
 
@@ -23,7 +29,8 @@ std::string currentSetting(const std::string& name);
 /// thread). Throws crashcap::Error (InvalidArgument) for an unknown name or a bad value.
 void applySetting(const std::string& name, const std::string& value);
 
-/// `value` flipped: true<->false; for torch.threads, 1 <-> the recorded count (2 when it was 1).
+/// `value` flipped: true<->false; for torch.threads, 1 <-> the recorded count (2 when it was 1);
+/// kSetThroughPrecisionApi -> false.
 std::string flippedSetting(const std::string& name, const std::string& value);
 
 }  // namespace crashcap::formats::torch

@@ -24,8 +24,9 @@ if(NOT CRASHCAP_WITH_TORCH STREQUAL "OFF")
     set(CRASHCAP_HAVE_TORCH ON)
     # Torch's config hands out its flags as a string; keep them off targets that do not link it.
     message(STATUS "crashcap: LibTorch ${Torch_VERSION} found")
-    # LibTorch's headers require C++20 from 2.12 on (C++17 before).
-    if(Torch_VERSION VERSION_GREATER_EQUAL 2.12 AND CMAKE_CXX_STANDARD LESS 20)
+    # LibTorch 2.14's headers refuse C++17 (#error); 2.6's take it. For a version between them
+    # that needs C++20, configure with -DCMAKE_CXX_STANDARD=20.
+    if(Torch_VERSION VERSION_GREATER_EQUAL 2.14 AND CMAKE_CXX_STANDARD LESS 20)
       set(CMAKE_CXX_STANDARD 20)
       message(STATUS "crashcap: building as C++20, as LibTorch ${Torch_VERSION} requires")
     endif()

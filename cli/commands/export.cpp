@@ -58,7 +58,7 @@ int exportChrome(const Options& e) {
     std::cerr << fmt::format(
         "note: {} GPU activities ({} kernels) are not on the time line: CUPTI gave them no GPU time, as it "
         "does when the CUDA context faults before it has read their clocks; their launches are (category "
-        "launch_ring), and `crashcap inspect B --trace` lists them\n",
+        "launch_ring), and `crashcap inspect B --trace` counts them by kind\n",
         gpuUntimed, kernelsUntimed);
   bool allRecorded = !view.kernelTraces.empty();
   for (const auto& t : view.kernelTraces) allRecorded = allRecorded && t.available();

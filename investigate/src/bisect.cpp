@@ -290,13 +290,20 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
   for (const auto& name : formats::torch::settingNames()) {
     auto it = base.recordedSettings.find(name);
     if (it == base.recordedSettings.end()) continue;  // an older recording without it
-    std::string flipped = formats::torch::flippedSetting(name, it->second);
-    ConfigTrial t = trial(runner.run(name + "=" + flipped, replayArgs(bundle, step, {"--set", name + "=" + flipped})));
-    t.setting = name;
-    t.recorded = it->second;
-    t.value = flipped;
-    if (t.fails != b.baseline.fails && t.otherFailure.empty()) b.changesOutcome.push_back(fmt::format("{}={}", name, flipped));
-    b.flips.push_back(t);
+    // A value the recording does not know (TF32 set through fp32_precision) has no flip: both.
+    const std::vector<std::string> values =
+        it->second == formats::torch::kSetThroughPrecisionApi
+            ? std::vector<std::string>{"true", "false"}
+            : std::vector<std::string>{formats::torch::flippedSetting(name, it->second)};
+    for (const auto& flipped : values) {
+      ConfigTrial t = trial(runner.run(name + "=" + flipped, replayArgs(bundle, step, {"--set", name + "=" + flipped})));
+      t.setting = name;
+      t.recorded = it->second;
+      t.value = flipped;
+      if (t.fails != b.baseline.fails && t.otherFailure.empty())
+        b.changesOutcome.push_back(fmt::format("{}={}", name, flipped));
+      b.flips.push_back(t);
+    }
   }
   for (const auto& device : replayer::availableDevices()) {
     if (device == base.device) continue;

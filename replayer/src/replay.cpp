@@ -581,6 +581,12 @@ struct Run {
     torch::jit::setGraphExecutorOptimize(env && env->fact("torch.jit.graph_executor_optimize") == "true");
     result.sameSetup = !wide && !wideAtTarget && result.settings == result.recordedSettings &&
                        result.device == (result.recordedDevice.empty() ? "cpu" : result.recordedDevice);
+    for (const auto& [name, value] : result.settings) {
+      std::string note = formats::torch::settingNotHeld(name, value);
+      if (note.empty()) continue;
+      result.notes.push_back(std::move(note));
+      result.sameSetup = false;
+    }
     // Another LibTorch computes with other kernels: its bits are not the recording's to match.
     const std::string recordedTorch = env ? env->fact("torch.version") : "";
     if (!recordedTorch.empty() && recordedTorch != TORCH_VERSION) {

@@ -22,15 +22,28 @@ TEST_CASE("settings: read, applied, flipped, by name", "[formats_torch][settings
   CHECK_THROWS_AS(settings::applySetting("cudnn.benchmark", "maybe"), crashcap::Error);
 }
 
-TEST_CASE("settings: TF32 set through the fp32_precision API is recorded as such and left to the program",
+TEST_CASE("settings: TF32 set through the fp32_precision API is recorded as such, not a failure",
           "[formats_torch][settings]") {
-  // A LibTorch of 2.9 or later answers the TF32 getters with an error for such a program; the
-  // recording then holds kSetThroughPrecisionApi. Replay leaves the setting as the program made
-  // it, and config bisection tries TF32 off.
+  // A LibTorch of 2.9 or later can answer the boolean TF32 getters with c10::Error; this one
+  // never does, so the getter here is one that throws as those do.
+  CHECK(settings::tf32Setting([] { return true; }) == "true");
+  CHECK(settings::tf32Setting([] { return false; }) == "false");
+  CHECK(settings::tf32Setting([]() -> bool {
+          TORCH_CHECK(false, "you have used mix of the legacy and new APIs to set the TF32 status");
+        }) == settings::kSetThroughPrecisionApi);
+}
+
+TEST_CASE("settings: a TF32 value the recording does not know is left as it is, and said", "[formats_torch][settings]") {
   for (const char* name : {"cudnn.allow_tf32", "cuda.matmul.allow_tf32"}) {
     const std::string before = settings::currentSetting(name);
     settings::applySetting(name, settings::kSetThroughPrecisionApi);
     CHECK(settings::currentSetting(name) == before);
-    CHECK(settings::flippedSetting(name, settings::kSetThroughPrecisionApi) == "false");
+    // This process reads true or false, not the recording's value: the replay says so.
+    const std::string note = settings::settingNotHeld(name, settings::kSetThroughPrecisionApi);
+    CHECK_THAT(note, Catch::Contains(name) && Catch::Contains("fp32_precision") &&
+                         Catch::Contains(std::string(name) + "=" + before));
+    // A value the recording knows is held to as always.
+    CHECK(settings::settingNotHeld(name, before).empty());
+    CHECK_THROWS_AS(settings::flippedSetting(name, settings::kSetThroughPrecisionApi), crashcap::Error);
   }
 }

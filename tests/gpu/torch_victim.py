@@ -1,6 +1,6 @@
 """A PyTorch training on the GPU that fails the way real trainings do, for `./dev gpu-check`.
 
-    python3 torch_victim.py [--fault none|assert|fork|oom] [--steps N] [--workers N]
+    python3 torch_victim.py [--fault none|assert|fork|oom] [--epochs N] [--workers N]
 
 It needs only a python3 whose torch sees a GPU (not crashcap's Python package): `crashcap run`
 supervises it and CUDA loads the kernel tracer into it, as for any other command. It is also an
@@ -64,13 +64,13 @@ def main():
     model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10)).to(device)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
     if args.fault == "fork":
-        loader = torch.utils.data.DataLoader(OnTheGpu(), batch_size=8, num_workers=2,
+        loader = torch.utils.data.DataLoader(OnTheGpu(), batch_size=8, num_workers=max(args.workers, 1),
                                              multiprocessing_context="fork")
         for batch in loader:
             model(batch).sum().backward()
         return 0
     if args.fault == "oom":
-        free, total = torch.cuda.mem_get_info()
+        total = torch.cuda.mem_get_info()[1]
         torch.empty(2 * total, dtype=torch.uint8, device="cuda")
     dataset = Samples(BAD_INDEX if args.fault == "assert" else -1)
     loader = torch.utils.data.DataLoader(dataset, batch_size=16, shuffle=True, num_workers=args.workers,

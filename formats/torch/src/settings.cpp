@@ -57,23 +57,32 @@ const std::vector<std::string>& settingNames() {
   return names;
 }
 
+std::string tf32Setting(const std::function<bool()>& read) {
+  // Not yet seen on a LibTorch that refuses (2.9 and later): no such build has run here.
+  try {
+    return yes(read());
+  } catch (const c10::Error&) {
+    return kSetThroughPrecisionApi;
+  }
+}
+
+std::string settingNotHeld(const std::string& name, const std::string& recorded) {
+  if (recorded != kSetThroughPrecisionApi) return "";
+  const std::string here = currentSetting(name);
+  if (here == recorded) return "";
+  return fmt::format("{} was set through torch's fp32_precision API in the recording, which does not say to what; "
+                     "this replay runs with {}={}, so its numbers are not held to the recording's",
+                     name, name, here);
+}
+
 std::string currentSetting(const std::string& name) {
   checkName(name);
   auto& ctx = at::globalContext();
   if (name == "cudnn.enabled") return yes(ctx.userEnabledCuDNN());
   if (name == "cudnn.benchmark") return yes(ctx.benchmarkCuDNN());
   if (name == "cudnn.deterministic") return yes(ctx.deterministicCuDNN());
-  // Not verified on a LibTorch that refuses (2.9+): read from its Context.cpp, where the getters
-  // throw c10::Error for a program that set TF32 through fp32_precision.
-  auto tf32 = [](auto read) -> std::string {
-    try {
-      return yes(read());
-    } catch (const c10::Error&) {
-      return kSetThroughPrecisionApi;
-    }
-  };
-  if (name == "cudnn.allow_tf32") return tf32([&] { return ctx.allowTF32CuDNN(); });
-  if (name == "cuda.matmul.allow_tf32") return tf32([&] { return ctx.allowTF32CuBLAS(); });
+  if (name == "cudnn.allow_tf32") return tf32Setting([&] { return ctx.allowTF32CuDNN(); });
+  if (name == "cuda.matmul.allow_tf32") return tf32Setting([&] { return ctx.allowTF32CuBLAS(); });
   if (name == "torch.deterministic_algorithms") return yes(ctx.deterministicAlgorithms());
   if (name == "torch.autocast") return yes(autocastEnabled());
   return std::to_string(at::get_num_threads());
@@ -93,7 +102,7 @@ void applySetting(const std::string& name, const std::string& value) {
     at::set_num_threads(n);
     return;
   }
-  if (value == kSetThroughPrecisionApi) return;  // the program sets it again as it did
+  if (value == kSetThroughPrecisionApi) return;  // left as it is: settingNotHeld says when that matters
   bool on = parseBool(name, value);
   if (name == "cudnn.enabled") ctx.setUserEnabledCuDNN(on);
   else if (name == "cudnn.benchmark") ctx.setBenchmarkCuDNN(on);
@@ -107,7 +116,6 @@ void applySetting(const std::string& name, const std::string& value) {
 std::string flippedSetting(const std::string& name, const std::string& value) {
   checkName(name);
   if (name == "torch.threads") return value == "1" ? "2" : "1";
-  if (value == kSetThroughPrecisionApi) return "false";
   return parseBool(name, value) ? "false" : "true";
 }
 

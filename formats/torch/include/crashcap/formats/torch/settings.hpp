@@ -4,6 +4,7 @@
 // The recorder reads them into the recording; replay applies the recorded values (or an
 // experiment's flip of one); the fault-injection hook tests conditions on them.
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -16,11 +17,21 @@ namespace crashcap::formats::torch {
 /// the CPU and on CUDA (either enabled reads "true"); it is read on the recording thread.
 const std::vector<std::string>& settingNames();
 
-/// The value of cudnn.allow_tf32 and cuda.matmul.allow_tf32 when LibTorch will not answer:
-/// from 2.9 on it refuses the boolean TF32 getters once a program has set TF32 through the newer
-/// fp32_precision API ("a mix of the legacy and new APIs"). Recorded as such; replay leaves the
-/// setting to the program, and config bisection tries TF32 off.
+/// The value of cudnn.allow_tf32 and cuda.matmul.allow_tf32 when LibTorch will not answer: from
+/// 2.9 on, the boolean TF32 getters can refuse (c10::Error, "a mix of the legacy and new APIs")
+/// for a program that set TF32 through the newer fp32_precision API. The recorder records this
+/// value rather than failing; replay leaves the setting as it finds it and says so when that is
+/// not the program's (settingNotHeld), and config bisection tries both true and false.
 inline constexpr const char* kSetThroughPrecisionApi = "set-through-fp32_precision";
+
+/// A TF32 setting's value from its LibTorch getter: "true"/"false", or kSetThroughPrecisionApi
+/// when the getter throws c10::Error.
+std::string tf32Setting(const std::function<bool()>& read);
+
+/// For a setting recorded as kSetThroughPrecisionApi: "" when this process's value is that too
+/// (the replayed program set it through fp32_precision again), else a note that the replay runs
+/// with this process's value, which the recording cannot be held to. "" for any other value.
+std::string settingNotHeld(const std::string& name, const std::string& recorded);
 
 /// The current value of `name`. Throws crashcap::Error (InvalidArgument) for an unknown name.
 std::string currentSetting(const std::string& name);
@@ -29,8 +40,8 @@ std::string currentSetting(const std::string& name);
 /// thread). Throws crashcap::Error (InvalidArgument) for an unknown name or a bad value.
 void applySetting(const std::string& name, const std::string& value);
 
-/// `value` flipped: true<->false; for torch.threads, 1 <-> the recorded count (2 when it was 1);
-/// kSetThroughPrecisionApi -> false.
+/// `value` flipped: true<->false; for torch.threads, 1 <-> the recorded count (2 when it was 1).
+/// kSetThroughPrecisionApi has no flip (InvalidArgument): try both values.
 std::string flippedSetting(const std::string& name, const std::string& value);
 
 }  // namespace crashcap::formats::torch

@@ -57,9 +57,9 @@ int exportChrome(const Options& e) {
   if (gpuUntimed > 0)
     std::cerr << fmt::format(
         "note: {} GPU activities ({} kernels) are not on the time line: CUPTI gave them no GPU time, as it "
-        "does when the CUDA context faults before it has read their clocks; their launches are (category "
-        "launch_ring), and `crashcap inspect B --trace` counts them by kind\n",
-        gpuUntimed, kernelsUntimed);
+        "does when the CUDA context faults before it has read their clocks; their launches are on it (category "
+        "launch_ring), and `crashcap inspect {} --trace` counts them by kind\n",
+        gpuUntimed, kernelsUntimed, e.bundle);
   bool allRecorded = !view.kernelTraces.empty();
   for (const auto& t : view.kernelTraces) allRecorded = allRecorded && t.available();
   if (!allRecorded) std::cerr << "note: kernel trace " << other["kernel_trace"].get<std::string>() << "\n";

@@ -27,6 +27,7 @@
 
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/directory.hpp"
 #include "machine.hpp"
 
 extern char** environ;
@@ -253,7 +254,7 @@ int main(int argc, char** argv) {
     smallCold.push_back(readOne(path("small.ccap"), "target", true).ms);
     ratioCold.push_back(bigCold.back() / smallCold.back());
   }
-  std::filesystem::remove_all(work);
+  crashcap::formats::removeTree(work);
 
   nlohmann::json j = {
       {"write_mb_s", median(writeMbs)},

@@ -42,6 +42,7 @@
 #include <vector>
 
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/formats/torch/optimizer.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/recorder/recorder.hpp"
@@ -157,7 +158,7 @@ Size measure(uint64_t stateBytes, int64_t steps, int64_t every, double stepMs, u
     out.stepS = stats.stepSeconds;
     rec.close();
   }
-  fs::remove_all(dir);
+  crashcap::formats::removeTree(dir);
   // The first keyframe also starts the recording (its files, its first segment): the later ones
   // are the steady cost when there are any.
   std::vector<double> steady(keyframeCalls.size() > 1 ? keyframeCalls.begin() + 1 : keyframeCalls.begin(), keyframeCalls.end());
@@ -269,11 +270,11 @@ int main(int argc, char** argv) {
       sizes.push_back(std::move(j));
     }
   } catch (const std::exception& e) {
-    fs::remove_all(scratch);
+    crashcap::formats::removeTree(scratch);
     std::cerr << "crashcap-bench-keyframe: " << e.what() << "\n";
     return 1;
   }
-  fs::remove_all(scratch);
+  crashcap::formats::removeTree(scratch);
   nlohmann::json out = {{"sizes", sizes}, {"cpus", std::thread::hardware_concurrency()}, {"torch_threads", at::get_num_threads()}};
   if (json) std::cout << out.dump(2) << "\n";
   return 0;

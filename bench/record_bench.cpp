@@ -25,6 +25,7 @@
 #include <string>
 #include <unistd.h>
 
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/replayer/replay.hpp"
 #include "train.hpp"
 
@@ -233,8 +234,7 @@ int main(int argc, char** argv) {
                          {"verdict", crashcap::replayer::verdictName(replay.verdict)}}}};
     j["large_state"] = large;
   }
-  std::error_code ec;
-  std::filesystem::remove_all(scratch, ec);
+  crashcap::formats::removeTree(scratch);
   if (json) {
     std::cout << j.dump(2) << "\n";
   } else {

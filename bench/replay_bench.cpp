@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <iostream>
 
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/replayer/replay.hpp"
 #include "train.hpp"
 
@@ -71,8 +72,7 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "round %d: load %.0f ms, replay %.0f ms (%zu steps), %s\n", r + 1, result.loadMs,
                    result.replayMs, replayed, verdict.c_str());
   }
-  std::error_code ec;
-  std::filesystem::remove_all(dir, ec);
+  crashcap::formats::removeTree(dir);
   double loadMs = median(load), replayMs = median(replay);
   double budget = loadMs + 1.5 * replayed * recordedStepMs;
   nlohmann::json j = {{"task", task == crashcap::samples::Task::Seg ? "seg" : "cls"},

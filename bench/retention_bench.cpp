@@ -25,6 +25,7 @@
 #include <string>
 
 #include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/inspect/story.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/replayer/replay.hpp"
@@ -178,8 +179,7 @@ int main(int argc, char** argv) {
   nlohmann::json c = nlohmann::json::array();
   for (const auto& s : curve) c.push_back({s.step, s.rssMb, s.diskMb});
   j["curve"] = c;
-  std::error_code ec;
-  fs::remove_all(scratch, ec);
+  crashcap::formats::removeTree(scratch);
 
   if (json) {
     std::cout << j.dump(2) << "\n";

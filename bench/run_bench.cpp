@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/supervisor/supervisor.hpp"
 #include "machine.hpp"
 
@@ -90,12 +91,12 @@ int main(int argc, char** argv) {
   for (int r = 0; r < rounds; ++r) {
     // Alternate which goes first, so neither always runs on a warmer machine.
     auto runBare = [&] {
-      fs::remove_all(scratch);
+      crashcap::formats::removeTree(scratch);
       if (!python.empty()) return timed({python, script, "--steps", std::to_string(steps), "--quiet"});
       return timed({sample, "--steps", std::to_string(steps), "--record", (scratch / "bare").string()});
     };
     auto runWrapped = [&] {
-      fs::remove_all(scratch);
+      crashcap::formats::removeTree(scratch);
       if (!python.empty())
         return timed({crashcap, "run", "--record", "--dir", (scratch / "wrapped").string(), "--", python, script,
                       "--steps", std::to_string(steps), "--quiet"});
@@ -114,7 +115,7 @@ int main(int argc, char** argv) {
     ratios.push_back(w / b);
     if (!json) std::fprintf(stderr, "round %2d: bare %.3f s, wrapped %.3f s, ratio %.3f\n", r + 1, b, w, w / b);
   }
-  fs::remove_all(scratch);
+  crashcap::formats::removeTree(scratch);
   // The tracer's cost when it cannot run: deciding why (a dlopen of the driver that fails).
   const int probes = 200;
   auto t0 = std::chrono::steady_clock::now();

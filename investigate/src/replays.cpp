@@ -17,6 +17,7 @@
 
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/signal_name.hpp"
@@ -125,8 +126,7 @@ class ScratchDir {
     path_ = templ;
   }
   ~ScratchDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
+    formats::removeTree(path_);
   }
   const std::string& path() const { return path_; }
 

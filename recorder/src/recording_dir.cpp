@@ -17,6 +17,7 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/clock.hpp"
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/formats/error.hpp"
 
 namespace crashcap::recorder {
@@ -302,8 +303,7 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   report.bytes = writer->stats().fileBytes;
   output.commit();  // durable before the recording it replaces is deleted
   if (options.removeRecording) {
-    std::error_code ec;
-    fs::remove_all(recording, ec);
+    formats::removeTree(recording);
   }
   return report;
 }

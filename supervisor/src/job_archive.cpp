@@ -19,6 +19,7 @@
 
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/supervisor/summary.hpp"
 
@@ -271,7 +272,7 @@ void removeAbandonedExtractions(const fs::path& tmp) {
     std::ifstream owner(e.path() / kOwnerFile);
     long pid = 0;
     if (!(owner >> pid) || pid <= 0) continue;  // not one of ours, or still being made
-    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) fs::remove_all(e.path(), ec);
+    if (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH) formats::removeTree(e.path());
   }
 }
 
@@ -330,8 +331,7 @@ std::unique_ptr<ExtractedJob> ExtractedJob::extract(const std::string& path) {
 }
 
 ExtractedJob::~ExtractedJob() {
-  std::error_code ec;
-  if (!dir_.empty()) fs::remove_all(dir_, ec);
+  if (!dir_.empty()) formats::removeTree(dir_);
 }
 
 std::string ExtractedJob::member(const std::string& name) const {

@@ -8,12 +8,14 @@
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <optional>
 #include <regex>
 #include <set>
 
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/clock.hpp"
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
@@ -246,35 +248,34 @@ RunDirListing listRunDir(const std::string& dir) {
                 "give the directory `crashcap run --dir` (or a study) wrote its bundles into");
   RunDirListing out;
   const fs::path root = fs::absolute(dir);
-  std::vector<fs::path> bundles, logs;
-  for (auto it = fs::recursive_directory_iterator(root, fs::directory_options::skip_permission_denied, ec);
-       !ec && it != fs::recursive_directory_iterator(); it.increment(ec)) {
-    const auto& path = it->path();
-    const std::string name = path.filename().string();
-    if (!name.empty() && name[0] == '.') {  // a tool's own (crashcap.optuna's .trial/), never runs
-      if (it->is_directory(ec)) it.disable_recursion_pending();
-      continue;
-    }
-    if (it->is_directory(ec)) {
-      if (name.rfind(recorder::kRecordingPrefix, 0) == 0) {
-        // A finished recording is a clean run's (kept with --keep-recording); one that was not
-        // closed may hold a crash nobody sealed.
-        if (recorder::isRecording(path.string()) && recorder::recordingState(path.string()) != "finished")
-          out.unsealed.push_back(underRoot(path, root));
-        it.disable_recursion_pending();
-      } else if (it.depth() >= kMaxDepth) {
-        it.disable_recursion_pending();
+  // DEPTH: how deep D lies under ROOT (ROOT's own entries are at 0).
+  std::function<void(const fs::path&, int)> walk = [&](const fs::path& d, int depth) {
+    std::vector<formats::DirectoryEntry> entries;
+    const std::string error = formats::listDirectory(d.string(), entries);
+    if (!error.empty()) out.unreadable.emplace_back(underRoot(d, root), error);
+    for (const auto& entry : entries) {
+      const fs::path path = d / entry.name;
+      if (entry.name[0] == '.') continue;  // a tool's own (crashcap.optuna's .trial/), never runs
+      if (entry.directory) {
+        if (entry.name.rfind(recorder::kRecordingPrefix, 0) == 0) {
+          // A finished recording is a clean run's (kept with --keep-recording); one that was not
+          // closed may hold a crash nobody sealed.
+          if (recorder::isRecording(path.string()) && recorder::recordingState(path.string()) != "finished")
+            out.unsealed.push_back(underRoot(path, root));
+        } else if (!entry.symlink && depth < kMaxDepth) {
+          walk(path, depth + 1);
+        }
+        continue;
       }
-      continue;
+      if (entry.name == kRunLogName) out.logs.push_back(path.string());
+      else if (path.extension() == ".ccap") out.bundles.push_back(path.string());
+      // crashcap's own passing files: a half-written bundle, a kernel trace not yet collected.
+      else if (path.extension() == ".partial" || path.extension() == ".cctrace")
+        continue;
+      else out.skipped.push_back(underRoot(path, root));
     }
-    if (name == kRunLogName) out.logs.push_back(path.string());
-    else if (path.extension() == ".ccap") out.bundles.push_back(path.string());
-    // crashcap's own passing files: a half-written bundle, a kernel trace not yet collected.
-    else if (path.extension() == ".partial" || path.extension() == ".cctrace")
-      continue;
-    else out.skipped.push_back(underRoot(path, root));
-  }
-  if (ec) out.unreadable.emplace_back(underRoot(root, root), fmt::format("cannot list it all: {}", ec.message()));
+  };
+  walk(root, 0);
   std::sort(out.bundles.begin(), out.bundles.end());
   std::sort(out.logs.begin(), out.logs.end());
   std::sort(out.unsealed.begin(), out.unsealed.end());

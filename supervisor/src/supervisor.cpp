@@ -27,6 +27,7 @@
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/cuda_errors.hpp"
+#include "crashcap/formats/directory.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/recorder/distributed.hpp"
@@ -670,7 +671,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
         auto path = (fs::path(dir) / name).string();
         if (!before.count(name) && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) &&
             recorder::recordingState(path) == "finished" && observedRecording(path))
-          fs::remove_all(path, ec);
+          formats::removeTree(path);
       }
     if (o.nproc > 0) {
       a.ranks = ranks;

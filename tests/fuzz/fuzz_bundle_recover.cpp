@@ -11,6 +11,7 @@
 #include <string>
 
 #include "crashcap/formats/bundle_check.hpp"
+#include "crashcap/formats/directory.hpp"
 #include "fuzz_limits.hpp"
 #include "mem_file.hpp"
 
@@ -27,8 +28,7 @@ const std::string& outputDirectory() {
     auto* d = new std::string((base / ("crashcap-fuzz-recover-" + std::to_string(getpid()))).string());
     fs::create_directories(*d);
     std::atexit([] {
-      std::error_code ignored;
-      std::filesystem::remove_all(outputDirectory(), ignored);
+      crashcap::formats::removeTree(outputDirectory());
     });
     return d;
   }();

@@ -1,4 +1,5 @@
 #include "test_support.hpp"
+#include "crashcap/formats/directory.hpp"
 
 #include <fcntl.h>
 #include <poll.h>
@@ -31,8 +32,7 @@ TempDir::TempDir() {
 }
 
 TempDir::~TempDir() {
-  std::error_code ec;
-  std::filesystem::remove_all(path_, ec);
+  crashcap::formats::removeTree(path_);
 }
 
 std::vector<uint8_t> readFile(const std::string& path) {

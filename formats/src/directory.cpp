@@ -1,0 +1,95 @@
+#include "crashcap/formats/directory.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <memory>
+
+namespace crashcap::formats {
+namespace {
+
+struct DirCloser {
+  void operator()(DIR* d) const { ::closedir(d); }
+};
+
+std::string failure(const std::string& what, const std::string& path, int error) {
+  return what + " " + path + ": " + std::strerror(error);
+}
+
+// Removes NAME in the directory DIRFD (a directory's contents first); keeps the first failure.
+void removeAt(int dirfd, const std::string& name, const std::string& shown, std::string& firstError) {
+  struct stat st {};
+  if (::fstatat(dirfd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) {
+    if (errno != ENOENT && firstError.empty()) firstError = failure("cannot stat", shown, errno);
+    return;
+  }
+  if (S_ISDIR(st.st_mode)) {
+    int fd = ::openat(dirfd, name.c_str(), O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+    if (fd < 0) {
+      if (firstError.empty()) firstError = failure("cannot open", shown, errno);
+    } else {
+      std::unique_ptr<DIR, DirCloser> dir(::fdopendir(fd));
+      if (!dir) {
+        if (firstError.empty()) firstError = failure("cannot list", shown, errno);
+        ::close(fd);
+      } else {
+        std::vector<std::string> names;
+        while (dirent* e = ::readdir(dir.get())) {
+          if (std::strcmp(e->d_name, ".") != 0 && std::strcmp(e->d_name, "..") != 0) names.emplace_back(e->d_name);
+        }
+        for (const auto& child : names) removeAt(::dirfd(dir.get()), child, shown + "/" + child, firstError);
+      }
+    }
+    if (::unlinkat(dirfd, name.c_str(), AT_REMOVEDIR) != 0 && errno != ENOENT && firstError.empty())
+      firstError = failure("cannot remove", shown, errno);
+    return;
+  }
+  if (::unlinkat(dirfd, name.c_str(), 0) != 0 && errno != ENOENT && firstError.empty())
+    firstError = failure("cannot remove", shown, errno);
+}
+
+}  // namespace
+
+std::string removeTree(const std::string& path) {
+  if (path.empty()) return "no path to remove";
+  std::string firstError;
+  removeAt(AT_FDCWD, path, path, firstError);
+  return firstError;
+}
+
+std::string listDirectory(const std::string& dir, std::vector<DirectoryEntry>& entries) {
+  entries.clear();
+  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) return failure("cannot open", dir, errno);
+  std::unique_ptr<DIR, DirCloser> d(::fdopendir(fd));
+  if (!d) {
+    int error = errno;
+    ::close(fd);
+    return failure("cannot list", dir, error);
+  }
+  errno = 0;
+  while (dirent* e = ::readdir(d.get())) {
+    if (std::strcmp(e->d_name, ".") == 0 || std::strcmp(e->d_name, "..") == 0) continue;
+    DirectoryEntry entry;
+    entry.name = e->d_name;
+    struct stat st {};
+    if (::fstatat(::dirfd(d.get()), e->d_name, &st, AT_SYMLINK_NOFOLLOW) == 0) {
+      entry.symlink = S_ISLNK(st.st_mode);
+      entry.directory = S_ISDIR(st.st_mode);
+      if (entry.symlink && ::fstatat(::dirfd(d.get()), e->d_name, &st, 0) == 0) entry.directory = S_ISDIR(st.st_mode);
+    }
+    entries.push_back(std::move(entry));
+    errno = 0;
+  }
+  std::string result = errno != 0 ? failure("cannot list all of", dir, errno) : std::string();
+  std::sort(entries.begin(), entries.end(),
+            [](const DirectoryEntry& a, const DirectoryEntry& b) { return a.name < b.name; });
+  return result;
+}
+
+}  // namespace crashcap::formats

@@ -87,16 +87,23 @@ int main(int argc, char** argv) {
   fs::path bin = fs::canonical("/proc/self/exe").parent_path();
   std::string sample = (bin / "crashcap-sample-cls").string(), crashcap = (bin / "crashcap").string();
   fs::path scratch = fs::temp_directory_path() / fmt::format("crashcap-bench-run-{}", ::getpid());
+  // A run that starts on the last one's files would measure something else: stop instead.
+  auto clean = [&] {
+    const std::string error = crashcap::formats::removeTree(scratch.string());
+    if (error.empty()) return;
+    std::fprintf(stderr, "crashcap-bench-run: cannot clean its scratch directory: %s\n", error.c_str());
+    std::exit(1);
+  };
   std::vector<double> bare, wrapped, ratios;
   for (int r = 0; r < rounds; ++r) {
     // Alternate which goes first, so neither always runs on a warmer machine.
     auto runBare = [&] {
-      crashcap::formats::removeTree(scratch);
+      clean();
       if (!python.empty()) return timed({python, script, "--steps", std::to_string(steps), "--quiet"});
       return timed({sample, "--steps", std::to_string(steps), "--record", (scratch / "bare").string()});
     };
     auto runWrapped = [&] {
-      crashcap::formats::removeTree(scratch);
+      clean();
       if (!python.empty())
         return timed({crashcap, "run", "--record", "--dir", (scratch / "wrapped").string(), "--", python, script,
                       "--steps", std::to_string(steps), "--quiet"});
@@ -115,7 +122,7 @@ int main(int argc, char** argv) {
     ratios.push_back(w / b);
     if (!json) std::fprintf(stderr, "round %2d: bare %.3f s, wrapped %.3f s, ratio %.3f\n", r + 1, b, w, w / b);
   }
-  crashcap::formats::removeTree(scratch);
+  clean();
   // The tracer's cost when it cannot run: deciding why (a dlopen of the driver that fails).
   const int probes = 200;
   auto t0 = std::chrono::steady_clock::now();

@@ -47,7 +47,8 @@ int seal(const Options& s) {
                      {"last_step", rep.lastStep >= 0 ? json(rep.lastStep) : json(nullptr)},
                      {"begun_step", rep.begunStep >= 0 ? json(rep.begunStep) : json(nullptr)},
                      {"lost", rep.lost},
-                     {"bytes", rep.bytes}});
+                     {"bytes", rep.bytes},
+                     {"recording_not_removed", rep.notRemoved.empty() ? json(nullptr) : json(rep.notRemoved)}});
     } else {
       std::cout << fmt::format("sealed {} -> {} ({}): {} steps", r, rep.out, rep.state, rep.steps);
       if (rep.steps) std::cout << fmt::format(" ({}..{})", rep.firstStep, rep.lastStep);
@@ -55,6 +56,8 @@ int seal(const Options& s) {
       if (rep.begunStep > rep.lastStep)
         std::cout << fmt::format("  the process was in step {}: its records never reached the disk\n", rep.begunStep);
       for (const auto& l : rep.lost) std::cout << "  lost: " << l << "\n";
+      if (!rep.notRemoved.empty())
+        std::cout << fmt::format("  the recording is not all removed ({}); the bundle holds it all\n", rep.notRemoved);
       std::cout << fmt::format("next: crashcap inspect {}\n", rep.out);
     }
   }

@@ -302,9 +302,7 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
   writer->seal();
   report.bytes = writer->stats().fileBytes;
   output.commit();  // durable before the recording it replaces is deleted
-  if (options.removeRecording) {
-    formats::removeTree(recording);
-  }
+  if (options.removeRecording) report.notRemoved = formats::removeTree(recording);
   return report;
 }
 

@@ -13,6 +13,8 @@
 #include <regex>
 #include <set>
 
+#include <sys/stat.h>
+
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/directory.hpp"
@@ -252,7 +254,12 @@ RunDirListing listRunDir(const std::string& dir) {
   std::function<void(const fs::path&, int)> walk = [&](const fs::path& d, int depth) {
     std::vector<formats::DirectoryEntry> entries;
     const std::string error = formats::listDirectory(d.string(), entries);
-    if (!error.empty()) out.unreadable.emplace_back(underRoot(d, root), error);
+    if (!error.empty()) {
+      // A subdirectory removed since its parent was listed (a run cleaning up) is no loss.
+      struct stat st {};
+      if (depth > 0 && ::lstat(d.c_str(), &st) != 0 && errno == ENOENT) return;
+      out.unreadable.emplace_back(underRoot(d, root), error);
+    }
     for (const auto& entry : entries) {
       const fs::path path = d / entry.name;
       if (entry.name[0] == '.') continue;  // a tool's own (crashcap.optuna's .trial/), never runs

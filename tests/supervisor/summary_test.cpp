@@ -5,6 +5,8 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include <nlohmann/json.hpp>
 
 #include "crashcap/formats/error.hpp"
@@ -142,4 +144,37 @@ TEST_CASE("summary: a lone --flag sets its runs apart, and a clean run's sealed 
   CHECK(again.runs.size() == 7);
   CHECK(again.failed == 4);
   CHECK(again.healthy == 3);
+}
+
+TEST_CASE("a run directory's listing goes into subdirectories, not through links, and names what it cannot list",
+          "[summary]") {
+  test::TempDir dir;
+  test::TempDir elsewhere;
+  const fs::path root = dir.path();
+  fs::create_directories(root / "trials" / "trial-0001");
+  test::writeText((root / "trials" / "trial-0001" / "crash-1.ccap").string(), "not a bundle");
+  test::writeText((root / "notes.txt").string(), "x");
+  fs::create_directory(root / ".trial");
+  test::writeText((root / ".trial" / "hidden.ccap").string(), "x");
+  test::writeText(elsewhere.file("outside.ccap"), "x");
+  fs::create_directory_symlink(elsewhere.path(), root / "linked");
+
+  auto listing = supervisor::listRunDir(root.string());
+  CHECK(listing.bundles == std::vector<std::string>{(root / "trials" / "trial-0001" / "crash-1.ccap").string()});
+  CHECK(listing.skipped == std::vector<std::string>{"notes.txt"});
+  CHECK(listing.unreadable.empty());
+
+  if (::geteuid() == 0) {
+    WARN("the unreadable directory is not checked: root lists a directory it has no permission on");
+    return;
+  }
+  fs::create_directory(root / "locked");
+  test::writeText((root / "locked" / "crash-2.ccap").string(), "x");
+  fs::permissions(root / "locked", fs::perms::none);
+  listing = supervisor::listRunDir(root.string());
+  fs::permissions(root / "locked", fs::perms::owner_all);
+  REQUIRE(listing.unreadable.size() == 1);
+  CHECK(listing.unreadable[0].first == "locked");
+  CHECK(listing.unreadable[0].second == "cannot open it: Permission denied");
+  CHECK(listing.bundles.size() == 1);  // the walk went on past it
 }

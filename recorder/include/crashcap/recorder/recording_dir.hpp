@@ -116,6 +116,9 @@ struct SealReport {
   int64_t begunStep = -1;
   std::vector<std::string> lost;   ///< one line per file that was cut short or damaged
   uint64_t bytes = 0;
+  /// When SealOptions::removeRecording could not remove all of the recording: what is left and
+  /// why ("" when it was removed, or kept on purpose). The bundle is complete either way.
+  std::string notRemoved;
 };
 
 /// Seals one recording into a bundle. Writes OUT.partial and renames it, so a failure leaves

@@ -70,8 +70,9 @@ struct RunDirListing {
 };
 
 /// Lists DIR recursively (at most 8 levels; recording directories are listed, not entered;
-/// hidden files and directories, a tool's own, are passed over). Throws crashcap::Error{NotFound}
-/// when DIR is not a directory.
+/// hidden files and directories, a tool's own, are passed over; links to directories are not
+/// followed). A subdirectory that cannot be listed goes into `unreadable` (path relative to DIR,
+/// why) and the walk goes on. Throws crashcap::Error{NotFound} when DIR is not a directory.
 RunDirListing listRunDir(const std::string& dir);
 
 /// The lines of a runs.jsonl, each a JSON object with "_line" (1-based) added; lines that are no

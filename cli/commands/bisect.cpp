@@ -26,6 +26,13 @@ struct Options {
   bool allowDamaged = false;
 };
 
+/// "it throws", or how the program died in it ("killed by SIGSEGV again, as in the recording").
+std::string failingError(const investigate::StepBisection& b, int64_t step) {
+  for (const auto& s : b.steps)
+    if (s.step == step && s.error.rfind("killed by ", 0) == 0) return "its replay was " + s.error;
+  return "it throws";
+}
+
 void printSteps(const investigate::StepBisection& b) {
   std::cout << fmt::format("replayed steps {}..{} from keyframe {}\n", b.fromKeyframe, b.target, b.fromKeyframe);
   std::cout << "  step   lr           loss           grad norm      weight norm after update\n";
@@ -39,7 +46,7 @@ void printSteps(const investigate::StepBisection& b) {
   if (const auto& first = b.firstFailure)
     std::cout << fmt::format("first failing step: {} ({})\n", first->step,
                              first->reason == "weights" ? "its update made weights non-finite"
-                             : first->reason == "error" ? "it throws"
+                             : first->reason == "error" ? failingError(b, first->step)
                                                         : "its " + first->reason + " is non-finite");
   else
     std::cout << "no replayed step fails\n";

@@ -64,11 +64,14 @@ std::string valueLine(const char* what, const replayer::ValueStats& v) {
 void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
   // A replay that stopped before its target (a step that threw) says where it stopped.
   const int64_t last = r.steps.empty() ? r.step : r.steps.back().step;
-  std::cout << fmt::format("replayed steps {}..{}{} of {} from keyframe {} on {} ({} threads, {}) in {:.0f} ms\n", r.keyframe,
-                           last, last == r.step ? std::string() : fmt::format(" (of {})", r.step), bundle, r.keyframe,
-                           r.device, r.threads,
-                           r.dtype == "float64" ? "float64" : "dtype as recorded", r.loadMs + r.replayMs);
-  if (!r.sameSetup)
+  if (r.steps.empty())  // a program that died replaying (its notes say how): no step came back
+    std::cout << fmt::format("replayed {} from keyframe {} towards step {}: no step came back\n", bundle, r.keyframe, r.step);
+  else
+    std::cout << fmt::format("replayed steps {}..{}{} of {} from keyframe {} on {} ({} threads, {}) in {:.0f} ms\n",
+                             r.keyframe, last, last == r.step ? std::string() : fmt::format(" (of {})", r.step), bundle,
+                             r.keyframe, r.device, r.threads, r.dtype == "float64" ? "float64" : "dtype as recorded",
+                             r.loadMs + r.replayMs);
+  if (!r.sameSetup && !r.steps.empty())
     std::cout << fmt::format("  not the recorded setup (recorded on {}; {}): only the failure is compared, not the bits\n",
                              r.recordedDevice.empty() ? "an unknown device" : r.recordedDevice,
                              settingsText(r.settings, r.recordedSettings));

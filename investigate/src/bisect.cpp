@@ -56,6 +56,33 @@ StepBisection bisectSteps(const std::string& bundle, int64_t step) {
   StepBisection b;
   b.fromKeyframe = r.keyframe;
   b.target = r.step;
+  if (r.steps.empty() && replayer::reproduces(r.verdict) && !r.error.empty() && r.keyframe >= 0) {
+    // The program died of the recorded signal before it could answer (investigate::replay's
+    // "killed again"): no step came back, so find the first step whose replay dies, by replaying
+    // to earlier targets. A replay to a step that passes answers with every step up to it.
+    int64_t lo = r.keyframe, hi = r.step;  // the replay to hi dies; every step before lo passes
+    std::vector<replayer::StepReplay> passed;
+    while (lo < hi) {
+      const int64_t mid = lo + (hi - lo) / 2;
+      replayer::ReplayOptions to = ro;
+      to.step = mid;
+      auto m = investigate::replay(bundle, to);
+      if (m.steps.empty() && replayer::reproduces(m.verdict)) {
+        hi = mid;
+      } else {
+        lo = mid + 1;
+        if (m.steps.size() > passed.size()) passed = std::move(m.steps);
+      }
+    }
+    // The steps before it, each as its passing replay gave it (the target of such a replay stops
+    // before its update, so its weight norm is not there).
+    for (auto& s : passed)
+      if (s.step < hi) r.steps.push_back(std::move(s));
+    replayer::StepReplay died;
+    died.step = hi;
+    died.error = r.error;
+    r.steps.push_back(died);
+  }
   b.firstFailure = replayer::firstFailure(r.steps);
   b.divergedAt = r.divergedAt;
   b.lostSteps = r.lostSteps;

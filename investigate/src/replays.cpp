@@ -247,6 +247,46 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
   return programOutcome(bundle, p, run);
 }
 
+/// A recorded program whose replay died of the very signal its recording died of (a segfault in
+/// native code, a signal its own loop sends): the failure, again. Nothing in the process could
+/// answer, so only the failure is compared, as for a rank of a job. nullopt when the recording
+/// did not die of that signal: then the signal is the failure in another form, and the caller
+/// ends as the program did.
+std::optional<replayer::ReplayResult> killedAgain(const std::string& bundle, const replayer::ReplayOptions& options,
+                                                  const ProgramKilled& killed) {
+  auto view = formats::readRecords(*formats::BundleReader::open(bundle));
+  if (!view.crash || view.crash->kind != "signal" || view.crash->signal != killed.signal()) return std::nullopt;
+  replayer::ReplayResult r;
+  r.verdict = replayer::Verdict::Reproduced;
+  r.step = options.step >= 0 ? options.step : view.crash->step;
+  // The keyframe the program starts from, as it picks one: the asked, else the newest (or, for a
+  // bisection, the earliest) at or before the target.
+  std::vector<int64_t> keyframes;
+  for (const auto& k : view.keyframes)
+    if (k.step <= r.step) keyframes.push_back(k.step);
+  std::sort(keyframes.begin(), keyframes.end());
+  if (options.keyframe >= 0) r.keyframe = options.keyframe;
+  else if (!keyframes.empty()) r.keyframe = options.fromEarliestKeyframe ? keyframes.front() : keyframes.back();
+  r.recordedError = view.crash->error;
+  r.error = fmt::format("killed by {} again, as in the recording", formats::signalName(killed.signal()));
+  r.sameSetup = false;  // nothing was compared but the failure
+  r.rows = options.rows;
+  // Where the program replayed: the asked device, else the recorded one when this machine has it.
+  r.recordedDevice = view.program ? view.program->device : "";
+  const auto here = replayer::availableDevices();
+  r.device = !options.device.empty() ? options.device
+             : std::find(here.begin(), here.end(), r.recordedDevice) != here.end() ? r.recordedDevice
+                                                                                  : "cpu";
+  const std::string what = killed.what();
+  const size_t outputAt = what.find('\n');  // the program's last lines, after the message
+  r.notes.push_back(fmt::format("the program died of {} while it replayed (from keyframe {} towards step {}), as the "
+                                "recording did: nothing in the process could write its steps, so only the failure "
+                                "is compared, not where in the step it came{}",
+                                formats::signalName(killed.signal()), r.keyframe, r.step,
+                                outputAt == std::string::npos ? std::string() : what.substr(outputAt)));
+  return r;
+}
+
 }  // namespace
 
 void allowChangedSources(bool allow) { gAllowChangedSources = allow; }
@@ -281,7 +321,13 @@ replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayO
   if (route == "job") return askedRankReplay(replayJob(bundle, options));
   replayer::ReplayRequest request;
   request.options = options;
-  auto outcome = runInProgram(bundle, request);
+  replayer::ReplayOutcome outcome;
+  try {
+    outcome = runInProgram(bundle, request);
+  } catch (const ProgramKilled& killed) {
+    if (auto again = killedAgain(bundle, options, killed)) return *again;
+    throw;
+  }
   if (outcome.error) throw *outcome.error;
   if (!outcome.replay) throw Error(ErrorCode::Corrupt, "the program answered a replay request with no replay");
   return *outcome.replay;

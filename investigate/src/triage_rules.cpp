@@ -205,6 +205,10 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       h.evidence.push_back(
           fmt::format("the first non-finite output, of {}, comes from inputs that already hold {} NaN/Inf", where, bad));
     }
+  } else if (f.replay && f.replay->steps.empty()) {
+    // The program died before it could answer (killed again): its ops were never seen.
+    h.evidence.push_back(fmt::format("the replay gave no step back ({}): its ops' outputs were not seen",
+                                     f.replay->error.empty() ? "it answered nothing" : f.replay->error));
   } else if (f.replay) {
     h.evidence.push_back("no op output went non-finite in the replayed step");
     if (f.reproduced()) h.verdict = V::Refuted;

@@ -358,6 +358,19 @@ TEST_CASE("loss-numerics is inconclusive when a setting or device change makes t
   CHECK(n.evidence == std::vector<std::string>{"replay did not run"});
 }
 
+TEST_CASE("loss-numerics is inconclusive when the program died of its signal again and gave no step back",
+          "[investigate][triage]") {
+  TriageFacts f;
+  f.bundle = kBundle;
+  f.replay = replayOf(Verdict::Reproduced);
+  f.replay->steps.clear();  // nothing in the process could answer
+  f.replay->error = "killed by SIGSEGV again, as in the recording";
+  auto h = judgeLossNumerics(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "the replay gave no step back (killed by SIGSEGV again, as in the recording)"));
+  CHECK_FALSE(has(h, "no op output went non-finite"));
+}
+
 TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigate][triage]") {
   auto f = reproducedAt6();
   f.replay->firstNonFiniteOp = nonFiniteOp("aten::div", {stats(0, 0, 0.0, 1.0)});

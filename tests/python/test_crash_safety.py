@@ -1,6 +1,7 @@
 """Every way a Python training can die leaves a sealed bundle that says how, and the program's
 own reporting (the traceback, faulthandler) still happens."""
 
+import json
 import os
 import signal
 import subprocess
@@ -239,3 +240,27 @@ def test_signal_handlers_wait_while_a_crash_is_recorded_and_run_after_it():
             time.sleep(0.05)
     finally:
         signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_segfault_that_comes_back_in_replay_is_the_failure_reproduced(tmp_path):
+    # The recorded program dies of SIGSEGV again when it replays step 3: nothing in it can answer,
+    # so only the failure is compared, and replay says so instead of dying itself.
+    r = run(tmp_path, "import ctypes; ctypes.string_at(0)")
+    assert r.returncode == -signal.SIGSEGV
+    bundle = only_bundle(tmp_path / "runs")
+    out = crashcap("replay", bundle, "--json")
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    assert rep["verdict"] == "reproduced" and rep["step"] == 3 and rep["steps"] == []
+    assert rep["error"] == "killed by SIGSEGV again, as in the recording"
+    assert rep["same_setup"] is False
+    assert any("died of SIGSEGV while it replayed" in n for n in rep["notes"])
+    text = crashcap("replay", bundle)
+    assert text.returncode == 0 and "verdict  reproduced" in text.stdout and "no step came back" in text.stdout
+    # Step bisection finds the step by replaying to earlier ones: those before it pass.
+    steps = crashcap_json("bisect", "steps", bundle)
+    assert steps["first_failing_step"] == 3 and steps["reason"] == "error"
+    assert [s["step"] for s in steps["steps"]] == [0, 1, 2, 3] and all(s["bitwise"] for s in steps["steps"][:3])
+    # A step before the crash replays bit for bit as usual.
+    before = crashcap_json("replay", bundle, "--step", "2")
+    assert before["verdict"] == "reproduced-bitwise" and [s["step"] for s in before["steps"]][-1] == 2

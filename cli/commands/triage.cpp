@@ -26,10 +26,23 @@ std::string rowsText(const std::vector<int64_t>& v) { return fmt::format("[{}]",
 void printTriage(const investigate::Triage& t) {
   const auto& f = t.facts;
   auto reader = formats::BundleReader::open(f.bundle);
-  auto crash = formats::readRecords(*reader).crash;
-  std::cout << fmt::format("triage of {}: crash {} at step {}; replay {}\n", f.bundle,
-                           crash ? crash->kind : "(none recorded)", f.step() >= 0 ? std::to_string(f.step()) : "null",
-                           f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
+  const auto view = formats::readRecords(*reader);
+  const auto& crash = view.crash;
+  const auto killed = formats::killedInStep(view);
+  if (!crash && killed && *killed != f.step())
+    // SIGKILL (the OOM killer): no crash record, and the step it was in may not be in the bundle.
+    std::cout << fmt::format("triage of {}: killed in step {} ({}), which the bundle does not hold: the last it holds is "
+                             "step {}; replay {}\n",
+                             f.bundle, *killed,
+                             view.supervision && !view.supervision->evidence.empty() ? view.supervision->evidence
+                                                                                     : "its recording was never closed",
+                             f.step() >= 0 ? std::to_string(f.step()) : "null",
+                             f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
+  else
+    std::cout << fmt::format("triage of {}: crash {} at step {}; replay {}\n", f.bundle,
+                             crash ? crash->kind : killed ? "killed" : "(none recorded)",
+                             f.step() >= 0 ? std::to_string(f.step()) : "null",
+                             f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
   if (const auto& j = f.job) {
     std::cout << fmt::format("rank {} of job {} ({} ranks): every experiment replays all its ranks together, the rows cut "
                              "on rank {}'s batch\n",

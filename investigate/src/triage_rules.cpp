@@ -442,7 +442,10 @@ std::vector<Hypothesis> judge(const TriageFacts& facts) {
 Culprit findCulprit(const TriageFacts& f) {
   Culprit c;
   if (f.job) c.rank = f.job->rank;
-  if (f.step() >= 0) c.step = f.step();  // replayed, or as recorded when replay could not run
+  // Replayed, or as recorded when replay could not run; not a step that passed in the recording and
+  // in its replay (the last step held when the failing one never reached the bundle).
+  const bool passedBothTimes = f.replay && f.replay->recordedError.empty() && !replayer::showsFailure(*f.replay);
+  if (f.step() >= 0 && !passedBothTimes) c.step = f.step();
   // Rows are a culprit only when they trigger the failure (any single row fails a diverged run).
   if (f.rowsTrigger()) {
     if (auto rows = f.culpritRows(); !rows.empty()) c.rows = rows;

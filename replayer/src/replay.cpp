@@ -524,6 +524,15 @@ struct Run {
     if (target < 0) target = view.crash && view.crash->step >= 0 ? view.crash->step : view.stepBegins.back().step;
     for (const auto& b : view.stepBegins) begins[b.step] = &b;
     for (const auto& e : view.stepEnds) ends[e.step] = &e;
+    // Killed (SIGKILL, the OOM killer) in a step whose records never reached the bundle: the
+    // default target is the last step it holds, which the recording saw pass. Say so.
+    if (const auto killed = formats::killedInStep(view); options.step < 0 && killed && *killed > target)
+      result.notes.push_back(fmt::format(
+          "the process was killed in step {} ({}), whose records never reached the bundle: the replay ends at step {}, "
+          "the last it holds, which the recording saw pass",
+          *killed,
+          view.supervision && !view.supervision->evidence.empty() ? view.supervision->evidence : "its recording was never closed",
+          target));
     const std::vector<int64_t> lost = formats::lostSteps(view);
     const bool targetLost = std::binary_search(lost.begin(), lost.end(), target);
     if (!begins.count(target) && !targetLost)

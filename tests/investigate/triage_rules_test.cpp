@@ -258,6 +258,9 @@ TEST_CASE("a replay that reproduces a step the recording saw pass shows no failu
   CHECK(h.verdict == V::Inconclusive);
   CHECK(has(h, "does not reproduce on replay"));
   CHECK_FALSE(judgeLossNumerics(f).verdict == V::Confirmed);
+  CHECK_FALSE(findCulprit(f).step);  // it passed in the recording and again: no culprit step
+  f.replay->recordedError = "RuntimeError: boom";  // a recorded failure that did not come back is still its step
+  CHECK(findCulprit(f).step == 6);
 }
 
 TEST_CASE("invalid-data is refuted when the step still fails without the rows", "[investigate][triage]") {

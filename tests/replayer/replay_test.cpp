@@ -161,7 +161,8 @@ TEST_CASE("replay of a healthy step matches the recording; a missing step is a c
   }
 }
 
-TEST_CASE("a process killed in a step its bundle holds: replay runs the step, and the kill is not reproduced",
+TEST_CASE("a process killed in a step its bundle holds: replay runs the step, and the kill is not reproduced; "
+          "killed in a step it does not hold: replay says it ends before it",
           "[replayer]") {
   // SIGKILL leaves no crash record: only the run status, never closed, with the step and phase the
   // process was in, and what crashcap run saw. Made from a healthy run of 8 steps, sealed: killed in
@@ -224,6 +225,17 @@ TEST_CASE("a process killed in a step its bundle holds: replay runs the step, an
   replayer::ReplayOptions o;
   o.step = 5;
   CHECK(replayer::replay(killed, o).verdict == replayer::Verdict::ReproducedBitwise);
+
+  // Killed in step 8, whose records never reached the bundle: the replay ends at step 7, the last
+  // held, which passed in the recording and again, and says why it ends there.
+  auto unheld = killedCopy(healthy[0], "unheld.ccap", 8, "forward", false);
+  auto u = replayer::replay(unheld);
+  CHECK(u.step == 7);
+  CHECK(u.verdict == replayer::Verdict::ReproducedBitwise);
+  CHECK_FALSE(replayer::showsFailure(u));
+  REQUIRE(u.notes.size() == 1);
+  CHECK(u.notes[0] == "the process was killed in step 8 (killed by SIGKILL), whose records never reached the bundle: "
+                      "the replay ends at step 7, the last it holds, which the recording saw pass");
 
   // Killed after step 7 ended: step 7 passed in the recording and passes again.
   auto between = killedCopy(healthy[0], "between.ccap", 7, "between-steps", false);

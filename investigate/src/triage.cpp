@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <set>
 
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/error.hpp"
@@ -169,14 +170,27 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
     // The domains that apply to this tensor: an op's index input of its shape (or element count,
     // when the program flattens it) that every other row of the batch fits. Two tables indexed
     // by same-shaped tensors (user and item ids) are told apart by the rows that work.
-    std::vector<const IndexDomain*> applicable;
+    std::vector<IndexDomain> applicable;
     if (integer)
-      for (const auto& d : domains) {
+      for (IndexDomain d : domains) {
         if (d.indexShape != t.shape && elements(d.indexShape) != elements(t.shape)) continue;
+        if (d.ignoreIndex) {
+          // The loss's ignore_index is not in the op trace. The rows that work hold no negative
+          // target but it (the loss raises on any other), so one negative value they share, the
+          // padding of a sequence's targets, is the program's ignore_index.
+          std::set<double> negatives;
+          for (int64_t o = 0; o < batch; ++o) {
+            if (isCulprit(o)) continue;
+            const auto& row = rowTensors[o];
+            for (uint64_t i = 0; i < row.numel() && negatives.size() < 2; ++i)
+              if (row.at(i) < 0) negatives.insert(row.at(i));
+          }
+          if (negatives.size() == 1) d.ignoreIndex = static_cast<int64_t>(*negatives.begin());
+        }
         bool othersFit = true;
         for (int64_t o = 0; o < batch && othersFit; ++o)
           if (!isCulprit(o)) othersFit = !firstOutside(rowTensors[o], d);
-        if (othersFit) applicable.push_back(&d);
+        if (othersFit) applicable.push_back(d);
       }
     for (int64_t r : rows) {
       if (r < 0 || r >= batch) continue;
@@ -200,11 +214,11 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
         continue;
       }
       bool found = false;
-      for (const IndexDomain* d : applicable) {
-        if (auto bad = firstOutside(rowTensors[r], *d)) {
+      for (const IndexDomain& d : applicable) {
+        if (auto bad = firstOutside(rowTensors[r], d)) {
           f.kind = RowFinding::Kind::OutOfDomain;
           f.value = *bad;
-          f.domain = *d;
+          f.domain = d;
           out.push_back(f);
           found = true;
           break;

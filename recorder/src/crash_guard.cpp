@@ -50,7 +50,10 @@ void onFatalSignal(int sig, siginfo_t* info, void* /*context*/) {
     if (LiveWriter* w = activeWriter()) {
       void* frames[64];
       int n = backtrace(frames, 64);  // warmed up at install time, so it does not allocate
-      w->crashFromSignal(sig, info ? info->si_addr : nullptr, frames, n);
+      // si_code <= 0 (SI_USER, SI_TKILL, SI_QUEUE): sent by a process, whose pid is there instead
+      // of a faulting address.
+      const bool sent = info && info->si_code <= 0;
+      w->crashFromSignal(sig, info && !sent ? info->si_addr : nullptr, frames, n, sent ? info->si_pid : 0);
     }
   }
   // Die as the process would have: restore what was there before and deliver the signal

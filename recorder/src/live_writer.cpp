@@ -40,6 +40,7 @@ std::atomic<LiveWriter*> gActive{nullptr};
 struct SignalCrash {
   int signal = 0;
   void* address = nullptr;
+  int senderPid = 0;  ///< > 0: sent by that process, not a fault
   void* frames[64] = {};
   int frameCount = 0;
   uint64_t thread = 0;
@@ -582,11 +583,12 @@ std::string LiveWriter::crash(formats::CrashData crash) {
   return crashDone_.load() != before ? lastBundle_ : "";
 }
 
-bool LiveWriter::crashFromSignal(int signal, void* address, void* const* frames, int frameCount) {
+bool LiveWriter::crashFromSignal(int signal, void* address, void* const* frames, int frameCount, int senderPid) {
   // Async-signal-safe: plain stores, atomics, nanosleep.
   if (std::this_thread::get_id() == thread_.get_id()) return false;
   gSignal.signal = signal;
   gSignal.address = address;
+  gSignal.senderPid = senderPid;
   gSignal.frameCount = frameCount < 64 ? frameCount : 64;
   for (int i = 0; i < gSignal.frameCount; ++i) gSignal.frames[i] = frames[i];
   gSignal.thread = threadId();
@@ -643,8 +645,14 @@ void LiveWriter::handleCrash() {
     crash.phase = phaseName(static_cast<Phase>(phase.load()));
     const char* desc = strsignal(gSignal.signal);
     crash.error = fmt::format("fatal signal {} ({})", crash.signalName, desc ? desc : "?");
-    if (gSignal.signal == SIGSEGV || gSignal.signal == SIGBUS || gSignal.signal == SIGFPE ||
-        gSignal.signal == SIGILL)
+    // A signal raised in the process may be a fault that a handler before crashcap's (Python's
+    // faulthandler) passed on by raising it again: its address is lost, not absent.
+    if (gSignal.senderPid > 0)
+      crash.error += gSignal.senderPid == ::getpid()
+                         ? std::string(", raised in the process (raise or kill, or a fault handler passing a fault on)")
+                         : fmt::format(", sent by process {} (kill), not a fault", gSignal.senderPid);
+    else if (gSignal.signal == SIGSEGV || gSignal.signal == SIGBUS || gSignal.signal == SIGFPE ||
+             gSignal.signal == SIGILL)
       crash.error += fmt::format(" at address {}", gSignal.address);
     crash.stack = symbolize(gSignal.frames, gSignal.frameCount);
     crash.timeNs = gSignal.timeNs;

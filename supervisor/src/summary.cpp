@@ -210,7 +210,8 @@ std::vector<Separator> separate(const std::vector<const SummaryRun*>& failing, c
 }  // namespace
 
 std::string normalizeError(const std::string& error) {
-  static const std::regex hex("0x[0-9a-fA-F]+"), num("[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?"),
+  // An address starts a word: "30x12" in "shapes (30x12 and 10x32)" is a shape, not one.
+  static const std::regex hex("\\b0x[0-9a-fA-F]+"), num("[0-9]+(\\.[0-9]+)?([eE][-+]?[0-9]+)?"),
       signedNan("-nan\\b");
   std::string s = std::regex_replace(errorLine(error), hex, "ADDR");  // first: its digits are not numbers
   s = std::regex_replace(s, num, "N");

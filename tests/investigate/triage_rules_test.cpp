@@ -710,6 +710,35 @@ TEST_CASE("row findings judge an index against the domain its tensor's other row
   CHECK(findRowOddities(bundle, 6, {0}, domains).empty());
 }
 
+TEST_CASE("a loss's ignore_index is the negative padding the working rows share, not only PyTorch's default",
+          "[investigate][triage]") {
+  test::TempDir dir;
+  const std::string bundle = dir.file("batch.ccap");
+  // Tags of 4 sequences of 3 tokens, padded with -1 (CrossEntropyLoss(ignore_index=-1)); row 2
+  // holds tag 7 of 6 classes.
+  const std::vector<int64_t> tags = {0, 5, -1, 1, -1, -1, 3, 7, 2, 4, 4, -1};
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    w->writeTensor(formats::batchTensorName(6, "tags"), formats::DType::Int64, {4, 3}, tags.data(),
+                   tags.size() * sizeof(int64_t));
+    formats::StepBeginData begin;
+    begin.step = 6;
+    begin.batch = {formats::batchTensorName(6, "tags")};
+    begin.rowDims = {0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  // The loss sees the tags flattened: logits [12, 6], target [12].
+  const std::vector<IndexDomain> domains = {{"aten::nll_loss_nd", 6, {12}, {12, 6}, -100}};
+  auto findings = findRowOddities(bundle, 6, {2}, domains);
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].kind == RowFinding::Kind::OutOfDomain);
+  CHECK(findings[0].value == 7);
+  CHECK(findings[0].domain->ignoreIndex == -1);
+  // Padding is no finding in a row that works.
+  CHECK(findRowOddities(bundle, 6, {1}, domains).empty());
+}
+
 TEST_CASE("row findings read a sequence-first tensor's rows along its recorded row dimension", "[investigate][triage]") {
   test::TempDir dir;
   const std::string bundle = dir.file("batch.ccap");

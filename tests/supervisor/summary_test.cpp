@@ -49,6 +49,8 @@ TEST_CASE("error signatures blank what differs from run to run", "[summary]") {
         "RuntimeError: CUDA error: device-side assert triggered");
   CHECK(supervisor::normalizeError("fatal signal SIGSEGV at address 0x7f3a2c00") == "fatal signal SIGSEGV at address ADDR");
   CHECK(supervisor::normalizeError("non-finite loss at step 7: -nan") == "non-finite loss at step N: nan");
+  CHECK(supervisor::normalizeError("RuntimeError: mat1 and mat2 shapes cannot be multiplied (30x12 and 10x32)") ==
+        "RuntimeError: matN and matN shapes cannot be multiplied (NxN and NxN)");
 }
 
 TEST_CASE("crashcap run keeps a line per run with its hyperparameters, and summary groups and sets apart the crashes",

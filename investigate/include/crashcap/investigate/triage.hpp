@@ -41,7 +41,8 @@ struct IndexDomain {
   std::vector<int64_t> indexShape;         ///< the shape of the op's index input
   std::vector<int64_t> sourceShape;        ///< the table's or the logits' shape
   /// A loss's ignore_index, a value outside 0..size-1 that it skips (the op trace keeps no scalar
-  /// values: PyTorch's default, -100, is assumed); none for an embedding.
+  /// values: PyTorch's default, -100, unless the batch's rows that work share one other negative
+  /// value, which is then the program's); none for an embedding.
   std::optional<int64_t> ignoreIndex;
   /// "the embedding has 32 rows (table [32,8])", "the loss sees 10 classes (logits [32,10])".
   std::string describe() const;

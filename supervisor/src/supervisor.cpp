@@ -543,7 +543,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     fs::remove(paramsFile, ec);
     if (!paramsProblem.empty() && o.say) o.say("crashcap run: the run's declared hyperparameters are lost: " + paramsProblem);
     a.attempt = attempt;
-    a.seconds = secondsSince(started);
+    for (const auto& m : members) a.seconds = std::max(a.seconds, m.seconds);
     if (interrupted) report.interrupted = true;
     // Each process's own account: its exit, its classification, its record.
     std::vector<RankReport> ranks;

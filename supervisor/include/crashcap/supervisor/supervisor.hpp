@@ -75,6 +75,9 @@ struct AttemptReport {
   Classification classification;        ///< id "" for a clean exit
   std::string bundle;                   ///< the sealed crash bundle ("" for a clean exit)
   std::string trace;                    ///< the kernel trace in one line (SupervisionData::trace)
+  /// From the start to the end of the command's last process (what its bundle's supervision
+  /// record says), not counting what crashcap run did after (waiting for the training's
+  /// orphaned workers to close their output, collecting traces).
   double seconds = 0;
   /// More crash bundles the run left: several recorders' or, after a clean exit, those of crashes
   /// the program recorded and went on from.

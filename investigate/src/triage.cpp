@@ -225,6 +225,17 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
         }
       }
       if (found) continue;
+      // A sign the rest of the batch never has (pixels, counts, probabilities below 0): what a log or
+      // a square root downstream cannot take. Judged only against a few rows or more.
+      bool othersNonNegative = batch - static_cast<int64_t>(rows.size()) >= 3;
+      for (int64_t o = 0; o < batch && othersNonNegative; ++o)
+        if (!isCulprit(o)) othersNonNegative = stats[o].min && *stats[o].min >= 0;
+      if (othersNonNegative && st.min && *st.min < 0 && t.dtype != formats::DType::Bool) {
+        f.kind = RowFinding::Kind::Negative;
+        f.value = *st.min;
+        out.push_back(f);
+        continue;
+      }
       const double magnitude = largestMagnitude(st);
       if (floating && othersMax > 0 && magnitude > kOutlierFactor * othersMax) {
         f.kind = RowFinding::Kind::Outlier;

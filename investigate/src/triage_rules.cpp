@@ -58,6 +58,10 @@ std::string rowFindingText(const RowFinding& r) {
                          r.tensor, r.value, r.othersMax);
     case RowFinding::Kind::AllZeros:
       return fmt::format("row {} of {} is all zeros, unlike the batch's other rows", r.row, r.tensor);
+    case RowFinding::Kind::Negative:
+      return fmt::format("row {} of {} holds negative values (down to {:.3g}), while every value of the batch's other "
+                         "rows is >= 0",
+                         r.row, r.tensor, r.value);
   }
   return "";
 }
@@ -138,7 +142,7 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     } else {
       h.evidence.push_back(fmt::format(
           "but nothing in {} was found invalid (no NaN/Inf, no magnitude 100x beyond the other rows', no index outside "
-          "a domain the op trace shows), so the rows look like an input the step cannot handle rather than bad data",
+          "a domain the op trace shows, no negative value where the other rows have none), so the rows look like an input the step cannot handle rather than bad data",
           rows.size() == 1 ? "it" : "them"));
       for (const auto& r : f.rowFindings) h.evidence.push_back(rowFindingText(r));
     }
@@ -229,6 +233,8 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
     if (const auto& d = f.ops->firstDeparting)
       h.evidence.push_back(
           fmt::format("first op departing from float64: {} ({}), error {} over {} elements", d->name, d->phase, d->error, d->elements));
+    else if (!f.ops->stoppedBecause.empty())
+      h.evidence.push_back("the comparison with float64 stopped early: " + f.ops->stoppedBecause);
   }
   // A non-finite value that a change of setting or device makes go away is the kernel's under
   // that setting, not (only) the arithmetic's: loss-numerics cannot be confirmed on its own.

@@ -739,6 +739,48 @@ TEST_CASE("a loss's ignore_index is the negative padding the working rows share,
   CHECK(findRowOddities(bundle, 6, {1}, domains).empty());
 }
 
+TEST_CASE("row findings name negative values in a row when the batch's other rows have none", "[investigate][triage]") {
+  test::TempDir dir;
+  const std::string bundle = dir.file("batch.ccap");
+  // Pixels in 0..1 in 5 rows of 3; row 2 holds -0.75 (a log downstream goes NaN). The offsets are
+  // centred: every row has negatives, so none is singled out there.
+  const std::vector<float> pixels = {0.1f, 0.5f, 0.9f, 0.0f, 0.2f, 0.3f, 0.4f, -0.75f, 0.6f,
+                                     1.0f, 0.7f, 0.8f, 0.3f, 0.3f, 0.3f};
+  const std::vector<float> offsets = {-1, 1, 0, -2, 2, 0, -1, 1, 0, -3, 3, 0, -1, 0, 1};
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    w->writeTensor(formats::batchTensorName(6, "pixels"), formats::DType::Float32, {5, 3}, pixels.data(),
+                   pixels.size() * sizeof(float));
+    w->writeTensor(formats::batchTensorName(6, "offsets"), formats::DType::Float32, {5, 3}, offsets.data(),
+                   offsets.size() * sizeof(float));
+    formats::StepBeginData begin;
+    begin.step = 6;
+    begin.batch = {formats::batchTensorName(6, "pixels"), formats::batchTensorName(6, "offsets")};
+    begin.rowDims = {0, 0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  auto findings = findRowOddities(bundle, 6, {2}, {});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].tensor == "steps/6/batch/pixels");
+  CHECK(findings[0].kind == RowFinding::Kind::Negative);
+  CHECK(findings[0].value == -0.75);
+  CHECK(findings[0].invalid());
+  CHECK(findRowOddities(bundle, 6, {1}, {}).empty());
+
+  // It makes the rows invalid data, and the loss is not blamed for a legitimate edge case.
+  auto f = reproducedAt6();
+  f.samples = samplesFound({2});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::log", {stats(0, 0, -0.75, 1.0)});
+  f.rowFindings = findings;
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "row 2 of steps/6/batch/pixels holds negative values (down to -0.75), while every value of the batch's "
+               "other rows is >= 0"));
+  CHECK_FALSE(has(judgeLossNumerics(f), "legitimate edge case"));
+}
+
 TEST_CASE("row findings read a sequence-first tensor's rows along its recorded row dimension", "[investigate][triage]") {
   test::TempDir dir;
   const std::string bundle = dir.file("batch.ccap");

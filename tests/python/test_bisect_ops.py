@@ -116,3 +116,37 @@ def test_a_reference_that_breaks_on_its_own_float32_tensor_says_nothing_about_pr
     assert ops["reference"]["error"], ops["reference"]  # it failed ...
     assert "non-finite" not in ops["reference"]["error"], ops["reference"]
     assert ops["fails_in_float64"] is False  # ... but not the way the training did
+
+
+def test_a_random_draw_that_float64_draws_differently_stops_the_comparison_and_is_not_blamed(tmp_path):
+    # A VAE's reparameterisation draws noise with randn_like: the float64 reference draws other
+    # numbers from the same generator state, so the comparison stops there instead of naming the
+    # draw as the first op that departs.
+    script = tmp_path / "vae.py"
+    script.write_text(textwrap.dedent("""
+        import torch, crashcap
+        torch.manual_seed(0)
+        enc, dec = torch.nn.Linear(6, 4), torch.nn.Linear(2, 6)
+        params = list(enc.parameters()) + list(dec.parameters())
+        opt = torch.optim.Adam(params, lr=1e-3)
+        model = torch.nn.ModuleList([enc, dec])
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, keyframe_every=2, quiet=True)
+        g = torch.Generator().manual_seed(3)
+        batches = [torch.rand(8, 6, generator=g) for _ in range(5)]
+        batches[3][5] = -0.5  # not a pixel: log() below goes NaN
+        for step, x in rec.steps(batches):
+            mu, logvar = enc(x).chunk(2, dim=1)
+            z = mu + torch.randn_like(mu) * (0.5 * logvar).exp()
+            recon = torch.sigmoid(dec(z))
+            loss = -(x * recon.log() + (1 - x) * (1 - recon).log()).mean() + x.log().mean() * 0
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+    """))
+    r = run_python(str(script), cwd=tmp_path)
+    assert r.returncode != 0, r.stderr
+    ops = crashcap_json("bisect", "ops", only_bundle(tmp_path / "runs"))
+    assert ops["replay"]["verdict"] == "reproduced-bitwise", ops
+    assert ops["first_departing_op"] is None, ops["first_departing_op"]
+    assert "aten::randn_like" in ops["stopped_because"] and "draws random numbers" in ops["stopped_because"], ops

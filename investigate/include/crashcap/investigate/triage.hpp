@@ -57,6 +57,7 @@ struct RowFinding {
     Outlier,      ///< its largest magnitude (value) far beyond every other row's (othersMax), in the
                   ///< whole row or in one feature (column)
     AllZeros,     ///< every element is zero where the other rows are not: a trait, not invalid
+    Negative,     ///< holds negative values (value: the lowest) where every other row is >= 0
   };
   int64_t row = 0;
   std::string tensor;                      ///< the bundle's tensor name, "steps/6/batch/label"

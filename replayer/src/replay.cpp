@@ -171,7 +171,8 @@ bool movesOnly(const char* name) {
       "aten::expand",       "aten::expand_as",   "aten::slice",    "aten::select",     "aten::narrow",
       "aten::squeeze",      "aten::unsqueeze",   "aten::flatten",  "aten::lift_fresh", "aten::numpy_T",
       "aten::index_select", "aten::stack",       "aten::cat",      "aten::split",      "aten::chunk",
-      "aten::unbind",       "aten::as_strided"};
+      "aten::unbind",       "aten::as_strided",  "aten::broadcast_tensors", "aten::broadcast_to", "aten::repeat",
+      "aten::tile",         "aten::movedim",     "aten::view_as",  "aten::reshape_as", "aten::unflatten"};
   return name && std::find(names.begin(), names.end(), name) != names.end();
 }
 

@@ -2,6 +2,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <iostream>
 
 #include "../command.hpp"
@@ -29,7 +30,10 @@ void printTriage(const investigate::Triage& t) {
   const auto view = formats::readRecords(*reader);
   const auto& crash = view.crash;
   const auto killed = formats::killedInStep(view);
-  if (!crash && killed && *killed != f.step())
+  const bool killedUnheld =
+      killed && std::none_of(view.stepBegins.begin(), view.stepBegins.end(),
+                             [&](const formats::StepBeginData& b) { return b.step == *killed; });
+  if (!crash && killedUnheld)
     // SIGKILL (the OOM killer): no crash record, and the step it was in may not be in the bundle.
     std::cout << fmt::format("triage of {}: killed in step {} ({}), which the bundle does not hold: the last it holds is "
                              "step {}; replay {}\n",

@@ -225,12 +225,20 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
         }
       }
       if (found) continue;
-      // A sign the rest of the batch never has (pixels, counts, probabilities below 0): what a log or
-      // a square root downstream cannot take. Judged only against a few rows or more.
-      bool othersNonNegative = batch - static_cast<int64_t>(rows.size()) >= 3;
+      // A sign the rest of the batch never has (pixels, probabilities below 0): what a log or a
+      // square root downstream cannot take. Floating tensors only (a negative integer target is
+      // padding, which a loss's domain judges), and against enough values that a signed feature
+      // would have shown its sign: 8 other rows and 64 values at least.
+      int64_t otherRows = 0;
+      uint64_t otherValues = 0;
+      bool othersNonNegative = formats::isFloating(t.dtype);
       for (int64_t o = 0; o < batch && othersNonNegative; ++o)
-        if (!isCulprit(o)) othersNonNegative = stats[o].min && *stats[o].min >= 0;
-      if (othersNonNegative && st.min && *st.min < 0 && t.dtype != formats::DType::Bool) {
+        if (!isCulprit(o)) {
+          ++otherRows;
+          otherValues += stats[o].count;
+          othersNonNegative = stats[o].min && *stats[o].min >= 0;
+        }
+      if (othersNonNegative && otherRows >= 8 && otherValues >= 64 && st.min && *st.min < 0) {
         f.kind = RowFinding::Kind::Negative;
         f.value = *st.min;
         out.push_back(f);

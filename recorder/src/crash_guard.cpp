@@ -52,8 +52,10 @@ void onFatalSignal(int sig, siginfo_t* info, void* /*context*/) {
       int n = backtrace(frames, 64);  // warmed up at install time, so it does not allocate
       // si_code <= 0 (SI_USER, SI_TKILL, SI_QUEUE): sent by a process, whose pid is there instead
       // of a faulting address.
+      // A sender in another pid namespace shows as pid 0: sent all the same (-1: not known).
       const bool sent = info && info->si_code <= 0;
-      w->crashFromSignal(sig, info && !sent ? info->si_addr : nullptr, frames, n, sent ? info->si_pid : 0);
+      w->crashFromSignal(sig, info && !sent ? info->si_addr : nullptr, frames, n,
+                         sent ? (info->si_pid > 0 ? info->si_pid : -1) : 0);
     }
   }
   // Die as the process would have: restore what was there before and deliver the signal

@@ -40,7 +40,7 @@ std::atomic<LiveWriter*> gActive{nullptr};
 struct SignalCrash {
   int signal = 0;
   void* address = nullptr;
-  int senderPid = 0;  ///< > 0: sent by that process, not a fault
+  int senderPid = 0;  ///< > 0: sent by that process; -1: sent by one not visible here; 0: a fault
   void* frames[64] = {};
   int frameCount = 0;
   uint64_t thread = 0;
@@ -647,10 +647,12 @@ void LiveWriter::handleCrash() {
     crash.error = fmt::format("fatal signal {} ({})", crash.signalName, desc ? desc : "?");
     // A signal raised in the process may be a fault that a handler before crashcap's (Python's
     // faulthandler) passed on by raising it again: its address is lost, not absent.
-    if (gSignal.senderPid > 0)
-      crash.error += gSignal.senderPid == ::getpid()
-                         ? std::string(", raised in the process (raise or kill, or a fault handler passing a fault on)")
-                         : fmt::format(", sent by process {} (kill), not a fault", gSignal.senderPid);
+    if (gSignal.senderPid == ::getpid())
+      crash.error += ", raised in the process (raise or kill, or a fault handler passing a fault on)";
+    else if (gSignal.senderPid > 0)
+      crash.error += fmt::format(", sent by process {} (kill), not a fault", gSignal.senderPid);
+    else if (gSignal.senderPid < 0)
+      crash.error += ", sent by a process outside this one's pid namespace (kill), not a fault";
     else if (gSignal.signal == SIGSEGV || gSignal.signal == SIGBUS || gSignal.signal == SIGFPE ||
              gSignal.signal == SIGILL)
       crash.error += fmt::format(" at address {}", gSignal.address);

@@ -160,8 +160,9 @@ class LiveWriter {
   std::string crash(formats::CrashData crash);
   /// Async-signal-safe variant for fatal signals: records the signal and the raw frames,
   /// wakes the writer thread and waits (bounded). Returns true when the bundle was sealed.
-  /// `senderPid` > 0: a process sent the signal (kill, raise, or a fault handler raising a fault
-  /// again: si_code <= 0), so there is no faulting address to report, only who sent it.
+  /// `senderPid` != 0: a process sent the signal (kill, raise, or a fault handler raising a fault
+  /// again: si_code <= 0), so there is no faulting address to report, only who sent it (-1: a
+  /// process outside this one's pid namespace).
   bool crashFromSignal(int signal, void* address, void* const* frames, int frameCount, int senderPid = 0);
 
   /// Clean end of the run: drains, writes `status`, closes the files (the recording stays

@@ -737,26 +737,53 @@ TEST_CASE("a loss's ignore_index is the negative padding the working rows share,
   CHECK(findings[0].domain->ignoreIndex == -1);
   // Padding is no finding in a row that works.
   CHECK(findRowOddities(bundle, 6, {1}, domains).empty());
+
+  // Where the working rows pad with -1, PyTorch's default -100 is outside.
+  const std::string other = dir.file("other.ccap");
+  const std::vector<int64_t> padded = {0, 5, -1, 1, -1, -1, 3, -100, 2, 4, 4, -1};
+  {
+    auto w = formats::BundleWriter::create(other);
+    w->writeTensor(formats::batchTensorName(6, "tags"), formats::DType::Int64, {4, 3}, padded.data(),
+                   padded.size() * sizeof(int64_t));
+    formats::StepBeginData begin;
+    begin.step = 6;
+    begin.batch = {formats::batchTensorName(6, "tags")};
+    begin.rowDims = {0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  auto defaultOutside = findRowOddities(other, 6, {2}, domains);
+  REQUIRE(defaultOutside.size() == 1);
+  CHECK(defaultOutside[0].value == -100);
+  CHECK(defaultOutside[0].domain->ignoreIndex == -1);
 }
 
 TEST_CASE("row findings name negative values in a row when the batch's other rows have none", "[investigate][triage]") {
   test::TempDir dir;
   const std::string bundle = dir.file("batch.ccap");
-  // Pixels in 0..1 in 5 rows of 3; row 2 holds -0.75 (a log downstream goes NaN). The offsets are
-  // centred: every row has negatives, so none is singled out there.
-  const std::vector<float> pixels = {0.1f, 0.5f, 0.9f, 0.0f, 0.2f, 0.3f, 0.4f, -0.75f, 0.6f,
-                                     1.0f, 0.7f, 0.8f, 0.3f, 0.3f, 0.3f};
-  const std::vector<float> offsets = {-1, 1, 0, -2, 2, 0, -1, 1, 0, -3, 3, 0, -1, 0, 1};
+  // Pixels in 0..1 in 10 rows of 8; row 2 holds -0.75 (a log downstream goes NaN). The offsets are
+  // centred: every row has negatives, so none is singled out there. Targets padded with -100 (a
+  // loss's default ignore_index) in row 2 only are no finding: padding is the loss domain's to judge.
+  std::vector<float> pixels(80), offsets(80);
+  std::vector<int64_t> targets(80, 1);
+  for (size_t i = 0; i < pixels.size(); ++i) {
+    pixels[i] = static_cast<float>(i % 11) / 10.0f;
+    offsets[i] = static_cast<float>(i % 8) - 3.5f;
+  }
+  pixels[2 * 8 + 5] = -0.75f;
+  for (size_t i = 16; i < 24; ++i) targets[i] = -100;
   {
     auto w = formats::BundleWriter::create(bundle);
-    w->writeTensor(formats::batchTensorName(6, "pixels"), formats::DType::Float32, {5, 3}, pixels.data(),
+    w->writeTensor(formats::batchTensorName(6, "pixels"), formats::DType::Float32, {10, 8}, pixels.data(),
                    pixels.size() * sizeof(float));
-    w->writeTensor(formats::batchTensorName(6, "offsets"), formats::DType::Float32, {5, 3}, offsets.data(),
+    w->writeTensor(formats::batchTensorName(6, "offsets"), formats::DType::Float32, {10, 8}, offsets.data(),
                    offsets.size() * sizeof(float));
+    w->writeTensor(formats::batchTensorName(6, "targets"), formats::DType::Int64, {10, 8}, targets.data(),
+                   targets.size() * sizeof(int64_t));
     formats::StepBeginData begin;
     begin.step = 6;
-    begin.batch = {formats::batchTensorName(6, "pixels"), formats::batchTensorName(6, "offsets")};
-    begin.rowDims = {0, 0};
+    for (const char* name : {"pixels", "offsets", "targets"}) begin.batch.push_back(formats::batchTensorName(6, name));
+    begin.rowDims = {0, 0, 0};
     formats::writeMetaRecord(*w, begin);
     w->seal();
   }
@@ -767,6 +794,8 @@ TEST_CASE("row findings name negative values in a row when the batch's other row
   CHECK(findings[0].value == -0.75);
   CHECK(findings[0].invalid());
   CHECK(findRowOddities(bundle, 6, {1}, {}).empty());
+  // Against 7 other rows it says nothing: a signed feature may be >= 0 in that few by chance.
+  for (const auto& x : findRowOddities(bundle, 6, {2, 3, 4}, {})) CHECK(x.kind != RowFinding::Kind::Negative);
 
   // It makes the rows invalid data, and the loss is not blamed for a legitimate edge case.
   auto f = reproducedAt6();

@@ -716,18 +716,19 @@ TEST_CASE("a loss's ignore_index is the negative padding the working rows share,
   const std::string bundle = dir.file("batch.ccap");
   // Tags of 4 sequences of 3 tokens, padded with -1 (CrossEntropyLoss(ignore_index=-1)); row 2
   // holds tag 7 of 6 classes.
-  const std::vector<int64_t> tags = {0, 5, -1, 1, -1, -1, 3, 7, 2, 4, 4, -1};
-  {
-    auto w = formats::BundleWriter::create(bundle);
-    w->writeTensor(formats::batchTensorName(6, "tags"), formats::DType::Int64, {4, 3}, tags.data(),
-                   tags.size() * sizeof(int64_t));
+  // Step 6's batch: one [4, 3] tensor of tags.
+  auto writeTags = [](const std::string& path, const std::vector<int64_t>& values) {
+    auto w = formats::BundleWriter::create(path);
+    w->writeTensor(formats::batchTensorName(6, "tags"), formats::DType::Int64, {4, 3}, values.data(),
+                   values.size() * sizeof(int64_t));
     formats::StepBeginData begin;
     begin.step = 6;
     begin.batch = {formats::batchTensorName(6, "tags")};
     begin.rowDims = {0};
     formats::writeMetaRecord(*w, begin);
     w->seal();
-  }
+  };
+  writeTags(bundle, {0, 5, -1, 1, -1, -1, 3, 7, 2, 4, 4, -1});
   // The loss sees the tags flattened: logits [12, 6], target [12].
   const std::vector<IndexDomain> domains = {{"aten::nll_loss_nd", 6, {12}, {12, 6}, -100}};
   auto findings = findRowOddities(bundle, 6, {2}, domains);
@@ -740,18 +741,7 @@ TEST_CASE("a loss's ignore_index is the negative padding the working rows share,
 
   // Where the working rows pad with -1, PyTorch's default -100 is outside.
   const std::string other = dir.file("other.ccap");
-  const std::vector<int64_t> padded = {0, 5, -1, 1, -1, -1, 3, -100, 2, 4, 4, -1};
-  {
-    auto w = formats::BundleWriter::create(other);
-    w->writeTensor(formats::batchTensorName(6, "tags"), formats::DType::Int64, {4, 3}, padded.data(),
-                   padded.size() * sizeof(int64_t));
-    formats::StepBeginData begin;
-    begin.step = 6;
-    begin.batch = {formats::batchTensorName(6, "tags")};
-    begin.rowDims = {0};
-    formats::writeMetaRecord(*w, begin);
-    w->seal();
-  }
+  writeTags(other, {0, 5, -1, 1, -1, -1, 3, -100, 2, 4, 4, -1});
   auto defaultOutside = findRowOddities(other, 6, {2}, domains);
   REQUIRE(defaultOutside.size() == 1);
   CHECK(defaultOutside[0].value == -100);

@@ -58,21 +58,38 @@ StepBisection bisectSteps(const std::string& bundle, int64_t step) {
   b.target = r.step;
   if (r.steps.empty() && replayer::reproduces(r.verdict) && !r.error.empty() && r.keyframe >= 0) {
     // The program died of the recorded signal before it could answer (investigate::replay's
-    // "killed again"): no step came back, so find the first step whose replay dies, by replaying
-    // to earlier targets. A replay to a step that passes answers with every step up to it.
+    // "killed again"): no step came back. When the program said which step it died in, every
+    // step before that one ran; else find the first step whose replay dies by replaying to earlier
+    // targets. A replay to a step that passes answers with every step up to it.
     int64_t lo = r.keyframe, hi = r.step;  // the replay to hi dies; every step before lo passes
+    if (r.diedInStep && *r.diedInStep >= r.keyframe && *r.diedInStep <= r.step) lo = hi = *r.diedInStep;
     std::vector<replayer::StepReplay> passed;
+    auto replayTo = [&](int64_t step) {
+      replayer::ReplayOptions to = ro;
+      to.step = step;
+      return investigate::replay(bundle, to);
+    };
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
-      replayer::ReplayOptions to = ro;
-      to.step = mid;
-      auto m = investigate::replay(bundle, to);
+      auto m = replayTo(mid);
       if (m.steps.empty() && replayer::reproduces(m.verdict)) {
-        hi = mid;
+        hi = m.diedInStep && *m.diedInStep >= lo && *m.diedInStep <= mid ? *m.diedInStep : mid;
       } else {
         lo = mid + 1;
         if (m.steps.size() > passed.size()) passed = std::move(m.steps);
       }
+    }
+    // The steps before it, with their fingerprints: one replay that stops before the step that
+    // dies (it may die earlier this time: the failure then came back earlier, and is named there).
+    while (passed.empty() && hi > r.keyframe) {
+      auto m = replayTo(hi - 1);
+      if (!m.steps.empty() || !replayer::reproduces(m.verdict)) {
+        passed = std::move(m.steps);
+        break;
+      }
+      const int64_t before = hi;
+      hi = m.diedInStep && *m.diedInStep >= r.keyframe && *m.diedInStep < hi ? *m.diedInStep : hi - 1;
+      if (hi >= before) break;
     }
     // The steps before it, each as its passing replay gave it (the target of such a replay stops
     // before its update, so its weight norm is not there).

@@ -153,6 +153,7 @@ struct ProgramRun {
   RecordedProgram program;
   std::unique_ptr<ScratchDir> scratch;
   std::string resultPath;
+  std::string progressPath;  ///< ReplayOptions::progressPath
   supervisor::ChildProcess::Options options;
   std::string shown;  ///< the command line, for messages
 };
@@ -165,6 +166,8 @@ ProgramRun prepareProgramRun(const std::string& bundle, replayer::ReplayRequest 
   request.bundle = fs::absolute(bundle).string();
   request.resultPath = p.scratch->path() + "/result.json";
   p.resultPath = request.resultPath;
+  request.options.progressPath = p.scratch->path() + "/progress";
+  p.progressPath = request.options.progressPath;
   const std::string requestPath = p.scratch->path() + "/request.json";
   {
     std::ofstream out(requestPath);
@@ -179,6 +182,33 @@ ProgramRun prepareProgramRun(const std::string& bundle, replayer::ReplayRequest 
   p.options.noInput = true;        // a replay never waits for a terminal
   p.shown = fmt::format("{}", fmt::join(p.program.commandLine, " "));
   return p;
+}
+
+/// How far the program's replay got before it ended: nullopt when it cannot say, because the
+/// recording was made by another crashcap (whose programs may write no progress); otherwise what
+/// its progress file says, {-1, -1} when it wrote none (it died before its replay began).
+std::optional<replayer::ReplayProgress> replayProgress(const std::string& bundle, const ProgramRun& p) {
+  auto info = formats::BundleReader::open(bundle)->recordingInfo();
+  if (!info || info->toolVersion != formats::toolVersion()) return std::nullopt;
+  return replayer::readReplayProgress(p.progressPath).value_or(replayer::ReplayProgress{});
+}
+
+/// A program that died of a signal before it began the first replayed step died in its own
+/// set-up (importing, building its model or loader, restoring the keyframe): whatever killed it,
+/// not the recorded failure, which happened in a step. Throws that as an Error.
+void refuseDeathBeforeSteps(const std::string& bundle, const ProgramRun& p, const supervisor::CapturedRun& run) {
+  if (run.exitCode >= 0 || run.exitCode == -SIGKILL) return;
+  auto progress = replayProgress(bundle, p);
+  if (!progress || progress->step >= 0) return;
+  throw Error(ErrorCode::Unsupported,
+              fmt::format("the recorded program ({}) died of {} while it replayed {}, before it began the first replayed "
+                          "step ({}): in its own set-up, not in the step the recording failed in{}",
+                          p.shown, formats::signalName(-run.exitCode), bundle,
+                          progress->keyframe >= 0 ? fmt::format("after restoring keyframe {}", progress->keyframe)
+                                                  : "before it reached its training loop",
+                          lastLines(run.err.empty() ? run.out : run.err, 12)),
+              "run the recorded command as it is here to see where it dies: replay needs the program to reach its "
+              "training loop as it did when it recorded");
 }
 
 /// The program's answer, once it has ended.
@@ -221,10 +251,16 @@ replayer::ReplayOutcome programOutcome(const std::string& bundle, const ProgramR
                 fmt::format("the recorded program ({}) was killed (SIGKILL) while it replayed {}: out of memory?{}", p.shown,
                             bundle, lastLines(run.err, 12)),
                 "free memory, or replay on a machine with as much as the training had");
-  if (run.exitCode < 0)
+  if (run.exitCode < 0) {
+    refuseDeathBeforeSteps(bundle, p, run);
+    const auto progress = replayProgress(bundle, p).value_or(replayer::ReplayProgress{});
     throw ProgramKilled(-run.exitCode,
-                        fmt::format("the recorded program ({}) died of {} while it replayed {}{}", p.shown,
-                                    formats::signalName(-run.exitCode), bundle, lastLines(run.err, 12)));
+                        fmt::format("the recorded program ({}) died of {} while it replayed {}{}{}", p.shown,
+                                    formats::signalName(-run.exitCode), bundle,
+                                    progress.step >= 0 ? fmt::format(", in step {}", progress.step) : "",
+                                    lastLines(run.err, 12)),
+                        progress);
+  }
   throw Error(ErrorCode::Unsupported,
               fmt::format("the recorded program ({}, in {}) exited with status {} without replaying{}", p.shown,
                           p.program.cwd.empty() ? "this directory" : p.program.cwd, run.exitCode,
@@ -261,12 +297,16 @@ std::optional<replayer::ReplayResult> killedAgain(const std::string& bundle, con
   r.step = options.step >= 0 ? options.step : view.crash->step;
   // The keyframe the program starts from, as it picks one: the asked, else the newest (or, for a
   // bisection, the earliest) at or before the target.
+  // (The program says which when it can: its progress file. Else as the program picks one.)
   std::vector<int64_t> keyframes;
   for (const auto& k : view.keyframes)
     if (k.step <= r.step) keyframes.push_back(k.step);
   std::sort(keyframes.begin(), keyframes.end());
-  if (options.keyframe >= 0) r.keyframe = options.keyframe;
+  const auto& progress = killed.progress();
+  if (progress.keyframe >= 0) r.keyframe = progress.keyframe;
+  else if (options.keyframe >= 0) r.keyframe = options.keyframe;
   else if (!keyframes.empty()) r.keyframe = options.fromEarliestKeyframe ? keyframes.front() : keyframes.back();
+  if (progress.step >= 0) r.diedInStep = progress.step;
   r.recordedError = view.crash->error;
   r.error = fmt::format("killed by {} again, as in the recording", formats::signalName(killed.signal()));
   r.sameSetup = false;  // nothing was compared but the failure
@@ -279,11 +319,21 @@ std::optional<replayer::ReplayResult> killedAgain(const std::string& bundle, con
                                                                                   : "cpu";
   const std::string what = killed.what();
   const size_t outputAt = what.find('\n');  // the program's last lines, after the message
-  r.notes.push_back(fmt::format("the program died of {} while it replayed (from keyframe {} towards step {}), as the "
+  const std::string where = r.diedInStep ? fmt::format("in step {}", *r.diedInStep) : "";
+  r.notes.push_back(fmt::format("the program died of {} while it replayed (from keyframe {} towards step {}){}, as the "
                                 "recording did: nothing in the process could write its steps, so only the failure "
                                 "is compared, not where in the step it came{}",
                                 formats::signalName(killed.signal()), r.keyframe, r.step,
+                                where.empty() ? "" : ", " + where,
                                 outputAt == std::string::npos ? std::string() : what.substr(outputAt)));
+  if (r.diedInStep && view.crash->step >= 0 && *r.diedInStep != view.crash->step)
+    r.notes.push_back(fmt::format("the replay died in step {}, the recording in step {}: the failure came back at "
+                                  "another step{}",
+                                  *r.diedInStep, view.crash->step,
+                                  *r.diedInStep < view.crash->step
+                                      ? ", one the recording ran through (it depends on more than the recorded state: "
+                                        "memory layout, threads, a device)"
+                                      : ""));
   return r;
 }
 
@@ -563,11 +613,15 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
       continue;
     }
     // Died of the signal the recorded rank died of: the failure, again (the process could not answer).
-    if (!runs[i].timedOut && recordedSignal && runs[i].exitCode < 0 && -runs[i].exitCode == recordedSignal) {
+    // Not when it died before its first replayed step: that is its set-up (programOutcome says so).
+    const auto progress = replayProgress(r.bundle, programs[i]);
+    if (!runs[i].timedOut && recordedSignal && runs[i].exitCode < 0 && -runs[i].exitCode == recordedSignal &&
+        !(progress && progress->step < 0)) {
       r.verdict = "reproduced";
-      r.error = fmt::format("killed by {} again, as in the recording: nothing in the process could write its "
+      r.error = fmt::format("killed by {} again{}, as in the recording: nothing in the process could write its "
                             "steps, so only the failure is compared{}",
-                            formats::signalName(recordedSignal), lastLines(runs[i].err, 4));
+                            formats::signalName(recordedSignal),
+                            progress ? fmt::format(" in step {}", progress->step) : "", lastLines(runs[i].err, 4));
       continue;
     }
     // Still running long after a peer ended, as in the recording, where crashcap run stopped it: the

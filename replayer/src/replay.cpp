@@ -25,6 +25,7 @@
 #include <cmath>
 #include <exception>
 #include <regex>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -71,6 +72,20 @@ const char* comparisonSideName(ComparisonSide side) {
     case ComparisonSide::Replay: return "replay";
   }
   return "both";
+}
+
+std::optional<ReplayProgress> readReplayProgress(const std::string& path) {
+  if (path.empty()) return std::nullopt;
+  std::ifstream in(path);
+  if (!in) return std::nullopt;
+  ReplayProgress p;
+  std::string word;
+  int64_t value = -1;
+  while (in >> word >> value) {
+    if (word == "keyframe") p.keyframe = value;
+    if (word == "step") p.step = value;
+  }
+  return p;
 }
 
 ComparisonSide parseComparisonSide(const std::string& text) {
@@ -673,12 +688,31 @@ struct Run {
   void startSteps() {
     result.loadMs = msSince(t0);
     t1 = Clock::now();
+    markProgress(-1);
   }
+
+  /// ReplayOptions::progressPath: how far the replay got, for a program that dies before it can
+  /// answer. Written whole each time (a few bytes); a file that cannot be written is said once.
+  void markProgress(int64_t step) {
+    if (options.progressPath.empty()) return;
+    std::string text = fmt::format("keyframe {}\n", keyframe ? keyframe->step : -1);
+    if (step >= 0) text += fmt::format("step {}\n", step);
+    std::FILE* f = std::fopen(options.progressPath.c_str(), "w");
+    const bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (f && std::fclose(f) != 0) f = nullptr;
+    if ((!ok || !f) && !progressUnwritable) {
+      progressUnwritable = true;
+      std::fprintf(stderr, "crashcap: cannot write the replay's progress to %s: %s\n", options.progressPath.c_str(),
+                   std::strerror(errno));
+    }
+  }
+  bool progressUnwritable = false;
 
   /// Step `s` begins: its generator states are restored and its batch read (only the chosen rows
   /// at the target), on the replay's device. `r` gets what the recording says of the step.
   Batch beginStep(int64_t s, const std::vector<std::string>& inputs, StepReplay& r) {
     const auto& begin = *begins.at(s);
+    markProgress(s);
     r = StepReplay();
     r.step = s;
     // A NaN the recorder did not flag as non-finite is a loss it did not read (a device loss is

@@ -231,6 +231,7 @@ json toJson(const ReplayResult& r) {
           {"error", nullable(r.error)},
           {"recorded_error", nullable(r.recordedError)},
           {"diverged_at", nullable(r.divergedAt)},
+          {"died_in_step", nullable(r.diedInStep)},
           {"first_nonfinite_op", toJson(r.firstNonFiniteOp)},
           {"raising_op", toJson(r.raisingOp)},
           {"steps", toJson(r.steps)},
@@ -260,6 +261,7 @@ ReplayResult replayResultFromJson(const json& j) {
   r.error = optText(j, "error");
   r.recordedError = optText(j, "recorded_error");
   r.divergedAt = optInteger(j, "diverged_at");
+  r.diedInStep = optInteger(j, "died_in_step");  // absent before it existed
   r.firstNonFiniteOp = probedOpFromJson(j, "first_nonfinite_op");
   r.raisingOp = probedOpFromJson(j, "raising_op");
   r.steps = stepReplaysFromJson(j, "steps");
@@ -287,7 +289,8 @@ json toJson(const ReplayOptions& o) {
   return {{"step", o.step},         {"instrument", o.instrument}, {"device", o.device},
           {"dtype", o.dtype},       {"settings", o.settings},     {"rows", o.rows},
           {"from_earliest_keyframe", o.fromEarliestKeyframe}, {"allow_changed_sources", o.allowChangedSources},
-          {"keyframe_out", o.keyframeOut}, {"keyframe", o.keyframe}};
+          {"keyframe_out", o.keyframeOut}, {"keyframe", o.keyframe},
+          {"progress_path", o.progressPath}};
 }
 
 ReplayOptions replayOptionsFromJson(const json& j) {
@@ -302,6 +305,7 @@ ReplayOptions replayOptionsFromJson(const json& j) {
   o.allowChangedSources = j.is_object() && j.value("allow_changed_sources", false);  // absent before it existed
   o.keyframeOut = optText(j, "keyframe_out");
   o.keyframe = j.is_object() && j.contains("keyframe") && j["keyframe"].is_number_integer() ? j["keyframe"].get<int64_t>() : -1;
+  o.progressPath = optText(j, "progress_path");  // absent before it existed
   return o;
 }
 

@@ -217,6 +217,51 @@ def test_a_child_the_training_forks_exits_normally_and_the_recording_goes_on(tmp
     assert story["steps"]["count"] == 7 and story["steps"]["last"] == 6, story["steps"]
 
 
+def test_a_replay_that_dies_in_the_programs_set_up_is_not_the_failure_reproduced(tmp_path):
+    # The recording died of SIGSEGV in step 3; the replay dies of SIGSEGV too, but in the program's
+    # own set-up, before its loop began a replayed step: not the recorded failure, and said so.
+    r = run(tmp_path, "import ctypes; ctypes.string_at(0)",
+            after="if crashcap.replaying():\n    import ctypes; ctypes.string_at(0)\n")
+    assert r.returncode == -signal.SIGSEGV
+    bundle = only_bundle(tmp_path / "runs")
+    out = crashcap("replay", bundle)
+    assert out.returncode > 0, (out.returncode, out.stdout, out.stderr)  # an error, not the signal
+    assert "died of SIGSEGV while it replayed" in out.stderr
+    assert "before it began the first replayed step (before it reached its training loop)" in out.stderr
+    assert "not in the step the recording failed in" in out.stderr
+    assert "verdict" not in out.stdout
+
+
+def test_a_segfault_that_comes_back_at_another_step_is_named_where_it_came(tmp_path):
+    # Recorded: SIGSEGV in step 3. Replayed from keyframe 0: SIGSEGV in step 1, a step the
+    # recording ran through. The failure came back, earlier; the step is the one it came in.
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(PROLOGUE) + textwrap.dedent("""\
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, quiet=True)
+        def batches():
+            while True:
+                yield torch.randn(5, 4)
+        for step, x in rec.steps(batches()):
+            loss = model(x).pow(2).mean()
+            if step == (1 if crashcap.replaying() else 3):
+                import ctypes; ctypes.string_at(0)
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+        """))
+    r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGSEGV, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    rep = crashcap_json("replay", bundle)
+    assert rep["verdict"] == "reproduced" and rep["step"] == 3 and rep["died_in_step"] == 1
+    assert any("died in step 1, the recording in step 3" in n and "one the recording ran through" in n
+               for n in rep["notes"]), rep["notes"]
+    steps = crashcap_json("bisect", "steps", bundle)
+    assert steps["first_failing_step"] == 1 and steps["reason"] == "error"
+    assert [s["step"] for s in steps["steps"]] == [0, 1] and steps["steps"][0]["bitwise"]
+
+
 def test_signal_handlers_wait_while_a_crash_is_recorded_and_run_after_it():
     from crashcap._recorder import _SignalHandlersDeferred
     calls = []
@@ -258,10 +303,14 @@ def test_a_segfault_that_comes_back_in_replay_is_the_failure_reproduced(tmp_path
     assert rep["verdict"] == "reproduced" and rep["step"] == 3 and rep["steps"] == []
     assert rep["error"] == "killed by SIGSEGV again, as in the recording"
     assert rep["same_setup"] is False
-    assert any("died of SIGSEGV while it replayed" in n for n in rep["notes"])
+    # The program's progress file says where it died, and from which keyframe it replayed.
+    assert rep["died_in_step"] == 3 and rep["keyframe"] == 0
+    assert any("died of SIGSEGV while it replayed" in n and "in step 3" in n for n in rep["notes"])
+    assert not any("another step" in n for n in rep["notes"])
     text = crashcap("replay", bundle)
-    assert text.returncode == 0 and "verdict  reproduced" in text.stdout and "no step came back" in text.stdout
-    # Step bisection finds the step by replaying to earlier ones: those before it pass.
+    assert text.returncode == 0 and "verdict  reproduced" in text.stdout
+    assert "no step came back (it died in step 3)" in text.stdout
+    # Step bisection takes the step from there; the steps before it pass.
     steps = crashcap_json("bisect", "steps", bundle)
     assert steps["first_failing_step"] == 3 and steps["reason"] == "error"
     assert [s["step"] for s in steps["steps"]] == [0, 1, 2, 3] and all(s["bitwise"] for s in steps["steps"][:3])

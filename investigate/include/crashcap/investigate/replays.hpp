@@ -17,13 +17,18 @@ namespace crashcap::investigate {
 /// The recorded program died of a signal while it replayed: the failure under test in another
 /// form (a segfault where the recording saw an exception), as when an in-process replay dies.
 /// SIGKILL is not one (something outside killed it, the OOM killer most likely): an Error.
+/// `progress` is how far its replay had got (ReplayOptions::progressPath): the keyframe restored
+/// and the step begun when it died.
 class ProgramKilled : public std::runtime_error {
  public:
-  ProgramKilled(int signal, const std::string& what) : std::runtime_error(what), signal_(signal) {}
+  ProgramKilled(int signal, const std::string& what, replayer::ReplayProgress progress = {})
+      : std::runtime_error(what), signal_(signal), progress_(progress) {}
   int signal() const { return signal_; }
+  const replayer::ReplayProgress& progress() const { return progress_; }
 
  private:
   int signal_;
+  replayer::ReplayProgress progress_;
 };
 
 /// How a bundle replays: "in-process" (a TorchScript step program), "program" (setModel with a

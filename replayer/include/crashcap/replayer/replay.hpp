@@ -63,7 +63,19 @@ struct ReplayOptions {
   /// holding that one keyframe (`crashcap pack` puts it into the attachment). ReplayResult says
   /// whether it was written and, when not, why. "": none.
   std::string keyframeOut;
+  /// A file the replay rewrites as it goes: "keyframe K" once the keyframe's state is restored,
+  /// then "step S" as each step begins. A recorded program that dies without answering leaves in
+  /// it how far its replay got (readReplayProgress). "": none.
+  std::string progressPath;
 };
+
+/// What a ReplayOptions::progressPath file says: the keyframe the replay started from and the last
+/// step it began (-1 for what it had not reached); nullopt when there is no such file.
+struct ReplayProgress {
+  int64_t keyframe = -1;
+  int64_t step = -1;
+};
+std::optional<ReplayProgress> readReplayProgress(const std::string& path);
 
 /// Summary statistics of one op input or output.
 struct ValueStats {
@@ -128,6 +140,9 @@ struct ReplayResult {
   std::string recordedError;     ///< what the recording says happened at the target
   std::string error;             ///< what replay saw at the target ("" when it ran clean)
   std::optional<int64_t> divergedAt;
+  /// A recorded program that died of a signal while it replayed, so that no step came back
+  /// (`steps` is empty): the step it had begun when it died (its progress file), when it says.
+  std::optional<int64_t> diedInStep;
   /// The first op of the target step whose output holds a NaN or Inf. Infinities the program means
   /// are not one: an op that writes an infinity it was given (masked_fill(mask, -inf), an attention
   /// mask), and after one, an op that only passes infinities on (no NaN, infinite inputs).

@@ -65,6 +65,12 @@ std::string removeTree(const std::string& path) {
   std::string trimmed = path;
   while (trimmed.size() > 1 && trimmed.back() == '/') trimmed.pop_back();
   if (trimmed == "/") return "refusing to remove /";
+  // "dir/." and "dir/.." name a directory by a link its own parent holds: what they name is not
+  // removable under that name, and removing its contents first would empty "dir" or its parent
+  // ("/." would empty the root), as rm -rf refuses to.
+  const size_t slash = trimmed.rfind('/');
+  const std::string last = slash == std::string::npos ? trimmed : trimmed.substr(slash + 1);
+  if (last == "." || last == "..") return "refusing to remove '" + path + "': its last part is " + last;
   std::string firstError;
   removeAt(AT_FDCWD, trimmed, path, firstError);
   return firstError;

@@ -74,6 +74,19 @@ TEST_CASE("removeTree removes a link named with a trailing slash, not what it po
   CHECK(formats::removeTree(outside).empty());
 }
 
+TEST_CASE("removeTree refuses a path ending in . or .., as rm -rf does, and removes nothing", "[formats][directory]") {
+  const std::string root = makeTempDir();
+  REQUIRE(::mkdir((root + "/sub").c_str(), 0755) == 0);
+  writeFile(root + "/sub/keep");
+  for (const std::string& path : {root + "/sub/.", root + "/sub/..", root + "/sub/../", std::string("/."),
+                                  std::string("/.."), std::string(".."), std::string(".")}) {
+    CAPTURE(path);
+    CHECK(formats::removeTree(path).find("refusing") != std::string::npos);
+  }
+  CHECK(exists(root + "/sub/keep"));
+  CHECK(formats::removeTree(root).empty());
+}
+
 TEST_CASE("removeTree names the path it could not remove and why, and removes the rest", "[formats][directory]") {
   // A file of the proc file system cannot be unlinked, not even by root.
   const std::string proc = formats::removeTree("/proc/self/status");

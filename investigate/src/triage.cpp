@@ -149,49 +149,90 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
     if (b.step == step) begin = &b;
   if (!begin) return out;
   const auto batchRows = formats::batchRows(*begin, *reader);
+  const int64_t batch = batchRows.count;
+  // Every batch tensor with rows, and each of its rows with its statistics: a culprit row is
+  // judged against the batch's other rows. A row is an index into the tensor's row dimension
+  // (":,5" in a sequence-first tensor). Loaded once per tensor, not per culprit row.
+  struct Loaded {
+    const formats::TensorInfo* info = nullptr;
+    int rowDim = 0;
+    inspect::HostTensor t;
+    std::vector<inspect::HostTensor> rowTensors;
+    std::vector<inspect::TensorStats> stats;
+    bool floating = false, integer = false;
+    std::vector<IndexDomain> applicable;
+  };
+  std::vector<Loaded> loaded;
   for (size_t i = 0; i < begin->batch.size(); ++i) {
     const auto* info = reader->find(begin->batch[i]);
     const int rowDim = batchRows.dims[i];
-    if (!info || info->name == index || rowDim < 0 || batchRows.count == 0) continue;
-    auto t = inspect::loadTensor(*reader, info->name);  // once per tensor, not per culprit row
-    const int64_t batch = batchRows.count;
-    const bool floating = formats::isFloating(t.dtype) || formats::isComplex(t.dtype);
-    const bool integer = !floating && t.dtype != formats::DType::Bool;
-    // Every row and its statistics: a culprit row is judged against the batch's other rows. A
-    // row is an index into the tensor's row dimension (":,5" in a sequence-first tensor).
+    if (!info || info->name == index || rowDim < 0 || batch == 0) continue;
+    Loaded l;
+    l.info = info;
+    l.rowDim = rowDim;
+    l.t = inspect::loadTensor(*reader, info->name);
+    l.floating = formats::isFloating(l.t.dtype) || formats::isComplex(l.t.dtype);
+    l.integer = !l.floating && l.t.dtype != formats::DType::Bool;
     std::string leading;
     for (int d = 0; d < rowDim; ++d) leading += ":,";
-    std::vector<inspect::HostTensor> rowTensors;
-    std::vector<inspect::TensorStats> stats;
     for (int64_t r = 0; r < batch; ++r) {
-      rowTensors.push_back(inspect::applySlice(t, inspect::parseSlice(leading + std::to_string(r))));
-      stats.push_back(inspect::computeStats(rowTensors.back()));
+      l.rowTensors.push_back(inspect::applySlice(l.t, inspect::parseSlice(leading + std::to_string(r))));
+      l.stats.push_back(inspect::computeStats(l.rowTensors.back()));
     }
-    // The domains that apply to this tensor: an op's index input of its shape (or element count,
-    // when the program flattens it) that every other row of the batch fits. Two tables indexed
-    // by same-shaped tensors (user and item ids) are told apart by the rows that work.
-    std::vector<IndexDomain> applicable;
-    if (integer)
-      for (IndexDomain d : domains) {
-        if (d.indexShape != t.shape && elements(d.indexShape) != elements(t.shape)) continue;
-        if (d.ignoreIndex) {
-          // The loss's ignore_index is not in the op trace. The rows that work hold no negative
-          // target but it (the loss raises on any other), so one negative value they share, the
-          // padding of a sequence's targets, is the program's ignore_index.
-          std::set<double> negatives;
-          for (int64_t o = 0; o < batch; ++o) {
-            if (isCulprit(o)) continue;
-            const auto& row = rowTensors[o];
-            for (uint64_t i = 0; i < row.numel() && negatives.size() < 2; ++i)
-              if (row.at(i) < 0) negatives.insert(row.at(i));
-          }
-          if (negatives.size() == 1) d.ignoreIndex = static_cast<int64_t>(*negatives.begin());
-        }
-        bool othersFit = true;
-        for (int64_t o = 0; o < batch && othersFit; ++o)
-          if (!isCulprit(o)) othersFit = !firstOutside(rowTensors[o], d);
-        if (othersFit) applicable.push_back(d);
+    loaded.push_back(std::move(l));
+  }
+  // The domains that apply to each tensor: an op's index input of its shape (or element count,
+  // when the program flattens it) that every other row of the batch fits. Two tables indexed by
+  // same-shaped tensors (user and item ids) are told apart by the rows that work.
+  auto othersFit = [&](const Loaded& l, const IndexDomain& d) {
+    for (int64_t o = 0; o < batch; ++o)
+      if (!isCulprit(o) && firstOutside(l.rowTensors[o], d)) return false;
+    return true;
+  };
+  for (IndexDomain d : domains) {
+    std::vector<Loaded*> candidates;
+    for (auto& l : loaded)
+      if (l.integer && (d.indexShape == l.t.shape || elements(d.indexShape) == elements(l.t.shape)))
+        candidates.push_back(&l);
+    if (!d.ignoreIndex) {
+      for (Loaded* l : candidates)
+        if (othersFit(*l, d)) l->applicable.push_back(d);
+      continue;
+    }
+    // A loss's target. Its ignore_index is not in the op trace: PyTorch's default (-100) first.
+    // Only when no candidate's working rows fit that is it inferred: they hold no negative target
+    // but it (the loss raises on any other), so one negative value they share, the padding of a
+    // sequence's targets, is the program's ignore_index. Inferred for a tensor that fits the
+    // default beside it, another tensor's own marker (a mask of -1s) would pass for the target.
+    std::vector<Loaded*> fitting;
+    for (Loaded* l : candidates)
+      if (othersFit(*l, d)) fitting.push_back(l);
+    if (!fitting.empty()) {
+      for (Loaded* l : fitting) l->applicable.push_back(d);
+      continue;
+    }
+    for (Loaded* l : candidates) {
+      std::set<double> negatives;
+      for (int64_t o = 0; o < batch && negatives.size() < 2; ++o) {
+        if (isCulprit(o)) continue;
+        const auto& row = l->rowTensors[o];
+        for (uint64_t i = 0; i < row.numel() && negatives.size() < 2; ++i)
+          if (row.at(i) < 0) negatives.insert(row.at(i));
       }
+      if (negatives.size() != 1) continue;
+      IndexDomain inferred = d;
+      inferred.ignoreIndex = static_cast<int64_t>(*negatives.begin());
+      if (othersFit(*l, inferred)) l->applicable.push_back(inferred);
+    }
+  }
+  for (const Loaded& l : loaded) {
+    const auto* info = l.info;
+    const int rowDim = l.rowDim;
+    const auto& t = l.t;
+    const auto& rowTensors = l.rowTensors;
+    const auto& stats = l.stats;
+    const bool floating = l.floating;
+    const auto& applicable = l.applicable;
     for (int64_t r : rows) {
       if (r < 0 || r >= batch) continue;
       const auto& st = stats[r];

@@ -748,6 +748,36 @@ TEST_CASE("a loss's ignore_index is the negative padding the working rows share,
   CHECK(defaultOutside[0].domain->ignoreIndex == -1);
 }
 
+TEST_CASE("a loss's ignore_index is inferred only when no tensor of the batch fits its default", "[investigate][triage]") {
+  // Tags of 4 sequences of 3 tokens padded with -100 (the default), and beside them same-shaped ids
+  // that mark their own padding with -1. Row 2 holds tag 9 of 6 classes and id 7 (an ordinary id).
+  // The ids fit the loss's domain only with an inferred ignore_index of -1; the tags fit its
+  // default, so they are the target, and the id is no finding.
+  test::TempDir dir;
+  const std::string bundle = dir.file("batch.ccap");
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    const std::vector<int64_t> tags = {0, 5, -100, 1, -100, -100, 3, 9, 2, 4, 4, -100};
+    const std::vector<int64_t> ids = {1, 2, -1, 0, -1, -1, 4, 7, 3, 2, 5, -1};
+    formats::StepBeginData begin;
+    begin.step = 6;
+    for (const auto& [name, values] : {std::pair{"tags", tags}, std::pair{"ids", ids}}) {
+      w->writeTensor(formats::batchTensorName(6, name), formats::DType::Int64, {4, 3}, values.data(),
+                     values.size() * sizeof(int64_t));
+      begin.batch.push_back(formats::batchTensorName(6, name));
+    }
+    begin.rowDims = {0, 0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  const std::vector<IndexDomain> domains = {{"aten::nll_loss_nd", 6, {12}, {12, 6}, -100}};
+  auto findings = findRowOddities(bundle, 6, {2}, domains);
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].tensor == "steps/6/batch/tags");
+  CHECK(findings[0].value == 9);
+  CHECK(findings[0].domain->ignoreIndex == -100);
+}
+
 TEST_CASE("row findings name negative values in a row when the batch's other rows have none", "[investigate][triage]") {
   test::TempDir dir;
   const std::string bundle = dir.file("batch.ccap");

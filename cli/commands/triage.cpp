@@ -76,7 +76,9 @@ void printTriage(const investigate::Triage& t) {
       c.step ? std::to_string(*c.step) : "null",
       c.rows ? "rows " + rowsText(*c.rows) : std::string("no batch rows singled out"),
       c.datasetIndices ? " (dataset indices " + rowsText(*c.datasetIndices) + ")" : "",
-      c.op ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?")) : std::string("no op output went non-finite"),
+      c.op                                          ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?"))
+      : t.facts.replay && t.facts.replay->steps.empty() ? std::string("no op seen (the replay gave no step back)")
+                                                        : std::string("no op output went non-finite"),
       c.changes && !c.changes->empty() ? "; the outcome changes with " + json(*c.changes).dump() : "");
 }
 

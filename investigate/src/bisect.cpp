@@ -251,8 +251,10 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   b.replayBound = singleRowBound(base.batchSize);
   b.lostSteps = base.lostSteps;
   if (base.verdict == replayer::Verdict::RecordingIncomplete) return b;  // the step cannot be reached
-  if (base.steps.empty())
-    // A job's rank that died of its signal again or hung again: no step of it answered.
+  // A program (or a job's rank) that died of its signal again or hung again: no step answered.
+  // When it died in the target step itself, its rows are still tested: each experiment cuts them
+  // there, and dies again or answers.
+  if (base.steps.empty() && !(base.diedInStep && *base.diedInStep == base.step && base.batchSize > 0))
     throw Error(ErrorCode::Unsupported,
                 fmt::format("the replay of step {} gave no steps to compare ({}): its rows cannot be tested", base.step,
                             lastLine(base.error)));
@@ -274,6 +276,13 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
     std::string error;
     t.fails = replayFails(e, &error);
     t.passes = r && !t.fails && r->error.empty();
+    if (r && r->steps.empty() && r->diedInStep && *r->diedInStep < base.step) {
+      // Killed again before the step whose rows it cuts: the rows were never in it.
+      t.fails = t.passes = false;
+      t.outcome = fmt::format("died in step {}, before step {} whose rows it keeps: counted as a pass",
+                              *r->diedInStep, base.step);
+      return t;
+    }
     if (r)
       t.outcome = t.fails      ? fmt::format("fails ({})", error.empty() ? "the recorded failure" : error)
                   : t.passes   ? "passes"

@@ -290,7 +290,8 @@ replayer::ReplayOutcome runInProgram(const std::string& bundle, replayer::Replay
 /// ends as the program did.
 std::optional<replayer::ReplayResult> killedAgain(const std::string& bundle, const replayer::ReplayOptions& options,
                                                   const ProgramKilled& killed) {
-  auto view = formats::readRecords(*formats::BundleReader::open(bundle));
+  auto reader = formats::BundleReader::open(bundle);
+  auto view = formats::readRecords(*reader);
   if (!view.crash || view.crash->kind != "signal" || view.crash->signal != killed.signal()) return std::nullopt;
   replayer::ReplayResult r;
   r.verdict = replayer::Verdict::Reproduced;
@@ -311,6 +312,9 @@ std::optional<replayer::ReplayResult> killedAgain(const std::string& bundle, con
   r.error = fmt::format("killed by {} again, as in the recording", formats::signalName(killed.signal()));
   r.sameSetup = false;  // nothing was compared but the failure
   r.rows = options.rows;
+  // The target's rows, as a replay that answers says them: a sample bisection cuts them.
+  for (const auto& b : view.stepBegins)
+    if (b.step == r.step) r.batchSize = formats::batchRows(b, *reader).count;
   // Where the program replayed: the asked device, else the recorded one when this machine has it.
   r.recordedDevice = view.program ? view.program->device : "";
   const auto here = replayer::availableDevices();
@@ -622,6 +626,7 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
                             "steps, so only the failure is compared{}",
                             formats::signalName(recordedSignal),
                             progress ? fmt::format(" in step {}", progress->step) : "", lastLines(runs[i].err, 4));
+      if (progress) r.diedInStep = progress->step;
       continue;
     }
     // Still running long after a peer ended, as in the recording, where crashcap run stopped it: the
@@ -697,6 +702,7 @@ replayer::ReplayResult askedRankReplay(const JobReplay& job) {
     out.step = job.step;
     out.keyframe = job.keyframe;
     out.error = it->error;
+    out.diedInStep = it->diedInStep;
     out.sameSetup = false;  // nothing was compared but the failure
   } else {
     throw Error(ErrorCode::Unsupported,

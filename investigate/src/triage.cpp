@@ -384,8 +384,9 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     }
   }
   f.steps = run("bisect-steps", {"bisect", "steps", bundle, "--json"}, stepBisectionFromJson);
-  // A rank killed or hung again answered with no steps: nothing of its batch can be tested.
-  if (f.reproduced() && !f.replay->steps.empty()) {
+  // A program killed or hung again answered with no steps: its batch can be tested only when it
+  // died in the failing step itself (its rows are cut there).
+  if (f.reproduced() && (!f.replay->steps.empty() || f.replay->diedInStep == f.replay->step)) {
     const int64_t batchSize = f.replay->batchSize;
     f.samples = run("bisect-samples", {"bisect", "samples", bundle, "--json", "--timeout", timeout},
                     sampleBisectionFromJson, 2 * std::log2(batchSize + 1) + 3 + 3);  // + a smallest set's rows each

@@ -262,6 +262,39 @@ def test_a_segfault_that_comes_back_at_another_step_is_named_where_it_came(tmp_p
     assert [s["step"] for s in steps["steps"]] == [0, 1] and steps["steps"][0]["bitwise"]
 
 
+def test_a_segfault_one_sample_causes_is_bisected_to_its_row(tmp_path):
+    # Native code that dies on one sample (row 5 of step 3's batch): the replays cannot answer, but
+    # each dies in the step whose rows it keeps, or passes, so the rows can be searched.
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(PROLOGUE) + textwrap.dedent("""\
+        import ctypes
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, quiet=True)
+        def batches():
+            for step in range(6):
+                x = torch.randn(8, 4)
+                if step == 3:
+                    x[5, 2] = 1e6
+                yield x
+        for step, x in rec.steps(batches()):
+            if (x.abs() > 1e5).any():
+                ctypes.string_at(0)
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+        """))
+    r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGSEGV, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    rep = crashcap_json("replay", bundle)
+    assert rep["died_in_step"] == 3 and rep["batch_size"] == 8
+    samples = crashcap_json("bisect", "samples", bundle)
+    assert samples["reproduced"] is True and samples["rows"] == [5], samples
+    triage = crashcap_json("triage", bundle)
+    assert triage["culprit"]["step"] == 3 and triage["culprit"]["rows"] == [5], triage["culprit"]
+
+
 def test_signal_handlers_wait_while_a_crash_is_recorded_and_run_after_it():
     from crashcap._recorder import _SignalHandlersDeferred
     calls = []

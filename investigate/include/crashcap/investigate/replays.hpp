@@ -67,6 +67,8 @@ struct RankReplay {
   /// recorded rank died of (a SIGKILL, a SIGSEGV: nothing in the process could answer) or hung
   /// again where crashcap run had stopped the recorded rank, else "".
   std::string verdict;
+  /// Killed again: the step it had begun (its progress file), when it says.
+  std::optional<int64_t> diedInStep;
 };
 
 /// The ranks of a multi-process job replayed together.

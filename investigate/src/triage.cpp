@@ -304,6 +304,65 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   return out;
 }
 
+std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step) {
+  auto reader = formats::BundleReader::open(bundle);
+  const auto records = formats::readRecords(*reader);
+  const formats::StepBeginData* begin = nullptr;
+  for (const auto& b : records.stepBegins)
+    if (b.step == step) begin = &b;
+  if (!begin) return std::nullopt;
+  const auto batchRows = formats::batchRows(*begin, *reader);
+  const int64_t batch = batchRows.count;
+  if (batch < 3) return std::nullopt;
+  const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
+  constexpr uint64_t kLargest = uint64_t(1) << 26;  // elements read; a larger tensor is passed over
+  for (size_t i = 0; i < begin->batch.size(); ++i) {
+    const auto* info = reader->find(begin->batch[i]);
+    const int rowDim = batchRows.dims[i];
+    if (!info || info->name == index || rowDim < 0 || info->shape.size() < 2 || formats::isComplex(info->dtype) ||
+        info->dtype == formats::DType::Bool || elements(info->shape) > static_cast<int64_t>(kLargest))
+      continue;
+    const auto t = inspect::loadTensor(*reader, info->name);
+    const auto& shape = t.shape;
+    const int dims = static_cast<int>(shape.size());
+    // Per row: its non-zeros, and along each dimension its extent (one past the last non-zero
+    // index).
+    std::vector<int64_t> extent(static_cast<size_t>(batch * dims), 0), nonZero(static_cast<size_t>(batch), 0);
+    const uint64_t n = t.numel();
+    std::vector<int64_t> at(dims, 0);
+    for (uint64_t k = 0; k < n; ++k) {
+      if (t.at(k) != 0) {
+        const int64_t r = at[rowDim];
+        ++nonZero[r];
+        for (int d = 0; d < dims; ++d) extent[r * dims + d] = std::max(extent[r * dims + d], at[d] + 1);
+      }
+      for (int d = dims - 1; d >= 0 && ++at[d] == shape[d]; --d) at[d] = 0;
+    }
+    for (int d = 0; d < dims; ++d) {
+      if (d == rowDim || shape[d] < 2) continue;
+      int64_t top = -1, first = 0, second = 0;
+      bool dense = true;
+      for (int64_t r = 0; r < batch && dense; ++r) {
+        const int64_t e = extent[r * dims + d];
+        // Non-zero in 90% of its own extent (its elements per index along d, times e): padded
+        // values, not sparse ones (a one-hot row, an image's black background).
+        const int64_t perIndex = elements(shape) / shape[rowDim] / shape[d];
+        dense = e > 0 && 10 * nonZero[r] >= 9 * perIndex * e;
+        if (e > first) {
+          second = first;
+          first = e;
+          top = r;
+        } else if (e > second) {
+          second = e;
+        }
+      }
+      if (!dense || top < 0 || first <= second) continue;
+      return PaddingRow{info->name, d, top, first, second};
+    }
+  }
+  return std::nullopt;
+}
+
 Triage runTriage(const std::string& asked, const TriageOptions& options) {
   ExperimentRunner runner(options.experiments);
   const std::string timeout = fmt::format("{}", runner.timeoutSeconds());
@@ -401,6 +460,7 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       if (!f.withoutRows) f.withoutRowsOutcome = runner.log().back().outcome;
     }
     if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
+    f.paddingRow = findPaddingRow(bundle, f.step());
   }
   // Ops and settings are tested at the failing step: pointless when replay cannot reach it.
   if (!f.replayBlocked()) {

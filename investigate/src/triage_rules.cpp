@@ -66,6 +66,13 @@ std::string rowFindingText(const RowFinding& r) {
   return "";
 }
 
+std::string paddingRowText(const PaddingRow& p) {
+  return fmt::format("row {} of {} reaches index {} along dimension {}, while every other row is zero beyond index {}; "
+                     "the batch's padded size is that row's, which cutting rows from the recorded batch cannot "
+                     "shrink, so its sample may still be the cause (train once without it to tell)",
+                     p.row, p.tensor, p.extent - 1, p.dim, p.othersExtent - 1);
+}
+
 /// "step 6 fails with batch row [3] alone and passes without it (7 replays)"; of a job's rank,
 /// "step 6 fails with rank 2's batch row [3] alone, every other rank's whole batch, and passes ...".
 std::string triggerText(const TriageFacts& f) {
@@ -146,6 +153,12 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
           rows.size() == 1 ? "it" : "them"));
       for (const auto& r : f.rowFindings) h.evidence.push_back(rowFindingText(r));
     }
+  } else if (withoutRowsFails && f.paddingRow) {
+    // The recorded batch keeps its padded size whatever rows are cut: the row that set it cannot
+    // be tested by leaving it out.
+    const auto& p = *f.paddingRow;
+    h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}], but the batch looks padded to one row: {}",
+                                     f.step(), whose, joinRows(rows), paddingRowText(p)));
   } else if (withoutRowsFails) {
     h.verdict = V::Refuted;
     h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}]: no particular sample is needed", f.step(),

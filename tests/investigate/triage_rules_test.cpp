@@ -270,6 +270,58 @@ TEST_CASE("invalid-data is refuted when the step still fails without the rows", 
   auto h = judgeInvalidData(f);
   CHECK(h.verdict == V::Refuted);
   CHECK(has(h, "step 6 still fails without rows [0]: no particular sample is needed"));
+
+  // Unless the batch is padded to one row's size: leaving that row out of the recorded batch
+  // keeps its size, so the test cannot tell.
+  f.paddingRow = PaddingRow{"steps/6/batch/tokens", 1, 4, 5, 3};
+  auto padded = judgeInvalidData(f);
+  CHECK(padded.verdict == V::Inconclusive);
+  CHECK(has(padded, "but the batch looks padded to one row: row 4 of steps/6/batch/tokens reaches index 4 along "
+                    "dimension 1, while every other row is zero beyond index 2"));
+}
+
+TEST_CASE("the row a batch is padded to is the one that alone reaches further, among dense rows", "[investigate][triage]") {
+  test::TempDir dir;
+  // Token ids of 6 sequences padded with 0 to the longest, row 4 (5 tokens; the others 1..3); a
+  // one-hot label tensor in which row 2 alone has the last class; features of fixed width.
+  const std::vector<int64_t> lengths = {3, 2, 3, 1, 5, 3};
+  std::vector<int64_t> tokens(6 * 5, 0);
+  for (int64_t r = 0; r < 6; ++r)
+    for (int64_t i = 0; i < lengths[r]; ++i) tokens[r * 5 + i] = 7 + r + i;
+  std::vector<float> onehot(6 * 4, 0.0f), features(6 * 3, 1.5f);
+  for (int64_t r = 0; r < 6; ++r) onehot[r * 4 + (r == 2 ? 3 : r % 2)] = 1.0f;
+  auto write = [&](const std::string& path, bool withTokens) {
+    auto w = formats::BundleWriter::create(path);
+    formats::StepBeginData begin;
+    begin.step = 6;
+    w->writeTensor(formats::batchTensorName(6, "labels"), formats::DType::Float32, {6, 4}, onehot.data(),
+                   onehot.size() * sizeof(float));
+    w->writeTensor(formats::batchTensorName(6, "features"), formats::DType::Float32, {6, 3}, features.data(),
+                   features.size() * sizeof(float));
+    begin.batch = {formats::batchTensorName(6, "labels"), formats::batchTensorName(6, "features")};
+    begin.rowDims = {0, 0};
+    if (withTokens) {
+      w->writeTensor(formats::batchTensorName(6, "tokens"), formats::DType::Int64, {6, 5}, tokens.data(),
+                     tokens.size() * sizeof(int64_t));
+      begin.batch.push_back(formats::batchTensorName(6, "tokens"));
+      begin.rowDims.push_back(0);
+    }
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  };
+  const std::string padded = dir.file("padded.ccap"), unpadded = dir.file("unpadded.ccap");
+  write(padded, true);
+  write(unpadded, false);
+  auto p = findPaddingRow(padded, 6);
+  REQUIRE(p);
+  CHECK(p->tensor == "steps/6/batch/tokens");
+  CHECK(p->row == 4);
+  CHECK(p->dim == 1);
+  CHECK(p->extent == 5);
+  CHECK(p->othersExtent == 3);
+  // The one-hot row that alone reaches the last class is sparse data, not padding; fixed-width
+  // features reach equally far in every row.
+  CHECK_FALSE(findPaddingRow(unpadded, 6));
 }
 
 TEST_CASE("invalid-data is inconclusive when the crash does not reproduce or no rows were isolated",

@@ -85,6 +85,18 @@ struct JobTriage {
   std::vector<std::pair<int, std::string>> verdicts;
 };
 
+/// One row of a padded batch that alone reaches further along a dimension than every other row,
+/// which is zero beyond: the batch's padded size is that row's. Cutting rows from the recorded
+/// batch cannot shrink it, so a failure of that size (a sequence longer than the position table,
+/// a sample with more columns than the model takes) fails without the row too.
+struct PaddingRow {
+  std::string tensor;
+  int dim = 0;             ///< the dimension it reaches along
+  int64_t row = 0;
+  int64_t extent = 0;      ///< the row's: one past its last non-zero index along `dim`
+  int64_t othersExtent = 0;  ///< the other rows' largest
+};
+
 /// Everything the rules judge from. Each experiment's result is absent when it did not run or
 /// did not finish (its Experiment says why).
 struct TriageFacts {
@@ -100,6 +112,7 @@ struct TriageFacts {
   std::optional<OpBisection> ops;
   std::optional<ConfigBisection> config;
   std::vector<RowFinding> rowFindings;               ///< of the culprit rows
+  std::optional<PaddingRow> paddingRow;              ///< of the failing step's batch
   std::optional<JobTriage> job;                      ///< the bundle is a rank of a multi-process job
 
   /// The replay brought the recorded failure back (replayer::showsFailure).
@@ -177,6 +190,12 @@ std::vector<IndexDomain> findIndexDomains(const std::string& bundle);
 /// beyond every other row's, rows all zeros where the others are not.
 std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows,
                                         const std::vector<IndexDomain>& domains);
+
+/// The PaddingRow of step `step`'s batch, when one row's extent along a dimension is above every
+/// other's and the rows are padding, not sparse data: each row is non-zero in at least half of its
+/// own extent (a one-hot row is not). nullopt when no tensor shows one, or the batch has fewer
+/// than 3 rows.
+std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step);
 
 /// `crashcap triage --json`: bundle, reproduced, verdict, step, hypotheses [{id, verdict,
 /// evidence, rerun}], culprit {rank, step, rows, dataset_indices, op, phase, changes}, notes (the

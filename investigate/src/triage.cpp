@@ -357,7 +357,9 @@ std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step
         }
       }
       if (!dense || top < 0 || first <= second) continue;
-      return PaddingRow{info->name, d, top, first, second};
+      PaddingRow p{info->name, d, top, first, second, std::nullopt};
+      if (auto indices = datasetIndices(bundle, step, {top}); indices && indices->size() == 1) p.datasetIndex = indices->front();
+      return p;
     }
   }
   return std::nullopt;

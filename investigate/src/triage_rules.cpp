@@ -67,10 +67,11 @@ std::string rowFindingText(const RowFinding& r) {
 }
 
 std::string paddingRowText(const PaddingRow& p) {
-  return fmt::format("row {} of {} reaches index {} along dimension {}, while every other row is zero beyond index {}; "
+  return fmt::format("row {}{} of {} reaches index {} along dimension {}, while every other row is zero beyond index {}; "
                      "the batch's padded size is that row's, which cutting rows from the recorded batch cannot "
                      "shrink, so its sample may still be the cause (train once without it to tell)",
-                     p.row, p.tensor, p.extent - 1, p.dim, p.othersExtent - 1);
+                     p.row, p.datasetIndex ? fmt::format(" (dataset index {})", *p.datasetIndex) : "", p.tensor,
+                     p.extent - 1, p.dim, p.othersExtent - 1);
 }
 
 /// "step 6 fails with batch row [3] alone and passes without it (7 replays)"; of a job's rank,

@@ -273,7 +273,7 @@ TEST_CASE("invalid-data is refuted when the step still fails without the rows", 
 
   // Unless the batch is padded to one row's size: leaving that row out of the recorded batch
   // keeps its size, so the test cannot tell.
-  f.paddingRow = PaddingRow{"steps/6/batch/tokens", 1, 4, 5, 3};
+  f.paddingRow = PaddingRow{"steps/6/batch/tokens", 1, 4, 5, 3, std::nullopt};
   auto padded = judgeInvalidData(f);
   CHECK(padded.verdict == V::Inconclusive);
   CHECK(has(padded, "but the batch looks padded to one row: row 4 of steps/6/batch/tokens reaches index 4 along "
@@ -319,6 +319,7 @@ TEST_CASE("the row a batch is padded to is the one that alone reaches further, a
   CHECK(p->dim == 1);
   CHECK(p->extent == 5);
   CHECK(p->othersExtent == 3);
+  CHECK_FALSE(p->datasetIndex);  // the batch has no index tensor
   // The one-hot row that alone reaches the last class is sparse data, not padding; fixed-width
   // features reach equally far in every row.
   CHECK_FALSE(findPaddingRow(unpadded, 6));

@@ -95,6 +95,7 @@ struct PaddingRow {
   int64_t row = 0;
   int64_t extent = 0;      ///< the row's: one past its last non-zero index along `dim`
   int64_t othersExtent = 0;  ///< the other rows' largest
+  std::optional<int64_t> datasetIndex;  ///< the row's, when the batch carries an index tensor
 };
 
 /// Everything the rules judge from. Each experiment's result is absent when it did not run or

@@ -217,6 +217,30 @@ def test_a_child_the_training_forks_exits_normally_and_the_recording_goes_on(tmp
     assert story["steps"]["count"] == 7 and story["steps"]["last"] == 6, story["steps"]
 
 
+def segfaulting_training(tmp_path, make_batch, dies_when):
+    """Runs a training of 6 steps whose batch `make_batch` makes (x, from step) and which dies of
+    SIGSEGV in native code in the step where `dies_when` holds."""
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(PROLOGUE) + textwrap.dedent("""\
+        import ctypes
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, quiet=True)
+        def batches():
+            for step in range(6):
+        MAKE_BATCH
+                yield x
+        for step, x in rec.steps(batches()):
+            if DIES_WHEN:
+                ctypes.string_at(0)
+            loss = model(x).pow(2).mean()
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+        """).replace("MAKE_BATCH", textwrap.indent(make_batch, " " * 8)).replace("DIES_WHEN", dies_when))
+    r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert r.returncode == -signal.SIGSEGV, r.stderr
+
+
 def test_a_replay_that_dies_in_the_programs_set_up_is_not_the_failure_reproduced(tmp_path):
     # The recording died of SIGSEGV in step 3; the replay dies of SIGSEGV too, but in the program's
     # own set-up, before its loop began a replayed step: not the recorded failure, and said so.
@@ -235,23 +259,7 @@ def test_a_replay_that_dies_in_the_programs_set_up_is_not_the_failure_reproduced
 def test_a_segfault_that_comes_back_at_another_step_is_named_where_it_came(tmp_path):
     # Recorded: SIGSEGV in step 3. Replayed from keyframe 0: SIGSEGV in step 1, a step the
     # recording ran through. The failure came back, earlier; the step is the one it came in.
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(PROLOGUE) + textwrap.dedent("""\
-        rec = crashcap.Recorder("runs", model=model, optimizer=opt, quiet=True)
-        def batches():
-            while True:
-                yield torch.randn(5, 4)
-        for step, x in rec.steps(batches()):
-            loss = model(x).pow(2).mean()
-            if step == (1 if crashcap.replaying() else 3):
-                import ctypes; ctypes.string_at(0)
-            loss.backward()
-            rec.end(loss)
-            opt.step()
-            opt.zero_grad()
-        """))
-    r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == -signal.SIGSEGV, r.stderr
+    segfaulting_training(tmp_path, "x = torch.randn(5, 4)", "step == (1 if crashcap.replaying() else 3)")
     bundle = only_bundle(tmp_path / "runs")
     rep = crashcap_json("replay", bundle)
     assert rep["verdict"] == "reproduced" and rep["step"] == 3 and rep["died_in_step"] == 1
@@ -265,27 +273,7 @@ def test_a_segfault_that_comes_back_at_another_step_is_named_where_it_came(tmp_p
 def test_a_segfault_one_sample_causes_is_bisected_to_its_row(tmp_path):
     # Native code that dies on one sample (row 5 of step 3's batch): the replays cannot answer, but
     # each dies in the step whose rows it keeps, or passes, so the rows can be searched.
-    script = tmp_path / "train.py"
-    script.write_text(textwrap.dedent(PROLOGUE) + textwrap.dedent("""\
-        import ctypes
-        rec = crashcap.Recorder("runs", model=model, optimizer=opt, quiet=True)
-        def batches():
-            for step in range(6):
-                x = torch.randn(8, 4)
-                if step == 3:
-                    x[5, 2] = 1e6
-                yield x
-        for step, x in rec.steps(batches()):
-            if (x.abs() > 1e5).any():
-                ctypes.string_at(0)
-            loss = model(x).pow(2).mean()
-            loss.backward()
-            rec.end(loss)
-            opt.step()
-            opt.zero_grad()
-        """))
-    r = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
-    assert r.returncode == -signal.SIGSEGV, r.stderr
+    segfaulting_training(tmp_path, "x = torch.randn(8, 4)\nif step == 3:\n    x[5, 2] = 1e6", "(x.abs() > 1e5).any()")
     bundle = only_bundle(tmp_path / "runs")
     rep = crashcap_json("replay", bundle)
     assert rep["died_in_step"] == 3 and rep["batch_size"] == 8

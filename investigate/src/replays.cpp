@@ -18,6 +18,7 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/directory.hpp"
+#include "crashcap/formats/environment_facts.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/signal_name.hpp"
@@ -184,12 +185,13 @@ ProgramRun prepareProgramRun(const std::string& bundle, replayer::ReplayRequest 
   return p;
 }
 
-/// How far the program's replay got before it ended: nullopt when it cannot say, because the
-/// recording was made by another crashcap (whose programs may write no progress); otherwise what
-/// its progress file says, {-1, -1} when it wrote none (it died before its replay began).
+/// How far the program's replay got before it ended: nullopt when it cannot say, because its
+/// recording does not say that its crashcap writes a progress file (formats::kReplayProgressFact:
+/// an older crashcap); otherwise what its progress file says, {-1, -1} when it wrote none (it died
+/// before its replay began).
 std::optional<replayer::ReplayProgress> replayProgress(const std::string& bundle, const ProgramRun& p) {
-  auto info = formats::BundleReader::open(bundle)->recordingInfo();
-  if (!info || info->toolVersion != formats::toolVersion()) return std::nullopt;
+  auto env = formats::BundleReader::open(bundle)->environment();
+  if (!env || env->fact(formats::kReplayProgressFact) != "1") return std::nullopt;
   return replayer::readReplayProgress(p.progressPath).value_or(replayer::ReplayProgress{});
 }
 
@@ -205,7 +207,8 @@ void refuseDeathBeforeSteps(const std::string& bundle, const ProgramRun& p, cons
                           "step ({}): in its own set-up, not in the step the recording failed in{}",
                           p.shown, formats::signalName(-run.exitCode), bundle,
                           progress->keyframe >= 0 ? fmt::format("after restoring keyframe {}", progress->keyframe)
-                                                  : "before it reached its training loop",
+                                                  : "before it had restored the keyframe: in its start-up, or while "
+                                                    "restoring it",
                           lastLines(run.err.empty() ? run.out : run.err, 12)),
               "run the recorded command as it is here to see where it dies: replay needs the program to reach its "
               "training loop as it did when it recorded");
@@ -704,6 +707,14 @@ replayer::ReplayResult askedRankReplay(const JobReplay& job) {
     out.error = it->error;
     out.diedInStep = it->diedInStep;
     out.sameSetup = false;  // nothing was compared but the failure
+    // The target's rows, as an answering replay says them: a sample bisection cuts the rank's rows.
+    try {
+      auto reader = formats::BundleReader::open(it->bundle);
+      for (const auto& b : formats::readRecords(*reader).stepBegins)
+        if (b.step == job.step) out.batchSize = formats::batchRows(b, *reader).count;
+    } catch (const Error&) {
+      // Its bundle cannot be read here (a job's replay read from another machine's JSON): no rows.
+    }
   } else {
     throw Error(ErrorCode::Unsupported,
                 fmt::format("rank {}'s replay within its job gave no result: {}", job.rank, it->error));

@@ -226,7 +226,8 @@ json toJson(const JobReplay& job) {
                      {"bundle", r.bundle},
                      {"verdict", nullable(r.verdict)},
                      {"replay", r.result ? toJson(*r.result) : json(nullptr)},
-                     {"error", nullable(r.error)}});
+                     {"error", nullable(r.error)},
+                     {"died_in_step", nullable(r.diedInStep)}});
   return {{"job_id", job.jobId}, {"world_size", job.worldSize}, {"rank", job.rank},   {"step", job.step},
           {"keyframe", job.keyframe}, {"notes", job.notes},         {"ranks", ranks}};
 }
@@ -248,6 +249,7 @@ JobReplay jobReplayFromJson(const json& j) {
     rr.verdict = optText(r, "verdict");
     if (r.contains("replay") && !r["replay"].is_null()) rr.result = replayResultFromJson(r["replay"]);
     rr.error = optText(r, "error");
+    rr.diedInStep = optInteger(r, "died_in_step");  // absent before it existed
     job.ranks.push_back(std::move(rr));
   }
   return job;

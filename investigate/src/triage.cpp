@@ -199,19 +199,29 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
         if (othersFit(*l, d)) l->applicable.push_back(d);
       continue;
     }
-    // A loss's target. Its ignore_index is not in the op trace: PyTorch's default (-100) first.
-    // Only when no candidate's working rows fit that is it inferred: they hold no negative target
-    // but it (the loss raises on any other), so one negative value they share, the padding of a
-    // sequence's targets, is the program's ignore_index. Inferred for a tensor that fits the
-    // default beside it, another tensor's own marker (a mask of -1s) would pass for the target.
-    std::vector<Loaded*> fitting;
-    for (Loaded* l : candidates)
-      if (othersFit(*l, d)) fitting.push_back(l);
-    if (!fitting.empty()) {
-      for (Loaded* l : fitting) l->applicable.push_back(d);
-      continue;
-    }
+    // A loss's target. Its ignore_index is not in the op trace. Where a tensor's working rows hold
+    // PyTorch's default (-100) and fit it, that is the target's padding: the tensors that fit the
+    // default get the domain, and no other value is inferred (ids beside it with their own -1
+    // marker would pass for the target). Otherwise each tensor's working rows hold no negative
+    // target but the ignore_index (the loss raises on any other), so one negative value they
+    // share, the padding of a sequence's targets, is the program's ignore_index.
+    auto holdsDefault = [&](const Loaded& l) {
+      for (int64_t o = 0; o < batch; ++o) {
+        if (isCulprit(o)) continue;
+        const auto& row = l.rowTensors[o];
+        for (uint64_t i = 0; i < row.numel(); ++i)
+          if (row.at(i) == static_cast<double>(*d.ignoreIndex)) return true;
+      }
+      return false;
+    };
+    const bool defaultHeld = std::any_of(candidates.begin(), candidates.end(),
+                                         [&](const Loaded* l) { return holdsDefault(*l) && othersFit(*l, d); });
     for (Loaded* l : candidates) {
+      if (othersFit(*l, d)) {
+        l->applicable.push_back(d);
+        continue;
+      }
+      if (defaultHeld) continue;
       std::set<double> negatives;
       for (int64_t o = 0; o < batch && negatives.size() < 2; ++o) {
         if (isCulprit(o)) continue;
@@ -315,6 +325,17 @@ std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step
   const int64_t batch = batchRows.count;
   if (batch < 3) return std::nullopt;
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
+  const std::string prefix = formats::batchTensorName(step, "");
+  // The largest size along `dim` the batch tensor `name` had in the steps before `step`.
+  auto earlierExtent = [&](const std::string& name, int dim) {
+    int64_t largest = 0;
+    for (const auto& b : records.stepBegins) {
+      if (b.step >= step) continue;
+      const auto* info = reader->find(formats::batchTensorName(b.step, name));
+      if (info && static_cast<int>(info->shape.size()) > dim) largest = std::max(largest, info->shape[dim]);
+    }
+    return largest;
+  };
   constexpr uint64_t kLargest = uint64_t(1) << 26;  // elements read; a larger tensor is passed over
   for (size_t i = 0; i < begin->batch.size(); ++i) {
     const auto* info = reader->find(begin->batch[i]);
@@ -356,7 +377,13 @@ std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step
           second = e;
         }
       }
-      if (!dense || top < 0 || first <= second) continue;
+      // The row sets the padded size (the tensor ends where it does: a batch padded to a fixed
+      // length is not one), and that size is new: every earlier step the bundle holds, which the
+      // recording saw pass, had this tensor shorter along d. A flag column set in one row, or a
+      // longest sequence no longer than earlier batches', is not it.
+      if (!dense || top < 0 || first <= second || first != shape[d] ||
+          earlierExtent(info->name.substr(prefix.size()), d) >= first)
+        continue;
       PaddingRow p{info->name, d, top, first, second, std::nullopt};
       if (auto indices = datasetIndices(bundle, step, {top}); indices && indices->size() == 1) p.datasetIndex = indices->front();
       return p;
@@ -459,10 +486,21 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     if (!rows.empty() && !rest.empty()) {
       f.withoutRows = run("without-rows", replayArgs(bundle, f.step(), {"--rows", fmt::format("{}", fmt::join(rest, ","))}),
                           bundleReplayFromJson);
-      if (!f.withoutRows) f.withoutRowsOutcome = runner.log().back().outcome;
+      if (!f.withoutRows) {
+        f.withoutRowsOutcome = runner.log().back().outcome;
+      } else if (f.withoutRows->steps.empty() && f.withoutRows->diedInStep && *f.withoutRows->diedInStep < f.step()) {
+        // Killed again before the step whose rows it cut: it says nothing about them.
+        f.withoutRowsOutcome = fmt::format("it died in step {}, before step {} whose rows it cut",
+                                           *f.withoutRows->diedInStep, f.step());
+        f.withoutRows.reset();
+      }
     }
     if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
-    f.paddingRow = findPaddingRow(bundle, f.step());
+    try {
+      f.paddingRow = findPaddingRow(bundle, f.step());
+    } catch (const Error&) {
+      // A batch tensor that cannot be read: the experiments above said what they could.
+    }
   }
   // Ops and settings are tested at the failing step: pointless when replay cannot reach it.
   if (!f.replayBlocked()) {

@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/environment_facts.hpp"
 
 extern char** environ;
 
@@ -126,6 +127,7 @@ formats::EnvironmentData captureEnvironment(const EnvironmentOptions& options) {
     env.facts.emplace_back(std::move(key), value.empty() ? "unknown" : std::move(value));
   };
   add("crashcap.version", formats::toolVersion());
+  add(formats::kReplayProgressFact, "1");  // this crashcap's replay writes its progress
   utsname u{};
   if (uname(&u) == 0) {
     add("os.kernel", std::string(u.sysname) + " " + u.release);

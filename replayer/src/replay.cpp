@@ -697,10 +697,14 @@ struct Run {
     if (options.progressPath.empty()) return;
     std::string text = fmt::format("keyframe {}\n", keyframe ? keyframe->step : -1);
     if (step >= 0) text += fmt::format("step {}\n", step);
-    std::FILE* f = std::fopen(options.progressPath.c_str(), "w");
-    const bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
-    if (f && std::fclose(f) != 0) f = nullptr;
-    if ((!ok || !f) && !progressUnwritable) {
+    // Written aside and renamed: a process that dies meanwhile leaves the previous progress, not
+    // an empty file (which would say it never began).
+    const std::string partial = options.progressPath + ".partial";
+    std::FILE* f = std::fopen(partial.c_str(), "w");
+    bool ok = f && std::fwrite(text.data(), 1, text.size(), f) == text.size();
+    if (f) ok = std::fclose(f) == 0 && ok;
+    ok = ok && std::rename(partial.c_str(), options.progressPath.c_str()) == 0;
+    if (!ok && !progressUnwritable) {
       progressUnwritable = true;
       std::fprintf(stderr, "crashcap: cannot write the replay's progress to %s: %s\n", options.progressPath.c_str(),
                    std::strerror(errno));

@@ -306,10 +306,11 @@ TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the 
   job.step = 6;
   job.keyframe = 4;
   job.notes = {"rank 2 kept rows [0,3] of step 6's batch; every other rank its whole batch"};
-  job.ranks.push_back({0, "/runs/a.ccap", sampleReplay(), "", "reproduced"});
-  job.ranks.push_back({1, "/runs/b.ccap", std::nullopt, "killed by SIGKILL again, as in the recording", "reproduced"});
-  job.ranks.push_back({2, "/runs/c.ccap", sampleReplay(), "", "reproduced"});
+  job.ranks.push_back({0, "/runs/a.ccap", sampleReplay(), "", "reproduced", std::nullopt});
+  job.ranks.push_back({1, "/runs/b.ccap", std::nullopt, "killed by SIGKILL again, as in the recording", "reproduced", std::nullopt});
+  job.ranks.push_back({2, "/runs/c.ccap", sampleReplay(), "", "reproduced", std::nullopt});
   job.ranks[2].result->rows = {0, 3};
+  job.ranks[1].diedInStep = 6;
   auto back = jobReplayFromJson(json::parse(toJson(job).dump()));
   CHECK(back.jobId == job.jobId);
   CHECK(back.worldSize == 3);
@@ -322,6 +323,8 @@ TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the 
   CHECK_FALSE(back.ranks[1].result);
   CHECK(back.ranks[1].verdict == "reproduced");
   CHECK(back.ranks[1].error == job.ranks[1].error);
+  CHECK(back.ranks[1].diedInStep == 6);
+  CHECK_FALSE(back.ranks[0].diedInStep);
   REQUIRE(back.ranks[2].result);
   CHECK(back.ranks[2].result->rows == std::vector<int64_t>{0, 3});
 
@@ -342,6 +345,7 @@ TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the 
   CHECK(killed.step == 6);
   CHECK(killed.keyframe == 4);
   CHECK(killed.error == job.ranks[1].error);
+  CHECK(killed.diedInStep == 6);
   CHECK_FALSE(killed.sameSetup);
   CHECK(replayer::showsFailure(killed));
 

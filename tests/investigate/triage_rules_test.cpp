@@ -284,14 +284,31 @@ TEST_CASE("the row a batch is padded to is the one that alone reaches further, a
   test::TempDir dir;
   // Token ids of 6 sequences padded with 0 to the longest, row 4 (5 tokens; the others 1..3); a
   // one-hot label tensor in which row 2 alone has the last class; features of fixed width.
+  // Variants: padded to a fixed length of 8 instead; after an earlier step whose tokens were as long.
   const std::vector<int64_t> lengths = {3, 2, 3, 1, 5, 3};
-  std::vector<int64_t> tokens(6 * 5, 0);
-  for (int64_t r = 0; r < 6; ++r)
-    for (int64_t i = 0; i < lengths[r]; ++i) tokens[r * 5 + i] = 7 + r + i;
+  auto tokensOf = [&](int64_t width) {
+    std::vector<int64_t> tokens(6 * width, 0);
+    for (int64_t r = 0; r < 6; ++r)
+      for (int64_t i = 0; i < lengths[r]; ++i) tokens[r * width + i] = 7 + r + i;
+    return tokens;
+  };
   std::vector<float> onehot(6 * 4, 0.0f), features(6 * 3, 1.5f);
   for (int64_t r = 0; r < 6; ++r) onehot[r * 4 + (r == 2 ? 3 : r % 2)] = 1.0f;
-  auto write = [&](const std::string& path, bool withTokens) {
+  auto write = [&](const std::string& path, int64_t width, int64_t earlierWidth) {
     auto w = formats::BundleWriter::create(path);
+    auto writeTokens = [&](int64_t step, int64_t width, formats::StepBeginData& begin) {
+      const auto tokens = tokensOf(width);
+      w->writeTensor(formats::batchTensorName(step, "tokens"), formats::DType::Int64, {6, width}, tokens.data(),
+                     tokens.size() * sizeof(int64_t));
+      begin.batch.push_back(formats::batchTensorName(step, "tokens"));
+      begin.rowDims.push_back(0);
+    };
+    if (earlierWidth > 0) {
+      formats::StepBeginData earlier;
+      earlier.step = 5;
+      writeTokens(5, earlierWidth, earlier);
+      formats::writeMetaRecord(*w, earlier);
+    }
     formats::StepBeginData begin;
     begin.step = 6;
     w->writeTensor(formats::batchTensorName(6, "labels"), formats::DType::Float32, {6, 4}, onehot.data(),
@@ -300,18 +317,18 @@ TEST_CASE("the row a batch is padded to is the one that alone reaches further, a
                    features.size() * sizeof(float));
     begin.batch = {formats::batchTensorName(6, "labels"), formats::batchTensorName(6, "features")};
     begin.rowDims = {0, 0};
-    if (withTokens) {
-      w->writeTensor(formats::batchTensorName(6, "tokens"), formats::DType::Int64, {6, 5}, tokens.data(),
-                     tokens.size() * sizeof(int64_t));
-      begin.batch.push_back(formats::batchTensorName(6, "tokens"));
-      begin.rowDims.push_back(0);
-    }
+    if (width > 0) writeTokens(6, width, begin);
     formats::writeMetaRecord(*w, begin);
     w->seal();
   };
-  const std::string padded = dir.file("padded.ccap"), unpadded = dir.file("unpadded.ccap");
-  write(padded, true);
-  write(unpadded, false);
+  const std::string padded = dir.file("padded.ccap"), unpadded = dir.file("unpadded.ccap"),
+                    fixed = dir.file("fixed.ccap"), seenBefore = dir.file("seen-before.ccap"),
+                    shorterBefore = dir.file("shorter-before.ccap");
+  write(padded, 5, 0);
+  write(unpadded, 0, 0);
+  write(fixed, 8, 0);
+  write(seenBefore, 5, 5);
+  write(shorterBefore, 5, 4);
   auto p = findPaddingRow(padded, 6);
   REQUIRE(p);
   CHECK(p->tensor == "steps/6/batch/tokens");
@@ -323,6 +340,12 @@ TEST_CASE("the row a batch is padded to is the one that alone reaches further, a
   // The one-hot row that alone reaches the last class is sparse data, not padding; fixed-width
   // features reach equally far in every row.
   CHECK_FALSE(findPaddingRow(unpadded, 6));
+  // Padded to a fixed length, the size is no row's; a size an earlier, passing step had is not new.
+  CHECK_FALSE(findPaddingRow(fixed, 6));
+  CHECK_FALSE(findPaddingRow(seenBefore, 6));
+  auto longer = findPaddingRow(shorterBefore, 6);
+  REQUIRE(longer);
+  CHECK(longer->row == 4);
 }
 
 TEST_CASE("invalid-data is inconclusive when the crash does not reproduce or no rows were isolated",
@@ -801,7 +824,7 @@ TEST_CASE("a loss's ignore_index is the negative padding the working rows share,
   CHECK(defaultOutside[0].domain->ignoreIndex == -1);
 }
 
-TEST_CASE("a loss's ignore_index is inferred only when no tensor of the batch fits its default", "[investigate][triage]") {
+TEST_CASE("a loss's ignore_index is inferred only when no tensor of the batch holds its default", "[investigate][triage]") {
   // Tags of 4 sequences of 3 tokens padded with -100 (the default), and beside them same-shaped ids
   // that mark their own padding with -1. Row 2 holds tag 9 of 6 classes and id 7 (an ordinary id).
   // The ids fit the loss's domain only with an inferred ignore_index of -1; the tags fit its
@@ -829,6 +852,31 @@ TEST_CASE("a loss's ignore_index is inferred only when no tensor of the batch fi
   CHECK(findings[0].tensor == "steps/6/batch/tags");
   CHECK(findings[0].value == 9);
   CHECK(findings[0].domain->ignoreIndex == -100);
+
+  // Tags padded with -1 (CrossEntropyLoss(ignore_index=-1)) beside a 0/1 mask, which fits the
+  // default only because it holds no negative value: the tags' -1 is still inferred, and row 2's
+  // tag 9 found.
+  const std::string masked = dir.file("masked.ccap");
+  {
+    auto w = formats::BundleWriter::create(masked);
+    const std::vector<int64_t> tags = {0, 5, -1, 1, -1, -1, 3, 9, 2, 4, 4, -1};
+    const std::vector<int64_t> mask = {1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 0};
+    formats::StepBeginData begin;
+    begin.step = 6;
+    for (const auto& [name, values] : {std::pair{"tags", tags}, std::pair{"mask", mask}}) {
+      w->writeTensor(formats::batchTensorName(6, name), formats::DType::Int64, {4, 3}, values.data(),
+                     values.size() * sizeof(int64_t));
+      begin.batch.push_back(formats::batchTensorName(6, name));
+    }
+    begin.rowDims = {0, 0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  auto beside = findRowOddities(masked, 6, {2}, domains);
+  REQUIRE(beside.size() == 1);
+  CHECK(beside[0].tensor == "steps/6/batch/tags");
+  CHECK(beside[0].value == 9);
+  CHECK(beside[0].domain->ignoreIndex == -1);
 }
 
 TEST_CASE("row findings name negative values in a row when the batch's other rows have none", "[investigate][triage]") {

@@ -251,7 +251,7 @@ def test_a_replay_that_dies_in_the_programs_set_up_is_not_the_failure_reproduced
     out = crashcap("replay", bundle)
     assert out.returncode > 0, (out.returncode, out.stdout, out.stderr)  # an error, not the signal
     assert "died of SIGSEGV while it replayed" in out.stderr
-    assert "before it began the first replayed step (before it reached its training loop)" in out.stderr
+    assert "before it began the first replayed step (before it had restored the keyframe" in out.stderr
     assert "not in the step the recording failed in" in out.stderr
     assert "verdict" not in out.stdout
 

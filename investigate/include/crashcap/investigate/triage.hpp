@@ -193,9 +193,10 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
                                         const std::vector<IndexDomain>& domains);
 
 /// The PaddingRow of step `step`'s batch, when one row's extent along a dimension is above every
-/// other's and the rows are padding, not sparse data: each row is non-zero in at least half of its
-/// own extent (a one-hot row is not). nullopt when no tensor shows one, or the batch has fewer
-/// than 3 rows.
+/// other's and is the tensor's size there, that size is larger than in every earlier step the
+/// bundle holds, and the rows are padding, not sparse data: each row is non-zero in 90% of its own
+/// extent (a one-hot row is not). nullopt when no tensor shows one, or the batch has fewer than 3
+/// rows.
 std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step);
 
 /// `crashcap triage --json`: bundle, reproduced, verdict, step, hypotheses [{id, verdict,

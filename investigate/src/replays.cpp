@@ -198,9 +198,9 @@ std::optional<replayer::ReplayProgress> replayProgress(const std::string& bundle
 /// A program that died of a signal before it began the first replayed step died in its own
 /// set-up (importing, building its model or loader, restoring the keyframe): whatever killed it,
 /// not the recorded failure, which happened in a step. Throws that as an Error.
-void refuseDeathBeforeSteps(const std::string& bundle, const ProgramRun& p, const supervisor::CapturedRun& run) {
+void refuseDeathBeforeSteps(const std::string& bundle, const ProgramRun& p, const supervisor::CapturedRun& run,
+                            const std::optional<replayer::ReplayProgress>& progress) {
   if (run.exitCode >= 0 || run.exitCode == -SIGKILL) return;
-  auto progress = replayProgress(bundle, p);
   if (!progress || progress->step >= 0) return;
   throw Error(ErrorCode::Unsupported,
               fmt::format("the recorded program ({}) died of {} while it replayed {}, before it began the first replayed "
@@ -255,8 +255,9 @@ replayer::ReplayOutcome programOutcome(const std::string& bundle, const ProgramR
                             bundle, lastLines(run.err, 12)),
                 "free memory, or replay on a machine with as much as the training had");
   if (run.exitCode < 0) {
-    refuseDeathBeforeSteps(bundle, p, run);
-    const auto progress = replayProgress(bundle, p).value_or(replayer::ReplayProgress{});
+    const auto said = replayProgress(bundle, p);
+    refuseDeathBeforeSteps(bundle, p, run, said);
+    const auto progress = said.value_or(replayer::ReplayProgress{});
     throw ProgramKilled(-run.exitCode,
                         fmt::format("the recorded program ({}) died of {} while it replayed {}{}{}", p.shown,
                                     formats::signalName(-run.exitCode), bundle,
@@ -475,7 +476,7 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
         for (const auto& k : view.keyframes) asked->keyframes.push_back(k.step);
         asked->lostSteps = formats::lostSteps(view);
       }
-      out.ranks.push_back({r, path, std::nullopt, "", ""});
+      out.ranks.push_back({r, path, std::nullopt, "", "", std::nullopt});
       recorded.push_back(path == it->bundle ? &*it : &*asked);
     }
   }

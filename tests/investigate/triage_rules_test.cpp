@@ -830,22 +830,22 @@ TEST_CASE("a loss's ignore_index is inferred only when no tensor of the batch ho
   // The ids fit the loss's domain only with an inferred ignore_index of -1; the tags fit its
   // default, so they are the target, and the id is no finding.
   test::TempDir dir;
-  const std::string bundle = dir.file("batch.ccap");
-  {
-    auto w = formats::BundleWriter::create(bundle);
-    const std::vector<int64_t> tags = {0, 5, -100, 1, -100, -100, 3, 9, 2, 4, 4, -100};
-    const std::vector<int64_t> ids = {1, 2, -1, 0, -1, -1, 4, 7, 3, 2, 5, -1};
+  // Step 6's batch: the tags and a second [4, 3] integer tensor beside them.
+  auto writeBatch = [](const std::string& path, const std::vector<int64_t>& tags, const char* other,
+                       const std::vector<int64_t>& values) {
+    auto w = formats::BundleWriter::create(path);
     formats::StepBeginData begin;
     begin.step = 6;
-    for (const auto& [name, values] : {std::pair{"tags", tags}, std::pair{"ids", ids}}) {
-      w->writeTensor(formats::batchTensorName(6, name), formats::DType::Int64, {4, 3}, values.data(),
-                     values.size() * sizeof(int64_t));
+    for (const auto& [name, v] : {std::pair{"tags", tags}, std::pair{other, values}}) {
+      w->writeTensor(formats::batchTensorName(6, name), formats::DType::Int64, {4, 3}, v.data(), v.size() * sizeof(int64_t));
       begin.batch.push_back(formats::batchTensorName(6, name));
     }
     begin.rowDims = {0, 0};
     formats::writeMetaRecord(*w, begin);
     w->seal();
-  }
+  };
+  const std::string bundle = dir.file("batch.ccap");
+  writeBatch(bundle, {0, 5, -100, 1, -100, -100, 3, 9, 2, 4, 4, -100}, "ids", {1, 2, -1, 0, -1, -1, 4, 7, 3, 2, 5, -1});
   const std::vector<IndexDomain> domains = {{"aten::nll_loss_nd", 6, {12}, {12, 6}, -100}};
   auto findings = findRowOddities(bundle, 6, {2}, domains);
   REQUIRE(findings.size() == 1);
@@ -857,21 +857,7 @@ TEST_CASE("a loss's ignore_index is inferred only when no tensor of the batch ho
   // default only because it holds no negative value: the tags' -1 is still inferred, and row 2's
   // tag 9 found.
   const std::string masked = dir.file("masked.ccap");
-  {
-    auto w = formats::BundleWriter::create(masked);
-    const std::vector<int64_t> tags = {0, 5, -1, 1, -1, -1, 3, 9, 2, 4, 4, -1};
-    const std::vector<int64_t> mask = {1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 0};
-    formats::StepBeginData begin;
-    begin.step = 6;
-    for (const auto& [name, values] : {std::pair{"tags", tags}, std::pair{"mask", mask}}) {
-      w->writeTensor(formats::batchTensorName(6, name), formats::DType::Int64, {4, 3}, values.data(),
-                     values.size() * sizeof(int64_t));
-      begin.batch.push_back(formats::batchTensorName(6, name));
-    }
-    begin.rowDims = {0, 0};
-    formats::writeMetaRecord(*w, begin);
-    w->seal();
-  }
+  writeBatch(masked, {0, 5, -1, 1, -1, -1, 3, 9, 2, 4, 4, -1}, "mask", {1, 1, 0, 1, 0, 0, 1, 1, 1, 1, 1, 0});
   auto beside = findRowOddities(masked, 6, {2}, domains);
   REQUIRE(beside.size() == 1);
   CHECK(beside[0].tensor == "steps/6/batch/tags");

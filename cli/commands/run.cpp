@@ -41,6 +41,8 @@ int run(Options& r) {
     std::vector<std::string> policy;
     if (!r.nonFinite.empty()) policy.push_back(fmt::format("\"nonfinite\": \"{}\"", r.nonFinite));
     if (r.keyframeEvery) policy.push_back(fmt::format("\"keyframe_every\": {}", r.keyframeEvery));
+    // A recording that ends clean is removed: the recorder need not sync it at its close.
+    if (!o.keepRecording) policy.push_back("\"keep_recording\": false");
     o.observePolicy = fmt::format("{{{}}}", fmt::join(policy, ", "));
   }
   o.say = [](const std::string& line) { std::cerr << line << "\n"; };

@@ -468,7 +468,7 @@ void BundleWriter::sync() {
   impl_->doSync();
 }
 
-void BundleWriter::seal() {
+void BundleWriter::seal(bool sync) {
   auto& m = *impl_;
   m.checkWritable();
   detail::IndexData index;
@@ -503,13 +503,13 @@ void BundleWriter::seal() {
   m.offset += kFooterSize;
   m.stats.fileBytes = m.offset;
   try {
-    if (m.options.durability.syncOnSeal) m.doSync();
+    if (sync && m.options.durability.syncOnSeal) m.doSync();
     m.file.close();
   } catch (...) {
     m.broken = true;  // index and footer are written; a second seal() must not append more
     throw;
   }
-  if (m.options.durability.syncOnSeal) detail::syncParentDirectory(m.file.path());
+  if (sync && m.options.durability.syncOnSeal) detail::syncParentDirectory(m.file.path());
   m.sealed = true;
 }
 

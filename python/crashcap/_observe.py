@@ -223,6 +223,9 @@ class Observer:
     def __init__(self, policy, replay):
         self.pid = os.getpid()
         self.policy = dict(policy)
+        # `crashcap run --record` removes a recording that ends clean unless --keep-recording
+        # ("keep_recording": false): closing it need not wait for the disk.
+        self.keep_clean = bool(self.policy.pop("keep_recording", True))
         self.replay = replay            # True: this process serves a replay request
         self.launch_facts = []          # how to start this process again when its command line cannot (_spawn.py)
         self.quiet = bool(self.policy.get("quiet", False))
@@ -462,6 +465,8 @@ class Observer:
             return
         crashed = bool(rec.crash_bundle)
         directory = rec.recording_dir
+        if remove or self.capture_only:
+            rec._durable_close = False  # removed below unless it crashed (the bundle is sealed apart)
         rec.close()
         if (remove or self.capture_only) and not crashed and directory and os.path.isdir(directory):
             shutil.rmtree(directory, ignore_errors=True)
@@ -527,6 +532,7 @@ class Observer:
             policy["check_gradients"] = False
         self.rec = _api.Recorder(self.policy.get("directory") or None, model=model, optimizer=optimizer,
                                  scheduler=scheduler, grad_scaler=scaler, _facts=facts, _observed=True, **policy)
+        self.rec._durable_close = self.keep_clean and not self.capture_only
         for text in self.pending_warnings:
             self.rec.warn(text, _print=False)  # said already
         self.pending_warnings = []

@@ -255,6 +255,9 @@ class Recorder:
         self._names = _state.parameter_names(state, optimizer, "program" if program is not None else "model")
         kind, groups = _state.optimizer_spec(optimizer, self._names)
         archive = _state.torchscript_archive(program, kind, groups) if program is not None else None
+        # False where the recording is removed when the run ends clean (the observer under
+        # `crashcap run --record`): close() then does not wait for the disk.
+        self._durable_close = True
         self._step = None            # the native step in flight
         self._step_index = None
         self._next_step = 0
@@ -428,7 +431,7 @@ class Recorder:
         self._closed = True
         self._finish_step()
         if self._native is not None:
-            self._native.close()
+            self._native.close(self._durable_close)
         _open.discard(self)
         if _active is not None and _active() is self:
             _active = None

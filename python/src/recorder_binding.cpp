@@ -217,10 +217,13 @@ void bindRecorder(py::module_& m) {
              return r.fail(f);
            },
            py::arg("kind"), py::arg("type"), py::arg("error"), py::arg("stack"), py::arg("phase") = "")
-      .def("close", [](rec::Recorder& r) {
-        py::gil_scoped_release nogil;
-        r.close();
-      })
+      .def(
+          "close",
+          [](rec::Recorder& r, bool durable) {
+            py::gil_scoped_release nogil;
+            r.close(durable);
+          },
+          py::arg("durable") = true)
       .def("set_distributed",
            [](rec::Recorder& r, int32_t rank, int32_t worldSize, int32_t localRank, std::string backend,
               std::string rendezvous, std::string source) {

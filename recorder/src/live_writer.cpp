@@ -729,7 +729,7 @@ void LiveWriter::handleCrash() {
   idle_.notify_all();
 }
 
-void LiveWriter::close(formats::RunStatusData status) {
+void LiveWriter::close(formats::RunStatusData status, bool durable) {
   {
     std::unique_lock<std::mutex> lk(mu_);
     if (closed_) return;
@@ -749,7 +749,7 @@ void LiveWriter::close(formats::RunStatusData status) {
     if (!segmentUsable()) continue;
     try {
       formats::writeMetaRecord(*segment_, status);
-      segment_->sync();
+      if (durable) segment_->sync();
       break;
     } catch (const Error& e) {
       degrade(e.what());
@@ -757,7 +757,7 @@ void LiveWriter::close(formats::RunStatusData status) {
   }
   segment_.reset();
   try {
-    if (run_) run_->seal();
+    if (run_) run_->seal(durable);
   } catch (const Error&) {
   }
   run_.reset();

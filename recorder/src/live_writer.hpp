@@ -166,8 +166,10 @@ class LiveWriter {
   bool crashFromSignal(int signal, void* address, void* const* frames, int frameCount, int senderPid = 0);
 
   /// Clean end of the run: drains, writes `status`, closes the files (the recording stays
-  /// on disk for `crashcap seal`). Idempotent.
-  void close(formats::RunStatusData status);
+  /// on disk for `crashcap seal`). Idempotent. `durable` false skips the syncs of the last
+  /// segment and run.ccap: for a recording that is removed when its run ends clean, where they
+  /// would only hold up the program's exit (the status is read from the page cache).
+  void close(formats::RunStatusData status, bool durable = true);
 
   LiveWriterStats stats() const;
   const std::string& recordingDir() const { return recording_; }

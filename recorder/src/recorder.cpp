@@ -991,7 +991,7 @@ std::string Recorder::fail(std::exception_ptr error) {
   }
 }
 
-void Recorder::close() {
+void Recorder::close(bool durable) {
   auto& m = *impl_;
   if (m.forkedAway()) m.abandonInChild();
   if (m.closed) return;
@@ -1003,7 +1003,7 @@ void Recorder::close() {
     status.state = "finished";
     status.stepsBegun = m.writer->stepsBegun.load();
     status.lastStep = m.lastStep;
-    m.writer->close(status);
+    m.writer->close(status, durable);
     if (detail::activeWriter() == m.writer.get()) {
       detail::setActiveWriter(nullptr);
       if (m.policy.crashGuard) detail::uninstallCrashGuard();

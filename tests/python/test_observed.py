@@ -184,6 +184,22 @@ def test_gradient_accumulation_is_one_warning_and_changes_nothing(tmp_path):
     assert replay["verdict"] == "reproduced-bitwise", replay
 
 
+def test_a_clean_run_leaves_no_recording_unless_kept_and_a_kept_one_seals_whole(tmp_path):
+    # Without --keep-recording the observer closes the recording without syncing it (it is
+    # removed); with it, the recording is closed as any other and stays for `crashcap seal`.
+    r, runs = run_recorded(tmp_path, "mlp_loader.py", "--epochs", 1)
+    assert r.returncode == 0, r.stderr
+    assert not [n for n in os.listdir(runs) if n.startswith(("recording-", "crash-"))], os.listdir(runs)
+    (tmp_path / "kept").mkdir()
+    r, kept = run_recorded(tmp_path / "kept", "mlp_loader.py", "--epochs", 1, options=("--keep-recording",))
+    assert r.returncode == 0, r.stderr
+    assert len([n for n in os.listdir(kept) if n.startswith("recording-")]) == 1, os.listdir(kept)
+    sealed = crashcap_json("seal", kept)["sealed"]
+    assert len(sealed) == 1 and sealed[0]["state"] == "finished", sealed
+    story = crashcap_json("inspect", sealed[0]["bundle"])
+    assert story["crash"] is None and story["steps"]["completed"] == 12, story["steps"]
+
+
 def test_a_training_that_records_itself_is_left_to_its_own_recorder(tmp_path):
     r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, SAMPLE, "--record", tmp_path / "own",
                  "--steps", 22, "--fault", "nan-sample", "--fault-step", 19, "--quiet", cwd=tmp_path)

@@ -115,6 +115,32 @@ TEST_CASE("a failure before the first step is sealed with its text though no seg
   CHECK(formats::readRecords(*reader).program.has_value());  // run.ccap was copied
 }
 
+TEST_CASE("a recording closed without its syncs is as finished and as complete as a synced one", "[recorder][seal]") {
+  // close(durable=false) is for a recording removed when clean; if it is kept after all (a crash
+  // after the close), every record is there for seal, from the page cache.
+  TempDir dir;
+  auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--steps", "7", "--keyframe-every",
+                      "3", "--close-unsynced"});
+  INFO(r.err);
+  REQUIRE(r.exitCode == 0);
+  auto recordings = recorder::findRecordings(dir.path());
+  REQUIRE(recordings.size() == 1);
+  CHECK(recorder::recordingState(recordings[0]) == "finished");
+  auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
+  INFO(s.err);
+  REQUIRE(s.exitCode == 0);
+  auto j = nlohmann::json::parse(s.out);
+  REQUIRE(j["sealed"].size() == 1);
+  CHECK(j["sealed"][0]["state"] == "finished");
+  CHECK(j["sealed"][0]["first_step"] == 0);
+  CHECK(j["sealed"][0]["last_step"] == 6);
+  std::string bundle = j["sealed"][0]["bundle"];
+  CHECK(formats::verifyBundle(bundle).ok());
+  auto story = inspect::storyJson(*formats::BundleReader::open(bundle));
+  CHECK(story["status"] == "finished");
+  CHECK(story["steps"]["completed"] == 7);
+}
+
 TEST_CASE("a clean run leaves a recording that seal turns into a finished bundle", "[recorder][seal]") {
   TempDir dir;
   auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--steps", "9", "--keyframe-every",

@@ -45,7 +45,7 @@ int main(int argc, char** argv) {
   std::string dir, fail = "none";
   int64_t steps = 20, failStep = 5, keyframeEvery = 5, sleepMs = 0;
   size_t retain = 0;
-  bool report = false, recordGrads = true, collective = false;
+  bool report = false, recordGrads = true, collective = false, closeUnsynced = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     auto next = [&] { return i + 1 < argc ? std::string(argv[++i]) : std::string(); };
@@ -58,6 +58,7 @@ int main(int argc, char** argv) {
     else if (a == "--sleep-ms") sleepMs = std::stoll(next());
     else if (a == "--report") report = true;
     else if (a == "--collective") collective = true;
+    else if (a == "--close-unsynced") closeUnsynced = true;  // close(durable=false)
     else if (a == "--api-key") (void)next();  // accepted and ignored: the secrets test passes one
     else {
       std::cerr << "usage: crashcap-test-victim --dir DIR [--fail KIND] [--fail-step S] [--steps N] "
@@ -114,7 +115,7 @@ int main(int argc, char** argv) {
     std::cerr << "victim: bundle " << bundle << "\n";
     return 1;
   }
-  recorder.close();
+  recorder.close(/*durable=*/!closeUnsynced);
   auto s = recorder.stats();
   std::printf("done: %llu steps, %llu dropped\n", (unsigned long long)s.stepsBegun,
               (unsigned long long)s.droppedRecords);

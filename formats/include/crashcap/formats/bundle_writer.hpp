@@ -103,8 +103,10 @@ class BundleWriter {
 
   /// fdatasync now.
   void sync();
-  /// Writes the index record and footer, syncs per Durability, closes the file.
-  void seal();
+  /// Writes the index record and footer, syncs per Durability, closes the file. `sync` false
+  /// skips the sync whatever Durability says: for a file its owner is about to remove, whose
+  /// bytes the page cache serves to every reader until then.
+  void seal(bool sync = true);
 
   bool sealed() const;
   const std::string& path() const;

@@ -340,7 +340,10 @@ class Recorder {
   /// Drains and closes the recording (kept on disk for `crashcap seal`), and lets go of the
   /// training: its tensors (setModel), optimizer, step function and a front end's callbacks, so
   /// that a program that trains again (the next fold, the next trial) frees the last one. Idempotent.
-  void close();
+  /// `durable` false: the recording is removed if the run ends clean (`crashcap run --record`
+  /// without --keep-recording), so its last writes are not synced to the disk; a crash after
+  /// close is sealed from the page cache all the same.
+  void close(bool durable = true);
 
   /// A front end's warning (what it could not record, and what it kept instead): printed on
   /// stderr unless quiet or `print` is false (the front end said it already), kept in

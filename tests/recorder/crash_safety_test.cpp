@@ -115,6 +115,16 @@ TEST_CASE("a failure before the first step is sealed with its text though no seg
   CHECK(formats::readRecords(*reader).program.has_value());  // run.ccap was copied
 }
 
+/// `crashcap seal DIR --json` over a directory holding one recording: its entry in "sealed".
+nlohmann::json sealOnlyRecording(const std::string& dir) {
+  auto s = test::run({test::binPath("crashcap"), "seal", dir, "--json"});
+  INFO(s.err);
+  REQUIRE(s.exitCode == 0);
+  auto j = nlohmann::json::parse(s.out);
+  REQUIRE(j["sealed"].size() == 1);
+  return j["sealed"][0];
+}
+
 TEST_CASE("a recording closed without its syncs is as finished and as complete as a synced one", "[recorder][seal]") {
   // close(durable=false) is for a recording removed when clean; if it is kept after all (a crash
   // after the close), every record is there for seal, from the page cache.
@@ -126,15 +136,11 @@ TEST_CASE("a recording closed without its syncs is as finished and as complete a
   auto recordings = recorder::findRecordings(dir.path());
   REQUIRE(recordings.size() == 1);
   CHECK(recorder::recordingState(recordings[0]) == "finished");
-  auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
-  INFO(s.err);
-  REQUIRE(s.exitCode == 0);
-  auto j = nlohmann::json::parse(s.out);
-  REQUIRE(j["sealed"].size() == 1);
-  CHECK(j["sealed"][0]["state"] == "finished");
-  CHECK(j["sealed"][0]["first_step"] == 0);
-  CHECK(j["sealed"][0]["last_step"] == 6);
-  std::string bundle = j["sealed"][0]["bundle"];
+  auto sealed = sealOnlyRecording(dir.path());
+  CHECK(sealed["state"] == "finished");
+  CHECK(sealed["first_step"] == 0);
+  CHECK(sealed["last_step"] == 6);
+  std::string bundle = sealed["bundle"];
   CHECK(formats::verifyBundle(bundle).ok());
   auto story = inspect::storyJson(*formats::BundleReader::open(bundle));
   CHECK(story["status"] == "finished");
@@ -151,15 +157,11 @@ TEST_CASE("a clean run leaves a recording that seal turns into a finished bundle
   REQUIRE(recordings.size() == 1);
   // Retention: one segment per keyframe (0, 3, 6), at most two kept.
   CHECK(recorder::segmentFiles(recordings[0]).size() == 2);
-  auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
-  INFO(s.err);
-  REQUIRE(s.exitCode == 0);
-  auto j = nlohmann::json::parse(s.out);
-  REQUIRE(j["sealed"].size() == 1);
-  CHECK(j["sealed"][0]["state"] == "finished");
-  CHECK(j["sealed"][0]["first_step"] == 3);
-  CHECK(j["sealed"][0]["last_step"] == 8);
-  std::string bundle = j["sealed"][0]["bundle"];
+  auto sealed = sealOnlyRecording(dir.path());
+  CHECK(sealed["state"] == "finished");
+  CHECK(sealed["first_step"] == 3);
+  CHECK(sealed["last_step"] == 8);
+  std::string bundle = sealed["bundle"];
   CHECK(fs::path(bundle).filename().string().rfind("recording-", 0) == 0);
   CHECK(formats::verifyBundle(bundle).ok());
   auto story = inspect::storyJson(*formats::BundleReader::open(bundle));

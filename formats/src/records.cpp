@@ -884,6 +884,18 @@ std::vector<int64_t> lostSteps(const BundleRecords& records) {
   if (records.status)
     for (int64_t s : records.status->lostSteps) lost.insert(s);
   if (records.status && records.status->stepsBegun > 0) begunOnce(records.status->lastStep);
+  // A process that died (SIGKILL) in step S, whose records stop at step L < S - 1, had the steps
+  // between them in its writer's queue: they began too, when its steps go one by one (every
+  // recorded step_begin names the step one before it) and the count of steps begun has room
+  // for them. Steps that skip numbers leave the gap unnamed, as nothing says which began.
+  if (!records.stepBegins.empty() && !lost.empty()) {
+    const int64_t last = records.stepBegins.back().step, died = *lost.rbegin();
+    bool oneByOne = true;
+    for (const auto& b : records.stepBegins) oneByOne &= b.previousStep == b.step - 1;
+    const uint64_t room = records.status ? records.status->stepsBegun : 0;
+    if (oneByOne && died > last + 1 && room >= records.stepBegins.size() + static_cast<uint64_t>(died - last))
+      for (int64_t s = last + 1; s < died; ++s) lost.insert(s);
+  }
   return {lost.begin(), lost.end()};
 }
 

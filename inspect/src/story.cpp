@@ -356,8 +356,16 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
   else
     s += "steps      none recorded\n";
   if (!st["lost"].empty()) {
+    // Runs of three or more as a range: a SIGKILL can leave hundreds of queued steps unwritten.
     std::string lost;
-    for (const auto& l : st["lost"]) lost += (lost.empty() ? "" : ", ") + str(l);
+    const auto& ls = st["lost"];
+    for (size_t i = 0; i < ls.size();) {
+      size_t j = i;
+      while (j + 1 < ls.size() && ls[j + 1].get<int64_t>() == ls[j].get<int64_t>() + 1) ++j;
+      const std::string run = j >= i + 2 ? fmt::format("{}..{}", str(ls[i]), str(ls[j])) : str(ls[i]);
+      lost += (lost.empty() ? "" : ", ") + run;
+      i = j >= i + 2 ? j + 1 : i + 1;
+    }
     s += fmt::format("lost       step{} {}: {} records are not in the bundle (dropped while the writer was behind, or "
                      "still queued when the process died); replay stops before a lost step\n",
                      st["lost"].size() == 1 ? "" : "s", lost, st["lost"].size() == 1 ? "its" : "their");

@@ -189,6 +189,33 @@ TEST_CASE("lostSteps finds what the recorder dropped inside the retained window,
   CHECK(lostSteps(r) == std::vector<int64_t>{11, 14, 17});
 }
 
+TEST_CASE("lostSteps names the steps a killed process still had queued when its steps go one by one",
+          "[formats][records]") {
+  auto begin = [](int64_t step, int64_t previous) { return StepBeginData{step, {}, {}, {}, 0, -1, previous}; };
+  BundleRecords r;
+  r.keyframes = {KeyframeData{0, {}, {}, {}, {}}};
+  r.stepBegins = {begin(0, -1), begin(1, 0)};
+  // SIGKILLed in step 3 (the progress file's step and count, sealed into the run status): step
+  // 2 was in the writer's queue with it.
+  r.status = RunStatusData{};
+  r.status->state = "interrupted";
+  r.status->stepsBegun = 4;
+  r.status->lastStep = 3;
+  CHECK(lostSteps(r) == std::vector<int64_t>{2, 3});
+  // A count of steps begun with no room for the gap names only the step the process was in.
+  r.status->stepsBegun = 3;
+  CHECK(lostSteps(r) == std::vector<int64_t>{3});
+  // Nor does a training whose steps skip numbers: nothing says which of 2..9 began.
+  r.status->stepsBegun = 100;
+  r.status->lastStep = 10;
+  r.stepBegins = {begin(0, -1), begin(1, 0), begin(3, 1)};
+  CHECK(lostSteps(r) == std::vector<int64_t>{10});
+  // The next step, with nothing between: only it.
+  r.stepBegins = {begin(0, -1), begin(1, 0), begin(2, 1)};
+  r.status->lastStep = 3;
+  CHECK(lostSteps(r) == std::vector<int64_t>{3});
+}
+
 TEST_CASE("killedInStep is the step of a run status never closed, with no crash record", "[formats][records]") {
   BundleRecords r;
   CHECK_FALSE(killedInStep(r));  // no run status

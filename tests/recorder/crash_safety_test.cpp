@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <random>
 #include <regex>
+#include <set>
 
 #include <nlohmann/json.hpp>
 
@@ -321,10 +322,17 @@ TEST_CASE("after SIGKILL, the progress file names the step and phase the process
     CHECK(view.status->lastCollective == "gloo:all_reduce");
     CHECK(view.status->lastCollectiveStep == 29);
     REQUIRE(!view.stepBegins.empty());
-    // Step 30 is in the bundle or named lost: never silently missing.
+    // Step 30, and every step before it down to the earliest keyframe, is in the bundle or named
+    // lost (still in the writer's queue at the kill): never silently missing.
     auto lost = formats::lostSteps(view);
     bool recorded = view.stepBegins.back().step == 30;
     CHECK((recorded || std::find(lost.begin(), lost.end(), 30) != lost.end()));
+    std::set<int64_t> held(lost.begin(), lost.end());
+    for (const auto& b : view.stepBegins) held.insert(b.step);
+    REQUIRE(!view.keyframes.empty());
+    int64_t earliest = INT64_MAX;
+    for (const auto& k : view.keyframes) earliest = std::min(earliest, k.step);
+    for (int64_t step = earliest; step <= 30; ++step) CHECK(held.count(step) == 1);
     if (!recorded) {
       bool warned = false;
       for (const auto& w : view.status->warnings) warned |= w.find("the process was in step 30 (forward)") != std::string::npos;

@@ -93,6 +93,37 @@ std::string withoutStep(const std::string& bundle, int64_t step, const std::stri
   return out;
 }
 
+/// A copy of `bundle` as `crashcap seal` leaves a process SIGKILLed in step `killedIn` whose
+/// writer had only reached step `held`: no step record after `held`, no crash record, and a run
+/// status `interrupted` with the progress file's step and count of steps begun.
+std::string killedWithQueue(const std::string& bundle, int64_t held, int64_t killedIn, const std::string& out) {
+  auto reader = formats::BundleReader::open(bundle);
+  {
+    auto writer = formats::BundleWriter::createCopy(out, reader->fileHeader());
+    formats::copyRecords(*reader, *writer, [&](const formats::RecordEntry& r) {
+      switch (static_cast<formats::RecordType>(r.type)) {
+        case formats::RecordType::StepBegin:
+          return formats::decodeStepBegin(reader->readRecord(r.offset).meta).step <= held;
+        case formats::RecordType::StepEnd:
+          return formats::decodeStepEnd(reader->readRecord(r.offset).meta).step <= held;
+        case formats::RecordType::Crash:
+        case formats::RecordType::RunStatus:
+          return false;
+        default:
+          return true;
+      }
+    });
+    formats::RunStatusData status;
+    status.state = "interrupted";
+    status.stepsBegun = static_cast<uint64_t>(killedIn + 1);
+    status.lastStep = killedIn;
+    status.lastPhase = "forward";
+    formats::writeMetaRecord(*writer, status);
+    writer->seal();
+  }
+  return out;
+}
+
 replayer::ReplayResult replayWide(const std::string& bundle, int64_t step = -1) {
   Wide net;
   replayer::ReplayOptions o;
@@ -176,6 +207,23 @@ TEST_CASE("a step lost inside the replay window gives recording-incomplete, neve
     CHECK(r.verdict == replayer::Verdict::RecordingIncomplete);
     CHECK(r.lostSteps == std::vector<int64_t>{8});
     CHECK(r.steps.empty());
+  }
+  SECTION("the steps still queued when the process was killed") {
+    // SIGKILLed in step 10 with steps 7..10 in the writer's queue: all four are named lost, and
+    // the replay ends at step 6, the last held, before any of them.
+    auto bundle = killedWithQueue(recorded, 6, 10, dir.file("killed.ccap"));
+    auto reader = formats::BundleReader::open(bundle);
+    CHECK(formats::lostSteps(formats::readRecords(*reader)) == std::vector<int64_t>{7, 8, 9, 10});
+    auto r = replayWide(bundle);
+    CHECK(r.step == 6);
+    CHECK(r.verdict == replayer::Verdict::ReproducedBitwise);
+    auto inspect = test::run({test::binPath("crashcap"), "inspect", bundle, "--json"});
+    INFO(inspect.err);
+    REQUIRE(inspect.exitCode == 0);
+    CHECK(nlohmann::json::parse(inspect.out)["steps"]["lost"] == nlohmann::json::array({7, 8, 9, 10}));
+    // A run of lost steps reads as a range.
+    auto text = test::run({test::binPath("crashcap"), "inspect", bundle});
+    CHECK(text.out.find("lost       steps 7..10: their records are not in the bundle") != std::string::npos);
   }
   SECTION("the failing step itself") {
     auto bundle = withoutStep(recorded, 10, dir.file("lost10.ccap"));

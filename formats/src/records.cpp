@@ -885,16 +885,32 @@ std::vector<int64_t> lostSteps(const BundleRecords& records) {
     for (int64_t s : records.status->lostSteps) lost.insert(s);
   if (records.status && records.status->stepsBegun > 0) begunOnce(records.status->lastStep);
   // A process that died (SIGKILL) in step S, whose records stop at step L < S - 1, had the steps
-  // between them in its writer's queue: they began too, when its steps go one by one (every
-  // recorded step_begin names the step one before it) and the count of steps begun has room
-  // for them. Steps that skip numbers leave the gap unnamed, as nothing says which began.
-  if (!records.stepBegins.empty() && !lost.empty()) {
-    const int64_t last = records.stepBegins.back().step, died = *lost.rbegin();
-    bool oneByOne = true;
-    for (const auto& b : records.stepBegins) oneByOne &= b.previousStep == b.step - 1;
-    const uint64_t room = records.status ? records.status->stepsBegun : 0;
-    if (oneByOne && died > last + 1 && room >= records.stepBegins.size() + static_cast<uint64_t>(died - last))
-      for (int64_t s = last + 1; s < died; ++s) lost.insert(s);
+  // between them in its writer's queue. Which of them began is known in two cases. Steps
+  // increase from 0 at least, so S + 1 steps begun are exactly 0..S: every one of them in the
+  // window that the bundle lacks is lost. Otherwise, when the recorded steps go one by one
+  // (every step_begin names the step one before it, or none: the recorder's first) and the
+  // count begun has room for the gap,
+  // L + 1..S - 1 began. Steps that skip numbers leave the gap unnamed: nothing says which began.
+  // A damaged run status cannot make the list unbounded: at most kMaxNamedQueuedSteps are named.
+  constexpr size_t kMaxNamedQueuedSteps = size_t(1) << 16;
+  const size_t bound = lost.size() + kMaxNamedQueuedSteps;
+  if (records.status && records.status->stepsBegun > 0 && window != INT64_MAX) {
+    const int64_t died = records.status->lastStep;
+    const uint64_t count = records.status->stepsBegun;
+    if (died >= 0 && count == static_cast<uint64_t>(died) + 1) {
+      for (int64_t s = window; s <= died && lost.size() < bound; ++s) {
+        if (!begun.count(s)) lost.insert(s);
+        if (s == died) break;  // died may be INT64_MAX in a damaged status
+      }
+    } else if (!records.stepBegins.empty()) {
+      const int64_t last = records.stepBegins.back().step;
+      bool oneByOne = true;
+      for (const auto& b : records.stepBegins)  // -1: the recorder's first step
+        oneByOne &= b.previousStep == b.step - 1 || b.previousStep == -1;
+      if (oneByOne && died > last + 1 && count >= records.stepBegins.size() &&
+          count - records.stepBegins.size() >= static_cast<uint64_t>(died - last))
+        for (int64_t s = last + 1; s < died && lost.size() < bound; ++s) lost.insert(s);
+    }
   }
   return {lost.begin(), lost.end()};
 }

@@ -202,10 +202,27 @@ TEST_CASE("lostSteps names the steps a killed process still had queued when its 
   r.status->stepsBegun = 4;
   r.status->lastStep = 3;
   CHECK(lostSteps(r) == std::vector<int64_t>{2, 3});
+  // Four steps begun, the last of them step 3, are exactly 0..3, even when none of their
+  // records reached the file but the keyframe.
+  r.stepBegins.clear();
+  CHECK(lostSteps(r) == std::vector<int64_t>{0, 1, 2, 3});
+  // Without a keyframe nothing can be replayed, and nothing is named.
+  r.keyframes.clear();
+  CHECK(lostSteps(r).empty());
+  r.keyframes = {KeyframeData{0, {}, {}, {}, {}}};
   // A count of steps begun with no room for the gap names only the step the process was in.
+  r.stepBegins = {begin(0, -1), begin(1, 0)};
   r.status->stepsBegun = 3;
   CHECK(lostSteps(r) == std::vector<int64_t>{3});
-  // Nor does a training whose steps skip numbers: nothing says which of 2..9 began.
+  // A recording that began at step 1000 (a resumed training): the steps go one by one, and the
+  // count (begun since the recorder started) has room for 1002..1004.
+  r.keyframes = {KeyframeData{1000, {}, {}, {}, {}}};
+  r.stepBegins = {begin(1000, -1), begin(1001, 1000)};
+  r.status->stepsBegun = 6;
+  r.status->lastStep = 1005;
+  CHECK(lostSteps(r) == std::vector<int64_t>{1002, 1003, 1004, 1005});
+  // A training whose steps skip numbers: nothing says which of 2..9 began.
+  r.keyframes = {KeyframeData{0, {}, {}, {}, {}}};
   r.status->stepsBegun = 100;
   r.status->lastStep = 10;
   r.stepBegins = {begin(0, -1), begin(1, 0), begin(3, 1)};
@@ -214,6 +231,12 @@ TEST_CASE("lostSteps names the steps a killed process still had queued when its 
   r.stepBegins = {begin(0, -1), begin(1, 0), begin(2, 1)};
   r.status->lastStep = 3;
   CHECK(lostSteps(r) == std::vector<int64_t>{3});
+  // A damaged run status cannot make the list unbounded.
+  r.status->lastStep = INT64_MAX;
+  r.status->stepsBegun = static_cast<uint64_t>(INT64_MAX) + 1;
+  CHECK(lostSteps(r).size() <= (size_t(1) << 16) + 1);
+  r.status->stepsBegun = 100;
+  CHECK(lostSteps(r).size() <= (size_t(1) << 16) + 1);
 }
 
 TEST_CASE("killedInStep is the step of a run status never closed, with no crash record", "[formats][records]") {

@@ -106,10 +106,13 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
     held = killed["steps"]["last"] if killed["steps"]["count"] else -1
     assert killed["steps"]["count"] == held + 1 and held <= 3, killed["steps"]
     if held < 3:
-        gap = "no step's records" if held < 0 else "the records of step 3" if held == 2 else f"the records of steps {held + 1}..3"
-        assert any(w.startswith(f"the process was in step 3 (") and f"{gap} never reached the disk" in w
-                   for w in killed["warnings"]), killed["warnings"]
-        assert killed["steps"]["lost"] == list(range(held + 1, 4)), killed["steps"]
+        gap = ("no step's records reached the disk" if held < 0 else
+               "the records of step 3 never reached the disk" if held == 2 else
+               f"the records of steps {held + 1}..3 never reached the disk")
+        assert any(w.startswith("the process was in step 3 (") and w.endswith(gap) for w in killed["warnings"]), killed
+        # Named lost (four steps begun, the last step 3: steps 0..3), once a keyframe is held
+        # (without one nothing can be replayed, and nothing is named).
+        assert killed["steps"]["lost"] == (list(range(held + 1, 4)) if killed["keyframes"] else []), killed
     assert stories[0]["distributed"]["job_id"] == stories[1]["distributed"]["job_id"]
     # The stopped rank's own recorder wrote where SIGTERM found it: its step, its last collectives.
     assert hung["supervision"]["signal_name"] == "SIGTERM" and hung["supervision"]["stopped"] is True
@@ -140,7 +143,12 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
 
     # The job replayed: rank 1 kills itself again at step 3 and rank 0 hangs again, stopped 30 s
     # later as crashcap run stopped it -- unless SIGKILL beat rank 1's writer to step 3's batch, and
-    # the replay ends at the last step its bundle holds, bit for bit.
+    # the replay ends at the last step its bundle holds, bit for bit. With none held (a writer
+    # three steps behind), there is nothing to replay, and replay says so.
+    if held < 0:
+        r = crashcap("replay", ranks[1]["bundle"])
+        assert r.returncode != 0 and "holds no recorded steps" in r.stderr, r.stderr
+        return
     replay = crashcap_json("replay", ranks[1]["bundle"])
     verdicts = {r["rank"]: r["verdict"] for r in replay["ranks"]}
     if replay["step"] == 3:

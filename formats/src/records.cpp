@@ -889,9 +889,9 @@ std::vector<int64_t> lostSteps(const BundleRecords& records) {
   // increase from 0 at least, so S + 1 steps begun are exactly 0..S: every one of them in the
   // window that the bundle lacks is lost. Otherwise, when the recorded steps go one by one
   // (every step_begin names the step one before it, or none: the recorder's first) and the
-  // count begun has room for the gap,
-  // L + 1..S - 1 began. Steps that skip numbers leave the gap unnamed: nothing says which began.
-  // A damaged run status cannot make the list unbounded: at most kMaxNamedQueuedSteps are named.
+  // count begun has room for the gap, L + 1..S - 1 began. Steps that skip numbers leave the gap
+  // unnamed: nothing says which began. A damaged run status cannot make the list unbounded: at
+  // most kMaxNamedQueuedSteps are named.
   constexpr size_t kMaxNamedQueuedSteps = size_t(1) << 16;
   const size_t bound = lost.size() + kMaxNamedQueuedSteps;
   if (records.status && records.status->stepsBegun > 0 && window != INT64_MAX) {

@@ -8,7 +8,7 @@ RecordFunction callback), which ATen ops should not pay for. Run it alternately 
     for i in 1 2 3 4 5; do for m in bare rec; do echo $m $(PYTHONPATH=build/python \
         /usr/bin/python3 bench/op_cost_between_steps.py $m); done; done
 """
-import os, sys, time, tempfile, statistics, torch
+import sys, time, tempfile, statistics, torch
 import crashcap
 torch.set_num_threads(1)
 a = torch.ones(4); b = torch.ones(4)

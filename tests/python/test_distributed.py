@@ -63,6 +63,22 @@ def test_a_process_that_is_not_a_rank_has_no_distributed_identity(tmp_path):
     assert crashcap_json("inspect", bundles[0])["distributed"] is None
 
 
+def _last_step_held(bundle):
+    """The last step a bundle holds; -1 when none of its steps' records reached the disk."""
+    steps = crashcap_json("inspect", bundle)["steps"]
+    return steps["last"] if steps["count"] else -1
+
+
+def _replay_of_the_sigkilled_rank(bundle):
+    """The job's replay from the SIGKILLed rank's bundle, or None when SIGKILL took every step's
+    records before the writer had them on disk (then replay refuses, and says why)."""
+    if _last_step_held(bundle) < 0:
+        r = crashcap("replay", bundle)
+        assert r.returncode != 0 and "holds no recorded steps" in r.stderr, r.stdout + r.stderr
+        return None
+    return crashcap_json("replay", bundle)
+
+
 def _job(tmp_path, *args, hang_timeout=5):
     """crashcap run --record --nproc 2 over the DDP training; returns (result, stories by rank, seconds)."""
     started = time.monotonic()
@@ -145,11 +161,9 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
     # later as crashcap run stopped it -- unless SIGKILL beat rank 1's writer to step 3's batch, and
     # the replay ends at the last step its bundle holds, bit for bit. With none held (a writer
     # three steps behind), there is nothing to replay, and replay says so.
-    if held < 0:
-        r = crashcap("replay", ranks[1]["bundle"])
-        assert r.returncode != 0 and "holds no recorded steps" in r.stderr, r.stderr
+    replay = _replay_of_the_sigkilled_rank(ranks[1]["bundle"])
+    if replay is None:
         return
-    replay = crashcap_json("replay", ranks[1]["bundle"])
     verdicts = {r["rank"]: r["verdict"] for r in replay["ranks"]}
     if replay["step"] == 3:
         assert verdicts == {0: "reproduced", 1: "reproduced"}, replay["ranks"]
@@ -324,7 +338,10 @@ def test_a_rank_of_four_sigkilled_at_step_n_is_named_first_and_the_job_replays_t
         assert ranks[rank]["outcome"] in ("failed", "stopped") and ranks[rank]["last_collective"], ranks[rank]
         assert ranks[rank]["from_peer"] or ranks[rank]["outcome"] == "stopped", ranks[rank]
     assert job["headline"].startswith("rank 1 failed first: killed by SIGKILL at step 3"), job["headline"]
-    replay = crashcap_json("replay", ranks[1]["bundle"])
+    held = _last_step_held(ranks[1]["bundle"])
+    replay = _replay_of_the_sigkilled_rank(ranks[1]["bundle"])
+    if replay is None:
+        return
     verdicts = {r["rank"]: r["verdict"] for r in replay["ranks"]}
     if replay["step"] == 3:
         # Step 3's batch reached rank 1's bundle: replayed, rank 1 kills itself again.
@@ -521,16 +538,21 @@ def test_ranks_that_torchrun_starts_record_tell_one_story_and_replay(tmp_path, h
     ranks = {r["rank"]: r for r in job["ranks"]}
     assert job["first_failed"] == 1, job["headline"]
     assert ranks[0]["from_peer"] and not ranks[1]["from_peer"], job["headline"]
-    replay = crashcap_json("replay", ranks[1]["bundle"])
-    verdicts = {r["rank"]: r for r in replay["ranks"]}
     if how == "nan":
         assert ranks[1]["classification"] == "nonfinite-loss" and ranks[1]["step"] == 3
+        replay = crashcap_json("replay", ranks[1]["bundle"])
+        verdicts = {r["rank"]: r for r in replay["ranks"]}
         assert [verdicts[k]["replay"]["verdict"] for k in (0, 1)] == ["reproduced-bitwise"] * 2, replay
     else:
         # The launcher's exit is not the rank's: torchrun's report names the rank's pid and signal.
         assert ranks[1]["how"] == "killed by SIGKILL" and ranks[1]["classification"] == "signal", ranks[1]
         assert ranks[1]["error"].endswith("(the launcher's report)") and "SIGKILL" in ranks[1]["error"], ranks[1]
         assert ranks[1]["step"] == 3 and ranks[1]["ops_from_progress"], ranks[1]
+        held = _last_step_held(ranks[1]["bundle"])
+        replay = _replay_of_the_sigkilled_rank(ranks[1]["bundle"])
+        if replay is None:
+            return
+        verdicts = {r["rank"]: r for r in replay["ranks"]}
         if replay["step"] == 3:  # step 3's batch reached rank 1's bundle: it kills itself again
             assert verdicts[1]["verdict"] == "reproduced" and "killed by SIGKILL again" in verdicts[1]["error"], replay
         else:  # SIGKILL came first: the replay ends at the last step rank 1's bundle holds, and says why

@@ -191,6 +191,7 @@ void LiveWriter::startRecording() {
   run_ = formats::BundleWriter::create((fs::path(dir) / kRunFileName).string(), wo);
   for (auto& r : runRecords_) writeRun(r);
   run_->sync();
+  runUnsynced_ = false;
   mapProgress(dir);
   recording_ = dir;
   segmentIndex_ = 0;
@@ -362,6 +363,13 @@ void LiveWriter::loop() {
       busy_ = true;
     }
     try {
+      // run.ccap's records are on disk before any step record that needs them (without them a
+      // replay has nothing to execute): one sync for the several the first step hands over,
+      // which arrive a few ms apart, not one each. close() and a crash seal run.ccap durably.
+      if (runUnsynced_ && run_ && job.kind != Job::Kind::RunRecord && job.kind != Job::Kind::RunTensor) {
+        runUnsynced_ = false;
+        run_->sync();
+      }
       process(job);
     } catch (const std::exception& e) {
       degrade(e.what());
@@ -517,7 +525,7 @@ void LiveWriter::process(Job& job) {
       case Job::Kind::RunTensor:
         if (!needNewRecording_ && run_) {
           writeRun(job);
-          run_->sync();  // without it a replay has nothing to execute
+          runUnsynced_ = true;  // synced by loop() before the next job that is not a run record
         }
         runRecords_.push_back(std::move(job));  // kept (written or not) for a later recording
         return;

@@ -228,6 +228,9 @@ class LiveWriter {
   std::unique_ptr<formats::BundleWriter> run_;
   std::unique_ptr<formats::BundleWriter> segment_;
   bool segmentBroken_ = false;
+  /// run.ccap holds records not yet synced: the writer syncs before the next job that is not
+  /// a run record (the first step hands over several: environment, program, identity).
+  bool runUnsynced_ = false;  ///< writer thread only
   uint64_t segmentIndex_ = 0;
   std::vector<Job> runRecords_;      ///< written to run.ccap; replayed into a new one when a recording restarts after a crash
 

@@ -280,16 +280,26 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
       s.lastStep = report.begunStep;
       if (progress->step == report.begunStep) s.lastPhase = progress->phase;
       if (progress->step == report.begunStep) s.lastOp = progress->lastOp;
-      if (report.begunStep > report.lastStep)
+      if (report.begunStep > report.lastStep) {
+        // Which steps never reached the disk. Step numbers only grow from 0, so S+1 steps begun,
+        // the newest S, are exactly 0..S, and every one after the last held is missing; with
+        // fewer begun the numbers may skip (a program counting in tens, a resumed run), and only
+        // S is sure. formats::lostSteps, which also sees the recorded steps, names them in full.
+        std::string missing;
+        if (report.begunStep == report.lastStep + 1)
+          missing = fmt::format("the records of step {}", report.begunStep);
+        else if (progress->stepsBegun == static_cast<uint64_t>(report.begunStep) + 1)
+          missing = fmt::format("the records of steps {}..{}", report.lastStep + 1, report.begunStep);
+        else
+          missing = fmt::format("the records of step {}, and of any step begun after step {},", report.begunStep,
+                                report.lastStep);
         s.warnings.push_back(
             report.lastStep >= 0
-                ? fmt::format("the process was in step {} ({}); the records of {} never reached the disk",
-                              report.begunStep, progress->phase,
-                              report.begunStep == report.lastStep + 1
-                                  ? fmt::format("step {}", report.begunStep)
-                                  : fmt::format("steps {}..{}", report.lastStep + 1, report.begunStep))
+                ? fmt::format("the process was in step {} ({}); {} never reached the disk", report.begunStep,
+                              progress->phase, missing)
                 : fmt::format("the process was in step {} ({}); no step's records reached the disk", report.begunStep,
                               progress->phase));
+      }
     }
     formats::writeMetaRecord(*writer, s);
   }

@@ -9,11 +9,13 @@
 
 #include <chrono>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <random>
 #include <regex>
 #include <set>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
 
 #include "crashcap/formats/bundle_check.hpp"
@@ -363,6 +365,66 @@ TEST_CASE("seal ignores a progress file that is missing, short or not one", "[re
     // Without the file, the step comes from the records (the sleep gave the writer time).
     CHECK(view.status->lastStep == view.stepBegins.back().step);
     CHECK(view.status->lastPhase.empty());
+  }
+}
+
+TEST_CASE("the sealed warning names the steps that never reached the disk only as far as the count begun proves",
+          "[recorder][kill]") {
+  // A SIGKILLed recording whose progress file is made to say that the process had gone further
+  // than its records: how far, and how many steps it had begun, decide what the warning can name.
+  // Step numbers only grow from 0: N steps begun, the newest N-1, are exactly 0..N-1.
+  struct Case {
+    int64_t ahead;      ///< the progress file's step: the last held + ahead
+    int64_t begunLess;  ///< steps begun: the progress file's step + 1 - begunLess
+    const char* what;
+  };
+  for (auto c : {Case{1, 0, "the next step"}, Case{4, 0, "four steps, 0..S all begun"},
+                 Case{85, 78, "a step far ahead, fewer begun: the numbers skip"}}) {
+    INFO(c.what);
+    TempDir dir;
+    auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--fail", "kill", "--fail-step", "5",
+                        "--steps", "10", "--sleep-ms", "20"});
+    REQUIRE(r.exitCode == -SIGKILL);
+    auto recording = recorder::findRecordings(dir.path()).at(0);
+    // The last step the segments hold: a copy of the recording, sealed as it is.
+    TempDir copy;
+    fs::copy(recording, fs::path(copy.path()) / fs::path(recording).filename(), fs::copy_options::recursive);
+    auto probe = test::run({test::binPath("crashcap"), "seal", copy.path(), "--json"});
+    REQUIRE(probe.exitCode == 0);
+    auto probed =
+        formats::readRecords(*formats::BundleReader::open(nlohmann::json::parse(probe.out)["sealed"][0]["bundle"]));
+    REQUIRE(!probed.stepBegins.empty());
+    const int64_t last = probed.stepBegins.back().step;
+    const int64_t step = last + c.ahead;
+    const uint64_t begun = static_cast<uint64_t>(step + 1 - c.begunLess);
+    {
+      auto path = (fs::path(recording) / recorder::kProgressFileName).string();
+      auto bytes = test::readFile(path);
+      REQUIRE(bytes.size() >= sizeof(recorder::ProgressPage));
+      std::memcpy(bytes.data() + offsetof(recorder::ProgressPage, step), &step, sizeof step);
+      std::memcpy(bytes.data() + offsetof(recorder::ProgressPage, stepsBegun), &begun, sizeof begun);
+      test::writeFile(path, bytes);
+    }
+    auto s = test::run({test::binPath("crashcap"), "seal", dir.path(), "--json"});
+    INFO(s.err);
+    REQUIRE(s.exitCode == 0);
+    auto view = formats::readRecords(*formats::BundleReader::open(nlohmann::json::parse(s.out)["sealed"][0]["bundle"]));
+    REQUIRE(view.status);
+    REQUIRE(view.stepBegins.back().step == last);
+    std::string missing =
+        c.ahead == 1          ? fmt::format("the records of step {}", step)
+        : c.begunLess == 0    ? fmt::format("the records of steps {}..{}", last + 1, step)
+                              : fmt::format("the records of step {}, and of any step begun after step {},", step, last);
+    std::string warning;
+    for (const auto& w : view.status->warnings)
+      if (w.rfind(fmt::format("the process was in step {} (", step), 0) == 0) warning = w;
+    CHECK(warning.size() > missing.size());
+    CHECK(warning.find("); " + missing + " never reached the disk") != std::string::npos);
+    // The steps named lost agree: all of them when 0..S began, only S when the numbers may skip.
+    auto lost = formats::lostSteps(view);
+    std::vector<int64_t> expected;
+    for (int64_t k = c.begunLess == 0 ? last + 1 : step; k <= step; ++k) expected.push_back(k);
+    CHECK(lost == expected);
   }
 }
 

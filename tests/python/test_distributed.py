@@ -69,10 +69,11 @@ def _last_step_held(bundle):
     return steps["last"] if steps["count"] else -1
 
 
-def _replay_of_the_sigkilled_rank(bundle):
-    """The job's replay from the SIGKILLed rank's bundle, or None when SIGKILL took every step's
-    records before the writer had them on disk (then replay refuses, and says why)."""
-    if _last_step_held(bundle) < 0:
+def _replay_of_the_sigkilled_rank(bundle, held):
+    """The job's replay from the SIGKILLed rank's bundle, whose last step is `held`, or None when
+    SIGKILL took every step's records before the writer had them on disk (held < 0: then replay
+    refuses, and says why)."""
+    if held < 0:
         r = crashcap("replay", bundle)
         assert r.returncode != 0 and "holds no recorded steps" in r.stderr, r.stdout + r.stderr
         return None
@@ -161,7 +162,7 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
     # later as crashcap run stopped it -- unless SIGKILL beat rank 1's writer to step 3's batch, and
     # the replay ends at the last step its bundle holds, bit for bit. With none held (a writer
     # three steps behind), there is nothing to replay, and replay says so.
-    replay = _replay_of_the_sigkilled_rank(ranks[1]["bundle"])
+    replay = _replay_of_the_sigkilled_rank(ranks[1]["bundle"], held)
     if replay is None:
         return
     verdicts = {r["rank"]: r["verdict"] for r in replay["ranks"]}
@@ -339,7 +340,7 @@ def test_a_rank_of_four_sigkilled_at_step_n_is_named_first_and_the_job_replays_t
         assert ranks[rank]["from_peer"] or ranks[rank]["outcome"] == "stopped", ranks[rank]
     assert job["headline"].startswith("rank 1 failed first: killed by SIGKILL at step 3"), job["headline"]
     held = _last_step_held(ranks[1]["bundle"])
-    replay = _replay_of_the_sigkilled_rank(ranks[1]["bundle"])
+    replay = _replay_of_the_sigkilled_rank(ranks[1]["bundle"], held)
     if replay is None:
         return
     verdicts = {r["rank"]: r["verdict"] for r in replay["ranks"]}
@@ -549,7 +550,7 @@ def test_ranks_that_torchrun_starts_record_tell_one_story_and_replay(tmp_path, h
         assert ranks[1]["error"].endswith("(the launcher's report)") and "SIGKILL" in ranks[1]["error"], ranks[1]
         assert ranks[1]["step"] == 3 and ranks[1]["ops_from_progress"], ranks[1]
         held = _last_step_held(ranks[1]["bundle"])
-        replay = _replay_of_the_sigkilled_rank(ranks[1]["bundle"])
+        replay = _replay_of_the_sigkilled_rank(ranks[1]["bundle"], held)
         if replay is None:
             return
         verdicts = {r["rank"]: r for r in replay["ranks"]}

@@ -104,6 +104,7 @@ LiveWriter::LiveWriter(LiveWriterOptions options) : page_(anonymousProgressPage(
   if (ec)
     throw Error(ErrorCode::Io, fmt::format("cannot create the output directory {}: {}", options_.outputDir, ec.message()),
                 "check the path and its permissions, or pass another directory");
+  runRecords_ = std::move(options_.runRecords);  // startRecording writes them and syncs
   startRecording();
   settleProgress();  // no step has begun: this thread is the page's only user yet
   // A full file-size limit must surface as EFBIG from write(2), which the writer turns into

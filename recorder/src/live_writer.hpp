@@ -78,6 +78,10 @@ struct LiveWriterOptions {
   /// raw bytes faster than zstd saves them, the rest of that keyframe is stored raw.
   bool rawWhenBehind = true;
   bool quiet = false;               ///< no warning on stderr (tests)
+  /// Run records run.ccap holds from its creation, written and synced by the constructor on the
+  /// constructing thread (a rank's identity from its launcher's variables): a process killed
+  /// before the writer thread's first write still says which job and rank it was.
+  std::vector<Job> runRecords;
 };
 
 struct LiveWriterStats {

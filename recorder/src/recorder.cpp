@@ -130,7 +130,6 @@ struct Recorder::Impl {
   std::optional<formats::CrashData> pendingCrash;
   std::string lastCrashBundle;
   bool closed = false;
-  bool distributedGiven = false;  ///< setDistributed was called: the launcher's variables say less
   std::vector<std::string> warnings;
   /// The process this recorder records. A child the training forks (a DataLoader worker, a
   /// helper that then exits normally) inherits the recorder without its writer thread or its
@@ -372,10 +371,6 @@ struct Recorder::Impl {
           env.facts.emplace_back(key, value);
       }
     writer->push({recordJob(env, Job::Kind::RunRecord)});
-    // A rank of a job its launcher placed (torchrun, crashcap run --nproc), unless the program
-    // said more already (setDistributed: the backend); a later setDistributed holds over it.
-    if (!distributedGiven)
-      if (auto rank = distributedFromEnvironment()) writer->push({recordJob(*rank, Job::Kind::RunRecord)});
   }
 
   std::vector<double> learningRates() {
@@ -660,6 +655,11 @@ Recorder::Recorder(std::string outputDir, Policy policy) : impl_(std::make_uniqu
   wo.crashDrainSeconds = policy.crashDrainSeconds;
   wo.rawWhenBehind = policy.rawWhenBehind;
   wo.quiet = policy.quiet;
+  // A rank of a job its launcher placed (torchrun, crashcap run --nproc): its identity is in
+  // run.ccap, synced, before the first step, not queued behind it, so that a rank killed before
+  // the writer's first write is still placed in its job. A setDistributed (the backend) is
+  // written after it and holds over it (a bundle's last distributed record counts).
+  if (auto rank = distributedFromEnvironment()) wo.runRecords.push_back(Impl::recordJob(*rank, Job::Kind::RunRecord));
   impl_->pool = detail::HostPool::create(policy.queueBytes);
   try {
     impl_->writer = std::make_unique<detail::LiveWriter>(wo);
@@ -863,7 +863,6 @@ void Recorder::setDistributed(formats::DistributedData identity) {
   if (identity.jobId.empty()) std::tie(identity.jobId, identity.jobIdSource) = jobIdFromEnvironment(identity.rendezvous);
   if (identity.source.empty()) identity.source = "program";
   auto& m = *impl_;
-  m.distributedGiven = true;
   if (m.writer && !m.forkedAway()) m.writer->push({Impl::recordJob(identity, Job::Kind::RunRecord)});
 }
 

@@ -74,6 +74,9 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
   // without one, as the only account of it there is.
   uint32_t recorder = 0;  // the process that recorded the rank (the bundle's writer may be crashcap run)
   if (auto env = reader.environment()) recorder = uint32_t(std::strtoul(env->fact("process.pid").c_str(), nullptr, 10));
+  // A rank killed before its environment record reached the disk: run.ccap's first record, written
+  // when its Recorder started, names the same process.
+  if (auto info = reader.recordingInfo(); !recorder && info) recorder = info->pid;
   bool launcherRecord = false;  // the record is a launcher's, not this rank's process's
   if (v.supervision && recorder && v.supervision->pid != recorder) {
     const auto& started = v.supervision->environment;  // crashcap run --nproc started it as this rank

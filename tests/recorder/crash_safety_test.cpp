@@ -128,6 +128,29 @@ nlohmann::json sealOnlyRecording(const std::string& dir) {
   return j["sealed"][0];
 }
 
+TEST_CASE("a rank its launcher placed is placed in its job even when killed before the writer wrote anything",
+          "[recorder][kill][distributed]") {
+  // The identity from the launcher's variables is in run.ccap, synced, when the Recorder exists:
+  // it does not wait in the writer's queue behind the first step, where a SIGKILL would take it.
+  TempDir dir;
+  auto r = test::run({"/usr/bin/env", "RANK=1", "WORLD_SIZE=2", "LOCAL_RANK=1", "MASTER_ADDR=127.0.0.1",
+                      "MASTER_PORT=29511", "CRASHCAP_JOB_ID=job-killed-early", test::binPath("crashcap-test-victim"),
+                      "--dir", dir.path(), "--fail", "start"});
+  INFO(r.err);
+  REQUIRE(r.exitCode == -SIGKILL);
+  std::string bundle = sealOnlyRecording(dir.path())["bundle"];
+  auto view = formats::readRecords(*formats::BundleReader::open(bundle));
+  REQUIRE(view.distributed);
+  CHECK(view.distributed->rank == 1);
+  CHECK(view.distributed->worldSize == 2);
+  CHECK(view.distributed->localRank == 1);
+  CHECK(view.distributed->jobId == "job-killed-early");
+  CHECK(view.distributed->jobIdSource == "crashcap run");
+  CHECK(view.distributed->rendezvous == "env://127.0.0.1:29511");
+  CHECK(view.distributed->source == "environment");
+  CHECK(view.stepBegins.empty());
+}
+
 TEST_CASE("a recording closed without its syncs is as finished and as complete as a synced one", "[recorder][seal]") {
   // close(durable=false) is for a recording removed when clean; if it is kept after all (a crash
   // after the close), every record is there for seal, from the page cache.

@@ -2,6 +2,8 @@
 // the Recorder that fails on demand, for the crash-safety tests:
 //   --fail none|abort|segv|kill|terminate|exception|uncaught|nonfinite|busy   at --fail-step S
 //   --fail setup   throws before the first step (no segment exists yet)
+//   --fail start   SIGKILLs itself right after creating the Recorder, before it is given
+//                  anything (the writer thread has had no job to write)
 // "exception" is caught in main and passed to Recorder::fail; "uncaught" leaves main;
 // "busy" never fails and runs until killed (SIGKILL tests). --report prints
 // "written N" after each step: the newest step the recorder has handed to the OS. --collective
@@ -73,6 +75,7 @@ int main(int argc, char** argv) {
   policy.retainSegments = retain;
   policy.crashDrainSeconds = 20;
   crashcap::recorder::Recorder recorder(dir, policy);
+  if (fail == "start") std::raise(SIGKILL);
   auto program = makeProgram();
   recorder.setProgram(program, {"x", "y"});
   std::vector<at::Tensor> params;

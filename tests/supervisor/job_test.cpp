@@ -4,7 +4,9 @@
 // tests/python/test_distributed.py.
 #include <catch2/catch.hpp>
 
+#include <fmt/format.h>
 #include <nlohmann/json.hpp>
+#include <unistd.h>
 
 #include <fstream>
 
@@ -224,14 +226,18 @@ TEST_CASE("a SIGKILLed rank's story takes its last op and collective from its pr
 
 /// Rank 1 of job-a recorded by pid 101, with crashcap run's record of pid `supervised` (started
 /// with `environment`, its stderr ending in `stderrTail`), and a crash record written by pid
-/// `crashPid` (0: none).
+/// `crashPid` (0: none). Without `recordedEnvironment` the bundle has no environment record (the
+/// rank was killed before it reached the disk): only its recording info, written by this
+/// process, names the recorder's pid.
 void writeSupervisedRank(const std::string& path, uint32_t supervised, std::vector<std::string> environment,
-                         uint32_t crashPid, std::string stderrTail = "") {
+                         uint32_t crashPid, std::string stderrTail = "", bool recordedEnvironment = true) {
   auto w = BundleWriter::create(path);
   writeMetaRecord(*w, DistributedData{"job-a", "crashcap run", 1, 2, 1, "gloo", "", "test"});
-  EnvironmentData env;
-  env.facts = {{"process.pid", "101"}};
-  w->writeEnvironment(env);
+  if (recordedEnvironment) {
+    EnvironmentData env;
+    env.facts = {{"process.pid", "101"}};
+    w->writeEnvironment(env);
+  }
   if (crashPid) {
     CrashData c;
     c.kind = crashPid == 101 ? "nonfinite" : "exit";
@@ -296,6 +302,14 @@ TEST_CASE("a launcher's supervision record tells a rank only when the rank has n
     CHECK(own.how == "killed by SIGKILL");
     CHECK(own.error == "Signal 9 (SIGKILL) received by PID 101 (the launcher's report)");
     CHECK_FALSE(own.fromPeer);  // rank 0's peer error is in the launcher's output, not this rank's
+  }
+  SECTION("a rank killed before its environment reached the disk is known by its recording's pid") {
+    const auto self = static_cast<uint32_t>(::getpid());  // BundleWriter's recording info names this process
+    writeSupervisedRank(dir.file("crash-a1.ccap"), 50, {}, 0, fmt::format("  exitcode  : -9 (pid: {})\n", self), false);
+    auto own = rank1();
+    CHECK(own.how == "killed by SIGKILL");
+    CHECK(own.classification == "signal");
+    CHECK(own.error == fmt::format("exitcode  : -9 (pid: {}) (the launcher's report)", self));
   }
   SECTION("a launcher that reports another process's signal tells nothing of this rank") {
     writeSupervisedRank(dir.file("crash-a1.ccap"), 50, {}, 50, "  exitcode  : -9 (pid: 1010)\n");

@@ -9,6 +9,7 @@
 #include "capnp_util.hpp"
 #include "meta.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/step_numbers.hpp"
 
 namespace crashcap::formats {
 namespace {
@@ -885,9 +886,9 @@ std::vector<int64_t> lostSteps(const BundleRecords& records) {
     for (int64_t s : records.status->lostSteps) lost.insert(s);
   if (records.status && records.status->stepsBegun > 0) begunOnce(records.status->lastStep);
   // A process that died (SIGKILL) in step S, whose records stop at step L < S - 1, had the steps
-  // between them in its writer's queue. Which of them began is known in two cases. Steps
-  // increase from 0 at least, so S + 1 steps begun are exactly 0..S: every one of them in the
-  // window that the bundle lacks is lost. Otherwise, when the recorded steps go one by one
+  // between them in its writer's queue. Which of them began is known in two cases. S + 1 steps
+  // begun are exactly 0..S (step_numbers.hpp): every one of them in the window that the bundle
+  // lacks is lost. Otherwise, when the recorded steps go one by one
   // (every step_begin names the step one before it, or none: the recorder's first) and the
   // count begun has room for the gap, L + 1..S - 1 began. Steps that skip numbers leave the gap
   // unnamed: nothing says which began. A damaged run status cannot make the list unbounded: at
@@ -897,7 +898,7 @@ std::vector<int64_t> lostSteps(const BundleRecords& records) {
   if (records.status && records.status->stepsBegun > 0 && window != INT64_MAX) {
     const int64_t died = records.status->lastStep;
     const uint64_t count = records.status->stepsBegun;
-    if (died >= 0 && count == static_cast<uint64_t>(died) + 1) {
+    if (begunStepsAreAllUpTo(count, died)) {
       for (int64_t s = window; s <= died && lost.size() < bound; ++s) {
         if (!begun.count(s)) lost.insert(s);
         if (s == died) break;  // died may be INT64_MAX in a damaged status

@@ -19,6 +19,7 @@
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/directory.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/step_numbers.hpp"
 
 namespace crashcap::recorder {
 
@@ -281,14 +282,13 @@ SealReport sealRecording(const std::string& recording, const SealOptions& option
       if (progress->step == report.begunStep) s.lastPhase = progress->phase;
       if (progress->step == report.begunStep) s.lastOp = progress->lastOp;
       if (report.begunStep > report.lastStep) {
-        // Which steps never reached the disk. Step numbers only grow from 0, so S+1 steps begun,
-        // the newest S, are exactly 0..S, and every one after the last held is missing; with
-        // fewer begun the numbers may skip (a program counting in tens, a resumed run), and only
-        // S is sure. formats::lostSteps, which also sees the recorded steps, names them in full.
+        // Which steps never reached the disk: every one after the last held when the count begun
+        // proves 0..S all began, else S only (step_numbers.hpp). formats::lostSteps, which also
+        // sees the recorded steps, names them in full by the same rule.
         std::string missing;
         if (report.begunStep == report.lastStep + 1)
           missing = fmt::format("the records of step {}", report.begunStep);
-        else if (progress->stepsBegun == static_cast<uint64_t>(report.begunStep) + 1)
+        else if (formats::begunStepsAreAllUpTo(progress->stepsBegun, report.begunStep))
           missing = fmt::format("the records of steps {}..{}", report.lastStep + 1, report.begunStep);
         else
           missing = fmt::format("the records of step {}, and of any step begun after step {},", report.begunStep,

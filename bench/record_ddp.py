@@ -9,7 +9,8 @@ each round, as `./dev bench record --python` does for one process:
 Each rank trains on its own half of batches taken from the sample's DataLoader once, before the
 rounds. A run's step time is rank 0's median step (the first steps, warm-up, excluded; the ranks
 move in lockstep through their all-reduces); each ratio is per round; the reported ratio is the
-median over rounds, with its min and max.
+median over rounds, with its min and max, its 95% interval (bench/ratios.py) and whether that
+interval shows the target met.
 
     ./dev bench record --ddp [--json] [--rounds N] [--steps N]
 """
@@ -31,6 +32,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 
 import crashcap
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ratios import median_interval, target_verdict  # noqa: E402  (bench/ratios.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 spec = importlib.util.spec_from_file_location("sample", os.path.join(HERE, "..", "samples", "python", "train.py"))
@@ -111,7 +115,9 @@ def rank_main(a):
         "recorded_step_ms": statistics.median(recd),
         "overhead_ratio": statistics.median(ratios),
         "overhead_ratio_spread": {"min": min(ratios), "max": max(ratios)},
+        "overhead_ratio_interval": {k: v for k, v in median_interval(ratios).items() if k != "median"},
         "target": 1.03,
+        "target_verdict": target_verdict(median_interval(ratios), 1.03),
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count()},
     }
     if a.json:

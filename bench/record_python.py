@@ -8,7 +8,7 @@ round so machine noise hits both alike:
 The batches come from the sample's DataLoader once, before the rounds, so that neither run waits
 on worker processes: what is timed is the step and the recorder. A run's step time is its median
 step (the first steps, warm-up, excluded); each ratio is per round; the reported ratio is the
-median over rounds, with its min and max.
+median over rounds, with its min and max and its 95% interval (bench/ratios.py).
 
     ./dev bench record --python [--json] [--rounds N] [--steps N] [--threads T]
 """
@@ -26,6 +26,9 @@ import time
 import torch
 
 import crashcap
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ratios import median_interval  # noqa: E402  (bench/ratios.py)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 spec = importlib.util.spec_from_file_location("sample", os.path.join(HERE, "..", "samples", "python", "train.py"))
@@ -119,6 +122,7 @@ def main():
         "recorded_step_ms": statistics.median(recd),
         "overhead_ratio": statistics.median(ratios),
         "overhead_ratio_spread": {"min": min(ratios), "max": max(ratios)},
+        "overhead_ratio_interval": {k: v for k, v in median_interval(ratios).items() if k != "median"},
         "torch_threads": torch.get_num_threads(),
         "recorded_dropped_records": dropped,
         # The training thread's own time in the recorder per step (rec.steps' begin + rec.end).

@@ -115,7 +115,13 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   } else {
     j["optimizer"] = nullptr;
   }
-  json steps = {{"count", v.stepBegins.size()}, {"completed", v.stepEnds.size()}};
+  // A step's end record holds its loss, and is written before the optimizer's update: the step a
+  // crash names (a non-finite loss stops it there; an exception in optimizer.step() comes after
+  // it) ended but never completed.
+  const int64_t crashStep = v.crash ? v.crash->step : -1;
+  const auto completed = std::count_if(v.stepEnds.begin(), v.stepEnds.end(),
+                                       [&](const auto& e) { return crashStep < 0 || e.step != crashStep; });
+  json steps = {{"count", v.stepBegins.size()}, {"ended", v.stepEnds.size()}, {"completed", completed}};
   steps["first"] = v.stepBegins.empty() ? json(nullptr) : json(v.stepBegins.front().step);
   steps["last"] = v.stepBegins.empty() ? json(nullptr) : json(v.stepBegins.back().step);
   steps["last_loss"] = v.stepEnds.empty() ? json(nullptr) : number(v.stepEnds.back().loss);

@@ -61,9 +61,10 @@ def test_the_html_report_renders_offline_with_a_point_per_recorded_step(crash, t
     assert attrs.get("rendered") == "true", f"the page's script did not finish: {attrs}; console: {console_lines(r.stderr)}"
     assert console_lines(r.stderr) == [], console_lines(r.stderr)
     story = crashcap_json("inspect", crash)
-    recorded = story["steps"]["completed"]
-    assert recorded == 10
-    assert int(attrs["loss-points"]) == recorded
+    # A point for every step whose loss was recorded: step 9's NaN too, which ended but never completed.
+    ended = story["steps"]["ended"]
+    assert ended == 10 and story["steps"]["completed"] == 9 and story["crash"]["step"] == 9, story["steps"]
+    assert int(attrs["loss-points"]) == ended
     # The culprit row (2) beside a normal row, as pictures: image-like rows of the crash step.
     assert int(attrs["pictures"]) >= 2
     assert "2 (culprit)" in r.stdout and "(normal)" in r.stdout

@@ -85,6 +85,11 @@ TEST_CASE("every way a training step dies leaves one sealed bundle naming the st
       CHECK(!story["crash"]["stack"].empty());
       CHECK(story["steps"]["first"] == 0);
       CHECK(story["steps"]["last"] == 5);
+      // Steps 0..4 completed; step 5 died, in its forward pass or, non-finite, as its end was
+      // recorded: it ended then (its loss is kept) but never completed.
+      CHECK(story["steps"]["count"] == 6);
+      CHECK(story["steps"]["ended"] == (c.fail == "nonfinite" ? 6 : 5));
+      CHECK(story["steps"]["completed"] == 5);
       CHECK(story["keyframes"] == nlohmann::json::array({0, 4}));
       // The failing step's inputs and generator state are there, and so is the keyframe
       // replay starts from.

@@ -603,18 +603,24 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     const int recordedSignal = was.outcome == "failed" ? was.signal : 0;
     // A rank stopped after it wrote its answer (it hung on its way out) is judged by the answer.
     const bool answered = fs::exists(programs[i].resultPath);
+    // Where a rank that was stopped or died without an answer was: the step it had begun.
+    const auto progress = replayProgress(r.bundle, programs[i]);
+    const bool inStep = progress && progress->step >= 0;
+    const std::string where = inStep ? fmt::format(" in step {}", progress->step) : std::string();
+    const std::string recordedWhere = was.step >= 0 ? fmt::format(" in step {}", was.step) : std::string();
+    if ((runs[i].pastDeadline || runs[i].timedOut) && !answered && inStep) r.stoppedInStep = progress->step;
     // Stopped at --timeout without an answer. After a peer ended, a rank crashcap run had stopped in
     // the recording hangs again; with no rank ended, whatever they wait for is not what was recorded.
     if (runs[i].pastDeadline && !answered) {
       if (anyRankEnded && was.outcome == "stopped") {
         r.verdict = "reproduced";
         r.error = fmt::format("had not ended when the replay's --timeout of {} s came, after another rank's replay "
-                              "ended, as in the recording (where crashcap run stopped it): stopped, so only the hang "
-                              "is compared{}",
-                              gReplayTimeout, lastLines(runs[i].err, 4));
+                              "ended, as in the recording (where crashcap run stopped it{}): stopped{}, so only the "
+                              "hang is compared{}",
+                              gReplayTimeout, recordedWhere, where, lastLines(runs[i].err, 4));
       } else {
-        r.error = fmt::format("rank {} had not ended {} s after the job's replay began, and was stopped (--timeout): {}{}{}",
-                              r.rank, gReplayTimeout,
+        r.error = fmt::format("rank {} had not ended {} s after the job's replay began, and was stopped{} (--timeout): {}{}{}",
+                              r.rank, gReplayTimeout, where,
                               anyRankEnded ? "it " : "no rank ended, so every one ", waitedForNoPeer,
                               lastLines(runs[i].err, 6));
       }
@@ -622,7 +628,6 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     }
     // Died of the signal the recorded rank died of: the failure, again (the process could not answer).
     // Not when it died before its first replayed step: that is its set-up (programOutcome says so).
-    const auto progress = replayProgress(r.bundle, programs[i]);
     if (!runs[i].timedOut && recordedSignal && runs[i].exitCode < 0 && -runs[i].exitCode == recordedSignal &&
         !(progress && progress->step < 0)) {
       r.verdict = "reproduced";
@@ -638,16 +643,16 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
     if (runs[i].timedOut && !answered && was.outcome == "stopped") {
       r.verdict = "reproduced";
       r.error = fmt::format("had not ended {:.0f} s after another rank's replay ended, as in the recording (where "
-                            "crashcap run stopped it): stopped again, so only the hang is compared{}",
-                            hangSeconds, lastLines(runs[i].err, 4));
+                            "crashcap run stopped it{}): stopped again{}, so only the hang is compared{}",
+                            hangSeconds, recordedWhere, where, lastLines(runs[i].err, 4));
       continue;
     }
     try {
       if (runs[i].timedOut && !answered)
         throw Error(ErrorCode::Unsupported,
-                    fmt::format("rank {} had not ended {:.0f} s after another rank's replay ended, and was stopped: it "
-                                "{}{}",
-                                r.rank, hangSeconds, waitedForNoPeer, lastLines(runs[i].err, 6)));
+                    fmt::format("rank {} had not ended {:.0f} s after another rank's replay ended, and was stopped{}: "
+                                "it {}{}",
+                                r.rank, hangSeconds, where, waitedForNoPeer, lastLines(runs[i].err, 6)));
       auto outcome = programOutcome(r.bundle, programs[i], runs[i]);
       if (outcome.error) throw *outcome.error;
       if (!outcome.replay) throw Error(ErrorCode::Corrupt, "the program answered a replay request with no replay");

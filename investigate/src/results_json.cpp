@@ -227,7 +227,8 @@ json toJson(const JobReplay& job) {
                      {"verdict", nullable(r.verdict)},
                      {"replay", r.result ? toJson(*r.result) : json(nullptr)},
                      {"error", nullable(r.error)},
-                     {"died_in_step", nullable(r.diedInStep)}});
+                     {"died_in_step", nullable(r.diedInStep)},
+                     {"stopped_in_step", nullable(r.stoppedInStep)}});
   return {{"job_id", job.jobId}, {"world_size", job.worldSize}, {"rank", job.rank},   {"step", job.step},
           {"keyframe", job.keyframe}, {"notes", job.notes},         {"ranks", ranks}};
 }
@@ -250,6 +251,7 @@ JobReplay jobReplayFromJson(const json& j) {
     if (r.contains("replay") && !r["replay"].is_null()) rr.result = replayResultFromJson(r["replay"]);
     rr.error = optText(r, "error");
     rr.diedInStep = optInteger(r, "died_in_step");  // absent before it existed
+    rr.stoppedInStep = optInteger(r, "stopped_in_step");
     job.ranks.push_back(std::move(rr));
   }
   return job;

@@ -325,6 +325,15 @@ TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the 
   CHECK(back.ranks[1].error == job.ranks[1].error);
   CHECK(back.ranks[1].diedInStep == 6);
   CHECK_FALSE(back.ranks[0].diedInStep);
+  CHECK_FALSE(back.ranks[1].stoppedInStep);
+  // A rank stopped without an answer (a hang, again) says the step it was in.
+  JobReplay hung = job;
+  hung.ranks[1] = {1, "/runs/b.ccap", std::nullopt, "had not ended 30 s after another rank's replay ended, as in the "
+                   "recording (where crashcap run stopped it in step 6): stopped again in step 6", "reproduced",
+                   std::nullopt, 6};
+  auto hungBack = jobReplayFromJson(json::parse(toJson(hung).dump()));
+  CHECK(hungBack.ranks[1].stoppedInStep == 6);
+  CHECK_FALSE(hungBack.ranks[1].diedInStep);
   REQUIRE(back.ranks[2].result);
   CHECK(back.ranks[2].result->rows == std::vector<int64_t>{0, 3});
 

@@ -168,7 +168,9 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
     verdicts = {r["rank"]: r["verdict"] for r in replay["ranks"]}
     if replay["step"] == 3:
         assert verdicts == {0: "reproduced", 1: "reproduced"}, replay["ranks"]
-        assert "as in the recording (where crashcap run stopped it)" in replay["ranks"][0]["error"]
+        assert "as in the recording (where crashcap run stopped it in step 3): stopped again in step 3" in \
+            replay["ranks"][0]["error"], replay["ranks"][0]
+        assert replay["ranks"][0]["stopped_in_step"] == 3 and replay["ranks"][1]["died_in_step"] == 3, replay["ranks"]
         assert "killed by SIGKILL again" in replay["ranks"][1]["error"]
     else:
         assert replay["step"] == held and "rank 1 was in step 3" in replay["notes"][0], replay
@@ -179,6 +181,7 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
         bounded = crashcap_json("replay", ranks[1]["bundle"], "--timeout", 15)
         assert {r["rank"]: r["verdict"] for r in bounded["ranks"]} == {0: "reproduced", 1: "reproduced"}, bounded
         assert "had not ended when the replay's --timeout of 15 s came" in bounded["ranks"][0]["error"], bounded
+        assert bounded["ranks"][0]["stopped_in_step"] == 3, bounded
 
 
 def test_a_job_replay_none_of_whose_ranks_ends_is_stopped_at_the_timeout_and_each_rank_says_so(tmp_path):
@@ -197,7 +200,8 @@ def test_a_job_replay_none_of_whose_ranks_ends_is_stopped_at_the_timeout_and_eac
     for h in hung["ranks"]:
         assert h["replay"] is None and h["verdict"] is None, h
         assert h["error"].startswith(f"rank {h['rank']} had not ended 15 s after the job's replay began, and was "
-                                     f"stopped (--timeout): no rank ended"), h["error"]
+                                     f"stopped in step 1 (--timeout): no rank ended"), h["error"]
+        assert h["stopped_in_step"] == 1 and h["died_in_step"] is None, h
     r = crashcap("replay", bundle, "--timeout", -1)
     assert r.returncode != 0 and "--timeout" in r.stderr, r.stderr
 

@@ -69,6 +69,8 @@ struct RankReplay {
   std::string verdict;
   /// Killed again: the step it had begun (its progress file), when it says.
   std::optional<int64_t> diedInStep;
+  /// Stopped without an answer (a hang, again or not): the step it had begun, when it says.
+  std::optional<int64_t> stoppedInStep;
 };
 
 /// The ranks of a multi-process job replayed together.

@@ -110,7 +110,9 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
     if (r.outcome.empty()) r.outcome = c.signal && isStopSignal(c.signalName) ? "stopped" : "failed";
     // How the recorder saw it fail says more than the exit status that followed.
     if (c.signal && r.outcome == "failed") r.how = "killed by " + c.signalName;
-    else if (c.kind == "exception") r.how = "raised";
+    else if (c.signal && r.outcome == "stopped") {  // by a launcher that stops its ranks when one dies (torchrun)
+      if (r.how.empty()) r.how = "stopped by " + c.signalName;
+    } else if (c.kind == "exception") r.how = "raised";
     else if (c.kind == "nonfinite") r.how = "stopped by crashcap for a non-finite value";
     else if (c.kind == "terminate") r.how = "terminated (std::terminate)";
     else if (r.how.empty()) r.how = c.kind;

@@ -311,6 +311,32 @@ TEST_CASE("a launcher's supervision record tells a rank only when the rank has n
     CHECK(own.classification == "signal");
     CHECK(own.error == fmt::format("exitcode  : -9 (pid: {}) (the launcher's report)", self));
   }
+  SECTION("a rank its launcher stopped (torchrun's SIGTERM) is told stopped by that signal") {
+    auto w = BundleWriter::create(dir.file("crash-a1.ccap"));
+    writeMetaRecord(*w, DistributedData{"job-a", "crashcap run", 1, 2, 1, "gloo", "", "test"});
+    EnvironmentData env;
+    env.facts = {{"process.pid", "101"}};
+    w->writeEnvironment(env);
+    CrashData c;
+    c.kind = "signal";
+    c.step = 4;
+    c.phase = "backward";
+    c.signal = 15;
+    c.signalName = "SIGTERM";
+    c.error = "SIGTERM (Terminated), sent by process 50";
+    c.pid = 101;
+    writeMetaRecord(*w, c);
+    SupervisionData sv = supervision(50, "python-exception", 500'000'000, 9'000'000'000);
+    sv.exitCode = 1;
+    writeMetaRecord(*w, sv);
+    w->seal();
+    auto stories = supervisor::readJobs(dir.path());
+    REQUIRE(stories.jobs.size() == 1);
+    auto own = rankOf(stories.jobs[0], 1);
+    CHECK(own.outcome == "stopped");
+    CHECK(own.how == "stopped by SIGTERM");  // not the crash record's kind ("signal")
+    CHECK(own.step == 4);
+  }
   SECTION("a launcher that reports another process's signal tells nothing of this rank") {
     writeSupervisedRank(dir.file("crash-a1.ccap"), 50, {}, 50, "  exitcode  : -9 (pid: 1010)\n");
     auto own = rank1();

@@ -152,12 +152,16 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   const int64_t batch = batchRows.count;
   // Every batch tensor with rows, and each of its rows with its statistics: a culprit row is
   // judged against the batch's other rows. A row is an index into the tensor's row dimension
-  // (":,5" in a sequence-first tensor). Loaded once per tensor, not per culprit row.
+  // (":,5" in a sequence-first tensor). Loaded once per tensor, not per culprit row. Only what
+  // the findings below read is kept: the rows of integer tensors (judged against the ops' index
+  // domains) and the values of [rows, features] floating ones (a feature's outlier); of the
+  // others (images, activations: the batch's bulk), the statistics, so that a large batch is
+  // held about one tensor at a time, not twice over.
   struct Loaded {
     const formats::TensorInfo* info = nullptr;
     int rowDim = 0;
-    inspect::HostTensor t;
-    std::vector<inspect::HostTensor> rowTensors;
+    inspect::HostTensor t;  ///< its bytes only when a [rows, features] floating tensor
+    std::vector<inspect::HostTensor> rowTensors;  ///< integer tensors only
     std::vector<inspect::TensorStats> stats;
     bool floating = false, integer = false;
     std::vector<IndexDomain> applicable;
@@ -176,9 +180,11 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
     std::string leading;
     for (int d = 0; d < rowDim; ++d) leading += ":,";
     for (int64_t r = 0; r < batch; ++r) {
-      l.rowTensors.push_back(inspect::applySlice(l.t, inspect::parseSlice(leading + std::to_string(r))));
-      l.stats.push_back(inspect::computeStats(l.rowTensors.back()));
+      auto row = inspect::applySlice(l.t, inspect::parseSlice(leading + std::to_string(r)));
+      l.stats.push_back(inspect::computeStats(row));
+      if (l.integer) l.rowTensors.push_back(std::move(row));
     }
+    if (!(l.floating && rowDim == 0 && l.t.shape.size() == 2)) std::vector<uint8_t>().swap(l.t.bytes);
     loaded.push_back(std::move(l));
   }
   // The domains that apply to each tensor: an op's index input of its shape (or element count,

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <set>
 #include <cmath>
 
 #include "crashcap/formats/clock.hpp"
@@ -115,13 +116,20 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   } else {
     j["optimizer"] = nullptr;
   }
-  // A step's end record holds its loss, and is written before the optimizer's update: the step a
-  // crash names (a non-finite loss stops it there; an exception in optimizer.step() comes after
-  // it) ended but never completed.
-  const int64_t crashStep = v.crash ? v.crash->step : -1;
-  const auto completed = std::count_if(v.stepEnds.begin(), v.stepEnds.end(),
-                                       [&](const auto& e) { return crashStep < 0 || e.step != crashStep; });
-  json steps = {{"count", v.stepBegins.size()}, {"ended", v.stepEnds.size()}, {"completed", completed}};
+  // A step's end record holds its loss, and is written before the optimizer's update: the step the
+  // process failed in (a non-finite loss stops it there; an exception in optimizer.step(), a
+  // SIGKILL in it, come after) ended but never completed. A crash between steps (validation,
+  // logging, a signal while the loader waits) names the step before it, which did complete.
+  std::optional<int64_t> failedIn;
+  if (v.crash) {
+    if (v.crash->step >= 0 && v.crash->phase != "between-steps") failedIn = v.crash->step;
+  } else if (auto killed = formats::killedInStep(v); killed && v.status->lastPhase != "between-steps") {
+    failedIn = killed;
+  }
+  std::set<int64_t> ended;
+  for (const auto& e : v.stepEnds) ended.insert(e.step);
+  const size_t completed = ended.size() - (failedIn && ended.count(*failedIn) ? 1 : 0);
+  json steps = {{"count", v.stepBegins.size()}, {"ended", ended.size()}, {"completed", completed}};
   steps["first"] = v.stepBegins.empty() ? json(nullptr) : json(v.stepBegins.front().step);
   steps["last"] = v.stepBegins.empty() ? json(nullptr) : json(v.stepBegins.back().step);
   steps["last_loss"] = v.stepEnds.empty() ? json(nullptr) : number(v.stepEnds.back().loss);

@@ -19,8 +19,9 @@ struct StoryOptions {
   bool tensorStats = true;    ///< read the crash step's batch to compute statistics
 };
 
-/// Keys: bundle, state, sealed, run, env, program, optimizer, steps {first, last, count,
-/// completed (steps fingerprinted: their loss reached end()), last_loss, last_grad_norm, last_learning_rates (of
+/// Keys: bundle, state, sealed, run, env, program, optimizer, steps {first, last, count (steps
+/// recorded), ended (steps fingerprinted: their loss reached end()), completed (ended, less the
+/// step the process failed in: a crash's step unless between steps, a killed process's), last_loss, last_grad_norm, last_learning_rates (of
 /// the last step begun, per parameter group), lost [steps the recorder lost]}, keyframes [steps], crash (null or {kind, step,
 /// phase, error, error_type, signal (null when none), signal_name, stack, time}), last_ops,
 /// op_trace {total_ops, capacity, total_collectives}, collectives (see collectivesJson), crash_tensors [{name, dtype, shape, stats}],

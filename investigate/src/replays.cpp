@@ -633,9 +633,8 @@ JobReplay replayJob(const std::string& bundle, const replayer::ReplayOptions& op
       r.verdict = "reproduced";
       r.error = fmt::format("killed by {} again{}, as in the recording: nothing in the process could write its "
                             "steps, so only the failure is compared{}",
-                            formats::signalName(recordedSignal),
-                            progress ? fmt::format(" in step {}", progress->step) : "", lastLines(runs[i].err, 4));
-      if (progress) r.diedInStep = progress->step;
+                            formats::signalName(recordedSignal), where, lastLines(runs[i].err, 4));
+      if (inStep) r.diedInStep = progress->step;
       continue;
     }
     // Still running long after a peer ended, as in the recording, where crashcap run stopped it: the

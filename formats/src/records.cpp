@@ -923,6 +923,20 @@ std::optional<int64_t> killedInStep(const BundleRecords& records) {
   return records.status->lastStep;
 }
 
+bool phaseInStep(const std::string& phase) {
+  return phase != "setup" && phase != "between-steps" && phase != "loading";
+}
+
+std::optional<int64_t> failedInStep(const BundleRecords& records) {
+  if (records.crash) {
+    if (records.crash->step < 0 || !phaseInStep(records.crash->phase)) return std::nullopt;
+    return records.crash->step;
+  }
+  const auto killed = killedInStep(records);
+  if (!killed || !phaseInStep(records.status->lastPhase)) return std::nullopt;
+  return killed;
+}
+
 bool rowDimensionInDoubt(const std::vector<int64_t>& shape, int64_t rows) {
   return rows >= 0 && shape.size() > 1 && shape[0] == rows && shape[1] == rows;
 }

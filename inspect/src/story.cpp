@@ -119,13 +119,9 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   // A step's end record holds its loss, and is written before the optimizer's update: the step the
   // process failed in (a non-finite loss stops it there; an exception in optimizer.step(), a
   // SIGKILL in it, come after) ended but never completed. A crash between steps (validation,
-  // logging, a signal while the loader waits) names the step before it, which did complete.
-  std::optional<int64_t> failedIn;
-  if (v.crash) {
-    if (v.crash->step >= 0 && v.crash->phase != "between-steps") failedIn = v.crash->step;
-  } else if (auto killed = formats::killedInStep(v); killed && v.status->lastPhase != "between-steps") {
-    failedIn = killed;
-  }
+  // logging, a signal while the loader waits, the loader's own error) names the step before it,
+  // which did complete.
+  const auto failedIn = formats::failedInStep(v);
   std::set<int64_t> ended;
   for (const auto& e : v.stepEnds) ended.insert(e.step);
   const size_t completed = ended.size() - (failedIn && ended.count(*failedIn) ? 1 : 0);

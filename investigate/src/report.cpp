@@ -8,6 +8,7 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
 #include "crashcap/inspect/story.hpp"
 
 namespace crashcap::investigate {
@@ -33,6 +34,8 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   std::string stepText = crash.is_null() || crash["step"].is_null() ? "?" : crash["step"].dump();
   // A crash the supervisor saw outside any step has no phase.
   const std::string phase = !crash.is_null() && crash["phase"].is_string() ? crash["phase"].get<std::string>() : "unknown";
+  // A crash between steps or while loading the next batch names the step before it, which completed.
+  const std::string at = stepText != "?" && !formats::phaseInStep(phase) ? "after" : "at";
   const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : replayed;
   // At most 80 characters, cut at a word and marked as cut.
   std::string title = error;
@@ -42,16 +45,15 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   }
   std::replace(title.begin(), title.end(), '"', '\'');  // keep the front matter valid YAML
   std::string md;
-  md += fmt::format("---\ntitle: \"Training crash at step {}: {}\"\ndate: \"{}\"\ntype: \"bug_report\"\n"
+  md += fmt::format("---\ntitle: \"Training crash {} step {}: {}\"\ndate: \"{}\"\ntype: \"bug_report\"\n"
                     "generated_by: \"crashcap {}\"\nbundle: \"{}\"\n---\n\n",
-                    stepText, title, crash.is_null() ? "" : crash["time"].get<std::string>(), formats::toolVersion(),
+                    at, stepText, title, crash.is_null() ? "" : crash["time"].get<std::string>(), formats::toolVersion(),
                     bundle);
   md += "## Summary\n";
   if (crash.is_null()) {
     md += fmt::format("The recording ends without a crash record (state: {}).\n", story["status"].dump());
   } else {
-    md += fmt::format("Training fails at step {} in the {} phase with `{}`.", stepText, phase,
-                      error);
+    md += fmt::format("Training fails {} step {} in the {} phase with `{}`.", at, stepText, phase, error);
     if (!triage && replay) md += fmt::format(" Replay: **{}**.", replayer::verdictName(replay->verdict));
     if (triage) {
       std::vector<std::string> confirmed;

@@ -121,6 +121,10 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   const json& crash = story["crash"];
   const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : replayed;
   const int64_t crashStep = view.crash && view.crash->step >= 0 ? view.crash->step : formats::killedInStep(view).value_or(-1);
+  // A crash between steps or while loading the next batch names the step before it, which completed.
+  const std::string crashAt =
+      crashStep < 0 ? "at step ?"
+                    : fmt::format("{} step {}", formats::failedInStep(view) ? "at" : "after", crashStep);
   const std::string error = crash.is_null() ? std::string("no crash record") : lastLine(crash["error"].get<std::string>());
 
   // The curves: one point per recorded step.
@@ -145,8 +149,7 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   auto section = [&](const std::string& title) { body += "<h2>" + escape(title) + "</h2>\n"; };
 
   // Summary.
-  body += fmt::format("<h1>Training crash at step {}</h1>\n<p class=\"error\"><code>{}</code></p>\n",
-                      crashStep >= 0 ? std::to_string(crashStep) : "?", escape(error));
+  body += fmt::format("<h1>Training crash {}</h1>\n<p class=\"error\"><code>{}</code></p>\n", crashAt, escape(error));
   body += "<ul class=\"facts\">";
   body += fmt::format("<li>bundle <code>{}</code></li>", escape(bundle));
   if (!crash.is_null())
@@ -343,7 +346,7 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
 
   std::string html;
   html += "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n";
-  html += fmt::format("<title>crashcap: training crash at step {}</title>\n", crashStep >= 0 ? std::to_string(crashStep) : "?");
+  html += fmt::format("<title>crashcap: training crash {}</title>\n", crashAt);
   html += fmt::format("<meta name=\"generator\" content=\"crashcap {}\">\n", formats::toolVersion());
   html += R"(<style>
 body { font: 14px/1.45 system-ui, sans-serif; margin: 24px auto; max-width: 1100px; color: #222; padding: 0 16px; }

@@ -102,8 +102,7 @@ std::optional<BundleFacts> readBundle(const std::string& path, std::string& why,
     // the step's end, after ops that have nothing to do with it (replay names the first bad op);
     // loading a batch or the time between steps runs none of the step's ops (the trace's last one
     // is the step before's).
-    const bool inStep = v.crash->phase != "loading" && v.crash->phase != "between-steps" && v.crash->phase != "setup";
-    if (v.crash->step >= 0 && v.opTrace && v.crash->kind != "nonfinite" && inStep)
+    if (v.crash->step >= 0 && v.opTrace && v.crash->kind != "nonfinite" && formats::phaseInStep(v.crash->phase))
       for (auto it = v.opTrace->ops.rbegin(); it != v.opTrace->ops.rend(); ++it)
         if (it->step == v.crash->step) {
           f.op = it->name;

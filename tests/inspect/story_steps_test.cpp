@@ -64,6 +64,10 @@ TEST_CASE("the step the process failed in ended but did not complete; a crash be
     CHECK(st["ended"] == 4);
     CHECK(st["completed"] == 4);
   }
+  SECTION("the DataLoader's error while it loaded the next batch names the step before, which completed") {
+    auto st = stepsOf(dir.file("f.ccap"), crashIn("loading"), std::nullopt);
+    CHECK(st["completed"] == 4);
+  }
   SECTION("a process killed in a step's update, sealed from its progress") {
     auto st = stepsOf(dir.file("c.ccap"), std::nullopt, killedIn("optimizer"));
     CHECK(st["completed"] == 3);
@@ -80,4 +84,33 @@ TEST_CASE("the step the process failed in ended but did not complete; a crash be
     auto st = stepsOf(dir.file("e.ccap"), std::nullopt, finished);
     CHECK(st["completed"] == 4);
   }
+}
+
+TEST_CASE("the step a process failed in is the crash's or the killed one's, when its phase lies in a step",
+          "[formats][records]") {
+  CHECK(phaseInStep("forward"));
+  CHECK(phaseInStep("backward"));
+  CHECK(phaseInStep("optimizer"));
+  CHECK(phaseInStep(""));  // a recording from before phases were kept
+  CHECK_FALSE(phaseInStep("setup"));
+  CHECK_FALSE(phaseInStep("between-steps"));
+  CHECK_FALSE(phaseInStep("loading"));
+
+  BundleRecords r;
+  CHECK_FALSE(failedInStep(r));  // nothing failed
+  r.crash = crashIn("backward");
+  CHECK(failedInStep(r) == 3);
+  r.crash = crashIn("loading");
+  CHECK_FALSE(failedInStep(r));
+  r.crash = crashIn("forward");
+  r.crash->step = -1;  // before the first step
+  CHECK_FALSE(failedInStep(r));
+  r.crash.reset();
+  r.status = killedIn("forward");
+  CHECK(failedInStep(r) == 3);
+  r.status = killedIn("between-steps");
+  CHECK_FALSE(failedInStep(r));
+  r.status->state = "finished";
+  r.status->lastPhase = "forward";
+  CHECK_FALSE(failedInStep(r));  // a run that ended cleanly failed nowhere
 }

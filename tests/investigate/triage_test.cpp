@@ -5,6 +5,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/investigate/report.hpp"
 #include "test_support.hpp"
 #include "triage_support.hpp"
 
@@ -130,4 +133,38 @@ TEST_CASE("crashcap report writes a Markdown bug report with the triage table", 
   CHECK(md.find("| invalid-data | **confirmed** |") != std::string::npos);
   CHECK(md.find("row 1 of steps/5/batch/label is 10") != std::string::npos);
   CHECK(md.rfind("---\ntitle: \"Training crash at step 5", 0) == 0);
+}
+
+TEST_CASE("the report says a crash between steps or while loading came after the step it names",
+          "[investigate][report]") {
+  test::TempDir dir;
+  auto bundleOf = [&](const std::string& name, const std::string& phase) {
+    const std::string path = dir.file(name);
+    auto w = formats::BundleWriter::create(path);
+    for (int64_t s = 0; s < 4; ++s) {
+      formats::writeMetaRecord(*w, formats::StepBeginData{s, {}, {}, {0.1}, 100 + s, -1, s - 1});
+      formats::writeMetaRecord(*w, formats::StepEndData{s, 1.0 / double(s + 1), 0, false, false, 10});
+    }
+    formats::CrashData c;
+    c.kind = "exception";
+    c.step = 3;
+    c.phase = phase;
+    c.error = "RuntimeError: boom";
+    formats::writeMetaRecord(*w, c);
+    w->seal();
+    return path;
+  };
+  const std::string inStep = bundleOf("in.ccap", "backward");
+  const std::string loading = bundleOf("loading.ccap", "loading");
+  const std::string between = bundleOf("between.ccap", "between-steps");
+  CHECK(investigate::markdownReport(inStep, std::nullopt).rfind("---\ntitle: \"Training crash at step 3: ", 0) == 0);
+  CHECK(investigate::markdownReport(loading, std::nullopt).rfind("---\ntitle: \"Training crash after step 3: ", 0) == 0);
+  const std::string md = investigate::markdownReport(between, std::nullopt);
+  CHECK(md.rfind("---\ntitle: \"Training crash after step 3: ", 0) == 0);
+  CHECK(md.find("Training fails after step 3 in the between-steps phase") != std::string::npos);
+  if (investigate::htmlReportAvailable()) {
+    CHECK(investigate::htmlReport(inStep, std::nullopt).find("<h1>Training crash at step 3</h1>") != std::string::npos);
+    CHECK(investigate::htmlReport(between, std::nullopt).find("<h1>Training crash after step 3</h1>") !=
+          std::string::npos);
+  }
 }

@@ -394,4 +394,15 @@ std::vector<int64_t> lostSteps(const BundleRecords& records);
 /// the run ended cleanly, or when it had begun no step.
 std::optional<int64_t> killedInStep(const BundleRecords& records);
 
+/// Whether a crash or run status phase lies inside a step (forward, backward, the optimizer, or a
+/// phase not known). Not "setup", "between-steps" (validation, logging, a signal while the loader
+/// waits) and "loading" (the DataLoader raised while it loaded the next batch): the step a crash
+/// then names is the one before, which completed, and its ops are not the failure's.
+bool phaseInStep(const std::string& phase);
+
+/// The step the process failed in, which began but never completed: the crash record's step, else
+/// killedInStep, when its phase is in a step (phaseInStep). nullopt when the process failed
+/// between steps, while loading, in its set-up, or did not fail.
+std::optional<int64_t> failedInStep(const BundleRecords& records);
+
 }  // namespace crashcap::formats

@@ -66,7 +66,10 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
   const int64_t last = r.steps.empty() ? r.step : r.steps.back().step;
   if (r.steps.empty())  // a program that died replaying (its notes say how): no step came back
     std::cout << fmt::format("replayed {} from keyframe {} towards step {}: no step came back{}\n", bundle, r.keyframe,
-                             r.step, r.diedInStep ? fmt::format(" (it died in step {})", *r.diedInStep) : "");
+                             r.step,
+                             r.diedInStep      ? fmt::format(" (it died in step {})", *r.diedInStep)
+                             : r.stoppedInStep ? fmt::format(" (it was stopped in step {})", *r.stoppedInStep)
+                                               : "");
   else
     std::cout << fmt::format("replayed steps {}..{}{} of {} from keyframe {} on {} ({} threads, {}) in {:.0f} ms\n",
                              r.keyframe, last, last == r.step ? std::string() : fmt::format(" (of {})", r.step), bundle,

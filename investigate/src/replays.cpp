@@ -711,6 +711,7 @@ replayer::ReplayResult askedRankReplay(const JobReplay& job) {
     out.keyframe = job.keyframe;
     out.error = it->error;
     out.diedInStep = it->diedInStep;
+    out.stoppedInStep = it->stoppedInStep;
     out.sameSetup = false;  // nothing was compared but the failure
     // The target's rows, as an answering replay says them: a sample bisection cuts the rank's rows.
     try {

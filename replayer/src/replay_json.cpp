@@ -232,6 +232,7 @@ json toJson(const ReplayResult& r) {
           {"recorded_error", nullable(r.recordedError)},
           {"diverged_at", nullable(r.divergedAt)},
           {"died_in_step", nullable(r.diedInStep)},
+          {"stopped_in_step", nullable(r.stoppedInStep)},
           {"first_nonfinite_op", toJson(r.firstNonFiniteOp)},
           {"raising_op", toJson(r.raisingOp)},
           {"steps", toJson(r.steps)},
@@ -262,6 +263,7 @@ ReplayResult replayResultFromJson(const json& j) {
   r.recordedError = optText(j, "recorded_error");
   r.divergedAt = optInteger(j, "diverged_at");
   r.diedInStep = optInteger(j, "died_in_step");  // absent before it existed
+  r.stoppedInStep = optInteger(j, "stopped_in_step");
   r.firstNonFiniteOp = probedOpFromJson(j, "first_nonfinite_op");
   r.raisingOp = probedOpFromJson(j, "raising_op");
   r.steps = stepReplaysFromJson(j, "steps");

@@ -358,6 +358,18 @@ TEST_CASE("a job's replay reads back from its JSON, and an experiment reads the 
   CHECK_FALSE(killed.sameSetup);
   CHECK(replayer::showsFailure(killed));
 
+  // A rank stopped again in its hang has no replay of its own either: the hang, and the step it was
+  // stopped in, which survives the ReplayResult's own JSON.
+  hung.rank = 1;
+  auto stopped = bundleReplayFromJson(json::parse(toJson(hung).dump()));
+  CHECK(stopped.verdict == replayer::Verdict::Reproduced);
+  CHECK(stopped.stoppedInStep == 6);
+  CHECK_FALSE(stopped.diedInStep);
+  auto stoppedBack = bundleReplayFromJson(json::parse(toJson(stopped).dump()));
+  CHECK(stoppedBack.stoppedInStep == 6);
+  CHECK_FALSE(stoppedBack.diedInStep);
+  CHECK_FALSE(killed.stoppedInStep);
+
   // A rank that gave nothing is no replay: an error with its reason.
   job.ranks[1].verdict = "";
   job.ranks[1].error = "rank 1 had not ended 30 s after another rank's replay ended";

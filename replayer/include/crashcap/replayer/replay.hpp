@@ -143,6 +143,9 @@ struct ReplayResult {
   /// A recorded program that died of a signal while it replayed, so that no step came back
   /// (`steps` is empty): the step it had begun when it died (its progress file), when it says.
   std::optional<int64_t> diedInStep;
+  /// A rank of a job stopped without an answer while it replayed (a hang, again or not), so that no
+  /// step came back: the step it had begun when it was stopped (its progress file), when it says.
+  std::optional<int64_t> stoppedInStep;
   /// The first op of the target step whose output holds a NaN or Inf. Infinities the program means
   /// are not one: an op that writes an infinity it was given (masked_fill(mask, -inf), an attention
   /// mask), and after one, an op that only passes infinities on (no NaN, infinite inputs).

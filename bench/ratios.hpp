@@ -46,8 +46,11 @@ inline MedianInterval medianInterval(std::vector<double> values, double level = 
 }
 
 /// Whether the interval shows a ratio target met: "met" (its high end is at or below it),
-/// "missed" (its low end is above it), else "undecided" (more rounds, or a quieter machine).
-inline std::string targetVerdict(const MedianInterval& m, double target) {
+/// "missed" (its low end is above it), else "undecided" (more rounds, or a quieter machine). An
+/// interval below `level` (fewer than 6 rounds for 95%) decides nothing: two rounds above a
+/// target say little about the median.
+inline std::string targetVerdict(const MedianInterval& m, double target, double level = 0.95) {
+  if (m.confidence < level) return "undecided";
   if (m.high <= target) return "met";
   if (m.low > target) return "missed";
   return "undecided";

@@ -26,9 +26,12 @@ def median_interval(values, level=0.95):
     return {"median": statistics.median(v), "low": v[k - 1], "high": v[n - k], "confidence": 1 - 2 * tail}
 
 
-def target_verdict(interval, target):
+def target_verdict(interval, target, level=0.95):
     """"met" when the interval's high end is at or below `target`, "missed" when its low end is
-    above it, else "undecided"."""
+    above it, else "undecided"; "undecided" too for an interval below `level` (fewer than 6 rounds
+    for 95%)."""
+    if interval["confidence"] < level:
+        return "undecided"
     if interval["high"] <= target:
         return "met"
     if interval["low"] > target:

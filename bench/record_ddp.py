@@ -123,8 +123,10 @@ def rank_main(a):
     if a.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"overhead x{out['overhead_ratio']:.3f} (x{min(ratios):.3f}..x{max(ratios):.3f}) of a "
-              f"{out['recorded_step_ms']:.2f} ms step, {WORLD} ranks")
+        i = out["overhead_ratio_interval"]
+        print(f"overhead x{out['overhead_ratio']:.3f} (x{min(ratios):.3f}..x{max(ratios):.3f}; "
+              f"{i['confidence'] * 100:.0f}% interval x{i['low']:.3f}..x{i['high']:.3f}: target x{out['target']} "
+              f"{out['target_verdict']}) of a {out['recorded_step_ms']:.2f} ms step, {WORLD} ranks")
     return 0
 
 

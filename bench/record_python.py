@@ -132,7 +132,9 @@ def main():
     if a.json:
         print(json.dumps(out, indent=2))
     else:
-        print(f"overhead x{out['overhead_ratio']:.3f} (x{min(ratios):.3f}..x{max(ratios):.3f}); recorder "
+        i = out["overhead_ratio_interval"]
+        print(f"overhead x{out['overhead_ratio']:.3f} (x{min(ratios):.3f}..x{max(ratios):.3f}; "
+              f"{i['confidence'] * 100:.0f}% interval x{i['low']:.3f}..x{i['high']:.3f}); recorder "
               f"{out['recorder_call_ms']:.3f} ms of a {out['recorded_step_ms']:.2f} ms step")
     return 0
 

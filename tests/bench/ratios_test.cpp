@@ -60,4 +60,9 @@ TEST_CASE("a target is met only when the whole interval is at or below it, misse
   CHECK(targetVerdict(medianInterval(low), 1.03) == "met");
   CHECK(targetVerdict(medianInterval(high), 1.03) == "missed");
   CHECK(targetVerdict(medianInterval(wide), 1.03) == "undecided");
+  // Five rounds, all above the target, reach 93.75% at most: not enough to call it missed.
+  const std::vector<double> few = {1.10, 1.11, 1.12, 1.13, 1.14};
+  CHECK(medianInterval(few).confidence < 0.95);
+  CHECK(targetVerdict(medianInterval(few), 1.03) == "undecided");
+  CHECK(targetVerdict(medianInterval(few), 1.03, 0.9) == "missed");
 }

@@ -33,3 +33,7 @@ def test_a_target_is_met_only_when_the_whole_interval_is_at_or_below_it():
     assert target_verdict(median_interval(low), 1.03) == "met"
     assert target_verdict(median_interval(high), 1.03) == "missed"
     assert target_verdict(median_interval(wide), 1.03) == "undecided"
+    # Five rounds, all above the target, reach 93.75% at most: not enough to call it missed.
+    few = [1.10, 1.11, 1.12, 1.13, 1.14]
+    assert target_verdict(median_interval(few), 1.03) == "undecided"
+    assert target_verdict(median_interval(few), 1.03, 0.9) == "missed"

@@ -68,7 +68,14 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     md += fmt::format("\nThe same report with plots (loss, gradient norm, weight norm, learning rate; the culprit rows): "
                       "[{}]({}).\n",
                       htmlLink, htmlLink);
-  if (replay && !replayer::showsFailure(*replay))
+  if (replay && !replayer::showsFailure(*replay) && phase == "loading")
+    // Replay runs the recorded steps, not the data pipeline: the batch that failed never arrived.
+    md += fmt::format("\n**The error came from the DataLoader while it loaded the batch after step {}**, which never "
+                      "arrived, so replay (verdict {}) cannot run it: it re-runs the recorded steps, not the data "
+                      "pipeline. The crash record names the batch's dataset indices (Logs below): load those samples "
+                      "with the dataset to see it fail.\n",
+                      stepText, replayer::verdictName(replay->verdict));
+  else if (replay && !replayer::showsFailure(*replay))
     md += fmt::format("\n**The crash does not reproduce in replay here** (verdict {}{}): the bundle alone may not be "
                       "enough to reproduce it; the cause may lie outside what was recorded (the program's own code "
                       "around the step, the machine).\n",
@@ -116,8 +123,9 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   md += "\n## Expected Behavior\nThe step completes with a finite loss and training continues.\n";
   md += "\n## Actual Behavior\n";
   if (!crash.is_null()) {
-    md += fmt::format("- Step {} fails ({}, phase {}): `{}`\n", stepText, crash["kind"].get<std::string>(),
-                      phase, error);
+    md += fmt::format("- {} ({}, phase {}): `{}`\n",
+                      at == "at" ? fmt::format("Step {} fails", stepText) : fmt::format("The run fails after step {}", stepText),
+                      crash["kind"].get<std::string>(), phase, error);
     if (!crash["signal"].is_null()) md += fmt::format("- The process died by {}.\n", crash["signal_name"].get<std::string>());
   }
   if (replay) {

@@ -162,6 +162,17 @@ TEST_CASE("the report says a crash between steps or while loading came after the
   const std::string md = investigate::markdownReport(between, std::nullopt);
   CHECK(md.rfind("---\ntitle: \"Training crash after step 3: ", 0) == 0);
   CHECK(md.find("Training fails after step 3 in the between-steps phase") != std::string::npos);
+  CHECK(md.find("- The run fails after step 3 (exception, phase between-steps)") != std::string::npos);
+  CHECK(investigate::markdownReport(inStep, std::nullopt).find("- Step 3 fails (exception, phase backward)") !=
+        std::string::npos);
+  // A replay that ran the step clean says why, for an error the DataLoader raised.
+  replayer::ReplayResult clean;
+  clean.verdict = replayer::Verdict::NotReproduced;
+  clean.step = 3;
+  CHECK(investigate::markdownReport(loading, std::nullopt, &clean)
+            .find("**The error came from the DataLoader while it loaded the batch after step 3**") != std::string::npos);
+  CHECK(investigate::markdownReport(inStep, std::nullopt, &clean).find("**The crash does not reproduce in replay here**") !=
+        std::string::npos);
   if (investigate::htmlReportAvailable()) {
     CHECK(investigate::htmlReport(inStep, std::nullopt).find("<h1>Training crash at step 3</h1>") != std::string::npos);
     CHECK(investigate::htmlReport(between, std::nullopt).find("<h1>Training crash after step 3</h1>") !=

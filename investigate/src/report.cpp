@@ -72,9 +72,12 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     // Replay runs the recorded steps, not the data pipeline: the batch that failed never arrived.
     md += fmt::format("\n**The error came from the DataLoader while it loaded the batch after step {}**, which never "
                       "arrived, so replay (verdict {}) cannot run it: it re-runs the recorded steps, not the data "
-                      "pipeline. The crash record names the batch's dataset indices (Logs below): load those samples "
-                      "with the dataset to see it fail.\n",
-                      stepText, replayer::verdictName(replay->verdict));
+                      "pipeline.{}\n",
+                      stepText, replayer::verdictName(replay->verdict),
+                      crash["error"].get<std::string>().find("of dataset indices") != std::string::npos
+                          ? " The crash record names the batch's dataset indices (Logs below): load those samples "
+                            "with the dataset to see it fail."
+                          : "");
   else if (replay && !replayer::showsFailure(*replay))
     md += fmt::format("\n**The crash does not reproduce in replay here** (verdict {}{}): the bundle alone may not be "
                       "enough to reproduce it; the cause may lie outside what was recorded (the program's own code "
@@ -120,7 +123,8 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   md += fmt::format("3. `crashcap replay {}` (re-runs step {} from {}, bit for bit on the CPU)\n", bundle, stepText,
                     replay ? fmt::format("keyframe {}", replay->keyframe) : std::string("the newest keyframe before it"));
   md += fmt::format("4. `crashcap triage {}` ({})\n", bundle, triage ? "the experiments below" : "the experiments that name the cause");
-  md += "\n## Expected Behavior\nThe step completes with a finite loss and training continues.\n";
+  md += phase == "loading" ? "\n## Expected Behavior\nThe next batch loads and training continues.\n"
+                           : "\n## Expected Behavior\nThe step completes with a finite loss and training continues.\n";
   md += "\n## Actual Behavior\n";
   if (!crash.is_null()) {
     md += fmt::format("- {} ({}, phase {}): `{}`\n",

@@ -604,7 +604,7 @@ struct Run {
       if (s >= keyframe->step && s <= target) result.lostSteps.push_back(s);
     stopBefore = result.lostSteps.empty() ? target + 1 : result.lostSteps.front();
     if (view.crash && view.crash->step == target) result.recordedError = view.crash->error;
-    killedAtTarget = formats::killedInStep(view) == target && view.status->lastPhase != "between-steps";
+    killedAtTarget = !view.crash && formats::failedInStep(view) == target;
     if (killedAtTarget)  // what crashcap run saw of it, when it ran the process
       result.recordedError = view.supervision && !view.supervision->evidence.empty() ? view.supervision->evidence
                                                                                        : "its recording was never closed";

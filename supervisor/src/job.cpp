@@ -226,12 +226,13 @@ std::string collectiveName(const formats::CollectiveData& c) {
   return fmt::format("#{} {}{}", c.seq, c.name, c.step >= 0 ? fmt::format(" (step {})", c.step) : " (between steps)");
 }
 
-/// Where a rank was: "at step 3 (forward, in aten::linear)".
+/// Where a rank was: "at step 3 (forward, last op aten::linear)"; "after step 3 (between-steps)"
+/// when it was past the step its phase names (formats::phaseInStep).
 std::string whereText(const JobRank& r) {
   if (r.step < 0) return r.bundle.empty() ? "(no bundle: where it was is not known)" : "before any step";
   std::string in = r.phase.empty() ? "phase unknown" : r.phase;
   if (!r.op.empty()) in += ", last op " + r.op;
-  return fmt::format("at step {} ({})", r.step, in);
+  return fmt::format("{} step {} ({})", r.phase.empty() || formats::phaseInStep(r.phase) ? "at" : "after", r.step, in);
 }
 
 /// What a rank's collectives say: the one it waits in, or the last it completed and what it never

@@ -545,3 +545,47 @@ TEST_CASE("a batch's rows are found in each tensor's sample dimension, and older
   begin.rowDims.clear();
   CHECK(decodeStepBegin(encodeMeta(begin)).rowDims.empty());
 }
+
+TEST_CASE("the step a process failed in is the crash's or the killed one's, when its phase lies in a step",
+          "[formats][records]") {
+  CHECK(phaseInStep("forward"));
+  CHECK(phaseInStep("backward"));
+  CHECK(phaseInStep("optimizer"));
+  CHECK(phaseInStep(""));  // a recording from before phases were kept
+  CHECK_FALSE(phaseInStep("setup"));
+  CHECK_FALSE(phaseInStep("between-steps"));
+  CHECK_FALSE(phaseInStep("loading"));
+
+  BundleRecords r;
+  CHECK_FALSE(failedInStep(r));  // nothing failed
+  auto crashIn = [](const std::string& phase) {
+    CrashData c;
+    c.kind = "exception";
+    c.step = 3;
+    c.phase = phase;
+    return c;
+  };
+  auto killedIn = [](const std::string& phase) {
+    RunStatusData s;
+    s.state = "interrupted";
+    s.stepsBegun = 4;
+    s.lastStep = 3;
+    s.lastPhase = phase;
+    return s;
+  };
+  r.crash = crashIn("backward");
+  CHECK(failedInStep(r) == 3);
+  r.crash = crashIn("loading");
+  CHECK_FALSE(failedInStep(r));
+  r.crash = crashIn("forward");
+  r.crash->step = -1;  // before the first step
+  CHECK_FALSE(failedInStep(r));
+  r.crash.reset();
+  r.status = killedIn("forward");
+  CHECK(failedInStep(r) == 3);
+  r.status = killedIn("between-steps");
+  CHECK_FALSE(failedInStep(r));
+  r.status->state = "finished";
+  r.status->lastPhase = "forward";
+  CHECK_FALSE(failedInStep(r));  // a run that ended cleanly failed nowhere
+}

@@ -86,31 +86,14 @@ TEST_CASE("the step the process failed in ended but did not complete; a crash be
   }
 }
 
-TEST_CASE("the step a process failed in is the crash's or the killed one's, when its phase lies in a step",
-          "[formats][records]") {
-  CHECK(phaseInStep("forward"));
-  CHECK(phaseInStep("backward"));
-  CHECK(phaseInStep("optimizer"));
-  CHECK(phaseInStep(""));  // a recording from before phases were kept
-  CHECK_FALSE(phaseInStep("setup"));
-  CHECK_FALSE(phaseInStep("between-steps"));
-  CHECK_FALSE(phaseInStep("loading"));
-
-  BundleRecords r;
-  CHECK_FALSE(failedInStep(r));  // nothing failed
-  r.crash = crashIn("backward");
-  CHECK(failedInStep(r) == 3);
-  r.crash = crashIn("loading");
-  CHECK_FALSE(failedInStep(r));
-  r.crash = crashIn("forward");
-  r.crash->step = -1;  // before the first step
-  CHECK_FALSE(failedInStep(r));
-  r.crash.reset();
-  r.status = killedIn("forward");
-  CHECK(failedInStep(r) == 3);
-  r.status = killedIn("between-steps");
-  CHECK_FALSE(failedInStep(r));
-  r.status->state = "finished";
-  r.status->lastPhase = "forward";
-  CHECK_FALSE(failedInStep(r));  // a run that ended cleanly failed nowhere
+TEST_CASE("inspect says a crash while loading the next batch came after the step it names", "[inspect][story]") {
+  test::TempDir dir;
+  auto text = [&](const std::string& name, const std::string& phase) {
+    stepsOf(dir.file(name), crashIn(phase), std::nullopt);
+    return inspect::storyText(*BundleReader::open(dir.file(name)));
+  };
+  CHECK(text("a.ccap", "loading").find("CRASH      exception after step 3, phase loading") != std::string::npos);
+  CHECK(text("b.ccap", "between-steps").find("CRASH      exception after step 3, phase between-steps") !=
+        std::string::npos);
+  CHECK(text("c.ccap", "forward").find("CRASH      exception at step 3, phase forward") != std::string::npos);
 }

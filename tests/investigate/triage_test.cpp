@@ -174,6 +174,10 @@ TEST_CASE("the report says a crash between steps or while loading came after the
   CHECK(investigate::markdownReport(inStep, std::nullopt, &clean).find("**The crash does not reproduce in replay here**") !=
         std::string::npos);
   if (investigate::htmlReportAvailable()) {
+    CHECK(investigate::htmlReport(loading, std::nullopt, &clean).find("the error came from the DataLoader") !=
+          std::string::npos);
+    CHECK(investigate::htmlReport(inStep, std::nullopt, &clean).find("the crash does not reproduce in replay here") !=
+          std::string::npos);
     CHECK(investigate::htmlReport(inStep, std::nullopt).find("<h1>Training crash at step 3</h1>") != std::string::npos);
     CHECK(investigate::htmlReport(between, std::nullopt).find("<h1>Training crash after step 3</h1>") !=
           std::string::npos);

@@ -29,6 +29,7 @@ struct RankSpec {
   int64_t step = 4;
   std::vector<CollectiveData> collectives;
   bool distributed = true;
+  std::string phase = "backward";       ///< the crash record's
 };
 
 CollectiveData collective(uint64_t seq, int64_t step, bool ended) {
@@ -49,7 +50,7 @@ void writeRank(const std::string& path, const RankSpec& s) {
     CrashData c;
     c.kind = "exception";
     c.step = s.step;
-    c.phase = "backward";
+    c.phase = s.phase;
     c.error = s.error;
     c.timeNs = s.timeNs;
     c.pid = 100 + s.rank;
@@ -343,4 +344,19 @@ TEST_CASE("a launcher's supervision record tells a rank only when the rank has n
     CHECK(own.how == "exit status 1");
     CHECK(own.signal == 0);
   }
+}
+
+TEST_CASE("a rank whose DataLoader raised loading the next batch failed after the step it names", "[job]") {
+  test::TempDir dir;
+  RankSpec failed{"job-l", 1, 2, "ValueError: corrupt sample 201", 1'000'000'000, 4, {collective(8, 4, true)}};
+  failed.phase = "loading";
+  writeRank(dir.file("crash-l1.ccap"), failed);
+  writeRank(dir.file("crash-l0.ccap"), {"job-l", 0, 2, "RuntimeError: Connection closed by peer", 1'010'000'000, 5,
+                                        {collective(8, 4, true), collective(9, 5, false)}});
+  auto stories = supervisor::readJobs(dir.path());
+  REQUIRE(stories.jobs.size() == 1);
+  auto headline = supervisor::jobHeadline(stories.jobs[0]);
+  INFO(headline);
+  CHECK(headline.rfind("rank 1 failed first: raised after step 4 (loading", 0) == 0);
+  CHECK(headline.find("rank 0 failed from it at step 5 (backward") != std::string::npos);
 }

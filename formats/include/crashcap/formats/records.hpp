@@ -167,7 +167,7 @@ struct OpTraceData {
 struct CrashData {
   std::string kind;                     ///< "exception" | "terminate" | "signal" | "nonfinite"
   int64_t step = -1;
-  std::string phase;                    ///< "setup" | "forward" | "backward" | "optimizer" | "between-steps"
+  std::string phase;  ///< "setup" | "forward" | "backward" | "optimizer" | "between-steps" | "loading" (phaseInStep)
   std::string error;
   std::string errorType;
   int32_t signal = 0;

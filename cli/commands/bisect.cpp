@@ -26,15 +26,20 @@ struct Options {
   bool allowDamaged = false;
 };
 
-/// "it throws", or how the program died in it ("killed by SIGSEGV again, as in the recording").
+/// "it throws", or how the program died or hung in it ("killed by SIGSEGV again, as in the
+/// recording"; a job's rank stopped again where it hung).
 std::string failingError(const investigate::StepBisection& b, int64_t step) {
-  for (const auto& s : b.steps)
-    if (s.step == step && s.error.rfind("killed by ", 0) == 0) return "its replay was " + s.error;
+  for (const auto& s : b.steps) {
+    if (s.step != step) continue;
+    if (s.error.rfind("killed by ", 0) == 0) return "its replay was " + s.error;
+    if (s.error.rfind("had not ended", 0) == 0) return "its replay hung again and was stopped in it, as in the recording";
+  }
   return "it throws";
 }
 
 void printSteps(const investigate::StepBisection& b) {
-  std::cout << fmt::format("replayed steps {}..{} from keyframe {}\n", b.fromKeyframe, b.target, b.fromKeyframe);
+  std::cout << fmt::format("replayed steps {}..{} from keyframe {}{}\n", b.fromKeyframe, b.target, b.fromKeyframe,
+                           b.replays > 1 ? fmt::format(" ({} replays: it ended without answering)", b.replays) : "");
   std::cout << "  step   lr           loss           grad norm      weight norm after update\n";
   for (const auto& s : b.steps)
     std::cout << fmt::format("  {:<6} {:<12.4g} {:<14} {:<14} {}\n", s.step, s.learningRate,

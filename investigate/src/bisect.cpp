@@ -45,6 +45,13 @@ bool replayFails(const Experiment& e, std::string* error) {
   return replayer::showsFailure(*r);
 }
 
+/// The step a replay that gave no steps back had begun when its failure came back: where it died
+/// of the recorded signal again, or where a job's rank hung again and was stopped. Every step
+/// before it ran through.
+std::optional<int64_t> endedInStep(const replayer::ReplayResult& r) {
+  return r.diedInStep ? r.diedInStep : r.stoppedInStep;
+}
+
 }  // namespace
 
 StepBisection bisectSteps(const std::string& bundle, int64_t step) {
@@ -54,26 +61,31 @@ StepBisection bisectSteps(const std::string& bundle, int64_t step) {
   ro.fromEarliestKeyframe = true;
   auto r = investigate::replay(bundle, ro);
   StepBisection b;
+  b.replays = 1;
   b.fromKeyframe = r.keyframe;
   b.target = r.step;
   if (r.steps.empty() && replayer::reproduces(r.verdict) && !r.error.empty() && r.keyframe >= 0) {
     // The program died of the recorded signal before it could answer (investigate::replay's
-    // "killed again"): no step came back. When the program said which step it died in, every
-    // step before that one ran; else find the first step whose replay dies by replaying to earlier
-    // targets. A replay to a step that passes answers with every step up to it.
-    int64_t lo = r.keyframe, hi = r.step;  // the replay to hi dies; every step before lo passes
-    if (r.diedInStep && *r.diedInStep >= r.keyframe && *r.diedInStep <= r.step) lo = hi = *r.diedInStep;
+    // "killed again"), or a job's rank hung again: no step came back. When the program said which
+    // step it died or was stopped in, every step before that one ran; else find the first step
+    // whose replay fails by replaying to earlier targets. A replay to a step that passes answers
+    // with every step up to it.
+    int64_t lo = r.keyframe, hi = r.step;  // the replay to hi fails; every step before lo passes
+    const auto ended = endedInStep(r);
+    if (ended && *ended >= r.keyframe && *ended <= r.step) lo = hi = *ended;
     std::vector<replayer::StepReplay> passed;
     auto replayTo = [&](int64_t step) {
       replayer::ReplayOptions to = ro;
       to.step = step;
+      ++b.replays;
       return investigate::replay(bundle, to);
     };
     while (lo < hi) {
       const int64_t mid = lo + (hi - lo) / 2;
       auto m = replayTo(mid);
       if (m.steps.empty() && replayer::reproduces(m.verdict)) {
-        hi = m.diedInStep && *m.diedInStep >= lo && *m.diedInStep <= mid ? *m.diedInStep : mid;
+        const auto midEnded = endedInStep(m);
+        hi = midEnded && *midEnded >= lo && *midEnded <= mid ? *midEnded : mid;
       } else {
         lo = mid + 1;
         if (m.steps.size() > passed.size()) passed = std::move(m.steps);
@@ -88,7 +100,8 @@ StepBisection bisectSteps(const std::string& bundle, int64_t step) {
         break;
       }
       const int64_t before = hi;
-      hi = m.diedInStep && *m.diedInStep >= r.keyframe && *m.diedInStep < hi ? *m.diedInStep : hi - 1;
+      const auto earlier = endedInStep(m);
+      hi = earlier && *earlier >= r.keyframe && *earlier < hi ? *earlier : hi - 1;
       if (hi >= before) break;
     }
     // The steps before it, each as its passing replay gave it (the target of such a replay stops

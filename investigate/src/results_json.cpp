@@ -106,7 +106,8 @@ json toJson(const StepBisection& b) {
           {"reason", b.firstFailure ? json(b.firstFailure->reason) : json(nullptr)},
           {"diverged_at", nullable(b.divergedAt)},
           {"lost_steps", b.lostSteps},
-          {"steps", toJson(b.steps)}};
+          {"steps", toJson(b.steps)},
+          {"replays", b.replays}};
 }
 
 StepBisection stepBisectionFromJson(const json& j) {
@@ -117,6 +118,7 @@ StepBisection stepBisectionFromJson(const json& j) {
   b.divergedAt = optInteger(j, "diverged_at");
   b.lostSteps = integers(at(j, "lost_steps"), "lost_steps");
   b.steps = replayer::stepReplaysFromJson(j, "steps");
+  b.replays = static_cast<int>(optInteger(j, "replays").value_or(0));  // absent before it was counted
   return b;
 }
 

@@ -180,7 +180,9 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   st.target = 6;
   st.firstFailure = replayer::FirstFailure{5, "weights"};
   st.steps = sampleReplay().steps;
+  st.replays = 3;
   auto stb = stepBisectionFromJson(toJson(st));
+  CHECK(stb.replays == 3);
   REQUIRE(stb.firstFailure);
   CHECK(stb.firstFailure->step == 5);
   CHECK(stb.firstFailure->reason == "weights");

@@ -182,6 +182,15 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
         assert {r["rank"]: r["verdict"] for r in bounded["ranks"]} == {0: "reproduced", 1: "reproduced"}, bounded
         assert "had not ended when the replay's --timeout of 15 s came" in bounded["ranks"][0]["error"], bounded
         assert bounded["ranks"][0]["stopped_in_step"] == 3, bounded
+        # Bisecting the hung rank's steps: the step it was stopped in is the failing one, and one more
+        # replay, to the step before, gives the steps that ran (no search over earlier targets, each
+        # replay of which would wait out the hang).
+        steps = crashcap_json("bisect", "steps", ranks[0]["bundle"])
+        assert steps["first_failing_step"] == 3 and steps["reason"] == "error", steps
+        assert steps["replays"] == 2, steps
+        assert [s["step"] for s in steps["steps"]] == list(range(steps["from_keyframe"], 4)), steps
+        text = crashcap("bisect", "steps", ranks[0]["bundle"], check=True).stdout
+        assert "first failing step: 3 (its replay hung again and was stopped in it, as in the recording)" in text, text
 
 
 def test_a_job_replay_none_of_whose_ranks_ends_is_stopped_at_the_timeout_and_each_rank_says_so(tmp_path):

@@ -24,6 +24,9 @@ struct StepBisection {
   std::optional<int64_t> divergedAt;
   std::vector<int64_t> lostSteps;           ///< steps the recording lost: the replay stops before the first
   std::vector<replayer::StepReplay> steps;  ///< fromKeyframe..target (or the first lost step)
+  /// Replays run: one, or more where the program died or hung again without answering and the
+  /// failing step was searched for by replaying to earlier targets.
+  int replays = 0;
 };
 StepBisection bisectSteps(const std::string& bundle, int64_t step = -1);
 

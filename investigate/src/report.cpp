@@ -31,11 +31,14 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   const json facts = story["env"].value("facts", json::object());
   auto fact = [&](const char* k) { return facts.contains(k) ? facts[k].get<std::string>() : std::string("unknown"); };
   std::string error = crash.is_null() ? std::string("(no crash record)") : lastLine(crash["error"].get<std::string>());
-  std::string stepText = crash.is_null() || crash["step"].is_null() ? "?" : crash["step"].dump();
+  const auto view = formats::readRecords(*reader);
+  const auto step = reportedStep(view);
+  const std::string stepText = step ? std::to_string(*step) : "?";
   // A crash the supervisor saw outside any step has no phase.
   const std::string phase = !crash.is_null() && crash["phase"].is_string() ? crash["phase"].get<std::string>() : "unknown";
   // A crash between steps or while loading the next batch names the step before it, which completed.
-  const std::string at = stepText != "?" && !formats::phaseInStep(phase) ? "after" : "at";
+  const bool afterStep = step && !formats::failedInStep(view);
+  const char* at = afterStep ? "after" : "at";
   const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : replayed;
   // At most 80 characters, cut at a word and marked as cut.
   std::string title = error;
@@ -128,7 +131,7 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
   md += "\n## Actual Behavior\n";
   if (!crash.is_null()) {
     md += fmt::format("- {} ({}, phase {}): `{}`\n",
-                      at == "at" ? fmt::format("Step {} fails", stepText) : fmt::format("The run fails after step {}", stepText),
+                      afterStep ? fmt::format("The run fails after step {}", stepText) : fmt::format("Step {} fails", stepText),
                       crash["kind"].get<std::string>(), phase, error);
     if (!crash["signal"].is_null()) md += fmt::format("- The process died by {}.\n", crash["signal_name"].get<std::string>());
   }
@@ -186,6 +189,11 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     md += fmt::format("\nCulprit: {}.\n", where.empty() ? std::string("not placed") : fmt::format("{}", fmt::join(where, ", ")));
   }
   return md;
+}
+
+std::optional<int64_t> reportedStep(const formats::BundleRecords& records) {
+  if (records.crash && records.crash->step >= 0) return records.crash->step;
+  return formats::killedInStep(records);
 }
 
 }  // namespace crashcap::investigate

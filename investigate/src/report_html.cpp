@@ -120,7 +120,7 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   const json story = inspect::storyJson(*reader);
   const json& crash = story["crash"];
   const replayer::ReplayResult* replay = triage && triage->facts.replay ? &*triage->facts.replay : replayed;
-  const int64_t crashStep = view.crash && view.crash->step >= 0 ? view.crash->step : formats::killedInStep(view).value_or(-1);
+  const int64_t crashStep = reportedStep(view).value_or(-1);
   // A crash between steps or while loading the next batch names the step before it, which completed.
   const std::string crashAt =
       crashStep < 0 ? "at step ?"

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/investigate/report.hpp"
@@ -180,6 +181,39 @@ TEST_CASE("the report says a crash between steps or while loading came after the
           std::string::npos);
     CHECK(investigate::htmlReport(inStep, std::nullopt).find("<h1>Training crash at step 3</h1>") != std::string::npos);
     CHECK(investigate::htmlReport(between, std::nullopt).find("<h1>Training crash after step 3</h1>") !=
+          std::string::npos);
+  }
+}
+
+TEST_CASE("both reports name the step a killed process was in, from its run status", "[investigate][report]") {
+  // A program that recorded itself and was SIGKILLed outside crashcap run: no crash record and no
+  // supervision record, only the run status its progress file left (interrupted in step 2).
+  test::TempDir dir;
+  auto bundleOf = [&](const std::string& name, const std::string& phase) {
+    const std::string path = dir.file(name);
+    auto w = formats::BundleWriter::create(path);
+    for (int64_t s = 0; s < 3; ++s) {
+      formats::writeMetaRecord(*w, formats::StepBeginData{s, {}, {}, {0.1}, 100 + s, -1, s - 1});
+      if (s < 2) formats::writeMetaRecord(*w, formats::StepEndData{s, 1.0 / double(s + 1), 0, false, false, 10});
+    }
+    formats::RunStatusData status;
+    status.state = "interrupted";
+    status.stepsBegun = 3;
+    status.lastStep = 2;
+    status.lastPhase = phase;
+    formats::writeMetaRecord(*w, status);
+    w->seal();
+    return path;
+  };
+  const std::string inStep = bundleOf("killed.ccap", "forward");
+  const std::string between = bundleOf("between.ccap", "between-steps");
+  CHECK(investigate::reportedStep(formats::readRecords(*formats::BundleReader::open(inStep))) == 2);
+  CHECK(investigate::markdownReport(inStep, std::nullopt).rfind("---\ntitle: \"Training crash at step 2: ", 0) == 0);
+  CHECK(investigate::markdownReport(between, std::nullopt).rfind("---\ntitle: \"Training crash after step 2: ", 0) ==
+        0);
+  if (investigate::htmlReportAvailable()) {
+    CHECK(investigate::htmlReport(inStep, std::nullopt).find("<h1>Training crash at step 2</h1>") != std::string::npos);
+    CHECK(investigate::htmlReport(between, std::nullopt).find("<h1>Training crash after step 2</h1>") !=
           std::string::npos);
   }
 }

@@ -3,10 +3,15 @@
 // for (summary, environment, steps to reproduce, expected and actual behaviour, logs and stack,
 // root cause analysis), with YAML front matter, ready to paste.
 
+#include <cstdint>
 #include <optional>
 #include <string>
 
 #include "crashcap/investigate/triage.hpp"
+
+namespace crashcap::formats {
+struct BundleRecords;
+}
 
 namespace crashcap::investigate {
 
@@ -29,5 +34,11 @@ std::string htmlReport(const std::string& bundle, const std::optional<Triage>& t
                        const replayer::ReplayResult* replay = nullptr, const std::string& shownAs = "");
 /// Whether this build can write HTML reports; `why` says why not.
 bool htmlReportAvailable(std::string* why = nullptr);
+
+/// The step both reports name for the failure: the crash record's, else the step the run status
+/// says a killed process was in (formats::killedInStep); nullopt when neither says. Whether the
+/// failure lies in that step or after it (a crash while loading the next batch) is
+/// formats::failedInStep's.
+std::optional<int64_t> reportedStep(const formats::BundleRecords& records);
 
 }  // namespace crashcap::investigate

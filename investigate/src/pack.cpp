@@ -17,6 +17,7 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/ragged_batch.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/inspect/summary.hpp"
@@ -188,6 +189,12 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     if (row >= rep.batchSize)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("--rows: row {} is outside step {}'s batch (rows 0..{})", row, target, rep.batchSize - 1));
+  if (o.rows != "all")
+    if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, target, *reader); !whole.empty())
+      throw Error(ErrorCode::Unsupported,
+                  "--rows: " + formats::concatenatedBatchText(target, rep.batchSize, whole) +
+                      "; a pack that keeps some rows would keep all of its values and hold another batch",
+                  "pack the whole batch (--rows all)");
 
   // Replay the crash from that keyframe: does the attachment reproduce, and, when every step up
   // to the crash replays bit for bit, the state the crash step starts from, as a keyframe.

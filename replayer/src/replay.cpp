@@ -36,6 +36,7 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/ragged_batch.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
 #include "crashcap/formats/torch/fingerprint.hpp"
@@ -751,6 +752,13 @@ struct Run {
                       result.batchSize == 0
                           ? fmt::format("row {} was asked for, but no tensor of step {}'s batch has rows", row, s)
                           : fmt::format("row {} is outside the batch of step {} (rows 0..{})", row, s, result.batchSize - 1));
+      if (!options.rows.empty())
+        if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, s, *reader); !whole.empty())
+          throw Error(ErrorCode::Unsupported,
+                      formats::concatenatedBatchText(s, result.batchSize, whole) +
+                          "; a replay that keeps some rows would keep all of its values and test another batch",
+                      "look at the batch's tensors with `crashcap show BUNDLE " + formats::batchTensorName(s, "NAME") +
+                          "`, or record a batch whose tensors each hold one row per sample (padded)");
     }
     Batch batch;
     for (const auto& input : inputs) {

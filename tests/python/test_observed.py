@@ -91,6 +91,32 @@ def test_a_sequence_first_batch_is_cut_by_its_sample_dimension_and_triage_names_
     assert again["verdict"] in ("reproduced", "reproduced-bitwise") and "out of bounds" in again["error"], again
 
 
+def test_a_ragged_batch_read_through_offsets_is_not_cut_by_row_and_a_padded_one_is(tmp_path):
+    # The tokens of a batch's texts concatenated, read through offsets: keeping some rows of the
+    # labels and offsets would keep every token, and the first text's bag would take in all of
+    # them. No row is named; replay and pack refuse to cut the batch and say why.
+    r, runs = run_recorded(tmp_path, "token_bags.py", "--bad-index", 150)
+    assert r.returncode != 0 and "out of bounds" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    cut = crashcap("replay", bundle, "--rows", 0)
+    assert cut.returncode != 0 and f"step {replay['step']}'s batch cannot be cut to some of its 12 rows: '1' [" in cut.stderr
+    assert "holds none of its rows and changes size from step to step" in cut.stderr, cut.stderr
+    packed = crashcap("pack", bundle, "-o", tmp_path / "rows.ccap", "--rows", 0)
+    assert packed.returncode != 0 and "holds the samples concatenated" in packed.stderr, packed.stderr
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "inconclusive", triage["hypotheses"]
+    assert not triage["culprit"]["rows"] and not triage["culprit"]["dataset_indices"], triage["culprit"]
+    # Padded to each batch's longest text instead (tokens [12, longest], position ids [1, longest]):
+    # the length changes from batch to batch with the rows, and the rows are cut.
+    (tmp_path / "padded").mkdir()
+    r, runs = run_recorded(tmp_path / "padded", "token_bags.py", "--bad-index", 150, "--padded")
+    assert r.returncode != 0 and "index out of range" in r.stderr, r.stderr
+    _, triage = replay_and_triage(only_bundle(runs))
+    assert triage["culprit"]["dataset_indices"] == [150], triage["culprit"]
+
+
 def test_a_sequence_first_batch_with_as_many_time_steps_as_samples_keeps_its_earlier_sample_dimension(tmp_path):
     # In dataset order, sample 77's batch (step 4) has tokens [16, 16]: shapes alone cannot tell.
     r, runs = run_recorded(tmp_path, "sequence_first.py", "--bad-label-index", 77, "--square")

@@ -1,0 +1,66 @@
+#include "crashcap/formats/ragged_batch.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <set>
+
+#include "crashcap/formats/bundle_reader.hpp"
+
+namespace crashcap::formats {
+
+std::vector<std::string> concatenatedBatchTensors(const std::vector<StepBeginData>& begins, int64_t step,
+                                                  const std::function<std::vector<int64_t>(const std::string&)>& shapeOf) {
+  std::vector<std::string> out;
+  const StepBeginData* begin = nullptr;
+  for (const auto& b : begins)
+    if (b.step == step) begin = &b;
+  if (!begin) return out;
+  std::vector<std::vector<int64_t>> shapes;
+  for (const auto& name : begin->batch) shapes.push_back(shapeOf(name));
+  const auto rows = batchRows(*begin, shapes);
+  if (rows.count == 0) return out;
+  std::set<int64_t> padded;  // the sizes of the row tensors' other dimensions
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (rows.dims[i] < 0) continue;
+    for (size_t d = 0; d < shapes[i].size(); ++d)
+      if (static_cast<int>(d) != rows.dims[i]) padded.insert(shapes[i][d]);
+  }
+  const std::string prefix = batchTensorName(step, "");
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    if (rows.dims[i] >= 0 || begin->batch[i].rfind(prefix, 0) != 0) continue;
+    const std::string input = begin->batch[i].substr(prefix.size());
+    const auto& shape = shapes[i];
+    for (const auto& other : begins) {
+      if (other.step == step) continue;
+      const auto otherShape = shapeOf(batchTensorName(other.step, input));
+      if (otherShape.size() != shape.size()) continue;
+      bool samples = false;
+      for (size_t d = 0; d < shape.size(); ++d)
+        samples = samples || (otherShape[d] != shape[d] && shape[d] != 1 && !padded.count(shape[d]));
+      if (samples) {
+        out.push_back(fmt::format("'{}' [{}] ([{}] at step {})", input, fmt::join(shape, ", "), fmt::join(otherShape, ", "),
+                                  other.step));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
+std::vector<std::string> concatenatedBatchTensors(const std::vector<StepBeginData>& begins, int64_t step,
+                                                  const BundleReader& reader) {
+  return concatenatedBatchTensors(begins, step, [&](const std::string& name) {
+    const auto* t = reader.find(name);
+    return t ? t->shape : std::vector<int64_t>{};
+  });
+}
+
+std::string concatenatedBatchText(int64_t step, int64_t rows, const std::vector<std::string>& tensors) {
+  return fmt::format("step {}'s batch cannot be cut to some of its {} rows: {} {} none of its rows and changes size from "
+                     "step to step, so it holds the samples concatenated (a ragged batch read through offsets, a graph "
+                     "batch)",
+                     step, rows, fmt::join(tensors, ", "), tensors.size() == 1 ? "holds" : "hold");
+}
+
+}  // namespace crashcap::formats

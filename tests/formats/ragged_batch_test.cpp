@@ -1,0 +1,60 @@
+// Batches whose samples cannot be cut by row: told from the shapes of their tensors over steps.
+#include <catch2/catch.hpp>
+
+#include <map>
+
+#include "crashcap/formats/ragged_batch.hpp"
+
+using namespace crashcap::formats;
+
+namespace {
+
+using Shapes = std::map<std::string, std::vector<int64_t>>;
+
+/// Steps whose batches have the inputs `names`, each step's shapes from `shapes` (a name's shape
+/// per step), row dimensions as the recorder finds them for `rows` samples.
+std::vector<StepBeginData> steps(const std::vector<std::string>& names, const std::vector<std::vector<std::vector<int64_t>>>& shapes,
+                                 int64_t rows, Shapes& all) {
+  std::vector<StepBeginData> out;
+  for (size_t s = 0; s < shapes.size(); ++s) {
+    StepBeginData b;
+    b.step = static_cast<int64_t>(s);
+    for (size_t i = 0; i < names.size(); ++i) {
+      b.batch.push_back(batchTensorName(b.step, names[i]));
+      all[b.batch.back()] = shapes[s][i];
+    }
+    b.rowDims = rowDimensions(shapes[s], rows);
+    out.push_back(b);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("a batch tensor without rows whose size changes from step to step holds the samples concatenated",
+          "[formats][records]") {
+  Shapes all;
+  auto shapeOf = [&](const std::string& n) { return all.count(n) ? all[n] : std::vector<int64_t>{}; };
+  // A ragged text batch: labels (12), the tokens of all 12 samples concatenated, offsets (12).
+  auto ragged = steps({"0", "1", "2"}, {{{12}, {82}, {12}}, {{12}, {79}, {12}}}, 12, all);
+  auto found = concatenatedBatchTensors(ragged, 1, shapeOf);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0] == "'1' [79] ([82] at step 0)");
+  // A graph batch: node features [N, 8], edges [2, E], graph of each node [N], labels [4].
+  auto graph = steps({"x", "edges", "graph", "y"}, {{{40, 8}, {2, 90}, {40}, {4}}, {{37, 8}, {2, 81}, {37}, {4}}}, 4, all);
+  CHECK(concatenatedBatchTensors(graph, 1, shapeOf).size() == 3);
+  // A padded batch padded to its longest sample: tokens [8, T], position ids [1, T] and a causal
+  // mask [T, T] change with T, which is a size of the tokens' other dimension: cut by row.
+  auto padded = steps({"tokens", "positions", "mask", "labels"},
+                      {{{8, 17}, {1, 17}, {17, 17}, {8}}, {{8, 23}, {1, 23}, {23, 23}, {8}}}, 8, all);
+  CHECK(concatenatedBatchTensors(padded, 1, shapeOf).empty());
+  // A tensor without rows that keeps its size (class weights, a vocabulary mask) is shared.
+  auto shared = steps({"x", "weights"}, {{{8, 3}, {10}}, {{8, 3}, {10}}}, 8, all);
+  CHECK(concatenatedBatchTensors(shared, 1, shapeOf).empty());
+  // One recorded step alone cannot tell; a step that is not recorded, or a batch without rows, has none.
+  auto alone = steps({"0", "1"}, {{{12}, {79}}}, 12, all);
+  CHECK(concatenatedBatchTensors(alone, 0, shapeOf).empty());
+  CHECK(concatenatedBatchTensors(ragged, 7, shapeOf).empty());
+  auto rowless = steps({"a"}, {{{}}, {{}}}, -1, all);
+  CHECK(concatenatedBatchTensors(rowless, 1, shapeOf).empty());
+}

@@ -242,6 +242,13 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       h.evidence.push_back(fmt::format("the float64 CPU replay could not run the step ({}): it says nothing about "
                                        "precision",
                                        ref.error));
+    else if (f.reproduced() && f.replay && !f.replay->firstNonFiniteOp && !f.replay->error.empty() &&
+             f.replay->error.rfind("non-finite ", 0) != 0)
+      // An error raised without a NaN or Inf (not the replay's "non-finite loss") and gone in
+      // float64 comes from the dtype the step runs in (an op's dtype rule, autocast, tensors of
+      // mixed dtypes), not from its values.
+      h.evidence.push_back("the float64 CPU replay of the step runs clean: the error depends on the dtype the step "
+                           "runs in (an op's dtype rule, autocast, tensors of mixed dtypes), not on float32 rounding");
     else if (f.reproduced())
       h.evidence.push_back("the float64 CPU replay of the step runs clean: float32 rounding or range is involved");
     if (const auto& d = f.ops->firstDeparting)

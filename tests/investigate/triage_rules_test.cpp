@@ -473,6 +473,16 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   f.ops->reference.error.clear();
   f.ops->reference.firstNonFiniteOp.reset();
   CHECK(has(judgeLossNumerics(f), "the float64 CPU replay of the step runs clean: float32 rounding or range is involved"));
+  // An error that is no NaN (a dtype mismatch under autocast) and is gone in float64: the dtype.
+  auto raised = f;
+  raised.replay->firstNonFiniteOp.reset();
+  raised.replay->error = "RuntimeError: expected scalar type BFloat16 but found Float";
+  auto dtype = judgeLossNumerics(raised);
+  CHECK(dtype.verdict == V::Refuted);
+  CHECK(has(dtype, "the float64 CPU replay of the step runs clean: the error depends on the dtype the step runs in"));
+  CHECK_FALSE(has(dtype, "float32 rounding or range is involved"));
+  raised.replay->error = "non-finite loss at step 6: nan";  // a NaN no op output showed: still the values
+  CHECK(has(judgeLossNumerics(raised), "float32 rounding or range is involved"));
 
   // A reference that failed its own way (a float32 tensor the step makes) is not "fails in float64".
   f.ops->reference.error = "RuntimeError: expected scalar type Double but found Float";

@@ -29,7 +29,19 @@ struct Options {
 /// Exits with the command's status.
 int run(Options& r) {
   auto& o = r.supervise;
-  o.command = r.afterDashes.empty() ? r.app->remaining() : r.afterDashes;
+  // An option crashcap does not know must not be dropped or taken for the command: `--out runs`
+  // before -- would leave the bundles where the user did not look.
+  const std::vector<std::string> extra = r.app->remaining();
+  if (!r.afterDashes.empty() && !extra.empty())
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("crashcap run does not know `{}` (before --)", fmt::join(extra, " ")),
+                "crashcap run --help lists its options; the command goes after --");
+  if (r.afterDashes.empty() && !extra.empty() && extra.front().size() > 1 && extra.front()[0] == '-')
+    throw Error(ErrorCode::InvalidArgument,
+                fmt::format("crashcap run does not know the option `{}`", extra.front()),
+                "crashcap run --help lists its options; put the command after --: crashcap run --record -- python "
+                "train.py");
+  o.command = r.afterDashes.empty() ? extra : r.afterDashes;
   o.kernelTrace = !r.noTrace;
   if (!o.observePython && (!r.nonFinite.empty() || r.keyframeEvery || o.keepRecording))
     throw Error(ErrorCode::InvalidArgument, "--nonfinite, --keyframe-every and --keep-recording set how --record records",

@@ -383,6 +383,29 @@ TEST_CASE("crashcap run: a command that cannot start is a usage error", "[run]")
   CHECK(none.exitCode == 2);
 }
 
+TEST_CASE("crashcap run: an option it does not know is a usage error, never dropped or run as the command", "[run]") {
+  test::TempDir dir;
+  const std::string marker = dir.path() + "/ran";
+  const std::vector<std::string> touch = {"/usr/bin/touch", marker};
+  // Before --: the option and its value were parsed into nothing, and the command ran.
+  std::vector<std::string> before = {test::binPath("crashcap"), "run", "--dir", dir.path(), "--out", "elsewhere", "--"};
+  before.insert(before.end(), touch.begin(), touch.end());
+  auto r = test::run(before);
+  CHECK(r.exitCode == 2);
+  CHECK(r.err.find("does not know `--out elsewhere` (before --)") != std::string::npos);
+  // Without --: the first word that is not an option would start the command `--out elsewhere ...`.
+  std::vector<std::string> without = {test::binPath("crashcap"), "run", "--dir", dir.path(), "--out", "elsewhere"};
+  without.insert(without.end(), touch.begin(), touch.end());
+  auto w = test::run(without);
+  CHECK(w.exitCode == 2);
+  CHECK(w.err.find("does not know the option `--out`") != std::string::npos);
+  CHECK_FALSE(std::filesystem::exists(marker));
+  // The command's own options after its first word stay the command's.
+  auto ok = test::run({test::binPath("crashcap"), "run", "--dir", dir.path(), "/usr/bin/touch", "--no-create", marker});
+  CHECK(ok.exitCode == 0);
+  CHECK(ok.err.find("`/usr/bin/touch --no-create " + marker + "` exited 0") != std::string::npos);
+}
+
 TEST_CASE("crashcap doctor explains the missing GPU stack the way crashcap run does", "[run][doctor]") {
   auto r = test::run({test::binPath("crashcap"), "doctor", "--json"});
   INFO(r.out << r.err);

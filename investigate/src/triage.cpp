@@ -282,6 +282,27 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
         }
       }
       if (found) continue;
+      // A length or a count of nothing: one integer per row, 0 in this row and positive in every
+      // other (sequence lengths, a 0 where the rest hold 3..11). A tensor an op indexes with (a
+      // label, a token) is left to its domain: class 0 is an ordinary label. 8 other rows at least.
+      if (l.integer && applicable.empty() && st.count == 1 && st.min && *st.min == 0) {
+        int64_t otherRows = 0;
+        double othersMin = 0;
+        bool othersPositive = true;
+        for (int64_t o = 0; o < batch && othersPositive; ++o)
+          if (!isCulprit(o)) {
+            othersPositive = stats[o].count == 1 && stats[o].min && *stats[o].min >= 1;
+            if (othersPositive) othersMin = otherRows++ ? std::min(othersMin, *stats[o].min) : *stats[o].min;
+          }
+        if (othersPositive && otherRows >= 8) {
+          f.kind = RowFinding::Kind::LoneZero;
+          f.value = 0;
+          f.othersMin = othersMin;
+          f.othersMax = othersMax;
+          out.push_back(f);
+          continue;
+        }
+      }
       // A sign the rest of the batch never has (pixels, probabilities below 0): what a log or a
       // square root downstream cannot take. Floating tensors only (a negative integer target is
       // padding, which a loss's domain judges), and against enough values that a signed feature

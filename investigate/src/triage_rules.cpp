@@ -58,6 +58,10 @@ std::string rowFindingText(const RowFinding& r) {
                          r.tensor, r.value, r.othersMax);
     case RowFinding::Kind::AllZeros:
       return fmt::format("row {} of {} is all zeros, unlike the batch's other rows", r.row, r.tensor);
+    case RowFinding::Kind::LoneZero:
+      return fmt::format("row {} of {} is 0, while the batch's other rows are {:.0f}..{:.0f}: a length or count of "
+                         "nothing?",
+                         r.row, r.tensor, r.othersMin, r.othersMax);
     case RowFinding::Kind::Negative:
       return fmt::format("row {} of {} holds negative values (down to {:.3g}), while every value of the batch's other "
                          "rows is >= 0",

@@ -213,6 +213,26 @@ TEST_CASE("rows that trigger the failure with values in range are not invalid da
   CHECK_FALSE(has(judgeLossNumerics(f), "legitimate edge case"));
 }
 
+TEST_CASE("a length of 0 among positive ones is a trait shown after the verdict, not invalid data", "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.samples = samplesFound({7});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  RowFinding zero;
+  zero.row = 7;
+  zero.tensor = "steps/6/batch/1";
+  zero.kind = RowFinding::Kind::LoneZero;
+  zero.othersMin = 3;
+  zero.othersMax = 11;
+  zero.oneElement = true;
+  CHECK_FALSE(zero.invalid());
+  f.rowFindings = {zero};
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "but nothing in it was found invalid"));
+  CHECK(has(h, "row 7 of steps/6/batch/1 is 0, while the batch's other rows are 3..11: a length or count of nothing?"));
+  CHECK(findCulprit(f).rows == std::vector<int64_t>{7});
+}
+
 TEST_CASE("invalid-data of a job's rank names the rank whose batch holds the rows, and the culprit carries it",
           "[investigate][triage]") {
   auto f = reproducedAt6();

@@ -117,6 +117,26 @@ def test_a_ragged_batch_read_through_offsets_is_not_cut_by_row_and_a_padded_one_
     assert triage["culprit"]["dataset_indices"] == [150], triage["culprit"]
 
 
+def test_an_empty_sequence_packed_by_length_is_named_with_its_length_of_zero(tmp_path):
+    # Padded features, lengths and labels; sample 277 has no time steps, and packing raises. Its
+    # length is 0 where the batch's others are 3..11: an input the step cannot handle, not an
+    # invalid value, and the evidence says which length is empty.
+    r, runs = run_recorded(tmp_path, "packed_sequences.py", "--empty-index", 277)
+    assert r.returncode != 0 and "Length of all samples has to be greater than 0" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    triage = crashcap_json("triage", bundle)
+    assert triage["culprit"]["dataset_indices"] == [277], triage["culprit"]
+    (row,) = triage["culprit"]["rows"]
+    assert verdicts(triage)["invalid-data"] == "inconclusive", triage["hypotheses"]
+    (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
+    text = " ".join(evidence)
+    assert re.search(rf"row {row} of steps/{replay['step']}/batch/1 is 0, while the batch's other rows are 3\.\.(9|10|11)",
+                     text), evidence
+    assert f"row {row} of steps/{replay['step']}/batch/0 is all zeros" in text, evidence
+
+
 def test_a_sequence_first_batch_with_as_many_time_steps_as_samples_keeps_its_earlier_sample_dimension(tmp_path):
     # In dataset order, sample 77's batch (step 4) has tokens [16, 16]: shapes alone cannot tell.
     r, runs = run_recorded(tmp_path, "sequence_first.py", "--bad-label-index", 77, "--square")

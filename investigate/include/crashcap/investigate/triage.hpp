@@ -58,6 +58,8 @@ struct RowFinding {
                   ///< whole row or in one feature (column)
     AllZeros,     ///< every element is zero where the other rows are not: a trait, not invalid
     Negative,     ///< holds negative values (value: the lowest) where every other row is >= 0
+    LoneZero,     ///< a single integer 0 where every other row's is positive (othersMin..othersMax),
+                  ///< in a tensor no op indexes with: an empty length or count; a trait, not invalid
   };
   int64_t row = 0;
   std::string tensor;                      ///< the bundle's tensor name, "steps/6/batch/label"
@@ -65,11 +67,12 @@ struct RowFinding {
   uint64_t nanCount = 0, infCount = 0;
   double value = 0;
   double othersMax = 0;
+  double othersMin = 0;                    ///< LoneZero: the other rows' smallest value
   int64_t column = -1;                     ///< Outlier in one feature of a [rows, features] tensor
   std::optional<IndexDomain> domain;
   bool oneElement = false;                 ///< the row is a single value (a label), not a vector
   /// A value the training cannot have meant: non-finite, outside an op's domain, a far outlier.
-  bool invalid() const { return kind != Kind::AllZeros; }
+  bool invalid() const { return kind != Kind::AllZeros && kind != Kind::LoneZero; }
 };
 
 /// A rank of a multi-process job, triaged with its job: every experiment replays all the job's

@@ -74,7 +74,14 @@ void printTriage(const investigate::Triage& t) {
   std::cout << fmt::format(
       "\nculprit: {}step {}, {}{}, {}{}\n", c.rank ? fmt::format("rank {}, ", *c.rank) : "",
       c.step ? std::to_string(*c.step) : "null",
-      c.rows ? "rows " + rowsText(*c.rows) : std::string("no batch rows singled out"),
+      c.rows    ? "rows " + rowsText(*c.rows)
+      : c.value ? fmt::format("value {:.0f} at element {} of {}{}", c.value->value, c.value->element, c.value->tensor,
+                              c.value->row ? fmt::format(" (row {} by its offsets{})", *c.value->row,
+                                                         c.value->datasetIndex
+                                                             ? fmt::format(", dataset index {}", *c.value->datasetIndex)
+                                                             : "")
+                                           : "")
+                : std::string("no batch rows singled out"),
       c.datasetIndices ? " (dataset indices " + rowsText(*c.datasetIndices) + ")" : "",
       c.op                                          ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?"))
       : t.facts.replay && t.facts.replay->steps.empty() ? std::string("no op seen (the replay gave no step back)")

@@ -9,9 +9,14 @@
 
 namespace crashcap::formats {
 
-std::vector<std::string> concatenatedBatchTensors(const std::vector<StepBeginData>& begins, int64_t step,
-                                                  const std::function<std::vector<int64_t>(const std::string&)>& shapeOf) {
-  std::vector<std::string> out;
+std::string ConcatenatedTensor::text() const {
+  return fmt::format("'{}' [{}] ([{}] at step {})", input, fmt::join(shape, ", "), fmt::join(otherShape, ", "), otherStep);
+}
+
+std::vector<ConcatenatedTensor> concatenatedBatchTensors(
+    const std::vector<StepBeginData>& begins, int64_t step,
+    const std::function<std::vector<int64_t>(const std::string&)>& shapeOf) {
+  std::vector<ConcatenatedTensor> out;
   const StepBeginData* begin = nullptr;
   for (const auto& b : begins)
     if (b.step == step) begin = &b;
@@ -39,8 +44,7 @@ std::vector<std::string> concatenatedBatchTensors(const std::vector<StepBeginDat
       for (size_t d = 0; d < shape.size(); ++d)
         samples = samples || (otherShape[d] != shape[d] && shape[d] != 1 && !padded.count(shape[d]));
       if (samples) {
-        out.push_back(fmt::format("'{}' [{}] ([{}] at step {})", input, fmt::join(shape, ", "), fmt::join(otherShape, ", "),
-                                  other.step));
+        out.push_back({begin->batch[i], input, shape, other.step, otherShape});
         break;
       }
     }
@@ -48,19 +52,21 @@ std::vector<std::string> concatenatedBatchTensors(const std::vector<StepBeginDat
   return out;
 }
 
-std::vector<std::string> concatenatedBatchTensors(const std::vector<StepBeginData>& begins, int64_t step,
-                                                  const BundleReader& reader) {
+std::vector<ConcatenatedTensor> concatenatedBatchTensors(const std::vector<StepBeginData>& begins, int64_t step,
+                                                         const BundleReader& reader) {
   return concatenatedBatchTensors(begins, step, [&](const std::string& name) {
     const auto* t = reader.find(name);
     return t ? t->shape : std::vector<int64_t>{};
   });
 }
 
-std::string concatenatedBatchText(int64_t step, int64_t rows, const std::vector<std::string>& tensors) {
+std::string concatenatedBatchText(int64_t step, int64_t rows, const std::vector<ConcatenatedTensor>& tensors) {
+  std::vector<std::string> texts;
+  for (const auto& t : tensors) texts.push_back(t.text());
   return fmt::format("step {}'s batch cannot be cut to some of its {} rows: {} {} none of its rows and changes size from "
                      "step to step, so it holds the samples concatenated (a ragged batch read through offsets, a graph "
                      "batch)",
-                     step, rows, fmt::join(tensors, ", "), tensors.size() == 1 ? "holds" : "hold");
+                     step, rows, fmt::join(texts, ", "), tensors.size() == 1 ? "holds" : "hold");
 }
 
 }  // namespace crashcap::formats

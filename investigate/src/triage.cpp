@@ -11,6 +11,7 @@
 
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/ragged_batch.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/inspect/host_tensor.hpp"
@@ -341,6 +342,78 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   return out;
 }
 
+std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle, int64_t step,
+                                                      const std::vector<IndexDomain>& domains) {
+  std::vector<ConcatenatedValue> out;
+  auto reader = formats::BundleReader::open(bundle);
+  const auto records = formats::readRecords(*reader);
+  const formats::StepBeginData* begin = nullptr;
+  for (const auto& b : records.stepBegins)
+    if (b.step == step) begin = &b;
+  if (!begin) return out;
+  const auto concatenated = formats::concatenatedBatchTensors(records.stepBegins, step, *reader);
+  if (concatenated.empty()) return out;
+  const auto batchRows = formats::batchRows(*begin, *reader);
+  const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
+  // Tensors of one integer per row: the candidates for offsets. A label tensor rarely passes for
+  // one (sorted from 0); when it does and places the value elsewhere, neither says.
+  std::vector<std::pair<std::string, inspect::HostTensor>> perRow;
+  for (size_t i = 0; i < begin->batch.size(); ++i) {
+    const auto* info = reader->find(begin->batch[i]);
+    if (!info || info->name == index || batchRows.dims[i] != 0 || info->shape.size() != 1) continue;
+    if (formats::isFloating(info->dtype) || formats::isComplex(info->dtype) || info->dtype == formats::DType::Bool) continue;
+    perRow.emplace_back(info->name, inspect::loadTensor(*reader, info->name));
+  }
+  std::optional<inspect::HostTensor> indices;
+  if (reader->find(index)) indices = inspect::loadTensor(*reader, index);
+  for (const auto& c : concatenated) {
+    const auto* info = reader->find(c.name);
+    if (!info || c.shape.empty() || formats::isFloating(info->dtype) || formats::isComplex(info->dtype) ||
+        info->dtype == formats::DType::Bool)
+      continue;
+    std::optional<inspect::HostTensor> t;
+    for (const IndexDomain& d : domains) {
+      if (d.indexShape != c.shape) continue;
+      if (!t) t = inspect::loadTensor(*reader, c.name);
+      const uint64_t n = t->numel();
+      for (uint64_t i = 0; i < n; ++i) {
+        const double v = t->at(i);
+        if (v >= 0 && v < static_cast<double>(d.size)) continue;
+        if (d.ignoreIndex && v == static_cast<double>(*d.ignoreIndex)) continue;
+        ConcatenatedValue f;
+        f.tensor = c.name;
+        f.element = static_cast<int64_t>(i);
+        f.position = c.shape[0] > 0 ? static_cast<int64_t>(i / (n / static_cast<uint64_t>(c.shape[0]))) : 0;
+        f.value = v;
+        f.domain = d;
+        // Each row's first position: 0 first, never decreasing, within the concatenated size.
+        for (const auto& [name, offsets] : perRow) {
+          const uint64_t rows = offsets.numel();
+          bool fits = rows > 0 && offsets.at(0) == 0;
+          for (uint64_t r = 1; fits && r < rows; ++r) fits = offsets.at(r) >= offsets.at(r - 1);
+          fits = fits && offsets.at(rows - 1) <= static_cast<double>(c.shape[0]);
+          if (!fits) continue;
+          int64_t row = 0;
+          for (uint64_t r = 0; r < rows; ++r)
+            if (offsets.at(r) <= static_cast<double>(f.position)) row = static_cast<int64_t>(r);
+          if (f.row && *f.row != row) {  // two offsets tensors that disagree: neither says
+            f.row.reset();
+            f.offsets.clear();
+            break;
+          }
+          f.row = row;
+          f.offsets = name;
+        }
+        if (f.row && indices && static_cast<uint64_t>(*f.row) < indices->numel())
+          f.datasetIndex = static_cast<int64_t>(indices->at(static_cast<uint64_t>(*f.row)));
+        out.push_back(std::move(f));
+        break;
+      }
+    }
+  }
+  return out;
+}
+
 std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step) {
   auto reader = formats::BundleReader::open(bundle);
   const auto records = formats::readRecords(*reader);
@@ -525,6 +598,7 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
     try {
       f.paddingRow = findPaddingRow(bundle, f.step());
+      if (!f.samples) f.concatenatedValues = findConcatenatedValues(bundle, f.step(), findIndexDomains(bundle));
     } catch (const Error&) {
       // A batch tensor that cannot be read: the experiments above said what they could.
     }
@@ -563,7 +637,14 @@ json toJson(const Triage& t, bool withReplay) {
                 {"dataset_indices", opt(c.datasetIndices)},
                 {"op", opt(c.op)},
                 {"phase", opt(c.phase)},
-                {"changes", opt(c.changes)}}},
+                {"changes", opt(c.changes)},
+                {"value", c.value ? json{{"tensor", c.value->tensor},
+                                         {"element", c.value->element},
+                                         {"value", c.value->value},
+                                         {"offsets", c.value->row ? json(c.value->offsets) : json(nullptr)},
+                                         {"row", opt(c.value->row)},
+                                         {"dataset_index", opt(c.value->datasetIndex)}}
+                                  : json(nullptr)}}},
               {"notes", f.replay ? json(f.replay->notes) : json::array()},
               {"job", nullptr},
               {"experiments", experimentLogJson(t.experiments)}};

@@ -70,6 +70,27 @@ std::string rowFindingText(const RowFinding& r) {
   return "";
 }
 
+/// "element 64 of steps/6/batch/1 is 53, outside 0..49: the embedding (...) has 50 rows (...)"
+std::string concatenatedValueText(const ConcatenatedValue& v) {
+  return fmt::format("element {} of {} is {:.0f}, outside 0..{}: {}", v.element, v.tensor, v.value, v.domain.size - 1,
+                     v.domain.describe());
+}
+
+/// "by the offsets in steps/6/batch/2 it is in row 10's span (dataset index 150)"
+std::string concatenatedRowText(const ConcatenatedValue& v) {
+  if (!v.row) return "no offsets tensor in the batch places it in a row";
+  return fmt::format("by the offsets in {} it is in row {}'s span{}", v.offsets, *v.row,
+                     v.datasetIndex ? fmt::format(" (dataset index {})", *v.datasetIndex) : "");
+}
+
+/// The concatenated value outside the domain of the op that raised the replayed error, if any.
+const ConcatenatedValue* raisingOpValue(const TriageFacts& f) {
+  if (!f.reproduced() || !f.replay->raisingOp) return nullptr;
+  for (const auto& v : f.concatenatedValues)
+    if (v.domain.op == f.replay->raisingOp->name) return &v;
+  return nullptr;
+}
+
 std::string paddingRowText(const PaddingRow& p) {
   return fmt::format("row {}{} of {} reaches index {} along dimension {}, while every other row is zero beyond index {}; "
                      "the batch's padded size is that row's, which cutting rows from the recorded batch cannot "
@@ -177,6 +198,17 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
                           whose, joinRows(rows))
             : fmt::format("sample bisection named {}rows [{}], but the replay of step {} without them gave no result ({})",
                           whose, joinRows(rows), f.step(), f.withoutRowsOutcome));
+  } else if (!f.concatenatedValues.empty()) {
+    // Its rows cannot be cut (the samples are concatenated), but a value is outside the domain of
+    // an op: invalid data when that op is the one that raised.
+    const ConcatenatedValue* raising = raisingOpValue(f);
+    if (raising) h.verdict = V::Confirmed;
+    for (const auto& v : f.concatenatedValues)
+      h.evidence.push_back(fmt::format("{}{}; {}", concatenatedValueText(v),
+                                       &v == raising ? ", the op that raised" : "", concatenatedRowText(v)));
+    h.evidence.push_back(fmt::format(
+        "the batch holds its samples concatenated, so no row could be cut and tested{}",
+        f.samplesOutcome.empty() ? "" : fmt::format(" (sample bisection: {})", f.samplesOutcome)));
   } else {
     h.evidence.push_back(f.samplesOutcome.empty()
                              ? std::string("sample bisection did not isolate rows")
@@ -489,6 +521,8 @@ Culprit findCulprit(const TriageFacts& f) {
     c.phase = op->phase;
   }
   if (f.config) c.changes = f.config->changesOutcome;
+  if (!c.rows)
+    if (const auto* v = raisingOpValue(f)) c.value = *v;
   return c;
 }
 

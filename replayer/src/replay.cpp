@@ -752,7 +752,11 @@ struct Run {
                       result.batchSize == 0
                           ? fmt::format("row {} was asked for, but no tensor of step {}'s batch has rows", row, s)
                           : fmt::format("row {} is outside the batch of step {} (rows 0..{})", row, s, result.batchSize - 1));
-      if (!options.rows.empty())
+      // Every row in order is the batch as recorded, not a cut of it (a sample bisection's first
+      // replay asks for that).
+      bool everyRow = static_cast<int64_t>(options.rows.size()) == result.batchSize;
+      for (size_t i = 0; everyRow && i < options.rows.size(); ++i) everyRow = options.rows[i] == static_cast<int64_t>(i);
+      if (!options.rows.empty() && !everyRow)
         if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, s, *reader); !whole.empty())
           throw Error(ErrorCode::Unsupported,
                       formats::concatenatedBatchText(s, result.batchSize, whole) +

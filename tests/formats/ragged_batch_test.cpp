@@ -39,7 +39,9 @@ TEST_CASE("a batch tensor without rows whose size changes from step to step hold
   auto ragged = steps({"0", "1", "2"}, {{{12}, {82}, {12}}, {{12}, {79}, {12}}}, 12, all);
   auto found = concatenatedBatchTensors(ragged, 1, shapeOf);
   REQUIRE(found.size() == 1);
-  CHECK(found[0] == "'1' [79] ([82] at step 0)");
+  CHECK(found[0].text() == "'1' [79] ([82] at step 0)");
+  CHECK(found[0].name == "steps/1/batch/1");
+  CHECK(found[0].shape == std::vector<int64_t>{79});
   // A graph batch: node features [N, 8], edges [2, E], graph of each node [N], labels [4].
   auto graph = steps({"x", "edges", "graph", "y"}, {{{40, 8}, {2, 90}, {40}, {4}}, {{37, 8}, {2, 81}, {37}, {4}}}, 4, all);
   CHECK(concatenatedBatchTensors(graph, 1, shapeOf).size() == 3);

@@ -397,6 +397,58 @@ TEST_CASE("invalid-data is inconclusive when the crash does not reproduce or no 
   CHECK(has(k, "sample bisection named rows [0], the whole batch"));
 }
 
+TEST_CASE("a value outside the raising op's domain in a batch of concatenated samples is invalid data, placed by "
+          "its offsets",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  replayer::ProbedOp raising;
+  raising.name = "aten::embedding_bag";
+  raising.phase = "forward";
+  f.replay->raisingOp = raising;
+  f.samplesOutcome = "failed: step 6's batch cannot be cut to some of its 12 rows";
+  ConcatenatedValue v;
+  v.tensor = "steps/6/batch/1";
+  v.element = 64;
+  v.position = 64;
+  v.value = 53;
+  v.domain.op = "aten::embedding_bag";
+  v.domain.size = 50;
+  v.domain.indexShape = {79};
+  v.domain.sourceShape = {50, 16};
+  v.offsets = "steps/6/batch/2";
+  v.row = 10;
+  v.datasetIndex = 150;
+  f.concatenatedValues = {v};
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(h.evidence.at(0) == "element 64 of steps/6/batch/1 is 53, outside 0..49: the embedding (aten::embedding_bag) has "
+                            "50 rows (table [50,16]), the op that raised; by the offsets in steps/6/batch/2 it is in "
+                            "row 10's span (dataset index 150)");
+  CHECK(has(h, "the batch holds its samples concatenated, so no row could be cut and tested (sample bisection: failed: "
+               "step 6's batch cannot be cut"));
+  auto c = findCulprit(f);
+  REQUIRE(c.value);
+  CHECK(c.value->datasetIndex == 150);
+  CHECK_FALSE(c.rows);
+
+  // Outside the domain of another op than the one that raised: named, not confirmed, not the culprit.
+  f.replay->raisingOp->name = "aten::index_select";
+  h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "element 64 of steps/6/batch/1 is 53"));
+  CHECK_FALSE(has(h, "the op that raised"));
+  CHECK_FALSE(findCulprit(f).value);
+
+  // No offsets place it: said so.
+  f.replay->raisingOp->name = "aten::embedding_bag";
+  f.concatenatedValues[0].row.reset();
+  f.concatenatedValues[0].offsets.clear();
+  f.concatenatedValues[0].datasetIndex.reset();
+  h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "the op that raised; no offsets tensor in the batch places it in a row"));
+}
+
 TEST_CASE("loss-numerics is confirmed when an op makes NaN from finite inputs, and says when an input reaches 0",
           "[investigate][triage]") {
   auto f = reproducedAt6();

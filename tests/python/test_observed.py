@@ -103,11 +103,20 @@ def test_a_ragged_batch_read_through_offsets_is_not_cut_by_row_and_a_padded_one_
     cut = crashcap("replay", bundle, "--rows", 0)
     assert cut.returncode != 0 and f"step {replay['step']}'s batch cannot be cut to some of its 12 rows: '1' [" in cut.stderr
     assert "holds none of its rows and changes size from step to step" in cut.stderr, cut.stderr
+    every = crashcap_json("replay", bundle, "--rows", ",".join(str(r) for r in range(12)))  # the batch as recorded
+    assert every["verdict"] == "reproduced-bitwise", every
     packed = crashcap("pack", bundle, "-o", tmp_path / "rows.ccap", "--rows", 0)
     assert packed.returncode != 0 and "holds the samples concatenated" in packed.stderr, packed.stderr
+    # No row is cut, but the token past the vocabulary is in the tokens tensor, outside the table of
+    # the op that raised, and the offsets place it in sample 150's span.
     triage = crashcap_json("triage", bundle)
-    assert verdicts(triage)["invalid-data"] == "inconclusive", triage["hypotheses"]
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
     assert not triage["culprit"]["rows"] and not triage["culprit"]["dataset_indices"], triage["culprit"]
+    value = triage["culprit"]["value"]
+    assert value["tensor"] == f"steps/{replay['step']}/batch/1" and value["value"] == 53, value
+    assert value["offsets"] == f"steps/{replay['step']}/batch/2" and value["dataset_index"] == 150, value
+    offsets = [int(x) for x in re.findall(r"\d+", crashcap_json("show", bundle, value["offsets"])["text"])]
+    assert offsets[value["row"]] <= value["element"] < (offsets + [10 ** 9])[value["row"] + 1], (offsets, value)
     # Padded to each batch's longest text instead (tokens [12, longest], position ids [1, longest]):
     # the length changes from batch to batch with the rows, and the rows are cut.
     (tmp_path / "padded").mkdir()

@@ -13,22 +13,33 @@ namespace crashcap::formats {
 
 class BundleReader;
 
+/// A batch tensor that holds its samples concatenated (concatenatedBatchTensors).
+struct ConcatenatedTensor {
+  std::string name;                ///< the bundle's tensor name, "steps/6/batch/1"
+  std::string input;               ///< the batch input's name, "1"
+  std::vector<int64_t> shape;      ///< at the step asked about
+  int64_t otherStep = -1;          ///< a step at which it has another size
+  std::vector<int64_t> otherShape;
+  /// "'1' [79] ([82] at step 0)"
+  std::string text() const;
+};
+
 /// The tensors of step `step`'s batch that hold none of its rows (formats::batchRows) and still
 /// hold its samples: the samples concatenated along a dimension of their own (the tokens of a
 /// ragged batch that offsets index into, a graph batch's nodes and edges). Each is told by a
 /// dimension whose size differs at another recorded step and is neither 1 nor a size of the row
 /// tensors' other dimensions (the length a padded batch is padded to, which a causal mask or
 /// position ids share). A replay or a pack that keeps some rows would keep every value of such a
-/// tensor: another batch, not a part of this one. Each as "'NAME' [shape] ([shape] at step N)",
-/// NAME the batch input's name; none when the batch has no rows or no other step tells.
-/// `shapeOf(name)`: a tensor's shape, empty when the bundle lacks it.
-std::vector<std::string> concatenatedBatchTensors(const std::vector<StepBeginData>& begins, int64_t step,
-                                                  const std::function<std::vector<int64_t>(const std::string&)>& shapeOf);
+/// tensor: another batch, not a part of this one. None when the batch has no rows or no other
+/// step tells. `shapeOf(name)`: a tensor's shape, empty when the bundle lacks it.
+std::vector<ConcatenatedTensor> concatenatedBatchTensors(
+    const std::vector<StepBeginData>& begins, int64_t step,
+    const std::function<std::vector<int64_t>(const std::string&)>& shapeOf);
 /// The same, with the shapes of the tensors `reader` holds.
-std::vector<std::string> concatenatedBatchTensors(const std::vector<StepBeginData>& begins, int64_t step,
-                                                  const BundleReader& reader);
+std::vector<ConcatenatedTensor> concatenatedBatchTensors(const std::vector<StepBeginData>& begins, int64_t step,
+                                                         const BundleReader& reader);
 /// Why step `step`'s batch of `rows` rows cannot be cut, given its concatenatedBatchTensors: the
 /// words `replay --rows` and `pack --rows` refuse with, before each says what it would have done.
-std::string concatenatedBatchText(int64_t step, int64_t rows, const std::vector<std::string>& tensors);
+std::string concatenatedBatchText(int64_t step, int64_t rows, const std::vector<ConcatenatedTensor>& tensors);
 
 }  // namespace crashcap::formats

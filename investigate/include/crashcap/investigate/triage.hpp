@@ -101,6 +101,21 @@ struct PaddingRow {
   std::optional<int64_t> datasetIndex;  ///< the row's, when the batch carries an index tensor
 };
 
+/// A value outside an op's IndexDomain in a batch tensor that holds the batch's samples
+/// concatenated (formats::concatenatedBatchTensors: a ragged batch's tokens), whose rows sample
+/// bisection cannot cut; with the row whose span holds it, when one offsets tensor of the batch
+/// places it.
+struct ConcatenatedValue {
+  std::string tensor;                      ///< "steps/6/batch/1"
+  int64_t element = 0;                     ///< its flat index in the tensor
+  int64_t position = 0;                    ///< its index along the concatenated dimension (0)
+  double value = 0;
+  IndexDomain domain;
+  std::string offsets;                     ///< the batch tensor of each row's first position, "" when none places it
+  std::optional<int64_t> row;              ///< the row whose span holds it, by `offsets`
+  std::optional<int64_t> datasetIndex;     ///< that row's, when the batch carries an index tensor
+};
+
 /// Everything the rules judge from. Each experiment's result is absent when it did not run or
 /// did not finish (its Experiment says why).
 struct TriageFacts {
@@ -117,6 +132,7 @@ struct TriageFacts {
   std::optional<ConfigBisection> config;
   std::vector<RowFinding> rowFindings;               ///< of the culprit rows
   std::optional<PaddingRow> paddingRow;              ///< of the failing step's batch
+  std::vector<ConcatenatedValue> concatenatedValues; ///< of the failing step's batch
   std::optional<JobTriage> job;                      ///< the bundle is a rank of a multi-process job
 
   /// The replay brought the recorded failure back (replayer::showsFailure).
@@ -167,6 +183,9 @@ struct Culprit {
   std::optional<std::vector<int64_t>> rows, datasetIndices;
   std::optional<std::string> op, phase;
   std::optional<std::vector<std::string>> changes;
+  /// Without rows: the value outside the domain of the op that raised, in a tensor of the
+  /// samples concatenated, and the row it lies in when the batch's offsets say.
+  std::optional<ConcatenatedValue> value;
 };
 Culprit findCulprit(const TriageFacts& facts);
 
@@ -195,6 +214,15 @@ std::vector<IndexDomain> findIndexDomains(const std::string& bundle);
 std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows,
                                         const std::vector<IndexDomain>& domains);
 
+/// The values of step `step`'s batch tensors that hold the samples concatenated
+/// (formats::concatenatedBatchTensors) outside one of `domains` (matched by the tensor's shape at
+/// that step), the first of each tensor and domain. A batch tensor of one integer per row that
+/// starts at 0, never decreases and stays within the concatenated size (an EmbeddingBag's
+/// offsets) places it in the row whose span holds it; two such tensors that disagree place it in
+/// none.
+std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle, int64_t step,
+                                                      const std::vector<IndexDomain>& domains);
+
 /// The PaddingRow of step `step`'s batch, when one row's extent along a dimension is above every
 /// other's and is the tensor's size there, that size is larger than in every earlier step the
 /// bundle holds, and the rows are padding, not sparse data: each row is non-zero in 90% of its own
@@ -203,7 +231,8 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
 std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step);
 
 /// `crashcap triage --json`: bundle, reproduced, verdict, step, hypotheses [{id, verdict,
-/// evidence, rerun}], culprit {rank, step, rows, dataset_indices, op, phase, changes}, notes (the
+/// evidence, rerun}], culprit {rank, step, rows, dataset_indices, op, phase, changes, value (null,
+/// or {tensor, element, value, offsets, row, dataset_index})}, notes (the
 /// replay's: what differs from the recording, what bounds the replay), job (null, or
 /// {job_id, world_size, rank, asked_rank, asked_bundle, first_failed, ranks [{rank, verdict}]}),
 /// experiments.

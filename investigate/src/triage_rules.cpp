@@ -228,11 +228,12 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
   }
   const auto* op = f.replay && f.replay->firstNonFiniteOp ? &*f.replay->firstNonFiniteOp : nullptr;
   if (op) {
-    int64_t bad = 0;
+    int64_t bad = 0, nans = 0;
     double largest = 0;
     bool reachesZero = false;
     for (const auto& in : op->inputs) {
       bad += in.nanCount + in.infCount;
+      nans += in.nanCount;
       if (in.min) largest = std::max(largest, std::abs(*in.min));
       if (in.max) largest = std::max(largest, std::abs(*in.max));
       reachesZero = reachesZero || (in.min && *in.min == 0.0);
@@ -251,6 +252,19 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       if (reachesZero) h.evidence.push_back(fmt::format("an input of {} reaches 0 (a division or log of zero?)", op->name));
       if (f.rowsTrigger() && !f.rowsInvalid())
         h.evidence.push_back(fmt::format("batch row{} [{}] trigger{} it with values in range: the loss cannot handle a "
+                                         "legitimate edge case of its input",
+                                         f.culpritRows().size() == 1 ? "" : "s", joinRows(f.culpritRows()),
+                                         f.culpritRows().size() == 1 ? "s" : ""));
+    } else if (nans == 0 && op->afterGivenInfinity && !(f.rowsTrigger() && f.rowsInvalid())) {
+      // NaN made of infinities the program wrote on purpose (a mask's -inf): the softmax of a row
+      // masked whole is 0/0. The arithmetic meets an edge case of the program's own values.
+      h.verdict = V::Confirmed;
+      h.evidence.push_back(fmt::format("{} makes NaN of infinities the step wrote on purpose (an op before it was given "
+                                       "an infinity, as a mask's masked_fill(-inf) is): a row with nothing left "
+                                       "unmasked, whose softmax is 0/0?",
+                                       where));
+      if (f.rowsTrigger() && !f.rowsInvalid())
+        h.evidence.push_back(fmt::format("batch row{} [{}] trigger{} it with values in range: the step cannot handle a "
                                          "legitimate edge case of its input",
                                          f.culpritRows().size() == 1 ? "" : "s", joinRows(f.culpritRows()),
                                          f.culpritRows().size() == 1 ? "s" : ""));

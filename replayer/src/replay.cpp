@@ -356,6 +356,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
           eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) {
             if (t.defined() && op.outputs.size() < 8) op.outputs.push_back(statsOf(t));
           });
+          op.afterGivenInfinity = gProbe->deliberateInfinity;
           gProbe->found = std::move(op);
         }
       }

@@ -134,6 +134,8 @@ std::optional<ProbedOp> probedOpFromJson(const json& j, const char* key) {
   op.index = static_cast<uint64_t>(integer(o, "index"));
   op.inputs = valueStatsListFrom(o, "inputs");
   op.outputs = valueStatsListFrom(o, "outputs");
+  op.afterGivenInfinity = o.contains("after_given_infinity") && o["after_given_infinity"].is_boolean() &&
+                          o["after_given_infinity"].get<bool>();  // absent before it existed
   return op;
 }
 
@@ -221,7 +223,8 @@ json toJson(const std::optional<ProbedOp>& op) {
           {"seq", op->seq},
           {"index", op->index},
           {"inputs", statsListJson(op->inputs)},
-          {"outputs", statsListJson(op->outputs)}};
+          {"outputs", statsListJson(op->outputs)},
+          {"after_given_infinity", op->afterGivenInfinity}};
 }
 
 json toJson(const ReplayResult& r) {

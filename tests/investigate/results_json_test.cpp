@@ -38,6 +38,7 @@ replayer::ReplayResult sampleReplay() {
   op.inputs = {v};
   op.outputs = {v, v};
   r.firstNonFiniteOp = op;
+  r.firstNonFiniteOp->afterGivenInfinity = true;
   op.name = "aten::nll_loss";
   op.outputs.clear();
   r.raisingOp = op;
@@ -92,7 +93,9 @@ TEST_CASE("a replay result reads back from its JSON, NaN and infinities included
   CHECK(back.firstNonFiniteOp->seq == 42);
   CHECK(back.firstNonFiniteOp->outputs.size() == 2);
   CHECK(std::isinf(*back.firstNonFiniteOp->inputs[0].max));
+  CHECK(back.firstNonFiniteOp->afterGivenInfinity);
   REQUIRE(back.raisingOp);
+  CHECK_FALSE(back.raisingOp->afterGivenInfinity);
   CHECK(back.raisingOp->name == "aten::nll_loss");
   CHECK(back.raisingOp->outputs.empty());
   CHECK(j["steps"][1]["loss"].is_null());

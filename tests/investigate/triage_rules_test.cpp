@@ -449,6 +449,39 @@ TEST_CASE("a value outside the raising op's domain in a batch of concatenated sa
   CHECK(has(h, "the op that raised; no offsets tensor in the batch places it in a row"));
 }
 
+TEST_CASE("loss-numerics: NaN made of the infinities a mask wrote on purpose is an edge case of the step, unless the "
+          "culprit rows hold invalid values",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.samples = samplesFound({3});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::_softmax", {stats(0, 96, -2.0, 3.0)});
+  f.replay->firstNonFiniteOp->afterGivenInfinity = true;
+  auto h = judgeLossNumerics(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "aten::_softmax (forward, step 6) makes NaN of infinities the step wrote on purpose"));
+  CHECK(has(h, "batch row [3] triggers it with values in range: the step cannot handle a legitimate edge case"));
+
+  // Infinities with no op given one before: they came from somewhere else.
+  f.replay->firstNonFiniteOp->afterGivenInfinity = false;
+  CHECK(judgeLossNumerics(f).verdict == V::Refuted);
+  // Given one, but the rows carry Inf of their own: the data's, not the mask's.
+  f.replay->firstNonFiniteOp->afterGivenInfinity = true;
+  RowFinding inf;
+  inf.row = 3;
+  inf.tensor = "steps/6/batch/x";
+  inf.kind = RowFinding::Kind::NonFinite;
+  inf.infCount = 2;
+  f.rowFindings = {inf};
+  h = judgeLossNumerics(f);
+  CHECK(h.verdict == V::Refuted);
+  CHECK(has(h, "comes from inputs that already hold 96 NaN/Inf"));
+  // A NaN among the inputs is never the mask's.
+  f.rowFindings.clear();
+  f.replay->firstNonFiniteOp->inputs = {stats(1, 96, -2.0, 3.0)};
+  CHECK(judgeLossNumerics(f).verdict == V::Refuted);
+}
+
 TEST_CASE("loss-numerics is confirmed when an op makes NaN from finite inputs, and says when an input reaches 0",
           "[investigate][triage]") {
   auto f = reproducedAt6();

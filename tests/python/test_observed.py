@@ -156,7 +156,7 @@ def test_a_sequence_first_batch_with_as_many_time_steps_as_samples_keeps_its_ear
     assert (triage["culprit"]["rows"], triage["culprit"]["dataset_indices"]) == ([77 % 16], [77]), triage["culprit"]
 
 
-def test_an_attention_mask_s_deliberate_infinity_is_not_the_culprit_and_an_in_place_op_shows_the_inputs_it_began_with(
+def test_a_mask_s_deliberate_infinity_is_no_finding_an_in_place_op_shows_its_first_inputs_and_a_row_masked_whole_is_an_edge_case(
         tmp_path):
     # The model masks padding with masked_fill(mask, -inf) before a softmax in every step. A label
     # cross_entropy refuses is an error: its culprit op is the one it came out of, not the mask.
@@ -188,6 +188,27 @@ def test_an_attention_mask_s_deliberate_infinity_is_not_the_culprit_and_an_in_pl
     assert hypotheses["loss-numerics"]["verdict"] == "confirmed", hypotheses["loss-numerics"]
     assert any("reaches 0" in e for e in hypotheses["loss-numerics"]["evidence"]), hypotheses["loss-numerics"]
     assert triage["culprit"]["op"] == "aten::log_" and triage["culprit"]["dataset_indices"] == [37], triage["culprit"]
+    # A sample of length 0: the mask covers its whole row, and the softmax of nothing but the
+    # mask's -inf is NaN. The infinities are the program's: the softmax's arithmetic meets an edge
+    # case of the step's own values, and the 0 among the lengths is named.
+    (tmp_path / "empty").mkdir()
+    r, runs = run_recorded(tmp_path / "empty", "masked_attention.py", "--empty-index", 37)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    op = replay["first_nonfinite_op"]
+    assert op["name"] == "aten::_softmax" and op["after_given_infinity"], op
+    assert op["inputs"][0]["nan_count"] == 0 and op["inputs"][0]["inf_count"] > 0, op
+    triage = crashcap_json("triage", bundle)
+    hypotheses = {h["id"]: h for h in triage["hypotheses"]}
+    assert hypotheses["loss-numerics"]["verdict"] == "confirmed", hypotheses["loss-numerics"]
+    assert any("makes NaN of infinities the step wrote on purpose" in e for e in hypotheses["loss-numerics"]["evidence"])
+    assert hypotheses["invalid-data"]["verdict"] == "inconclusive", hypotheses["invalid-data"]
+    (row,) = triage["culprit"]["rows"]
+    assert any(f"row {row} of steps/{replay['step']}/batch/length is 0, while the batch's other rows are 3.." in e
+               for e in hypotheses["invalid-data"]["evidence"]), hypotheses["invalid-data"]
+    assert triage["culprit"]["op"] == "aten::_softmax" and triage["culprit"]["dataset_indices"] == [37], triage["culprit"]
 
 
 def test_two_optimizers_are_one_warning_kept_together_and_the_training_computes_the_same(tmp_path):

@@ -4,7 +4,8 @@ is added as log_() of the sequence's mean feature, in place. Knows nothing of cr
 
 --bad-label-index I gives dataset sample I the label 99, which cross_entropy refuses (an error
 after the deliberate -inf of the mask); --zero-index I makes sample I's features all zero, so the
-in-place log_ turns a legitimate edge case into -inf."""
+in-place log_ turns a legitimate edge case into -inf; --empty-index I gives sample I a length of 0,
+so the mask covers its whole row and the softmax of nothing but -inf is NaN."""
 
 import argparse
 
@@ -14,7 +15,7 @@ from torch.utils.data import DataLoader, Dataset
 
 
 class Padded(Dataset):
-    def __init__(self, n, bad_label, zero):
+    def __init__(self, n, bad_label, zero, empty):
         g = torch.Generator().manual_seed(3)
         self.lengths = torch.randint(3, 12, (n,), generator=g)
         self.tokens = torch.rand(n, 12, 6, generator=g) + 0.05
@@ -23,6 +24,8 @@ class Padded(Dataset):
             self.labels[bad_label] = 99
         if zero >= 0:
             self.tokens[zero] = 0.0
+        if empty >= 0:
+            self.lengths[empty] = 0
 
     def __len__(self):
         return len(self.labels)
@@ -53,10 +56,11 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--bad-label-index", type=int, default=-1)
     p.add_argument("--zero-index", type=int, default=-1)
+    p.add_argument("--empty-index", type=int, default=-1)
     p.add_argument("--epochs", type=int, default=2)
     a = p.parse_args()
     torch.manual_seed(0)
-    data = Padded(160, a.bad_label_index, a.zero_index)
+    data = Padded(160, a.bad_label_index, a.zero_index, a.empty_index)
     loader = DataLoader(data, batch_size=16, shuffle=True, num_workers=2,
                         generator=torch.Generator().manual_seed(1))
     model = Attend()

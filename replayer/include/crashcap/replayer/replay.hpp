@@ -94,6 +94,9 @@ struct ProbedOp {
   int64_t seq = -1;              ///< autograd sequence number
   uint64_t index = 0;            ///< ops into the target step
   std::vector<ValueStats> inputs, outputs;
+  /// An op before it in the step wrote an infinity it was given (an attention mask's
+  /// masked_fill(-inf)): infinities in its inputs may be the program's, not a finding.
+  bool afterGivenInfinity = false;
 };
 
 struct StepReplay {

@@ -540,7 +540,10 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
   }
   const std::string& bundle = f.bundle;
   if (records) {
-    if (records->crash) f.crashStep = records->crash->step;
+    if (records->crash) {
+      f.crashStep = records->crash->step;
+      f.crashPhase = records->crash->phase;
+    }
     if (records->program && records->program->format != "torchscript") {
       // A setModel recording replays in its own program, which needs its step function and its
       // command line: when one is missing, every experiment would fail the same way; say it once.

@@ -114,6 +114,14 @@ std::string triggerText(const TriageFacts& f) {
                      f.samples->replays + 1, f.job ? fmt::format(" of all {} ranks", f.job->worldSize) : "");
 }
 
+/// "the recorded error came after step 1's update, between steps (...)"
+std::string betweenStepsText(const TriageFacts& f) {
+  return fmt::format("the recorded error came after step {}'s update, between steps (in what the loop runs after "
+                     "optimizer.step(): a scheduler, a validation pass, a checkpoint, logging), and step {} replays "
+                     "clean",
+                     f.step(), f.step());
+}
+
 }  // namespace
 
 const char* verdictName(HypothesisVerdict verdict) {
@@ -141,6 +149,11 @@ std::vector<int64_t> TriageFacts::culpritRows() const {
   return samples && samples->reproduced ? samples->culprits() : std::vector<int64_t>{};
 }
 
+bool TriageFacts::failedBetweenSteps() const {
+  return crashPhase == "between-steps" && replay && !replayer::showsFailure(*replay) && replay->error.empty() &&
+         !replay->divergedAt;
+}
+
 bool TriageFacts::rowsTrigger() const {
   return !culpritRows().empty() && withoutRows && !replayer::showsFailure(*withoutRows);
 }
@@ -156,6 +169,8 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   const std::string whose = f.job ? fmt::format("rank {}'s ", f.job->rank) : "";  // the rows' batch, in a job
   if (auto why = f.replayBlocked()) {
     h.evidence.push_back(*why);
+  } else if (f.failedBetweenSteps()) {
+    h.evidence.push_back(betweenStepsText(f) + ": the batches the steps consumed are not where it failed");
   } else if (!f.reproduced()) {
     h.evidence.push_back("the crash does not reproduce on replay, so its data cannot be tested");
   } else if (f.rowsTrigger()) {
@@ -486,6 +501,11 @@ Hypothesis judgeNondeterminism(const TriageFacts& f) {
       h.evidence.push_back(fmt::format("the {} replayed step{} with a recorded fingerprint matched it bit for bit, and the "
                                        "failure came back (verdict {}: its error's text differs)",
                                        compared, compared == 1 ? "" : "s", replayer::verdictName(r.verdict)));
+    } else if (same && compared > 0 && f.failedBetweenSteps()) {
+      h.verdict = V::Refuted;
+      h.evidence.push_back(fmt::format("the {} replayed step{} with a recorded fingerprint matched it bit for bit; {}: no "
+                                       "step's computation holds the failure",
+                                       compared, compared == 1 ? "" : "s", betweenStepsText(f)));
     } else if (same && compared > 0) {
       h.evidence.push_back(fmt::format("the {} replayed step{} with a recorded fingerprint matched it bit for bit, but the "
                                        "failing step ran clean here (verdict {}): a cause outside the step's "

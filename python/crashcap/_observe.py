@@ -435,6 +435,12 @@ class Observer:
     def on_optimizer_step(self, optimizer):
         if self.in_flight is not None:
             self.updates += 1
+            # The step's computation ends with its update: what the loop runs after it (the
+            # scheduler, a validation pass, a checkpoint, logging) is between steps, and a crash
+            # there is after the step, not in it. Of several optimizers, which updates last is
+            # not known: the step stays in flight until the next batch.
+            if self.rec is not None and not self.replay and self.rec.optimizer is optimizer:
+                self.rec._finish_step()
 
     def _finish(self):
         if self.rec is not None and self.in_flight is not None and not self.replay:

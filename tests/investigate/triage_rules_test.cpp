@@ -777,6 +777,19 @@ TEST_CASE("nondeterminism is refuted by a bitwise replay or bitwise steps before
   CHECK(n.evidence.at(0) == "the 2 replayed steps with a recorded fingerprint matched it bit for bit, but the failing "
                             "step ran clean here (verdict not-reproduced): a cause outside the step's computation, or a "
                             "race within it");
+  // The recorded error came after the step's update (a validation pass): no step holds it.
+  f.crashPhase = "between-steps";
+  REQUIRE(f.failedBetweenSteps());
+  auto b = judgeNondeterminism(f);
+  CHECK(b.verdict == V::Refuted);
+  CHECK(b.evidence.at(0) == "the 2 replayed steps with a recorded fingerprint matched it bit for bit; the recorded error "
+                            "came after step 6's update, between steps (in what the loop runs after optimizer.step(): a "
+                            "scheduler, a validation pass, a checkpoint, logging), and step 6 replays clean: no step's "
+                            "computation holds the failure");
+  CHECK(judgeInvalidData(f).verdict == V::Inconclusive);
+  CHECK(has(judgeInvalidData(f), "the batches the steps consumed are not where it failed"));
+  f.crashPhase = "optimizer";
+  CHECK_FALSE(f.failedBetweenSteps());
   f.replay->steps[0].bitwise = false;
   CHECK(judgeNondeterminism(f).evidence.at(0) == "replay verdict not-reproduced");
 }

@@ -124,6 +124,7 @@ struct TriageFacts {
   std::string replayOutcome;                         ///< why replay gave no result (the experiment's outcome)
   std::string samplesOutcome;                        ///< why sample bisection gave no result
   int64_t crashStep = -1;                            ///< the recorded crash's step (-1: none recorded)
+  std::string crashPhase;                            ///< the recorded crash's phase ("" unknown, "between-steps", ...)
   std::optional<StepBisection> steps;
   std::optional<SampleBisection> samples;
   std::optional<replayer::ReplayResult> withoutRows; ///< the failing step without the culprit rows
@@ -145,6 +146,9 @@ struct TriageFacts {
   bool rowsInvalid() const;
   /// The failing step: the replayed one, else the recorded crash's (-1 unknown).
   int64_t step() const { return replay ? replay->step : crashStep; }
+  /// The recorded error came after the step's update, in the loop's own code between steps (a
+  /// validation pass, a checkpoint), and the replay of the step ran clean: no step holds it.
+  bool failedBetweenSteps() const;
   /// Why replay could not test the failing step at all (it did not run, or the recording lost a
   /// step on the way), as evidence; nullopt when it could. A rule that needs the failing step
   /// says this instead of reading an absence of failure as a finding.

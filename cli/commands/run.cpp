@@ -31,7 +31,13 @@ int run(Options& r) {
   auto& o = r.supervise;
   // An option crashcap does not know must not be dropped or taken for the command: `--out runs`
   // before -- would leave the bundles where the user did not look.
-  const std::vector<std::string> extra = r.app->remaining();
+  std::vector<std::string> extra = r.app->remaining();
+  if (!r.afterDashes.empty() && !extra.empty() && extra.front()[0] != '-') {
+    // `crashcap run uv run -- python train.py`: the command began before a -- of its own.
+    extra.push_back("--");
+    extra.insert(extra.end(), r.afterDashes.begin(), r.afterDashes.end());
+    r.afterDashes.clear();
+  }
   if (!r.afterDashes.empty() && !extra.empty())
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("crashcap run does not know `{}` (before --)", fmt::join(extra, " ")),

@@ -43,10 +43,13 @@ void printTriage(const investigate::Triage& t) {
                              f.step() >= 0 ? std::to_string(f.step()) : "null",
                              f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
   else
-    std::cout << fmt::format("triage of {}: crash {} {} step {}; replay {}\n", f.bundle,
+    std::cout << fmt::format("triage of {}: crash {} {}; replay {}\n", f.bundle,
                              crash ? crash->kind : killed ? "killed" : "(none recorded)",
-                             crash && !crash->phase.empty() && !formats::phaseInStep(crash->phase) ? "after" : "at",
-                             f.step() >= 0 ? std::to_string(f.step()) : "null",
+                             f.step() < 0 ? std::string("before any step")
+                             : fmt::format("{} step {}",
+                                           crash && !crash->phase.empty() && !formats::phaseInStep(crash->phase) ? "after"
+                                                                                                                  : "at",
+                                           f.step()),
                              f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
   if (const auto& j = f.job) {
     std::cout << fmt::format("rank {} of job {} ({} ranks): every experiment replays all its ranks together, the rows cut "

@@ -189,7 +189,9 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     if (row >= rep.batchSize)
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("--rows: row {} is outside step {}'s batch (rows 0..{})", row, target, rep.batchSize - 1));
-  if (o.rows != "all")
+  // Every row (distinct, each within the batch): the batch as recorded, not a cut of it.
+  const bool everyRow = rep.batchSize > 0 && static_cast<int64_t>(chosen.size()) == rep.batchSize;
+  if (o.rows != "all" && !everyRow)
     if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, target, *reader); !whole.empty())
       throw Error(ErrorCode::Unsupported,
                   "--rows: " + formats::concatenatedBatchText(target, rep.batchSize, whole) +

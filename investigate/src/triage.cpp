@@ -379,7 +379,8 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
       for (uint64_t i = 0; i < n; ++i) {
         const double v = t->at(i);
         if (v >= 0 && v < static_cast<double>(d.size)) continue;
-        if (d.ignoreIndex && v == static_cast<double>(*d.ignoreIndex)) continue;
+        // A loss's negative targets are its ignore_index, which only rows could tell (findRowOddities).
+        if (d.ignoreIndex && v < 0) continue;
         ConcatenatedValue f;
         f.tensor = c.name;
         f.element = static_cast<int64_t>(i);

@@ -404,6 +404,9 @@ TEST_CASE("a value outside the raising op's domain in a batch of concatenated sa
   replayer::ProbedOp raising;
   raising.name = "aten::embedding_bag";
   raising.phase = "forward";
+  raising.inputs = {stats(0, 0, -1.0, 1.0), stats(0, 0, 1.0, 53.0)};
+  raising.inputs[0].shape = {50, 16};
+  raising.inputs[1].shape = {79};
   f.replay->raisingOp = raising;
   f.samplesOutcome = "failed: step 6's batch cannot be cut to some of its 12 rows";
   ConcatenatedValue v;
@@ -439,8 +442,13 @@ TEST_CASE("a value outside the raising op's domain in a batch of concatenated sa
   CHECK_FALSE(has(h, "the op that raised"));
   CHECK_FALSE(findCulprit(f).value);
 
-  // No offsets place it: said so.
+  // The same op raised, but on another table's input (two bags, the other's tokens [64]).
   f.replay->raisingOp->name = "aten::embedding_bag";
+  f.replay->raisingOp->inputs[1].shape = {64};
+  CHECK(judgeInvalidData(f).verdict == V::Inconclusive);
+  f.replay->raisingOp->inputs[1].shape = {79};
+
+  // No offsets place it: said so.
   f.concatenatedValues[0].row.reset();
   f.concatenatedValues[0].offsets.clear();
   f.concatenatedValues[0].datasetIndex.reset();
@@ -465,7 +473,8 @@ TEST_CASE("loss-numerics: NaN made of the infinities a mask wrote on purpose is 
   // Infinities with no op given one before: they came from somewhere else.
   f.replay->firstNonFiniteOp->afterGivenInfinity = false;
   CHECK(judgeLossNumerics(f).verdict == V::Refuted);
-  // Given one, but the rows carry Inf of their own: the data's, not the mask's.
+  // Given one, but the rows carry Inf of their own: the data's, not the mask's (whether or not the
+  // rows were shown to trigger it).
   f.replay->firstNonFiniteOp->afterGivenInfinity = true;
   RowFinding inf;
   inf.row = 3;
@@ -476,6 +485,9 @@ TEST_CASE("loss-numerics: NaN made of the infinities a mask wrote on purpose is 
   h = judgeLossNumerics(f);
   CHECK(h.verdict == V::Refuted);
   CHECK(has(h, "comes from inputs that already hold 96 NaN/Inf"));
+  f.withoutRows.reset();
+  CHECK(judgeLossNumerics(f).verdict == V::Refuted);
+  f.withoutRows = replayOf(Verdict::NotReproduced);
   // A NaN among the inputs is never the mask's.
   f.rowFindings.clear();
   f.replay->firstNonFiniteOp->inputs = {stats(1, 96, -2.0, 3.0)};
@@ -781,11 +793,12 @@ TEST_CASE("nondeterminism is refuted by a bitwise replay or bitwise steps before
   f.crashPhase = "between-steps";
   REQUIRE(f.failedBetweenSteps());
   auto b = judgeNondeterminism(f);
-  CHECK(b.verdict == V::Refuted);
+  CHECK(b.verdict == V::Inconclusive);  // what runs between steps is not replayed, so not tested either way
   CHECK(b.evidence.at(0) == "the 2 replayed steps with a recorded fingerprint matched it bit for bit; the recorded error "
                             "came after step 6's update, between steps (in what the loop runs after optimizer.step(): a "
-                            "scheduler, a validation pass, a checkpoint, logging), and step 6 replays clean: no step's "
-                            "computation holds the failure");
+                            "scheduler, a validation pass, a checkpoint, logging), and step 6 replays clean, which a "
+                            "replay does not run: a cause there (or a device's asynchronous error surfacing at its first "
+                            "sync) is not tested");
   CHECK(judgeInvalidData(f).verdict == V::Inconclusive);
   CHECK(has(judgeInvalidData(f), "the batches the steps consumed are not where it failed"));
   f.crashPhase = "optimizer";

@@ -400,6 +400,10 @@ TEST_CASE("crashcap run: an option it does not know is a usage error, never drop
   CHECK(w.exitCode == 2);
   CHECK(w.err.find("does not know the option `--out`") != std::string::npos);
   CHECK_FALSE(std::filesystem::exists(marker));
+  // A command with a -- of its own (`uv run -- python train.py`) keeps it.
+  auto own = test::run({test::binPath("crashcap"), "run", "--dir", dir.path(), "/usr/bin/env", "--", "/usr/bin/true"});
+  CHECK(own.exitCode == 0);
+  CHECK(own.err.find("`/usr/bin/env -- /usr/bin/true` exited 0") != std::string::npos);
   // The command's own options after its first word stay the command's.
   auto ok = test::run({test::binPath("crashcap"), "run", "--dir", dir.path(), "/usr/bin/touch", "--no-create", marker});
   CHECK(ok.exitCode == 0);

@@ -927,6 +927,8 @@ bool phaseInStep(const std::string& phase) {
   return phase != "setup" && phase != "between-steps" && phase != "loading";
 }
 
+const char* stepPreposition(const std::string& phase) { return phaseInStep(phase) ? "at" : "after"; }
+
 std::optional<int64_t> failedInStep(const BundleRecords& records) {
   if (records.crash) {
     if (records.crash->step < 0 || !phaseInStep(records.crash->phase)) return std::nullopt;

@@ -389,7 +389,7 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
                             ? std::string(c["source"] == "recorder" ? "before any step"
                                                                     : "(seen from outside: no recorder in the process)")
                             : fmt::format("{} step {}, phase {}",
-                                          c["phase"].is_string() && !formats::phaseInStep(str(c["phase"])) ? "after" : "at",
+                                          formats::stepPreposition(c["phase"].is_string() ? str(c["phase"]) : ""),
                                           str(c["step"]), c["phase"].is_null() ? std::string("unknown") : str(c["phase"]));
     s += fmt::format("\nCRASH      {} {}{}\n", str(c["kind"]), where,
                      c["signal"].is_null() ? "" : fmt::format(", signal {}", str(c["signal_name"])));

@@ -232,7 +232,7 @@ std::string whereText(const JobRank& r) {
   if (r.step < 0) return r.bundle.empty() ? "(no bundle: where it was is not known)" : "before any step";
   std::string in = r.phase.empty() ? "phase unknown" : r.phase;
   if (!r.op.empty()) in += ", last op " + r.op;
-  return fmt::format("{} step {} ({})", r.phase.empty() || formats::phaseInStep(r.phase) ? "at" : "after", r.step, in);
+  return fmt::format("{} step {} ({})", formats::stepPreposition(r.phase), r.step, in);
 }
 
 /// What a rank's collectives say: the one it waits in, or the last it completed and what it never

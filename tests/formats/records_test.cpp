@@ -555,6 +555,10 @@ TEST_CASE("the step a process failed in is the crash's or the killed one's, when
   CHECK_FALSE(phaseInStep("setup"));
   CHECK_FALSE(phaseInStep("between-steps"));
   CHECK_FALSE(phaseInStep("loading"));
+  CHECK(std::string(stepPreposition("backward")) == "at");
+  CHECK(std::string(stepPreposition("")) == "at");
+  CHECK(std::string(stepPreposition("between-steps")) == "after");
+  CHECK(std::string(stepPreposition("loading")) == "after");
 
   BundleRecords r;
   CHECK_FALSE(failedInStep(r));  // nothing failed

@@ -400,6 +400,10 @@ std::optional<int64_t> killedInStep(const BundleRecords& records);
 /// then names is the one before, which completed, and its ops are not the failure's.
 bool phaseInStep(const std::string& phase);
 
+/// The word that places a crash of this phase against its step: "at" step N inside it (or a phase
+/// not known), "after" step N when the step named is the one before, which completed (phaseInStep).
+const char* stepPreposition(const std::string& phase);
+
 /// The step the process failed in, which began but never completed: the crash record's step, else
 /// killedInStep, when its phase is in a step (phaseInStep). nullopt when the process failed
 /// between steps, while loading, in its set-up, or did not fail.

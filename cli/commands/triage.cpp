@@ -46,10 +46,7 @@ void printTriage(const investigate::Triage& t) {
     std::cout << fmt::format("triage of {}: crash {} {}; replay {}\n", f.bundle,
                              crash ? crash->kind : killed ? "killed" : "(none recorded)",
                              f.step() < 0 ? std::string("before any step")
-                             : fmt::format("{} step {}",
-                                           crash && !crash->phase.empty() && !formats::phaseInStep(crash->phase) ? "after"
-                                                                                                                  : "at",
-                                           f.step()),
+                             : fmt::format("{} step {}", formats::stepPreposition(crash ? crash->phase : ""), f.step()),
                              f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
   if (const auto& j = f.job) {
     std::cout << fmt::format("rank {} of job {} ({} ranks): every experiment replays all its ranks together, the rows cut "
@@ -79,12 +76,7 @@ void printTriage(const investigate::Triage& t) {
       "\nculprit: {}step {}, {}{}, {}{}\n", c.rank ? fmt::format("rank {}, ", *c.rank) : "",
       c.step ? std::to_string(*c.step) : "null",
       c.rows    ? "rows " + rowsText(*c.rows)
-      : c.value ? fmt::format("value {:.0f} at element {} of {}{}", c.value->value, c.value->element, c.value->tensor,
-                              c.value->row ? fmt::format(" (row {} by its offsets{})", *c.value->row,
-                                                         c.value->datasetIndex
-                                                             ? fmt::format(", dataset index {}", *c.value->datasetIndex)
-                                                             : "")
-                                           : "")
+      : c.value ? investigate::culpritValueText(*c.value)
                 : std::string("no batch rows singled out"),
       c.datasetIndices ? " (dataset indices " + rowsText(*c.datasetIndices) + ")" : "",
       c.op                                          ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?"))

@@ -69,4 +69,35 @@ std::string concatenatedBatchText(int64_t step, int64_t rows, const std::vector<
                      step, rows, fmt::join(texts, ", "), tensors.size() == 1 ? "holds" : "hold");
 }
 
+std::string RaggedSpans::text() const { return fmt::format("the {} in {}", offsets ? "offsets" : "lengths", by); }
+
+std::optional<RaggedSpans> raggedSpans(int64_t size,
+                                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& perRow) {
+  std::optional<RaggedSpans> found;
+  for (const auto& [name, values] : perRow) {
+    if (values.empty()) continue;
+    int64_t sum = 0;
+    bool lengths = true, offsets = values.front() == 0;
+    for (size_t r = 0; r < values.size(); ++r) {
+      lengths = lengths && values[r] >= 0 && values[r] <= size - sum;
+      if (lengths) sum += values[r];
+      offsets = offsets && (r == 0 || values[r] >= values[r - 1]);
+    }
+    lengths = lengths && sum == size;
+    offsets = offsets && values.back() <= size;
+    if (lengths && offsets) return std::nullopt;  // either reading fits: neither can be trusted
+    if (!lengths && !offsets) continue;
+    RaggedSpans s{name, offsets, {}};
+    for (size_t r = 0, begin = 0; r < values.size(); ++r) {
+      const int64_t b = offsets ? values[r] : static_cast<int64_t>(begin);
+      const int64_t e = offsets ? (r + 1 < values.size() ? values[r + 1] : size) : b + values[r];
+      s.spans.emplace_back(b, e);
+      begin = static_cast<size_t>(e);
+    }
+    if (found && found->spans != s.spans) return std::nullopt;  // two that disagree: neither says
+    if (!found) found = std::move(s);
+  }
+  return found;
+}
+
 }  // namespace crashcap::formats

@@ -17,13 +17,13 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
-#include "crashcap/formats/ragged_batch.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/inspect/summary.hpp"
 #include "crashcap/investigate/bisect.hpp"
 #include "crashcap/investigate/replays.hpp"
 #include "crashcap/investigate/report.hpp"
+#include "crashcap/replayer/batch_cut.hpp"
 #include "crashcap/supervisor/job_archive.hpp"
 #include "zip_writer.hpp"
 
@@ -191,12 +191,19 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
                   fmt::format("--rows: row {} is outside step {}'s batch (rows 0..{})", row, target, rep.batchSize - 1));
   // Every row (distinct, each within the batch): the batch as recorded, not a cut of it.
   const bool everyRow = rep.batchSize > 0 && static_cast<int64_t>(chosen.size()) == rep.batchSize;
-  if (o.rows != "all" && !everyRow)
-    if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, target, *reader); !whole.empty())
-      throw Error(ErrorCode::Unsupported,
-                  "--rows: " + formats::concatenatedBatchText(target, rep.batchSize, whole) +
-                      "; a pack that keeps some rows would keep all of its values and hold another batch",
-                  "pack the whole batch (--rows all)");
+  // A ragged batch whose spans no lengths or offsets tell cannot be cut: said before anything runs.
+  auto cutOf = [&](const std::vector<int64_t>& keep) {
+    return replayer::cutBatch(*reader, view, *begun.at(target), keep,
+                              "a pack that keeps some rows would keep all of its values and hold another batch",
+                              "pack the whole batch (--rows all)");
+  };
+  if (o.rows != "all" && !everyRow) {
+    try {
+      cutOf(chosen.empty() ? std::vector<int64_t>{0} : std::vector<int64_t>(chosen.begin(), chosen.end()));
+    } catch (const Error& e) {
+      throw Error(e.code(), std::string("--rows: ") + e.what(), e.hint());
+    }
+  }
 
   // Replay the crash from that keyframe: does the attachment reproduce, and, when every step up
   // to the crash replays bit for bit, the state the crash step starts from, as a keyframe.
@@ -279,8 +286,9 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   for (const auto& k : view.keyframes)
     if (k.step == recordedKeyframe) --rep.keyframesLeftOut;
   bool cutRows = false;  // the rows of rep.rows replace the crash step's batch
+  std::map<std::string, at::Tensor> cut;  // then, its tensors cut to them (replayer::cutBatch)
   auto keepTensor = [&](const formats::TensorInfo& t) {
-    if (cutRows && rowTensors.count(t.name)) return false;
+    if (cutRows && cut.count(t.name)) return false;
     if (auto s = stepOf(t.name, "steps/")) return keptSteps.count(*s) > 0;
     if (auto s = stepOf(t.name, "keyframes/")) return *s == recordedKeyframe;
     return true;
@@ -307,11 +315,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     wo.producer = "crashcap pack";
     auto writer = formats::BundleWriter::createCopy(path, reader->fileHeader(), wo);
     copied = formats::copyRecords(*reader, *writer, keepRecord, true, keepTensor);
-    if (cutRows) {
-      const at::Tensor keep = at::tensor(rep.rows, at::kLong);
-      for (const auto& [n, dim] : rowTensors)
-        formats::torch::writeTensor(*writer, n, formats::torch::readTensor(*reader, n).index_select(dim, keep));
-    }
+    if (cutRows)
+      for (const auto& [n, t] : cut) formats::torch::writeTensor(*writer, n, t);
     if (materialisedRecord) {
       for (const auto& t : materialised->tensors()) {
         auto bytes = materialised->readTensor(t);
@@ -351,6 +356,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       if (static_cast<int64_t>(chosen.size()) < rep.batchSize) rep.rows.assign(chosen.begin(), chosen.end());
     }
     cutRows = !rep.rows.empty();
+    if (cutRows) cut = cutOf(rep.rows);
   }
 
   // What the attachment holds, in words.

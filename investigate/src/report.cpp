@@ -184,14 +184,7 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     if (c.rows)
       where.push_back(fmt::format("batch rows {}{}", jsonList(*c.rows),
                                   c.datasetIndices ? " (dataset indices " + jsonList(*c.datasetIndices) + ")" : ""));
-    if (c.value)
-      where.push_back(fmt::format("the value {:.0f} at element {} of `{}`{}", c.value->value, c.value->element,
-                                  c.value->tensor,
-                                  c.value->row ? fmt::format(" (batch row {} by its offsets{})", *c.value->row,
-                                                             c.value->datasetIndex
-                                                                 ? fmt::format(", dataset index {}", *c.value->datasetIndex)
-                                                                 : "")
-                                               : ""));
+    if (c.value) where.push_back(investigate::culpritValueText(*c.value, "`"));
     if (c.op) where.push_back(fmt::format("op `{}`{}", *c.op, c.phase ? " (" + *c.phase + ")" : ""));
     if (c.changes && !c.changes->empty()) where.push_back("the outcome changes with " + json(*c.changes).dump());
     md += fmt::format("\nCulprit: {}.\n", where.empty() ? std::string("not placed") : fmt::format("{}", fmt::join(where, ", ")));

@@ -112,6 +112,14 @@ std::optional<RowFinding> columnOutlier(const inspect::HostTensor& t, int64_t r,
   return best;
 }
 
+/// Step `step`'s StepBegin record, the last when the bundle holds several (nullptr: none).
+const formats::StepBeginData* stepBeginOf(const formats::BundleRecords& records, int64_t step) {
+  const formats::StepBeginData* begin = nullptr;
+  for (const auto& b : records.stepBegins)
+    if (b.step == step) begin = &b;
+  return begin;
+}
+
 }  // namespace
 
 std::string IndexDomain::describe() const {
@@ -145,9 +153,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
   auto isCulprit = [&](int64_t r) { return std::find(rows.begin(), rows.end(), r) != rows.end(); };
   const auto records = formats::readRecords(*reader);
-  const formats::StepBeginData* begin = nullptr;
-  for (const auto& b : records.stepBegins)
-    if (b.step == step) begin = &b;
+  const formats::StepBeginData* begin = stepBeginOf(records, step);
   if (!begin) return out;
   const auto batchRows = formats::batchRows(*begin, *reader);
   const int64_t batch = batchRows.count;
@@ -347,22 +353,22 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
   std::vector<ConcatenatedValue> out;
   auto reader = formats::BundleReader::open(bundle);
   const auto records = formats::readRecords(*reader);
-  const formats::StepBeginData* begin = nullptr;
-  for (const auto& b : records.stepBegins)
-    if (b.step == step) begin = &b;
+  const formats::StepBeginData* begin = stepBeginOf(records, step);
   if (!begin) return out;
   const auto concatenated = formats::concatenatedBatchTensors(records.stepBegins, step, *reader);
   if (concatenated.empty()) return out;
   const auto batchRows = formats::batchRows(*begin, *reader);
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
-  // Tensors of one integer per row: the candidates for offsets. A label tensor rarely passes for
-  // one (sorted from 0); when it does and places the value elsewhere, neither says.
-  std::vector<std::pair<std::string, inspect::HostTensor>> perRow;
+  // Tensors of one integer per row: the candidates for lengths or offsets (formats::raggedSpans).
+  std::vector<std::pair<std::string, std::vector<int64_t>>> perRow;
   for (size_t i = 0; i < begin->batch.size(); ++i) {
     const auto* info = reader->find(begin->batch[i]);
     if (!info || info->name == index || batchRows.dims[i] != 0 || info->shape.size() != 1) continue;
     if (formats::isFloating(info->dtype) || formats::isComplex(info->dtype) || info->dtype == formats::DType::Bool) continue;
-    perRow.emplace_back(info->name, inspect::loadTensor(*reader, info->name));
+    const auto t = inspect::loadTensor(*reader, info->name);
+    std::vector<int64_t> values;
+    for (uint64_t r = 0; r < t.numel(); ++r) values.push_back(static_cast<int64_t>(t.at(r)));
+    perRow.emplace_back(info->name, std::move(values));
   }
   std::optional<inspect::HostTensor> indices;
   if (reader->find(index)) indices = inspect::loadTensor(*reader, index);
@@ -371,6 +377,10 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
     if (!info || c.shape.empty() || formats::isFloating(info->dtype) || formats::isComplex(info->dtype) ||
         info->dtype == formats::DType::Bool)
       continue;
+    // Where each row's samples lie in it, along dimension 0.
+    const auto spans = c.shape[0] != (c.otherShape.empty() ? c.shape[0] : c.otherShape[0])
+                           ? formats::raggedSpans(c.shape[0], perRow)
+                           : std::nullopt;
     std::optional<inspect::HostTensor> t;
     for (const IndexDomain& d : domains) {
       if (d.indexShape != c.shape) continue;
@@ -387,24 +397,14 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
         f.position = c.shape[0] > 0 ? static_cast<int64_t>(i / (n / static_cast<uint64_t>(c.shape[0]))) : 0;
         f.value = v;
         f.domain = d;
-        // Each row's first position: 0 first, never decreasing, within the concatenated size.
-        for (const auto& [name, offsets] : perRow) {
-          const uint64_t rows = offsets.numel();
-          bool fits = rows > 0 && offsets.at(0) == 0;
-          for (uint64_t r = 1; fits && r < rows; ++r) fits = offsets.at(r) >= offsets.at(r - 1);
-          fits = fits && offsets.at(rows - 1) <= static_cast<double>(c.shape[0]);
-          if (!fits) continue;
-          int64_t row = 0;
-          for (uint64_t r = 0; r < rows; ++r)
-            if (offsets.at(r) <= static_cast<double>(f.position)) row = static_cast<int64_t>(r);
-          if (f.row && *f.row != row) {  // two offsets tensors that disagree: neither says
-            f.row.reset();
-            f.offsets.clear();
-            break;
-          }
-          f.row = row;
-          f.offsets = name;
-        }
+        // The row whose span holds its position.
+        if (spans)
+          for (size_t r = 0; r < spans->spans.size(); ++r)
+            if (spans->spans[r].first <= f.position && f.position < spans->spans[r].second) {
+              f.row = static_cast<int64_t>(r);
+              f.spansBy = spans->by;
+              f.byOffsets = spans->offsets;
+            }
         if (f.row && indices && static_cast<uint64_t>(*f.row) < indices->numel())
           f.datasetIndex = static_cast<int64_t>(indices->at(static_cast<uint64_t>(*f.row)));
         out.push_back(std::move(f));
@@ -418,9 +418,7 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
 std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step) {
   auto reader = formats::BundleReader::open(bundle);
   const auto records = formats::readRecords(*reader);
-  const formats::StepBeginData* begin = nullptr;
-  for (const auto& b : records.stepBegins)
-    if (b.step == step) begin = &b;
+  const formats::StepBeginData* begin = stepBeginOf(records, step);
   if (!begin) return std::nullopt;
   const auto batchRows = formats::batchRows(*begin, *reader);
   const int64_t batch = batchRows.count;
@@ -602,7 +600,7 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
     try {
       f.paddingRow = findPaddingRow(bundle, f.step());
-      if (!f.samples) f.concatenatedValues = findConcatenatedValues(bundle, f.step(), findIndexDomains(bundle));
+      f.concatenatedValues = findConcatenatedValues(bundle, f.step(), findIndexDomains(bundle));
     } catch (const Error&) {
       // A batch tensor that cannot be read: the experiments above said what they could.
     }
@@ -645,7 +643,9 @@ json toJson(const Triage& t, bool withReplay) {
                 {"value", c.value ? json{{"tensor", c.value->tensor},
                                          {"element", c.value->element},
                                          {"value", c.value->value},
-                                         {"offsets", c.value->row ? json(c.value->offsets) : json(nullptr)},
+                                         {"spans_by", c.value->row ? json(c.value->spansBy) : json(nullptr)},
+                                         {"spans", c.value->row ? json(c.value->byOffsets ? "offsets" : "lengths")
+                                                                : json(nullptr)},
                                          {"row", opt(c.value->row)},
                                          {"dataset_index", opt(c.value->datasetIndex)}}
                                   : json(nullptr)}}},

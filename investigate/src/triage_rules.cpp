@@ -78,9 +78,18 @@ std::string concatenatedValueText(const ConcatenatedValue& v) {
 
 /// "by the offsets in steps/6/batch/2 it is in row 10's span (dataset index 150)"
 std::string concatenatedRowText(const ConcatenatedValue& v) {
-  if (!v.row) return "no offsets tensor in the batch places it in a row";
-  return fmt::format("by the offsets in {} it is in row {}'s span{}", v.offsets, *v.row,
+  if (!v.row) return "no tensor of lengths or offsets in the batch places it in a row";
+  return fmt::format("by the {} in {} it is in row {}'s span{}", v.byOffsets ? "offsets" : "lengths", v.spansBy, *v.row,
                      v.datasetIndex ? fmt::format(" (dataset index {})", *v.datasetIndex) : "");
+}
+
+/// "batch row 3 triggers it with values in range: the loss cannot handle a legitimate edge case
+/// of its input"; `what` is what cannot ("loss", "step").
+std::string edgeCaseRowsText(const TriageFacts& f, const char* what) {
+  const auto rows = f.culpritRows();
+  return fmt::format("batch row{} [{}] trigger{} it with values in range: the {} cannot handle a legitimate edge case of "
+                     "its input",
+                     rows.size() == 1 ? "" : "s", joinRows(rows), rows.size() == 1 ? "s" : "", what);
 }
 
 /// The concatenated value outside the domain of the op that raised the replayed error, if any.
@@ -163,7 +172,16 @@ bool TriageFacts::rowsTrigger() const {
 }
 
 bool TriageFacts::rowsInvalid() const {
-  return std::any_of(rowFindings.begin(), rowFindings.end(), [](const RowFinding& r) { return r.invalid(); });
+  if (std::any_of(rowFindings.begin(), rowFindings.end(), [](const RowFinding& r) { return r.invalid(); })) return true;
+  return !culpritValuesInRows().empty();
+}
+
+std::vector<const ConcatenatedValue*> TriageFacts::culpritValuesInRows() const {
+  std::vector<const ConcatenatedValue*> out;
+  const auto rows = culpritRows();
+  for (const auto& v : concatenatedValues)
+    if (v.row && std::find(rows.begin(), rows.end(), *v.row) != rows.end()) out.push_back(&v);
+  return out;
 }
 
 Hypothesis judgeInvalidData(const TriageFacts& f) {
@@ -189,6 +207,9 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
                                        f.job ? whose : "the ", formats::kDatasetIndexName));
     for (const auto& r : f.rowFindings)
       if (r.invalid()) h.evidence.push_back(rowFindingText(r));
+    for (const auto* v : f.culpritValuesInRows())
+      h.evidence.push_back(fmt::format("{}{}; {}", concatenatedValueText(*v), v == raisingOpValue(f) ? ", the op that raised" : "",
+                                       concatenatedRowText(*v)));
     if (f.rowsInvalid()) {
       h.verdict = V::Confirmed;
     } else {
@@ -270,10 +291,7 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       h.evidence.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));
       if (reachesZero) h.evidence.push_back(fmt::format("an input of {} reaches 0 (a division or log of zero?)", op->name));
       if (f.rowsTrigger() && !f.rowsInvalid())
-        h.evidence.push_back(fmt::format("batch row{} [{}] trigger{} it with values in range: the loss cannot handle a "
-                                         "legitimate edge case of its input",
-                                         f.culpritRows().size() == 1 ? "" : "s", joinRows(f.culpritRows()),
-                                         f.culpritRows().size() == 1 ? "s" : ""));
+        h.evidence.push_back(edgeCaseRowsText(f, "loss"));
     } else if (nans == 0 && op->afterGivenInfinity && !f.rowsInvalid()) {
       // NaN made of infinities the program wrote on purpose (a mask's -inf): the softmax of a row
       // masked whole is 0/0. The arithmetic meets an edge case of the program's own values.
@@ -283,10 +301,7 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
                                        "unmasked, whose softmax is 0/0?",
                                        where));
       if (f.rowsTrigger() && !f.rowsInvalid())
-        h.evidence.push_back(fmt::format("batch row{} [{}] trigger{} it with values in range: the step cannot handle a "
-                                         "legitimate edge case of its input",
-                                         f.culpritRows().size() == 1 ? "" : "s", joinRows(f.culpritRows()),
-                                         f.culpritRows().size() == 1 ? "s" : ""));
+        h.evidence.push_back(edgeCaseRowsText(f, "step"));
     } else {
       h.verdict = V::Refuted;
       h.evidence.push_back(
@@ -359,11 +374,12 @@ Hypothesis judgeOptimizerDivergence(const TriageFacts& f) {
   // A step's weight norm is measured after its optimizer step; the failing step stops before it,
   // and a step that threw has none: those are unknown, not large. A non-finite norm is the
   // weights running away, as large as it gets.
-  std::optional<double> w0, wMax;
+  std::optional<double> w0, wMin, wMax;
   for (const auto& s : steps) {
     if (!s.weightNorm) continue;
     double w = std::isfinite(*s.weightNorm) ? *s.weightNorm : INFINITY;
-    if (!w0) w0 = wMax = w;
+    if (!w0) w0 = wMin = wMax = w;
+    wMin = std::min(*wMin, w);
     wMax = std::max(*wMax, w);
   }
   if (!w0) {
@@ -404,7 +420,7 @@ Hypothesis judgeOptimizerDivergence(const TriageFacts& f) {
           fmt::format("first step whose loss, gradients or weights go non-finite: {} ({})", first->step, first->reason));
   } else if (*wMax <= 2 * *w0) {
     h.verdict = V::Refuted;
-    h.evidence.push_back(fmt::format("the weight norm stays within {:.4g}..{:.4g} up to the failing step", *w0, *wMax));
+    h.evidence.push_back(fmt::format("the weight norm stays within {:.4g}..{:.4g} up to the failing step", *wMin, *wMax));
   } else {
     h.evidence.push_back(fmt::format("the weight norm grows {:.1f}x: not conclusive", *wMax / *w0));
   }
@@ -564,6 +580,13 @@ Culprit findCulprit(const TriageFacts& f) {
   if (!c.rows)
     if (const auto* v = raisingOpValue(f)) c.value = *v;
   return c;
+}
+
+std::string culpritValueText(const ConcatenatedValue& v, std::string_view quote) {
+  return fmt::format("the value {:.0f} at element {} of {}{}{}{}", v.value, v.element, quote, v.tensor, quote,
+                     v.row ? fmt::format(" (batch row {} by its {}{})", *v.row, v.byOffsets ? "offsets" : "lengths",
+                                         v.datasetIndex ? fmt::format(", dataset index {}", *v.datasetIndex) : "")
+                           : "");
 }
 
 }  // namespace crashcap::investigate

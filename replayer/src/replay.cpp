@@ -1,6 +1,7 @@
 #include "crashcap/replayer/replay.hpp"
 #include "crashcap/replayer/replay_module.hpp"
 #include "crashcap/replayer/driven_replay.hpp"
+#include "crashcap/replayer/batch_cut.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -23,6 +24,7 @@
 #include <climits>
 #include <chrono>
 #include <cmath>
+#include <limits>
 #include <exception>
 #include <regex>
 #include <cstdio>
@@ -36,7 +38,6 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
-#include "crashcap/formats/ragged_batch.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
 #include "crashcap/formats/torch/fingerprint.hpp"
@@ -289,12 +290,13 @@ void compareOuter(Probe& p, const char* name, const at::Tensor& out, const std::
   // scale when the reference is smaller than the replay by about the ratio of the two dtypes'
   // epsilons (2^29 for float32; within a factor of 1000, for sums of many terms): the values
   // agree on 0, and an op that makes more of it departs in turn.
-  const double eps = out.scalar_type() == at::kHalf       ? 9.765625e-4
-                     : out.scalar_type() == at::kBFloat16 ? 7.8125e-3
-                     : out.scalar_type() == at::kDouble   ? 2.220446049250313e-16
-                                                          : 1.1920928955078125e-7;
+  constexpr double kEps64 = std::numeric_limits<double>::epsilon();
+  const double eps = out.scalar_type() == at::kHalf       ? 9.765625e-4  // 2^-10
+                     : out.scalar_type() == at::kBFloat16 ? 7.8125e-3    // 2^-7
+                     : out.scalar_type() == at::kDouble   ? kEps64
+                                                          : std::numeric_limits<float>::epsilon();
   const double gotScale = got.numel() ? got.abs().masked_fill(~gotFinite, 0).max().item<double>() : 0;
-  const bool zeroBothWays = eps > 1e-15 && scale > 0 && scale <= 1e3 * (2.220446049250313e-16 / eps) * gotScale &&
+  const bool zeroBothWays = eps > 1e-15 && scale > 0 && scale <= 1e3 * (kEps64 / eps) * gotScale &&
                             !oneOnly.any().item<bool>();
   if (zeroBothWays) return;
   if (scale == 0) scale = 1;
@@ -754,13 +756,12 @@ struct Run {
       gen->set_state(formats::torch::readTensor(*reader, name));
     }
     if (!begin.learningRates.empty()) r.learningRate = begin.learningRates[0];
-    // The target's rows: each batch tensor's row dimension, as recorded (a sequence-first tensor
-    // holds its samples in dimension 1).
-    std::map<std::string, int> rowDim;
+    // The target's batch tensors cut to the rows asked for (replayer::cutBatch: each tensor's rows
+    // along its row dimension, a sequence-first tensor's in dimension 1; a ragged batch's spans).
+    std::map<std::string, at::Tensor> cut;
     if (s == target) {
       const auto rows = formats::batchRows(begin, *reader);
       result.batchSize = rows.count;
-      for (size_t i = 0; i < begin.batch.size(); ++i) rowDim[begin.batch[i]] = rows.dims[i];
       for (int64_t row : options.rows)
         if (row < 0 || row >= result.batchSize)
           throw Error(ErrorCode::InvalidArgument,
@@ -772,20 +773,20 @@ struct Run {
       bool everyRow = static_cast<int64_t>(options.rows.size()) == result.batchSize;
       for (size_t i = 0; everyRow && i < options.rows.size(); ++i) everyRow = options.rows[i] == static_cast<int64_t>(i);
       if (!options.rows.empty() && !everyRow)
-        if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, s, *reader); !whole.empty())
-          throw Error(ErrorCode::Unsupported,
-                      formats::concatenatedBatchText(s, result.batchSize, whole) +
-                          "; a replay that keeps some rows would keep all of its values and test another batch",
-                      "look at the batch's tensors with `crashcap show BUNDLE " + formats::batchTensorName(s, "NAME") +
-                          "`, or record a batch whose tensors each hold one row per sample (padded)");
+        cut = cutBatch(*reader, view, begin, options.rows,
+                       "a replay that keeps some rows would keep all of its values and test another batch",
+                       "look at the batch's tensors with `crashcap show BUNDLE " + formats::batchTensorName(s, "NAME") +
+                           "`, or record a batch whose tensors each hold one row per sample (padded), or its rows' "
+                           "lengths");
     }
     Batch batch;
     for (const auto& input : inputs) {
       const auto full = formats::batchTensorName(s, input);
-      at::Tensor t = formats::torch::readTensor(*reader, full);
-      if (s == target && !options.rows.empty())
-        if (auto d = rowDim.find(full); d != rowDim.end() && d->second >= 0)
-          t = t.index_select(d->second, at::tensor(options.rows, at::kLong));
+      at::Tensor t;
+      if (auto c = cut.find(full); c != cut.end())
+        t = c->second;
+      else
+        t = formats::torch::readTensor(*reader, full);
       batch.emplace_back(input, onDevice(t));
     }
     return batch;

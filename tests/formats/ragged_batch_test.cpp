@@ -60,3 +60,31 @@ TEST_CASE("a batch tensor without rows whose size changes from step to step hold
   auto rowless = steps({"a"}, {{{}}, {{}}}, -1, all);
   CHECK(concatenatedBatchTensors(rowless, 1, shapeOf).empty());
 }
+
+TEST_CASE("a batch tensor of one integer per row tells the rows' spans in a concatenated one, as lengths or offsets",
+          "[formats][records]") {
+  using Candidates = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+  // A CTC batch: 3 transcripts concatenated (3 + 5 + 2 = 10), their lengths, and the inputs' frames.
+  auto ctc = raggedSpans(10, Candidates{{"y_len", {3, 5, 2}}, {"x_len", {20, 29, 24}}});
+  REQUIRE(ctc);
+  CHECK(ctc->by == "y_len");
+  CHECK_FALSE(ctc->offsets);
+  CHECK(ctc->spans == std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 8}, {8, 10}});
+  CHECK(ctc->text() == "the lengths in y_len");
+
+  // An EmbeddingBag's offsets: each row's first position; the last row runs to the end.
+  auto bags = raggedSpans(10, Candidates{{"labels", {4, 1, 3}}, {"offsets", {0, 3, 8}}});
+  REQUIRE(bags);
+  CHECK(bags->offsets);
+  CHECK(bags->spans == std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 8}, {8, 10}});
+  CHECK(bags->text() == "the offsets in offsets");
+
+  // Two that tell the same spans agree; two that tell different ones say nothing.
+  CHECK(raggedSpans(10, Candidates{{"len", {3, 5, 2}}, {"off", {0, 3, 8}}}));
+  CHECK_FALSE(raggedSpans(10, Candidates{{"len", {3, 5, 2}}, {"off", {0, 4, 8}}}));
+  // Lengths that are also offsets (0 first, never decreasing): either reading fits, so neither.
+  CHECK_FALSE(raggedSpans(6, Candidates{{"both", {0, 1, 2, 3}}}));
+  // Nothing that fits: lengths that do not sum to the size, offsets past it, negative values.
+  CHECK_FALSE(raggedSpans(10, Candidates{{"a", {3, 5, 1}}, {"b", {0, 5, 11}}, {"c", {-1, 9, 2}}}));
+  CHECK_FALSE(raggedSpans(10, Candidates{}));
+}

@@ -418,7 +418,8 @@ TEST_CASE("a value outside the raising op's domain in a batch of concatenated sa
   v.domain.size = 50;
   v.domain.indexShape = {79};
   v.domain.sourceShape = {50, 16};
-  v.offsets = "steps/6/batch/2";
+  v.spansBy = "steps/6/batch/2";
+  v.byOffsets = true;
   v.row = 10;
   v.datasetIndex = 150;
   f.concatenatedValues = {v};
@@ -450,11 +451,11 @@ TEST_CASE("a value outside the raising op's domain in a batch of concatenated sa
 
   // No offsets place it: said so.
   f.concatenatedValues[0].row.reset();
-  f.concatenatedValues[0].offsets.clear();
+  f.concatenatedValues[0].spansBy.clear();
   f.concatenatedValues[0].datasetIndex.reset();
   h = judgeInvalidData(f);
   CHECK(h.verdict == V::Confirmed);
-  CHECK(has(h, "the op that raised; no offsets tensor in the batch places it in a row"));
+  CHECK(has(h, "the op that raised; no tensor of lengths or offsets in the batch places it in a row"));
 }
 
 TEST_CASE("loss-numerics: NaN made of the infinities a mask wrote on purpose is an edge case of the step, unless the "
@@ -650,6 +651,11 @@ TEST_CASE("optimizer-divergence is refuted when the weight norm stays within twi
   auto h = judgeOptimizerDivergence(f);
   CHECK(h.verdict == V::Refuted);
   CHECK(has(h, "the weight norm stays within 1..1.3 up to the failing step"));
+
+  // Weights that shrink (weight decay, an accumulation's few updates) are named by their range,
+  // not from their first value to a maximum that is that first value.
+  f.steps = stepsWith({3.611, 3.609, 3.606, 3.604}, {0.1, 0.1, 0.1, 0.1, 0.1});
+  CHECK(has(judgeOptimizerDivergence(f), "the weight norm stays within 3.604..3.611 up to the failing step"));
 }
 
 TEST_CASE("optimizer-divergence is inconclusive on moderate growth, on no weight norm, and without the step history",

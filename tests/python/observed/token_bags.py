@@ -4,10 +4,13 @@ by default the batch is ragged, as the EmbeddingBag tutorials make it (labels, t
 the batch's texts concatenated, and each text's offset into them), so the tokens tensor holds no
 row per sample and its length changes from batch to batch. With --padded the texts are padded to
 the batch's longest (tokens [batch, longest], position ids [1, longest]) and embedded instead.
+With --segments the batch is ragged without offsets: each token carries the number of its text
+(a graph batch's node-to-graph vector), and the embeddings are summed per text with index_add.
 Adagrad, a warm-restart cosine schedule stepped by fractions of an epoch, DataLoader workers.
 
   --bad-index K  sample K holds a token id past the vocabulary (the embedding raises)
   --padded       padded batches instead of ragged ones
+  --segments     ragged batches told by each token's text number instead of offsets
 """
 
 import argparse
@@ -41,6 +44,12 @@ def ragged(items):
     return labels, torch.cat([t for _, t in items]), offsets
 
 
+def segments(items):
+    labels = torch.tensor([y for y, _ in items])
+    text = torch.cat([torch.full((len(t),), row, dtype=torch.long) for row, (_, t) in enumerate(items)])
+    return labels, torch.cat([t for _, t in items]), text
+
+
 def padded(items):
     longest = max(len(t) for _, t in items)
     tokens = torch.zeros(len(items), longest, dtype=torch.long)  # 0 pads
@@ -57,6 +66,18 @@ class Bag(nn.Module):
 
     def forward(self, tokens, offsets):
         return self.fc(self.bag(tokens, offsets))
+
+
+class Segments(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, 16)
+        self.fc = nn.Linear(16, CLASSES)
+
+    def forward(self, tokens, text):
+        sums = torch.zeros(int(text.max()) + 1, 16).index_add(0, text, self.embed(tokens))
+        counts = torch.zeros(sums.shape[0]).index_add(0, text, torch.ones(len(text)))
+        return self.fc(sums / counts.unsqueeze(1))
 
 
 class Padded(nn.Module):
@@ -76,14 +97,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--bad-index", type=int, default=-1)
     p.add_argument("--padded", action="store_true")
+    p.add_argument("--segments", action="store_true")
     p.add_argument("--epochs", type=int, default=3)
     a = p.parse_args()
     torch.manual_seed(0)
-    model = Padded() if a.padded else Bag()
+    model = Padded() if a.padded else Segments() if a.segments else Bag()
     optimizer = torch.optim.Adagrad(model.parameters(), lr=0.1)
     schedule = torch.optim.lr_scheduler.CosineAnnealingWarmRestarts(optimizer, T_0=5)
     loader = DataLoader(Texts(a.bad_index), batch_size=BATCH, shuffle=True, num_workers=2,
-                        collate_fn=padded if a.padded else ragged)
+                        collate_fn=padded if a.padded else segments if a.segments else ragged)
     for epoch in range(a.epochs):
         for i, (labels, tokens, extra) in enumerate(loader):
             optimizer.zero_grad()

@@ -4,7 +4,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "crashcap/formats/records.hpp"
@@ -41,5 +43,22 @@ std::vector<ConcatenatedTensor> concatenatedBatchTensors(const std::vector<StepB
 /// Why step `step`'s batch of `rows` rows cannot be cut, given its concatenatedBatchTensors: the
 /// words `replay --rows` and `pack --rows` refuse with, before each says what it would have done.
 std::string concatenatedBatchText(int64_t step, int64_t rows, const std::vector<ConcatenatedTensor>& tensors);
+
+/// Where each row's samples lie along dimension 0 of a concatenated tensor (raggedSpans).
+struct RaggedSpans {
+  std::string by;        ///< the batch tensor of one integer per row that tells them
+  bool offsets = false;  ///< its values are each row's first position (an EmbeddingBag's offsets), else each row's length
+  std::vector<std::pair<int64_t, int64_t>> spans;  ///< per row, [begin, end)
+  /// "the offsets in steps/6/batch/2", "the lengths in steps/17/batch/3"
+  std::string text() const;
+};
+
+/// The spans of the rows of a tensor of `size` samples concatenated along dimension 0, told by one
+/// of `perRow` (batch tensors of one integer per row, in row order, each with its name): as
+/// lengths, when its values are >= 0 and sum to `size` (a CTC loss's target lengths); as offsets,
+/// when it starts at 0, never decreases and ends within `size`. nullopt when none tells them, one
+/// fits both ways, or two tell different spans: then no row can be placed or cut.
+std::optional<RaggedSpans> raggedSpans(int64_t size,
+                                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& perRow);
 
 }  // namespace crashcap::formats

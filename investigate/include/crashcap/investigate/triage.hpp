@@ -13,6 +13,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "crashcap/investigate/bisect.hpp"
@@ -103,16 +104,17 @@ struct PaddingRow {
 
 /// A value outside an op's IndexDomain in a batch tensor that holds the batch's samples
 /// concatenated (formats::concatenatedBatchTensors: a ragged batch's tokens), whose rows sample
-/// bisection cannot cut; with the row whose span holds it, when one offsets tensor of the batch
-/// places it.
+/// bisection cannot cut; with the row whose span holds it, when the batch's lengths or offsets
+/// tell the rows' spans (formats::raggedSpans).
 struct ConcatenatedValue {
   std::string tensor;                      ///< "steps/6/batch/1"
   int64_t element = 0;                     ///< its flat index in the tensor
   int64_t position = 0;                    ///< its index along the concatenated dimension (0)
   double value = 0;
   IndexDomain domain;
-  std::string offsets;                     ///< the batch tensor of each row's first position, "" when none places it
-  std::optional<int64_t> row;              ///< the row whose span holds it, by `offsets`
+  std::string spansBy;                     ///< the batch tensor of lengths or offsets that places it, "" when none does
+  bool byOffsets = false;                  ///< `spansBy` holds each row's first position, not its length
+  std::optional<int64_t> row;              ///< the row whose span holds it, by `spansBy`
   std::optional<int64_t> datasetIndex;     ///< that row's, when the batch carries an index tensor
 };
 
@@ -144,6 +146,8 @@ struct TriageFacts {
   bool rowsTrigger() const;
   /// Whether any finding in the culprit rows is an invalid value.
   bool rowsInvalid() const;
+  /// The concatenatedValues that lie in the culprit rows' spans.
+  std::vector<const ConcatenatedValue*> culpritValuesInRows() const;
   /// The failing step: the replayed one, else the recorded crash's (-1 unknown).
   int64_t step() const { return replay ? replay->step : crashStep; }
   /// The recorded error came after the step's update, in the loop's own code between steps (a
@@ -220,10 +224,9 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
 
 /// The values of step `step`'s batch tensors that hold the samples concatenated
 /// (formats::concatenatedBatchTensors) outside one of `domains` (matched by the tensor's shape at
-/// that step), the first of each tensor and domain. A batch tensor of one integer per row that
-/// starts at 0, never decreases and stays within the concatenated size (an EmbeddingBag's
-/// offsets) places it in the row whose span holds it; two such tensors that disagree place it in
-/// none.
+/// that step), the first of each tensor and domain, placed in the row whose span holds it when a
+/// batch tensor of lengths or offsets tells the spans (formats::raggedSpans: an EmbeddingBag's
+/// offsets, a CTC loss's target lengths).
 std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle, int64_t step,
                                                       const std::vector<IndexDomain>& domains);
 
@@ -234,9 +237,14 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
 /// rows.
 std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step);
 
+/// A culprit's value as the triage table and the report name it: "the value 53 at element 64 of
+/// steps/6/batch/1 (batch row 10 by its offsets, dataset index 150)"; `quote` wraps the tensor's
+/// name ("`" in Markdown).
+std::string culpritValueText(const ConcatenatedValue& v, std::string_view quote = "");
+
 /// `crashcap triage --json`: bundle, reproduced, verdict, step, hypotheses [{id, verdict,
 /// evidence, rerun}], culprit {rank, step, rows, dataset_indices, op, phase, changes, value (null,
-/// or {tensor, element, value, offsets, row, dataset_index})}, notes (the
+/// or {tensor, element, value, spans_by, spans, row, dataset_index})}, notes (the
 /// replay's: what differs from the recording, what bounds the replay), job (null, or
 /// {job_id, world_size, rank, asked_rank, asked_bundle, first_failed, ranks [{rank, verdict}]}),
 /// experiments.

@@ -1,0 +1,30 @@
+#pragma once
+// Some rows of a recorded batch: what `replay --rows` feeds the step and `pack --rows` keeps.
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "crashcap/formats/records.hpp"
+
+namespace crashcap::formats {
+class BundleReader;
+}
+
+namespace crashcap::replayer {
+
+/// The tensors of a step's batch cut to `rows` (in that order), by name: a tensor with rows
+/// (formats::batchRows) keeps those rows along its row dimension; a tensor of the samples
+/// concatenated (formats::concatenatedBatchTensors) keeps the kept rows' spans, told by the
+/// batch's lengths or offsets (formats::raggedSpans); offsets are made anew for what is kept.
+/// The batch's other tensors (a causal mask, position ids) are not in it: they stay whole.
+/// `rows` must each be within the batch. Throws Error(Unsupported) when a concatenated tensor's
+/// spans are not told, with `refusal` ("a replay that keeps some rows would ...") and `hint`.
+std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
+                                           const formats::StepBeginData& begin, const std::vector<int64_t>& rows,
+                                           const std::string& refusal, const std::string& hint);
+
+}  // namespace crashcap::replayer

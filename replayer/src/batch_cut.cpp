@@ -1,0 +1,84 @@
+#include "crashcap/replayer/batch_cut.hpp"
+
+#include <ATen/ATen.h>
+#include <fmt/format.h>
+
+#include <optional>
+#include <utility>
+
+#include "crashcap/formats/dtype.hpp"
+#include "crashcap/formats/error.hpp"
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/ragged_batch.hpp"
+#include "crashcap/formats/torch/tensor_bridge.hpp"
+
+namespace crashcap::replayer {
+
+std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
+                                           const formats::StepBeginData& begin, const std::vector<int64_t>& rows,
+                                           const std::string& refusal, const std::string& hint) {
+  const auto batchRows = formats::batchRows(begin, reader);
+  // Each concatenated tensor's spans, from the batch's tensors of one integer per row.
+  std::map<std::string, formats::RaggedSpans> ragged;
+  if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, begin.step, reader); !whole.empty()) {
+    std::vector<std::pair<std::string, std::vector<int64_t>>> perRow;
+    for (size_t i = 0; i < begin.batch.size(); ++i) {
+      const auto& name = begin.batch[i];
+      const auto* info = reader.find(name);
+      if (!info || batchRows.dims[i] != 0 || info->shape.size() != 1 ||
+          name == formats::batchTensorName(begin.step, formats::kDatasetIndexName) || formats::isFloating(info->dtype) ||
+          formats::isComplex(info->dtype) || info->dtype == formats::DType::Bool)
+        continue;
+      const at::Tensor v = formats::torch::readTensor(reader, name).to(at::kLong).contiguous();
+      perRow.emplace_back(name, std::vector<int64_t>(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + v.numel()));
+    }
+    std::vector<formats::ConcatenatedTensor> uncut;
+    for (const auto& c : whole) {
+      std::optional<formats::RaggedSpans> spans;
+      // Only along dimension 0, the one the spans count in.
+      if (!c.shape.empty() && !c.otherShape.empty() && c.shape[0] != c.otherShape[0])
+        spans = formats::raggedSpans(c.shape[0], perRow);
+      if (spans && static_cast<int64_t>(spans->spans.size()) == batchRows.count)
+        ragged.emplace(c.name, std::move(*spans));
+      else
+        uncut.push_back(c);
+    }
+    if (!uncut.empty())
+      throw Error(ErrorCode::Unsupported,
+                  formats::concatenatedBatchText(begin.step, batchRows.count, uncut) +
+                      ", and no tensor of one length or offset per row tells where each row's samples lie in it; " +
+                      refusal,
+                  hint);
+  }
+  std::map<std::string, at::Tensor> out;
+  const at::Tensor keep = at::tensor(rows, at::kLong);
+  for (size_t i = 0; i < begin.batch.size(); ++i) {
+    const auto& name = begin.batch[i];
+    if (auto c = ragged.find(name); c != ragged.end()) {
+      const at::Tensor t = formats::torch::readTensor(reader, name);
+      std::vector<at::Tensor> parts;
+      for (int64_t row : rows) {
+        const auto [b, e] = c->second.spans.at(static_cast<size_t>(row));
+        parts.push_back(t.narrow(0, b, e - b));
+      }
+      out[name] = at::cat(parts, 0);
+    } else if (batchRows.dims[i] >= 0) {
+      out[name] = formats::torch::readTensor(reader, name).index_select(batchRows.dims[i], keep);
+    }
+  }
+  // Offsets index into what is kept: each kept row's first position there.
+  for (const auto& [name, spans] : ragged) {
+    if (!spans.offsets) continue;
+    std::vector<int64_t> starts;
+    int64_t at = 0;
+    for (int64_t row : rows) {
+      starts.push_back(at);
+      const auto [b, e] = spans.spans.at(static_cast<size_t>(row));
+      at += e - b;
+    }
+    out[spans.by] = at::tensor(starts, at::kLong).to(out.at(spans.by).scalar_type());
+  }
+  return out;
+}
+
+}  // namespace crashcap::replayer

@@ -17,6 +17,7 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/ragged_batch.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/inspect/summary.hpp"
@@ -197,12 +198,16 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
                               "a pack that keeps some rows would keep all of its values and hold another batch",
                               "pack the whole batch (--rows all)");
   };
+  bool ragged = false;  // the crash step's batch holds its samples concatenated (formats::raggedSpans)
   if (o.rows != "all" && !everyRow) {
     try {
       cutOf(chosen.empty() ? std::vector<int64_t>{0} : std::vector<int64_t>(chosen.begin(), chosen.end()));
     } catch (const Error& e) {
-      throw Error(e.code(), std::string("--rows: ") + e.what(), e.hint());
+      Error refused(e.code(), "--rows: " + e.message(), e.hint());
+      for (auto frame = e.context().rbegin(); frame != e.context().rend(); ++frame) refused.with(*frame);
+      throw refused;
     }
+    ragged = !formats::concatenatedBatchTensors(view.stepBegins, target, *reader).empty();
   }
 
   // Replay the crash from that keyframe: does the attachment reproduce, and, when every step up
@@ -341,7 +346,10 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       eo.progress = o.progress;
       eo.allowChangedSources = changedSourcesAllowed();
       ExperimentRunner runner(eo);
-      auto b = bisectSamples(stage, target, runner);
+      // A ragged batch is told by its tensors' sizes at other steps, which the one-step stage
+      // lacks: its experiments would cut its row tensors beside every concatenated sample. Such
+      // a batch is bisected in the bundle as given.
+      auto b = bisectSamples(ragged ? in : stage, target, runner);
       rep.rowReplays = b.replays;
       if (b.reproduced && !b.rows.empty() && static_cast<int64_t>(b.rows.size()) < rep.batchSize) {
         rep.rows = b.rows;

@@ -238,9 +238,10 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
                           whose, joinRows(rows))
             : fmt::format("sample bisection named {}rows [{}], but the replay of step {} without them gave no result ({})",
                           whose, joinRows(rows), f.step(), f.withoutRowsOutcome));
-  } else if (!f.concatenatedValues.empty()) {
-    // Its rows cannot be cut (the samples are concatenated), but a value is outside the domain of
-    // an op: invalid data when that op is the one that raised.
+  } else if (!f.samples && !f.concatenatedValues.empty()) {
+    // Its rows could not be cut (the samples are concatenated, and no lengths or offsets tell
+    // their spans), but a value is outside the domain of an op: invalid data when that op is the
+    // one that raised.
     const ConcatenatedValue* raising = raisingOpValue(f);
     if (raising) h.verdict = V::Confirmed;
     for (const auto& v : f.concatenatedValues)

@@ -84,7 +84,20 @@ TEST_CASE("a batch tensor of one integer per row tells the rows' spans in a conc
   CHECK_FALSE(raggedSpans(10, Candidates{{"len", {3, 5, 2}}, {"off", {0, 4, 8}}}));
   // Lengths that are also offsets (0 first, never decreasing): either reading fits, so neither.
   CHECK_FALSE(raggedSpans(6, Candidates{{"both", {0, 1, 2, 3}}}));
-  // Nothing that fits: lengths that do not sum to the size, offsets past it, negative values.
-  CHECK_FALSE(raggedSpans(10, Candidates{{"a", {3, 5, 1}}, {"b", {0, 5, 11}}, {"c", {-1, 9, 2}}}));
+  // Nothing that fits: lengths that do not sum to the size, offsets past it, negative values,
+  // offsets that decrease.
+  CHECK_FALSE(raggedSpans(10, Candidates{{"a", {3, 5, 1}}}));
+  CHECK_FALSE(raggedSpans(10, Candidates{{"b", {0, 5, 11}}}));
+  CHECK_FALSE(raggedSpans(10, Candidates{{"c", {-1, 9, 2}}}));
+  CHECK_FALSE(raggedSpans(10, Candidates{{"d", {0, 6, 3}}}));
   CHECK_FALSE(raggedSpans(10, Candidates{}));
+  // A candidate that does not fit is passed over for one that does.
+  auto passedOver = raggedSpans(10, Candidates{{"labels", {2, 0, 1}}, {"len", {3, 5, 2}}});
+  REQUIRE(passedOver);
+  CHECK(passedOver->by == "len");
+  // An empty row: a length of 0, or an offset repeated (the last row's span runs to the end).
+  CHECK(raggedSpans(10, Candidates{{"len", {3, 0, 7}}})->spans ==
+        std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 3}, {3, 10}});
+  CHECK(raggedSpans(10, Candidates{{"off", {0, 3, 10}}})->spans ==
+        std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 10}, {10, 10}});
 }

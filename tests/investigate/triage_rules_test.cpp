@@ -458,6 +458,56 @@ TEST_CASE("a value outside the raising op's domain in a batch of concatenated sa
   CHECK(has(h, "the op that raised; no tensor of lengths or offsets in the batch places it in a row"));
 }
 
+TEST_CASE("a value outside an op's domain in a culprit row's span is an invalid value of the rows, and only there",
+          "[investigate][triage]") {
+  // The ragged batch was cut by its offsets: row 5 alone fails, and the step passes without it.
+  auto f = reproducedAt6();
+  replayer::ProbedOp raising;
+  raising.name = "aten::embedding_bag";
+  raising.phase = "forward";
+  raising.inputs = {stats(0, 0, -1.0, 1.0), stats(0, 0, 1.0, 53.0)};
+  raising.inputs[0].shape = {50, 16};
+  raising.inputs[1].shape = {79};
+  f.replay->raisingOp = raising;
+  f.samples = samplesFound({5});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  ConcatenatedValue v;
+  v.tensor = "steps/6/batch/1";
+  v.element = 64;
+  v.position = 64;
+  v.value = 53;
+  v.domain.op = "aten::embedding_bag";
+  v.domain.size = 50;
+  v.domain.indexShape = {79};
+  v.domain.sourceShape = {50, 16};
+  v.spansBy = "steps/6/batch/2";
+  v.byOffsets = true;
+  v.row = 5;
+  f.concatenatedValues = {v};
+  CHECK(f.rowsInvalid());
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "element 64 of steps/6/batch/1 is 53, outside 0..49: the embedding (aten::embedding_bag) has 50 rows "
+               "(table [50,16]), the op that raised; by the offsets in steps/6/batch/2 it is in row 5's span"));
+  CHECK_FALSE(has(h, "nothing in it was found invalid"));
+
+  // In another row's span: not the culprit rows' value, so they hold nothing invalid.
+  f.concatenatedValues[0].row = 3;
+  CHECK_FALSE(f.rowsInvalid());
+  h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "nothing in it was found invalid"));
+  CHECK_FALSE(has(h, "element 64"));
+
+  // Bisection ran and cut the batch but named no rows: the value is not taken for a batch that
+  // could not be cut.
+  f.samples = samplesFound({});
+  f.withoutRows.reset();
+  h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK_FALSE(has(h, "so no row could be cut"));
+}
+
 TEST_CASE("loss-numerics: NaN made of the infinities a mask wrote on purpose is an edge case of the step, unless the "
           "culprit rows hold invalid values",
           "[investigate][triage]") {

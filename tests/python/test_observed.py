@@ -126,6 +126,10 @@ def test_a_ragged_batch_is_cut_by_its_offsets_and_a_padded_one_by_row(tmp_path):
     # Every other row: the step passes.
     others = crashcap_json("replay", bundle, "--rows", ",".join(str(r) for r in range(12) if r != row))
     assert others["verdict"] == "not-reproduced" and not others["error"], others
+    # pack --rows culprit finds the same row (its bisection runs in the bundle, which tells the
+    # batch ragged by its sizes at other steps).
+    culprit = crashcap_json("pack", bundle, "-o", tmp_path / "culprit.ccap", "--rows", "culprit")
+    assert culprit["rows"] == [row], culprit
     # Padded to each batch's longest text instead (tokens [12, longest], position ids [1, longest]):
     # the length changes from batch to batch with the rows, and the rows are cut.
     (tmp_path / "padded").mkdir()

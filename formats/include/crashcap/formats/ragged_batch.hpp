@@ -1,6 +1,6 @@
 #pragma once
-// Batches whose samples cannot be cut by row: a tensor that holds none of the batch's rows and
-// still holds its samples, concatenated along a dimension of their own.
+// Ragged batches: a tensor that holds none of the batch's rows and still holds its samples,
+// concatenated along a dimension of their own, and where each row's samples lie in it.
 
 #include <cstdint>
 #include <functional>

@@ -103,9 +103,8 @@ struct PaddingRow {
 };
 
 /// A value outside an op's IndexDomain in a batch tensor that holds the batch's samples
-/// concatenated (formats::concatenatedBatchTensors: a ragged batch's tokens), whose rows sample
-/// bisection cannot cut; with the row whose span holds it, when the batch's lengths or offsets
-/// tell the rows' spans (formats::raggedSpans).
+/// concatenated (formats::concatenatedBatchTensors: a ragged batch's tokens); with the row whose
+/// span holds it, when the batch's lengths or offsets tell the rows' spans (formats::raggedSpans).
 struct ConcatenatedValue {
   std::string tensor;                      ///< "steps/6/batch/1"
   int64_t element = 0;                     ///< its flat index in the tensor

@@ -1,0 +1,128 @@
+"""`crashcap run --record` on unmodified trainings whose batches are ragged or packed
+(tests/python/observed/): samples concatenated and cut by their rows' lengths or offsets, a batch
+that nothing tells how to cut, a sequence of length 0 packed among others."""
+
+import re
+
+from conftest import crashcap, crashcap_json, only_bundle, replay_and_triage, run_recorded, verdicts
+
+
+def test_a_ragged_batch_is_cut_by_its_offsets_and_a_padded_one_by_row(tmp_path):
+    # The tokens of a batch's texts concatenated, read through offsets: a replay of some rows keeps
+    # those rows' spans of the tokens and makes their offsets anew, so sample bisection tests each
+    # text, and the token past the vocabulary is named in the culprit row's span.
+    r, runs = run_recorded(tmp_path, "token_bags.py", "--bad-index", 150)
+    assert r.returncode != 0 and "out of bounds" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    step = replay["step"]
+    every = crashcap_json("replay", bundle, "--rows", ",".join(str(r) for r in range(12)))  # the batch as recorded
+    assert every["verdict"] == "reproduced-bitwise", every
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    assert triage["culprit"]["dataset_indices"] == [150], triage["culprit"]
+    (row,) = triage["culprit"]["rows"]
+    (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
+    assert any(e.startswith("element ") and f"of steps/{step}/batch/1 is 53, outside 0..49" in e
+               and f"the op that raised; by the offsets in steps/{step}/batch/2 it is in row {row}'s span (dataset "
+                   f"index 150)" in e for e in evidence), evidence
+    # The row alone, replayed and packed: its own tokens, at offset 0.
+    offsets = [int(x) for x in re.findall(r"\d+", crashcap_json("show", bundle, f"steps/{step}/batch/2")["text"])]
+    tokens = crashcap_json("show", bundle, f"steps/{step}/batch/1")["shape"][0]
+    length = (offsets + [tokens])[row + 1] - offsets[row]
+    alone = crashcap_json("replay", bundle, "--rows", row)
+    assert alone["verdict"] in ("reproduced", "reproduced-bitwise") and "out of bounds" in alone["error"], alone
+    packed = crashcap_json("pack", bundle, "-o", tmp_path / "row.ccap", "--rows", row)
+    assert packed["rows"] == [row] and packed["samples"] == 1, packed
+    assert crashcap_json("show", tmp_path / "row.ccap", f"steps/{step}/batch/1")["shape"] == [length]
+    assert crashcap_json("show", tmp_path / "row.ccap", f"steps/{step}/batch/2")["text"] == "[0]"
+    again = crashcap_json("replay", tmp_path / "row.ccap")
+    assert again["verdict"] in ("reproduced", "reproduced-bitwise") and "out of bounds" in again["error"], again
+    # Every other row: the step passes.
+    others = crashcap_json("replay", bundle, "--rows", ",".join(str(r) for r in range(12) if r != row))
+    assert others["verdict"] == "not-reproduced" and not others["error"], others
+    # pack --rows culprit finds the same row (its bisection runs in the bundle, which tells the
+    # batch ragged by its sizes at other steps).
+    culprit = crashcap_json("pack", bundle, "-o", tmp_path / "culprit.ccap", "--rows", "culprit")
+    assert culprit["rows"] == [row], culprit
+    # Padded to each batch's longest text instead (tokens [12, longest], position ids [1, longest]):
+    # the length changes from batch to batch with the rows, and the rows are cut.
+    (tmp_path / "padded").mkdir()
+    r, runs = run_recorded(tmp_path / "padded", "token_bags.py", "--bad-index", 150, "--padded")
+    assert r.returncode != 0 and "index out of range" in r.stderr, r.stderr
+    _, triage = replay_and_triage(only_bundle(runs))
+    assert triage["culprit"]["dataset_indices"] == [150], triage["culprit"]
+
+
+def test_transcripts_concatenated_beside_their_lengths_are_cut_by_them_and_the_long_one_is_named(tmp_path):
+    # The CTC way: every transcript of the batch in one tensor, and their lengths. Sample 211's
+    # transcript is longer than its frames and its loss is inf. The lengths tell each row's span,
+    # so sample bisection tests each utterance and names that one. Its values are each in range
+    # (triage does not weigh one length against another): the loss is named as unable to handle
+    # that row, and the data is not called invalid.
+    r, runs = run_recorded(tmp_path, "ctc_transcripts.py", "--long-transcript", 211)
+    assert r.returncode != 0 and "non-finite CTC loss inf" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    assert crashcap_json("replay", bundle)["verdict"] == "reproduced-bitwise"
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "inconclusive", triage["hypotheses"]
+    assert verdicts(triage)["loss-numerics"] == "confirmed", triage["hypotheses"]
+    (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "loss-numerics"]
+    assert any("aten::_ctc_loss" in e and "turns finite inputs into NaN/Inf" in e for e in evidence), evidence
+    assert any("triggers it with values in range" in e for e in evidence), evidence
+    assert triage["culprit"]["dataset_indices"] == [211], triage["culprit"]
+    assert triage["culprit"]["op"] == "aten::_ctc_loss", triage["culprit"]
+    step, (row,) = triage["culprit"]["step"], triage["culprit"]["rows"]
+    # Packed alone: the row's frames, its frame count, its own transcript and its length.
+    lengths = [int(x) for x in re.findall(r"\d+", crashcap_json("show", bundle, f"steps/{step}/batch/3")["text"])]
+    frames = [int(x) for x in re.findall(r"\d+", crashcap_json("show", bundle, f"steps/{step}/batch/1")["text"])]
+    assert lengths[row] > frames[row], (lengths, frames, row)
+    packed = crashcap_json("pack", bundle, "-o", tmp_path / "row.ccap", "--rows", row)
+    assert packed["rows"] == [row], packed
+    assert crashcap_json("show", tmp_path / "row.ccap", f"steps/{step}/batch/2")["shape"] == [lengths[row]]
+    assert crashcap_json("show", tmp_path / "row.ccap", f"steps/{step}/batch/3")["text"] == f"[{lengths[row]}]"
+    again = crashcap_json("replay", tmp_path / "row.ccap")
+    assert again["verdict"] in ("reproduced", "reproduced-bitwise") and "non-finite CTC loss" in again["error"], again
+
+
+def test_a_ragged_batch_without_lengths_or_offsets_is_not_cut_and_its_bad_value_is_named(tmp_path):
+    # Each token carries its text's number instead of offsets: no tensor of one value per row says
+    # where each text's tokens lie. Replay and pack refuse to cut the batch and say why; triage
+    # names the token past the vocabulary, outside the table of the op that raised, without a row.
+    r, runs = run_recorded(tmp_path, "token_bags.py", "--bad-index", 150, "--segments")
+    assert r.returncode != 0 and "index out of range" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    cut = crashcap("replay", bundle, "--rows", 0)
+    assert cut.returncode != 0 and f"step {replay['step']}'s batch cannot be cut to some of its 12 rows: '1' [" in cut.stderr
+    assert "no tensor of one length or offset per row tells where each row's samples lie" in cut.stderr, cut.stderr
+    packed = crashcap("pack", bundle, "-o", tmp_path / "rows.ccap", "--rows", 0)
+    assert packed.returncode != 0 and "holds the samples concatenated" in " ".join(packed.stderr.split()), packed.stderr
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    assert not triage["culprit"]["rows"] and not triage["culprit"]["dataset_indices"], triage["culprit"]
+    value = triage["culprit"]["value"]
+    assert value["tensor"] == f"steps/{replay['step']}/batch/1" and value["value"] == 53, value
+    assert value["row"] is None and value["spans_by"] is None, value
+
+
+def test_an_empty_sequence_packed_by_length_is_named_with_its_length_of_zero(tmp_path):
+    # Padded features, lengths and labels; sample 277 has no time steps, and packing raises. Its
+    # length is 0 where the batch's others are 3..11: an input the step cannot handle, not an
+    # invalid value, and the evidence says which length is empty.
+    r, runs = run_recorded(tmp_path, "packed_sequences.py", "--empty-index", 277)
+    assert r.returncode != 0 and "Length of all samples has to be greater than 0" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    triage = crashcap_json("triage", bundle)
+    assert triage["culprit"]["dataset_indices"] == [277], triage["culprit"]
+    (row,) = triage["culprit"]["rows"]
+    assert verdicts(triage)["invalid-data"] == "inconclusive", triage["hypotheses"]
+    (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
+    text = " ".join(evidence)
+    assert re.search(rf"row {row} of steps/{replay['step']}/batch/1 is 0, while the batch's other rows are 3\.\.(9|10|11)",
+                     text), evidence
+    assert f"row {row} of steps/{replay['step']}/batch/0 is all zeros" in text, evidence

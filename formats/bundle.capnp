@@ -262,6 +262,11 @@ struct Crash {
   timeNs @8 :Int64;
   pid @9 :UInt32;
   thread @10 :UInt64;
+  # Phase "loading": the batch that never came, as the loader's sampler drew it (at most 1 << 20
+  # indices; both empty when not known: an IterableDataset, a sampler of other keys).
+  loadingIndices @11 :List(Int64);         # into the loader's own dataset (what a replay loads)
+  loadingDatasetIndices @12 :List(Int64);  # the same samples in the data under any Subset (what
+                                           # triage names, like a recorded batch's dataset indices)
 }
 
 # Record type 12. The recorder's own health: written when a recording closes and into every

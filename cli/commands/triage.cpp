@@ -72,6 +72,14 @@ void printTriage(const investigate::Triage& t) {
     std::cout << fmt::format("  {:<22} {:<13} rerun: {}\n", "", "", h.rerun);
   }
   const auto& c = t.culprit;
+  if (c.phase == "loading" && c.datasetIndices) {
+    // The samples of the batch that never came: not rows of a recorded batch, and no op.
+    std::cout << fmt::format("\nculprit: {}the batch after step {}, which failed to load: dataset indices {}{}\n",
+                             c.rank ? fmt::format("rank {}, ", *c.rank) : "", c.step ? std::to_string(*c.step) : "null",
+                             rowsText(*c.datasetIndices),
+                             c.changes && !c.changes->empty() ? "; the outcome changes with " + json(*c.changes).dump() : "");
+    return;
+  }
   std::cout << fmt::format(
       "\nculprit: {}step {}, {}{}, {}{}\n", c.rank ? fmt::format("rank {}, ", *c.rank) : "",
       c.step ? std::to_string(*c.step) : "null",

@@ -228,6 +228,15 @@ std::vector<uint8_t> encodeMeta(const CrashData& v) {
   r.setTimeNs(v.timeNs);
   r.setPid(v.pid);
   r.setThread(v.thread);
+  // Both lists or neither: the two name the same samples, place by place.
+  if (v.loadingIndices.size() == v.loadingDatasetIndices.size() && v.loadingIndices.size() <= kMaxLoadingIndices) {
+    auto own = r.initLoadingIndices(static_cast<unsigned>(v.loadingIndices.size()));
+    auto data = r.initLoadingDatasetIndices(static_cast<unsigned>(v.loadingDatasetIndices.size()));
+    for (unsigned i = 0; i < own.size(); ++i) {
+      own.set(i, v.loadingIndices[i]);
+      data.set(i, v.loadingDatasetIndices[i]);
+    }
+  }
   return toBytes(b);
 }
 
@@ -426,6 +435,14 @@ CrashData decodeCrash(const std::vector<uint8_t>& meta, const ReaderLimits& limi
     v.timeNs = r.getTimeNs();
     v.pid = r.getPid();
     v.thread = r.getThread();
+    auto own = r.getLoadingIndices();
+    auto data = r.getLoadingDatasetIndices();
+    if (own.size() != data.size() || own.size() > kMaxLoadingIndices)
+      throw Error(ErrorCode::Corrupt, fmt::format("crash lists {} loading indices and {} dataset indices: the same "
+                                                  "number, at most {}",
+                                                  own.size(), data.size(), kMaxLoadingIndices));
+    for (int64_t i : own) v.loadingIndices.push_back(i);
+    for (int64_t i : data) v.loadingDatasetIndices.push_back(i);
     return v;
   });
 }

@@ -155,6 +155,10 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
                   {"time", formats::formatTime(c.timeNs)},
                   {"pid", c.pid},
                   {"thread", c.thread}};
+    if (c.phase == "loading" && !c.loadingIndices.empty()) {
+      j["crash"]["loading_indices"] = c.loadingIndices;
+      j["crash"]["loading_dataset_indices"] = c.loadingDatasetIndices;
+    }
   } else if (v.supervision) {
     // No recorder in the process (or it never got to record): what `crashcap run` saw.
     const auto& sv = *v.supervision;

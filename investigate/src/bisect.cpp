@@ -253,6 +253,21 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
                       ? std::string("rank ") + std::to_string(origin.firstFailed) + "'s bundle is not in the directory"
                       : "crashcap bisect samples " + origin.firstFailedBundle);
   }
+  // A crash while loading the batch after a step: that step's recorded batch is not the failing one.
+  std::optional<formats::CrashData> crash;
+  try {
+    crash = formats::readRecords(*formats::BundleReader::open(bundle)).crash;
+  } catch (const Error&) {
+    // Unreadable: the replay below says why.
+  }
+  if (crash && crash->phase == "loading" && !crash->loadingIndices.empty() && (step < 0 || step == crash->step))
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("the recorded failure is the loading of the batch after step {} ({} samples), which never "
+                            "came, not step {}'s recorded batch: its rows say nothing about it",
+                            crash->step, crash->loadingIndices.size(), crash->step),
+                fmt::format("the replay loads that batch again and names its samples that fail: crashcap replay {} "
+                            "--json (batch_load), or crashcap triage {}",
+                            bundle, bundle));
   // The whole-batch replay, from this process, tells the step and the batch size.
   replayer::ReplayOptions first;
   first.step = step;

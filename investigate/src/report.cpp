@@ -21,6 +21,29 @@ std::string jsonList(const std::vector<int64_t>& v) { return fmt::format("[{}]",
 
 }  // namespace
 
+std::string loadingReplayText(const replayer::ReplayResult& replay, const std::string& step) {
+  const auto& load = *replay.batchLoad;
+  std::string text = fmt::format("The error came from the DataLoader while it loaded the batch after step {}, which "
+                                 "never arrived. Replay loaded that batch again from its {} recorded dataset indices "
+                                 "as the program's loader loads it",
+                                 step, load.indices.size());
+  if (load.error.empty())
+    return text + ", and it loaded without an error: the failure needed more than those samples (a worker's random "
+                  "state, a file or service that has changed since).";
+  if (!replayer::showsFailure(replay))
+    return text + (replay.verdict == replayer::Verdict::Diverged
+                       ? fmt::format(": it raised `{}`, but the replay departed from the recording before it "
+                                     "(verdict diverged).",
+                                     lastLine(load.error))
+                       : fmt::format(": it raised another error, `{}`.", lastLine(load.error)));
+  text += fmt::format(": it raised `{}` again.", lastLine(load.error));
+  if (load.culprits.empty()) return text + " No single sample fails alone, and none differs in structure from the rest.";
+  std::vector<std::string> named;
+  for (const auto& c : load.culprits) named.push_back(fmt::format("dataset index {} (`{}`)", c.datasetIndex, lastLine(c.error)));
+  return text + fmt::format(" The sample{} that fail{} {}: {}.", named.size() == 1 ? "" : "s",
+                            named.size() == 1 ? "s" : "", load.culpritsBy, fmt::join(named, "; "));
+}
+
 std::string markdownReport(const std::string& path, const std::optional<Triage>& triage,
                            const replayer::ReplayResult* replayed, const std::string& shownAs, const std::string& htmlLink) {
   auto reader = formats::BundleReader::open(path);
@@ -71,16 +94,17 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     md += fmt::format("\nThe same report with plots (loss, gradient norm, weight norm, learning rate; the culprit rows): "
                       "[{}]({}).\n",
                       htmlLink, htmlLink);
-  if (replay && !replayer::showsFailure(*replay) && phase == "loading")
-    // Replay runs the recorded steps, not the data pipeline: the batch that failed never arrived.
+  if (replay && phase == "loading" && replay->batchLoad)
+    md += "\n" + loadingReplayText(*replay, stepText) + "\n";
+  else if (replay && !replayer::showsFailure(*replay) && phase == "loading")
+    // The batch that failed never arrived, and this replay did not load it again.
     md += fmt::format("\n**The error came from the DataLoader while it loaded the batch after step {}**, which never "
-                      "arrived, so replay (verdict {}) cannot run it: it re-runs the recorded steps, not the data "
-                      "pipeline.{}\n",
+                      "arrived, and replay (verdict {}) did not load it again.{}\n",
                       stepText, replayer::verdictName(replay->verdict),
                       crash["error"].get<std::string>().find("of dataset indices") != std::string::npos
                           ? " The crash record names the batch's dataset indices (Logs below): load those samples "
                             "with the dataset to see it fail."
-                          : "");
+                          : " The recording does not know which samples it held.");
   else if (replay && !replayer::showsFailure(*replay))
     md += fmt::format("\n**The crash does not reproduce in replay here** (verdict {}{}): the bundle alone may not be "
                       "enough to reproduce it; the cause may lie outside what was recorded (the program's own code "
@@ -180,7 +204,9 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     const auto& c = triage->culprit;
     std::vector<std::string> where;
     if (c.rank) where.push_back(fmt::format("rank {}", *c.rank));
-    if (c.step) where.push_back(fmt::format("step {}", *c.step));
+    const bool loading = c.phase == "loading" && c.datasetIndices;
+    if (c.step) where.push_back(fmt::format(loading ? "the batch after step {}, which failed to load" : "step {}", *c.step));
+    if (loading) where.push_back("dataset indices " + jsonList(*c.datasetIndices));
     if (c.rows)
       where.push_back(fmt::format("batch rows {}{}", jsonList(*c.rows),
                                   c.datasetIndices ? " (dataset indices " + jsonList(*c.datasetIndices) + ")" : ""));

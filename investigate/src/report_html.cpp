@@ -159,9 +159,12 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   if (replay) {
     body += fmt::format("<li>replay: <b>{}</b> (steps {}..{} from keyframe {})</li>", replayer::verdictName(replay->verdict),
                         replay->keyframe, replay->step, replay->keyframe);
-    if (!replayer::showsFailure(*replay) && view.crash && view.crash->phase == "loading")
+    if (view.crash && view.crash->phase == "loading" && replay->batchLoad)
+      body += fmt::format("<li{}>{}</li>", replayer::showsFailure(*replay) ? "" : " class=\"warn\"",
+                          escape(loadingReplayText(*replay, std::to_string(replay->step))));
+    else if (!replayer::showsFailure(*replay) && view.crash && view.crash->phase == "loading")
       body += "<li class=\"warn\">the error came from the DataLoader while it loaded the next batch, which never "
-              "arrived: replay re-runs the recorded steps, not the data pipeline</li>";
+              "arrived, and replay did not load it again</li>";
     else if (!replayer::showsFailure(*replay))
       body += "<li class=\"warn\">the crash does not reproduce in replay here: the bundle alone may not be enough to "
               "reproduce it</li>";

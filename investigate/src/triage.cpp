@@ -575,8 +575,9 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
   }
   f.steps = run("bisect-steps", {"bisect", "steps", bundle, "--json"}, stepBisectionFromJson);
   // A program killed or hung again answered with no steps: its batch can be tested only when it
-  // died in the failing step itself (its rows are cut there).
-  if (f.reproduced() && (!f.replay->steps.empty() || f.replay->diedInStep == f.replay->step)) {
+  // died in the failing step itself (its rows are cut there). A batch that failed to load is not
+  // the recorded one: the replay that loaded it again named its samples that fail.
+  if (f.reproduced() && !f.replay->batchLoad && (!f.replay->steps.empty() || f.replay->diedInStep == f.replay->step)) {
     const int64_t batchSize = f.replay->batchSize;
     f.samples = run("bisect-samples", {"bisect", "samples", bundle, "--json", "--timeout", timeout},
                     sampleBisectionFromJson, 2 * std::log2(batchSize + 1) + 3 + 3);  // + a smallest set's rows each
@@ -605,9 +606,10 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       // A batch tensor that cannot be read: the experiments above said what they could.
     }
   }
-  // Ops and settings are tested at the failing step: pointless when replay cannot reach it.
+  // Ops and settings are tested at the failing step: pointless when replay cannot reach it. A batch
+  // that failed to load failed in no op of the step (whose float64 replay loads nothing after it).
   if (!f.replayBlocked()) {
-    f.ops = run("bisect-ops", {"bisect", "ops", bundle, "--json"}, opBisectionFromJson);
+    if (!(f.replay && f.replay->batchLoad)) f.ops = run("bisect-ops", {"bisect", "ops", bundle, "--json"}, opBisectionFromJson);
     f.config = run("bisect-config", {"bisect", "config", bundle, "--json", "--timeout", timeout}, configBisectionFromJson,
                    formats::torch::settingNames().size() + replayer::availableDevices().size() + 1);
   }

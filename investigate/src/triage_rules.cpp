@@ -184,6 +184,24 @@ std::vector<const ConcatenatedValue*> TriageFacts::culpritValuesInRows() const {
   return out;
 }
 
+namespace {
+
+constexpr size_t kListedLoadCulprits = 8;
+
+std::string loadedBatchText(const TriageFacts& f) {
+  const auto& load = *f.replay->batchLoad;
+  return fmt::format("the batch after step {} never came: loaded again from its {} recorded dataset indices as the "
+                     "program's loader loads it, it raises the recorded error",
+                     f.step(), load.indices.size());
+}
+
+std::string loadCulpritText(const replayer::LoadCulprit& c, const std::string& by) {
+  return fmt::format("dataset index {} (sample {} of the batch) fails {}: {}", c.datasetIndex, c.position, by,
+                     lastLine(c.error));
+}
+
+}  // namespace
+
 Hypothesis judgeInvalidData(const TriageFacts& f) {
   Hypothesis h{"invalid-data", V::Inconclusive, {}, fmt::format("crashcap bisect samples {}", f.bundle)};
   const auto rows = f.culpritRows();
@@ -195,6 +213,22 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     h.evidence.push_back(betweenStepsText(f) + ": the batches the steps consumed are not where it failed");
   } else if (!f.reproduced()) {
     h.evidence.push_back("the crash does not reproduce on replay, so its data cannot be tested");
+  } else if (const auto& load = f.replay->batchLoad) {
+    // The batch that never came, loaded again: its samples are the data, not the recorded rows.
+    h.rerun = fmt::format("crashcap replay {} --json", f.bundle);
+    h.evidence.push_back(loadedBatchText(f));
+    for (size_t i = 0; i < load->culprits.size() && i < kListedLoadCulprits; ++i)
+      h.evidence.push_back(loadCulpritText(load->culprits[i], load->culpritsBy));
+    if (load->culprits.size() > kListedLoadCulprits)
+      h.evidence.push_back(fmt::format("and {} more (crashcap replay --json: batch_load)",
+                                       load->culprits.size() - kListedLoadCulprits));
+    if (load->culprits.empty() && !load->searched)
+      h.evidence.push_back("but this replay did not search its samples (crashcap replay does)");
+    else if (load->culprits.empty())
+      h.evidence.push_back("but no sample fails loaded alone or collated alone, and none differs in structure from the "
+                           "rest: the batch fails as a whole (its size, its collate function)");
+    else
+      h.verdict = V::Confirmed;
   } else if (f.rowsTrigger()) {
     // The rows trigger the failure; they are invalid data only when they hold an invalid value.
     h.evidence.push_back(triggerText(f));
@@ -265,6 +299,14 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
                (f.job ? "crashcap replay " : "crashcap bisect ops ") + f.bundle};
   if (auto why = f.replayBlocked()) {
     h.evidence.push_back(*why);
+    return h;
+  }
+  if (f.reproduced() && f.replay->batchLoad) {
+    h.verdict = V::Refuted;
+    h.rerun = fmt::format("crashcap replay {} --json", f.bundle);
+    h.evidence.push_back(fmt::format("the error came from the DataLoader loading the batch after step {}, not from an "
+                                     "op of a step: no step computed a loss on that batch",
+                                     f.step()));
     return h;
   }
   const auto* op = f.replay && f.replay->firstNonFiniteOp ? &*f.replay->firstNonFiniteOp : nullptr;
@@ -576,6 +618,13 @@ Culprit findCulprit(const TriageFacts& f) {
                                 : std::optional<replayer::ProbedOp>()) {
     c.op = op->name;
     c.phase = op->phase;
+  }
+  if (f.reproduced() && f.replay->batchLoad && !f.replay->batchLoad->culprits.empty()) {
+    // The samples of the batch that never came: named by dataset index, not by recorded rows.
+    std::vector<int64_t> indices;
+    for (const auto& l : f.replay->batchLoad->culprits) indices.push_back(l.datasetIndex);
+    c.datasetIndices = indices;
+    c.phase = "loading";
   }
   if (f.config) c.changes = f.config->changesOutcome;
   if (!c.rows)

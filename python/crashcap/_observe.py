@@ -379,15 +379,18 @@ class Observer:
             return True
         return self.training_loader_done and _in_training_mode(self.rec.model)
 
-    def on_loading_failed(self, ordinal, indices, error):
+    def on_loading_failed(self, ordinal, own, indices, batches, error):
         """The training loader raised `error` instead of giving the next step's batch (the
         dataset's __getitem__, a collate function, a worker that died): the step in flight ran to
         its end, and the failure, when `error` (or one raised from it) ends the program, is the
-        loading's."""
+        loading's. `own`: the batch's indices into the loader's dataset (what a replay loads);
+        `indices`: the same in the data under any Subset (what triage names); None unknown.
+        `batches`: (how many batches they hold, how many of them are the awaited batch's): when a
+        worker died, they run on with the batches the workers drew ahead."""
         if self.rec is None or ordinal != self.training_loader or self.replay:
             return
         self._finish()
-        self.rec._loading_failure = (self.step - 1, ordinal, indices, error)
+        self.rec._loading_failure = (self.step - 1, ordinal, own, indices, batches, error)
 
     def loader_ended(self, ordinal):
         """An iterator of loader `ordinal` ran to its end."""
@@ -551,12 +554,15 @@ class Observer:
 
     # ---- replay -----------------------------------------------------------------------------
 
-    def replay_iter(self, ordinal):
+    def replay_iter(self, ordinal, loader):
         """DataLoader.__iter__ in a replay, gradients enabled: the recorded batches when this loader
         begins the recorded training (or is its loader); None for the loader's own (the trainings
         before the recorded one run as the program runs them)."""
         if self.replay_steps is not None:
-            return self.replay_steps if ordinal == self.training_loader else None
+            if ordinal != self.training_loader:
+                return None
+            self.rec._replay.loader = loader  # the training loader iterated again (another epoch)
+            return self.replay_steps
         if not self.begins_training():
             return None
         training = self._training()  # before the claim: the optimizers it claims
@@ -565,10 +571,10 @@ class Observer:
             self.replay_training = _recorded_training()
         if self.training != self.replay_training:
             return None
-        self.replay_steps = self._replay_iterator(ordinal, training)
+        self.replay_steps = self._replay_iterator(ordinal, training, loader)
         return self.replay_steps
 
-    def _replay_iterator(self, ordinal, training):
+    def _replay_iterator(self, ordinal, training, loader):
         model, optimizer, scheduler, scaler, _ = training
         self.rec = _api.Recorder(None, model=model, optimizer=optimizer, scheduler=scheduler, grad_scaler=scaler,
                                  _observed=True)
@@ -582,6 +588,7 @@ class Observer:
                 f"{self.training} iterates DataLoader #{ordinal} first: the program makes its loaders in another order "
                 f"than when it recorded"))
         self.training_loader = ordinal
+        driver.loader = loader  # what a loading crash's replay loads the batch that never came with
         return self._replayed(self.rec.steps(None))
 
     def _replayed(self, steps):
@@ -698,22 +705,39 @@ def _underlying_indices(dataset, indices):
 
 
 def _seen_failure(iterator, error):
-    _loading_failed(iterator, _take_index(iterator), error)
+    index = _take_index(iterator)
+    # A worker that died (a signal, the OOM killer) may have been loading any batch the workers had
+    # drawn ahead, not the one awaited: those are kept too.
+    queue = getattr(iterator, "_crashcap_indices", None)
+    ahead = list(queue) if queue and _api._replay.worker_died(error) else []
+    _loading_failed(iterator, index, ahead, error)
 
 
 @_guarded
-def _loading_failed(iterator, index, error):
-    _observer.on_loading_failed(getattr(iterator, "_crashcap_loader", -1), _indices_of(iterator, index), error)
+def _loading_failed(iterator, index, ahead, error):
+    own = _indices_of(iterator, index, underlying=False)
+    batches, first = 1, len(own or ())
+    for later in ahead:
+        more = _indices_of(iterator, later, underlying=False)
+        if own is None or more is None:
+            break
+        own, batches = own + more, batches + 1
+    _observer.on_loading_failed(getattr(iterator, "_crashcap_loader", -1), own,
+                                None if own is None else _underlying_indices(getattr(iterator, "_dataset", None), own),
+                                (batches, first), error)
 
 
-def _indices_of(iterator, index):
-    """The dataset indices of the batch the sampler drew as `index`, in the data under any Subset;
-    None when they are not known. A loader that hands batches out as they come (in_order=False,
-    torch 2.6) breaks the pairing of each batch with the index drawn for it: none then."""
+def _indices_of(iterator, index, underlying=True):
+    """The dataset indices of the batch the sampler drew as `index`, in the data under any Subset
+    (`underlying=False`: in the loader's own dataset); None when they are not known. A loader that
+    hands batches out as they come (in_order=False, torch 2.6) breaks the pairing of each batch
+    with the index drawn for it: none then."""
     if index is None or not getattr(iterator, "_in_order", True):
         return None
     indices = _dataset_indices(index)
-    return None if indices is None else _underlying_indices(getattr(iterator, "_dataset", None), indices)
+    if indices is None or not underlying:
+        return indices
+    return _underlying_indices(getattr(iterator, "_dataset", None), indices)
 
 
 def _dataset_indices(index):
@@ -787,7 +811,7 @@ def install(policy=None, replay=False):
                 and not _api._recorder._user_recorder_made):
             try:
                 with _observer.lock:
-                    steps = _observer.replay_iter(ordinal)
+                    steps = _observer.replay_iter(ordinal, self)
             except Exception as e:  # crashcap's own: the replay cannot go on, and says why
                 _refuse_replay("internal", f"crashcap could not drive the replay: {type(e).__name__}: {e}")
             if steps is not None:

@@ -407,16 +407,19 @@ class Recorder:
             for e in signals.run_pending():
                 if str(e).strip() != died and (not str(e).strip() or str(e).strip() not in _chain_text(exc)):
                     notes.append(f"meanwhile a signal handler raised {_exception_type_name(e)}: {e}".rstrip(": "))
-            phase = ""
-            if self._loading_failure is not None and _in_chain(self._loading_failure[3], exc):
+            phase, own, indices = "", None, None
+            if self._loading_failure is not None and _in_chain(self._loading_failure[5], exc):
                 # The batch after the last step never came: not a step's failure, and the step
                 # before it passed. The dataset indices its sampler drew say which samples to load.
-                step, ordinal, indices, _ = self._loading_failure
+                step, ordinal, own, indices, (batches, first), _ = self._loading_failure
                 phase = "loading"
                 notes.append(f"DataLoader #{ordinal} raised it while loading the batch after step {step}"
-                             + (f", of dataset indices {indices}" if indices else ""))
+                             + (f", of dataset indices {indices[:first]}" if indices else "")
+                             + (f", with the {batches - 1} batch{'es' if batches > 2 else ''} its workers drew ahead, "
+                                f"of dataset indices {indices[first:]} (the worker that died may have been loading "
+                                f"any of them)" if indices and batches > 1 else ""))
             kind, type_name, text, stack = _describe(exc, notes)
-            bundle = self._native.fail(kind, type_name, text, stack, phase)
+            bundle = self._native.fail(kind, type_name, text, stack, phase, own or [], indices or [])
             try:
                 exc._crashcap_bundle = bundle
             except AttributeError:  # an exception type with __slots__: it may be recorded twice

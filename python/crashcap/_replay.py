@@ -14,9 +14,12 @@ saves a checkpoint must not overwrite the real one with replayed weights), and n
 ``except Exception`` can swallow the end.
 """
 
+import collections
 import contextlib
+import functools
 import hashlib
 import json
+import operator
 import os
 import sys
 import traceback
@@ -68,6 +71,7 @@ class Driver:
         self.current = None        # the step in flight
         self.restored = False
         self._pending = None       # steps rec.steps() has still to yield
+        self.loader = None         # the training's DataLoader, when the observer drives the replay
         self._previous_hook = sys.excepthook
         sys.excepthook = self._excepthook
         try:
@@ -219,7 +223,26 @@ class Driver:
             return
         self.session.end_step(loss)
         if self.current == self.session.target:
+            if self.loader is not None:
+                # A loading crash: the batch after the target step is loaded here and now, not when
+                # the program would ask for it, so that nothing after the step runs (its update, a
+                # checkpoint it saves, a collective other ranks no longer join).
+                self._load_batch()
             self._finish()
+
+    def _load_batch(self):
+        """Loads the batch the recording failed to load again as the program's loader loads it
+        and, when it fails, finds the samples that do (load_again)."""
+        load = self.session.batch_to_load()
+        if load is None:
+            return
+        own, indices, search = load
+        try:
+            error, culprits, by = load_again(self.loader, own, indices, search)
+        except Exception as e:  # crashcap's own
+            self._refuse(_error("internal", f"crashcap could not load the batch after step {self.session.target} again: "
+                                f"{type(e).__name__}: {e}"))
+        self.session.batch_loaded(error, culprits, by)
 
     def fail(self, exc):
         if self.current is not None:
@@ -235,3 +258,183 @@ class Driver:
     def _finish(self):
         ok = self.session.finish_and_write()
         _end(0 if ok else 1)
+
+
+# ---- a batch that failed to load --------------------------------------------------------------
+
+def _error_text(exc):
+    return "".join(traceback.format_exception_only(type(exc), exc)).strip()
+
+
+def load_again(loader, own, indices, search=True):
+    """Loads the batch the sampler drew as `own` (into loader.dataset; `indices`: the same samples
+    in the data under its Subsets) as the loader does: in a worker when it has workers. Returns
+    (error text or "", [(position, error text)] of the samples that fail, how they were found);
+    with `search` false, only whether it fails. The samples that fail: those that raise loaded
+    alone (each in a worker like the loader's, which a sample that kills its worker ends alone, or
+    in this process when the loader has no workers); else those that raise collated alone; else,
+    of those whose structure (types, shapes, dtypes) differs from the most common one, each that
+    the rest collate without and not with (both in this process)."""
+    dataset = _dataset_of(loader.dataset, own, indices)
+    collate = loader.collate_fn
+    batched = loader.batch_sampler is not None  # the loader's auto-collation: a list of samples a batch
+    workers = loader.num_workers > 0
+    try:
+        if workers:
+            _load_in_a_worker(loader, dataset, indices)
+        elif batched:
+            getitems = getattr(dataset, "__getitems__", None)
+            collate(getitems(list(indices)) if getitems else [dataset[i] for i in indices])
+        else:
+            for i in indices:  # one sample a batch
+                collate(dataset[i])
+        return "", [], ""
+    except Exception as e:
+        error = _error_text(e)
+    if not search:
+        return error, [], ""
+    samples, culprits = {}, []
+    for position, sample, failed in (_each_in_a_worker(loader, dataset, indices) if workers
+                                     else _each_here(dataset, indices)):
+        if failed is None:
+            samples[position] = sample
+        else:
+            culprits.append((position, failed))
+    if culprits or not batched:
+        return error, culprits, "loaded alone" if culprits else ""
+    for position, x in samples.items():
+        try:
+            collate([x])
+        except Exception as e:
+            culprits.append((position, _error_text(e)))
+    if culprits:
+        return error, culprits, "collated alone"
+    shapes = {position: _structure(x) for position, x in samples.items()}
+    common, _ = collections.Counter(shapes.values()).most_common(1)[0]
+    rest = [samples[p] for p in samples if shapes[p] == common]
+    try:
+        collate(rest)
+    except Exception:
+        return error, [], ""
+    for position, x in samples.items():
+        if shapes[position] != common:
+            try:
+                collate(rest + [x])
+            except Exception as e:
+                culprits.append((position, _error_text(e)))
+    return error, culprits, "collated with the rest" if culprits else ""
+
+
+def _dataset_of(dataset, own, indices):
+    """The dataset `indices` index: under the loader's Subsets as far as the recording mapped `own`
+    through them (it stops at one whose indices are not integers); all the way down when this
+    loader's Subsets do not map them so (a loader made anew each epoch over another Subset)."""
+    base, mapped = dataset, list(own)
+    try:
+        while isinstance(base, torch.utils.data.Subset):
+            mapped = [operator.index(base.indices[i]) for i in mapped]
+            base = base.dataset
+    except (TypeError, IndexError):
+        pass
+    if mapped == list(indices):
+        return base
+    while isinstance(dataset, torch.utils.data.Subset):  # Subset[i] is its dataset[indices[i]]
+        dataset = dataset.dataset
+    return dataset
+
+
+def worker_died(exc):
+    """The loader's exception says a worker process ended (a signal, the OOM killer), not what it
+    raised: the DataLoader's own words, or the broken pipe that often comes first."""
+    text = str(exc)
+    return isinstance(exc, (ConnectionError, EOFError)) or "exited unexpectedly" in text or "killed by signal" in text
+
+
+def _collate_one(collate, batch):
+    """A loader without auto-collation's fetch: its collate function over its one sample."""
+    return collate(batch[0])
+
+
+def _alone(batch):
+    """A collate function that keeps the sample as it was loaded: loading alone is the test."""
+    return batch
+
+
+def _worker_loader(loader, dataset, batches, collate):
+    """A DataLoader that loads `batches` (lists of indices) as `loader`'s workers do, in one worker:
+    get_worker_info() is set there, worker_init_fn has run, and default_collate stacks into shared
+    memory (a batch of unequal tensors fails there with another message than in this process)."""
+    return torch.utils.data.DataLoader(dataset, batch_sampler=batches, collate_fn=collate, num_workers=1,
+                                       prefetch_factor=1,  # one batch in flight: a death is that batch's
+                                       worker_init_fn=loader.worker_init_fn,
+                                       multiprocessing_context=loader.multiprocessing_context, timeout=loader.timeout)
+
+
+def _load_in_a_worker(loader, dataset, indices):
+    """The batch as a worker of `loader` loads it; its error comes back as the loader re-raises it."""
+    if loader.batch_sampler is not None:
+        batches, collate = [list(indices)], loader.collate_fn
+    else:  # one sample a batch, collated alone
+        batches, collate = [[i] for i in indices], functools.partial(_collate_one, loader.collate_fn)
+    with torch.no_grad():  # not a training loader: the replay leaves it to load
+        it = iter(_worker_loader(loader, dataset, batches, collate))
+        try:
+            for _ in it:
+                pass
+        finally:
+            del it  # its worker stops
+
+
+def _each_in_a_worker(loader, dataset, indices):
+    """(position, sample, None) or (position, None, error text) for each of `indices` loaded alone
+    in a worker like the loader's. A worker that dies is the error of the sample it was loading (one
+    worker loads them in order), and a new one goes on from the next."""
+    out, start = [], 0
+    while start < len(indices):
+        with torch.no_grad():
+            it = iter(_worker_loader(loader, dataset, [[i] for i in indices[start:]], _alone))
+            try:
+                for position in range(start, len(indices)):
+                    start = position + 1
+                    try:
+                        out.append((position, next(it)[0], None))
+                    except StopIteration:
+                        start = len(indices)
+                        break
+                    except Exception as e:  # as the loader re-raises it: the worker's error is its last line
+                        out.append((position, None, _error_text(e).splitlines()[-1]))
+                        if worker_died(e):
+                            break  # this worker is gone: a new one for the rest
+            finally:
+                del it
+    return out
+
+
+def _each_here(dataset, indices):
+    """(position, sample, None) or (position, None, error text) for each of `indices` loaded in this
+    process."""
+    getitems = getattr(dataset, "__getitems__", None)
+    out = []
+    for position, i in enumerate(indices):
+        try:
+            out.append((position, getitems([i])[0] if getitems else dataset[i], None))
+        except Exception as e:
+            out.append((position, None, _error_text(e)))
+    return out
+
+
+def _structure(x, depth=0):
+    """What default_collate needs to agree across samples: types, keys, lengths, tensor shapes and
+    dtypes; not the values."""
+    if depth > 8:
+        return type(x).__name__
+    if isinstance(x, torch.Tensor):
+        return ("tensor", str(x.dtype), tuple(x.shape))
+    shape = getattr(x, "shape", None)
+    if shape is not None and hasattr(x, "dtype"):  # a numpy array or scalar
+        return (type(x).__name__, str(x.dtype), tuple(shape))
+    if isinstance(x, dict):
+        return ("dict", tuple((k, _structure(v, depth + 1)) for k, v in sorted(x.items(), key=lambda kv: repr(kv[0]))))
+    if isinstance(x, (list, tuple)):
+        return (type(x).__name__, tuple(_structure(v, depth + 1) for v in x))
+    return type(x).__name__

@@ -206,8 +206,10 @@ void bindRecorder(py::module_& m) {
            py::keep_alive<0, 1>())  // a step keeps its Recorder alive
       .def("fail",
            [](rec::Recorder& r, std::string kind, std::string type, std::string error, std::vector<std::string> stack,
-              std::string phase) {
+              std::string phase, std::vector<int64_t> loadingIndices, std::vector<int64_t> loadingDatasetIndices) {
              rec::Failure f;
+             f.loadingIndices = std::move(loadingIndices);
+             f.loadingDatasetIndices = std::move(loadingDatasetIndices);
              f.kind = std::move(kind);
              f.errorType = std::move(type);
              f.error = std::move(error);
@@ -216,7 +218,8 @@ void bindRecorder(py::module_& m) {
              py::gil_scoped_release nogil;  // sealing waits for the writer thread
              return r.fail(f);
            },
-           py::arg("kind"), py::arg("type"), py::arg("error"), py::arg("stack"), py::arg("phase") = "")
+           py::arg("kind"), py::arg("type"), py::arg("error"), py::arg("stack"), py::arg("phase") = "",
+           py::arg("loading_indices") = std::vector<int64_t>{}, py::arg("loading_dataset_indices") = std::vector<int64_t>{})
       .def(
           "close",
           [](rec::Recorder& r, bool durable) {

@@ -5,7 +5,10 @@
 
 #include "bindings.hpp"
 
+#include <fmt/format.h>
+
 #include <cstdlib>
+#include <tuple>
 
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/error.hpp"
@@ -133,6 +136,36 @@ void bindReplay(py::module_& m) {
       .def("start_probe", [](Session& s) { s.replay().startProbe(); })
       .def("end_step", [](Session& s, const at::Tensor& loss) { s.replay().endStep(loss); })
       .def("step_failed", [](Session& s, const std::string& error) { s.replay().stepFailed(error); })
+      .def("batch_to_load",
+           [](Session& s) -> py::object {
+             auto load = s.replay().batchToLoad();
+             if (!load) return py::none();
+             return py::make_tuple(load->indices, load->datasetIndices, load->searched);
+           })
+      .def(
+          "batch_loaded",
+          [](Session& s, std::string error, const std::vector<std::tuple<int64_t, std::string>>& culprits,
+             std::string culpritsBy) {
+            auto load = s.replay().batchToLoad();
+            if (!load) throw crashcap::Error(crashcap::ErrorCode::Internal, "batch_loaded() without a batch to load");
+            load->error = std::move(error);
+            for (const auto& [position, text] : culprits) {
+              if (position < 0 || position >= static_cast<int64_t>(load->indices.size()))
+                throw crashcap::Error(crashcap::ErrorCode::Internal,
+                                      fmt::format("batch_loaded(): position {} of a batch of {}", position, load->indices.size()));
+              replayer::LoadCulprit c;
+              c.position = position;
+              c.index = load->indices[static_cast<size_t>(position)];
+              c.datasetIndex = load->datasetIndices[static_cast<size_t>(position)];
+              c.error = text;
+              load->culprits.push_back(std::move(c));
+            }
+            load->culpritsBy = load->culprits.empty() ? "" : std::move(culpritsBy);
+            if (!load->searched && !load->culprits.empty())
+              throw crashcap::Error(crashcap::ErrorCode::Internal, "batch_loaded(): culprits of a load that was not to search them");
+            s.replay().batchLoaded(std::move(*load));
+          },
+          py::arg("error"), py::arg("culprits"), py::arg("culprits_by"))
       .def("finish_and_write", [](Session& s) { return s.finishAndWrite(); });
 }
 

@@ -977,6 +977,8 @@ std::string Recorder::fail(const Failure& failure) {
   crash.errorType = failure.errorType;
   if (!failure.phase.empty()) crash.phase = failure.phase;
   if (!failure.stack.empty()) crash.stack = failure.stack;
+  crash.loadingIndices = failure.loadingIndices;
+  crash.loadingDatasetIndices = failure.loadingDatasetIndices;
   return m.sealCrash(std::move(crash));
 }
 

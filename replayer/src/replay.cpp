@@ -103,6 +103,13 @@ double msSince(Clock::time_point t) { return std::chrono::duration<double, std::
 
 bool sameBits(double a, double b) { return std::memcmp(&a, &b, sizeof a) == 0; }
 
+/// How a loading crash's batch was loaded again, for the replay's notes.
+std::string loadedAgainText(const BatchLoad& load) {
+  return fmt::format("loaded again here from its {} recorded dataset indices as the program's loader loads it (its "
+                     "dataset and collate function, in a worker process when it had workers)",
+                     load.indices.size());
+}
+
 // ---- The instrumented step: every op's outputs checked for NaN/Inf --------------------------
 
 /// The probe of the target step. It checks every op's outputs for NaN/Inf and, for ops
@@ -957,12 +964,27 @@ struct Run {
                                                             : "; in another setup only that the step fails is compared"));
       if (!sameClass) {
         result.verdict = Verdict::NotReproduced;
-        if (view.crash->phase == "loading")
+        if (view.crash->phase == "loading" && result.batchLoad && result.batchLoad->error.empty())
+          result.notes.push_back(fmt::format(
+              "the recorded error came from the DataLoader while it loaded the batch after step {}; that batch, {}, "
+              "raised nothing: what failed depends on more than the samples (a worker's random state, a file or "
+              "service that has changed since)",
+              target, loadedAgainText(*result.batchLoad)));
+        else if (view.crash->phase == "loading" && result.batchLoad)
+          result.notes.push_back(fmt::format(
+              "the recorded error came from the DataLoader while it loaded the batch after step {}; that batch, {}, "
+              "raised another error ({}), not the recorded one",
+              target, loadedAgainText(*result.batchLoad), lastLine(result.batchLoad->error)));
+        else if (view.crash->phase == "loading")
           result.notes.push_back(fmt::format(
               "the recorded error came from the DataLoader while it loaded the batch after step {}, which never "
-              "arrived: a replay runs the recorded steps again, not the data pipeline. The crash record names the "
-              "batch's dataset indices (crashcap inspect): load those samples with the dataset to see it fail",
-              target));
+              "arrived, and {}. The crash record's text names what is known of the batch (crashcap inspect)",
+              target,
+              view.crash->loadingIndices.empty()
+                  ? "the crash record holds no indices of its samples to load it again by (an IterableDataset, a "
+                    "sampler of other keys, or a recording made before crashcap kept them)"
+                  : "this replay did not load it again (it ran some rows of the step, or a program that loads no "
+                    "batches of its own)"));
         else if (view.crash->phase == "between-steps")
           result.notes.push_back(fmt::format(
               "the recorded error came after step {}'s update, between steps: in what the loop runs after "
@@ -975,6 +997,15 @@ struct Run {
         bool sameText = kind == "nonfinite" ? (last.recorded ? last.bitwise : result.steps.size() > 1)
                                             : lastLine(last.error) == lastLine(view.crash->error);
         result.verdict = allBitwise && sameText && result.sameSetup ? Verdict::ReproducedBitwise : Verdict::Reproduced;
+        if (result.batchLoad)
+          result.notes.push_back(fmt::format(
+              "the recorded error came from the DataLoader while it loaded the batch after step {}: that batch, {}, "
+              "raised it again{}",
+              target, loadedAgainText(*result.batchLoad),
+              result.batchLoad->culprits.empty()
+                  ? "; no sample fails alone, and none stands apart from the rest"
+                  : fmt::format(": {} of its samples fail{} ({})", result.batchLoad->culprits.size(),
+                                result.batchLoad->culprits.size() == 1 ? "s" : "", result.batchLoad->culpritsBy)));
       }
     } else {
       // No failure recorded here: replay reproduces the recording, or departs from it.
@@ -1446,6 +1477,31 @@ void DrivenReplay::stepFailed(const std::string& error) {
   m.current->error = error;
   m.ended = false;
   m.close();
+}
+
+std::optional<BatchLoad> DrivenReplay::batchToLoad() const {
+  auto& m = *impl_;
+  const auto& crash = m.run.view.crash;
+  if (!crash || crash->phase != "loading" || crash->step != m.run.target || crash->loadingIndices.empty() ||
+      m.comparison.side != ComparisonSide::Both || !m.run.options.rows.empty())
+    return std::nullopt;
+  BatchLoad load;
+  load.indices = crash->loadingIndices;
+  load.datasetIndices = crash->loadingDatasetIndices;
+  const auto& o = m.run.options;
+  load.searched = o.settings.empty() && o.device.empty() && o.dtype.empty() && !o.fromEarliestKeyframe &&
+                  o.keyframeOut.empty();
+  return load;
+}
+
+void DrivenReplay::batchLoaded(BatchLoad load) {
+  auto& m = *impl_;
+  m.close();
+  auto& steps = m.run.result.steps;
+  if (steps.empty() || steps.back().step != m.run.target)
+    throw Error(ErrorCode::Internal, fmt::format("the batch after step {} was loaded before that step ended", m.run.target));
+  if (!load.error.empty() && steps.back().error.empty()) steps.back().error = load.error;
+  m.run.result.batchLoad = std::move(load);
 }
 
 ReplayResult DrivenReplay::finish() {

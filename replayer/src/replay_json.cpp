@@ -227,6 +227,40 @@ json toJson(const std::optional<ProbedOp>& op) {
           {"after_given_infinity", op->afterGivenInfinity}};
 }
 
+json toJson(const std::optional<BatchLoad>& load) {
+  if (!load) return nullptr;
+  json culprits = json::array();
+  for (const auto& c : load->culprits)
+    culprits.push_back({{"position", c.position}, {"index", c.index}, {"dataset_index", c.datasetIndex}, {"error", c.error}});
+  return {{"indices", load->indices},
+          {"dataset_indices", load->datasetIndices},
+          {"error", nullable(load->error)},
+          {"culprits", culprits},
+          {"culprits_by", nullable(load->culpritsBy)},
+          {"searched", load->searched}};
+}
+
+std::optional<BatchLoad> batchLoadFromJson(const json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;  // absent before it existed
+  const json& b = j[key];
+  BatchLoad load;
+  load.indices = integers(at(b, "indices"), "indices");
+  load.datasetIndices = integers(at(b, "dataset_indices"), "dataset_indices");
+  load.error = optText(b, "error");
+  load.culpritsBy = optText(b, "culprits_by");
+  load.searched = flag(b, "searched");
+  if (!at(b, "culprits").is_array()) bad("culprits", "an array");
+  for (const auto& c : b["culprits"]) {
+    LoadCulprit lc;
+    lc.position = integer(c, "position");
+    lc.index = integer(c, "index");
+    lc.datasetIndex = integer(c, "dataset_index");
+    lc.error = text(c, "error");
+    load.culprits.push_back(std::move(lc));
+  }
+  return load;
+}
+
 json toJson(const ReplayResult& r) {
   return {{"verdict", verdictName(r.verdict)},
           {"step", r.step},
@@ -254,7 +288,8 @@ json toJson(const ReplayResult& r) {
           {"same_setup", r.sameSetup},
           {"threads", r.threads},
           {"keyframe_written", nullable(r.keyframeWritten)},
-          {"keyframe_not_written", nullable(r.keyframeNotWritten)}};
+          {"keyframe_not_written", nullable(r.keyframeNotWritten)},
+          {"batch_load", toJson(r.batchLoad)}};
 }
 
 ReplayResult replayResultFromJson(const json& j) {
@@ -287,6 +322,7 @@ ReplayResult replayResultFromJson(const json& j) {
   r.threads = static_cast<int>(integer(j, "threads"));
   r.keyframeWritten = optInteger(j, "keyframe_written");  // both absent before they existed
   r.keyframeNotWritten = optText(j, "keyframe_not_written");
+  r.batchLoad = batchLoadFromJson(j, "batch_load");
   return r;
 }
 

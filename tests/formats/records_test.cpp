@@ -30,6 +30,8 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   ops.collectives.push_back({11, "gloo:all_reduce", 7, 1235, {{"float32", {4096}}}, 100, 0});
   ops.totalCollectives = 12;
   CrashData crash{"nonfinite", 7, "forward", "non-finite loss", "NonFiniteError", 0, "", {"#0 f", "#1 g"}, 5, 42, 43};
+  crash.loadingIndices = {4, 0, 9};
+  crash.loadingDatasetIndices = {40, 10, 90};
   RunStatusData status{"crashed", 8, 7, 2, 100, {"queue full"}, 1, {3, 4}, 2, 1};
   status.keyframesWrittenRaw = 2;
   status.lastOp = "aten::linear";
@@ -85,6 +87,8 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   REQUIRE(v.crash);
   CHECK(v.crash->stack.size() == 2);
   CHECK(v.crash->thread == 43);
+  CHECK(v.crash->loadingIndices == std::vector<int64_t>{4, 0, 9});
+  CHECK(v.crash->loadingDatasetIndices == std::vector<int64_t>{40, 10, 90});
   REQUIRE(v.status);
   CHECK(v.status->warnings == std::vector<std::string>{"queue full"});
   CHECK(v.status->lostSteps == std::vector<int64_t>{3, 4});
@@ -96,6 +100,19 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   CHECK(v.status->lastCollective == "gloo:all_reduce");
   CHECK(v.status->lastCollectiveStep == 6);
   if (seal) CHECK(verifyBundle(path).ok());
+}
+
+TEST_CASE("loading indices that do not pair with their dataset indices place by place are not written",
+          "[formats][records]") {
+  CrashData c;
+  c.kind = "exception";
+  c.step = 3;
+  c.phase = "loading";
+  c.loadingIndices = {1, 2};
+  c.loadingDatasetIndices = {1};
+  auto d = decodeCrash(encodeMeta(c));
+  CHECK(d.loadingIndices.empty());
+  CHECK(d.loadingDatasetIndices.empty());
 }
 
 TEST_CASE("recorder record decoders refuse broken invariants", "[formats][records]") {

@@ -287,6 +287,42 @@ TEST_CASE("a replay request and the program's outcome read back from their JSON"
   CHECK(eb.error->context() == std::vector<std::string>{"while replaying"});
 }
 
+TEST_CASE("a loading crash's batch, loaded again, reads back from the replay's JSON", "[investigate][json]") {
+  auto r = sampleReplay();
+  CHECK(toJson(r)["batch_load"].is_null());
+  CHECK_FALSE(replayResultFromJson(json::parse(toJson(r).dump())).batchLoad);
+  replayer::BatchLoad load;
+  load.indices = {3, 1, 7};
+  load.datasetIndices = {30, 10, 70};
+  load.error = "RuntimeError: stack expects each tensor to be equal size";
+  replayer::LoadCulprit c;
+  c.position = 2;
+  c.index = 7;
+  c.datasetIndex = 70;
+  c.error = "RuntimeError: stack expects each tensor to be equal size";
+  load.culprits = {c};
+  load.culpritsBy = "collated with the rest";
+  load.searched = true;
+  r.batchLoad = load;
+  auto j = toJson(r);
+  CHECK(j["batch_load"]["culprits"][0]["dataset_index"] == 70);
+  auto back = replayResultFromJson(json::parse(j.dump()));
+  REQUIRE(back.batchLoad);
+  CHECK(back.batchLoad->indices == load.indices);
+  CHECK(back.batchLoad->datasetIndices == load.datasetIndices);
+  CHECK(back.batchLoad->error == load.error);
+  CHECK(back.batchLoad->culpritsBy == "collated with the rest");
+  CHECK(back.batchLoad->searched);
+  REQUIRE(back.batchLoad->culprits.size() == 1);
+  CHECK(back.batchLoad->culprits[0].position == 2);
+  CHECK(back.batchLoad->culprits[0].index == 7);
+  CHECK(back.batchLoad->culprits[0].datasetIndex == 70);
+  CHECK(back.batchLoad->culprits[0].error == c.error);
+  // A result whose culprits are not a list is refused, naming the key.
+  j["batch_load"]["culprits"] = "70";
+  CHECK_THROWS_WITH(replayResultFromJson(j), Catch::Contains("culprits"));
+}
+
 TEST_CASE("a result without a key it needs is an error that names the key", "[investigate][json]") {
   auto j = toJson(sampleReplay());
   j.erase("batch_size");

@@ -397,9 +397,9 @@ TEST_CASE("invalid-data is inconclusive when the crash does not reproduce or no 
   CHECK(has(k, "sample bisection named rows [0], the whole batch"));
 }
 
-TEST_CASE("a value outside the raising op's domain in a batch of concatenated samples is invalid data, placed by "
-          "its offsets",
-          "[investigate][triage]") {
+/// Step 6 raised in aten::embedding_bag (a table of 50 rows, 79 tokens), and element 64 of its
+/// concatenated token tensor is 53, in `row`'s span by the offsets in steps/6/batch/2.
+static TriageFacts embeddingBagRaisedOn53(int64_t row) {
   auto f = reproducedAt6();
   replayer::ProbedOp raising;
   raising.name = "aten::embedding_bag";
@@ -408,7 +408,6 @@ TEST_CASE("a value outside the raising op's domain in a batch of concatenated sa
   raising.inputs[0].shape = {50, 16};
   raising.inputs[1].shape = {79};
   f.replay->raisingOp = raising;
-  f.samplesOutcome = "failed: step 6's batch cannot be cut to some of its 12 rows";
   ConcatenatedValue v;
   v.tensor = "steps/6/batch/1";
   v.element = 64;
@@ -420,9 +419,17 @@ TEST_CASE("a value outside the raising op's domain in a batch of concatenated sa
   v.domain.sourceShape = {50, 16};
   v.spansBy = "steps/6/batch/2";
   v.byOffsets = true;
-  v.row = 10;
-  v.datasetIndex = 150;
+  v.row = row;
   f.concatenatedValues = {v};
+  return f;
+}
+
+TEST_CASE("a value outside the raising op's domain in a batch of concatenated samples is invalid data, placed by "
+          "its offsets",
+          "[investigate][triage]") {
+  auto f = embeddingBagRaisedOn53(10);
+  f.concatenatedValues[0].datasetIndex = 150;
+  f.samplesOutcome = "failed: step 6's batch cannot be cut to some of its 12 rows";
   auto h = judgeInvalidData(f);
   CHECK(h.verdict == V::Confirmed);
   CHECK(h.evidence.at(0) == "element 64 of steps/6/batch/1 is 53, outside 0..49: the embedding (aten::embedding_bag) has "
@@ -461,29 +468,9 @@ TEST_CASE("a value outside the raising op's domain in a batch of concatenated sa
 TEST_CASE("a value outside an op's domain in a culprit row's span is an invalid value of the rows, and only there",
           "[investigate][triage]") {
   // The ragged batch was cut by its offsets: row 5 alone fails, and the step passes without it.
-  auto f = reproducedAt6();
-  replayer::ProbedOp raising;
-  raising.name = "aten::embedding_bag";
-  raising.phase = "forward";
-  raising.inputs = {stats(0, 0, -1.0, 1.0), stats(0, 0, 1.0, 53.0)};
-  raising.inputs[0].shape = {50, 16};
-  raising.inputs[1].shape = {79};
-  f.replay->raisingOp = raising;
+  auto f = embeddingBagRaisedOn53(5);
   f.samples = samplesFound({5});
   f.withoutRows = replayOf(Verdict::NotReproduced);
-  ConcatenatedValue v;
-  v.tensor = "steps/6/batch/1";
-  v.element = 64;
-  v.position = 64;
-  v.value = 53;
-  v.domain.op = "aten::embedding_bag";
-  v.domain.size = 50;
-  v.domain.indexShape = {79};
-  v.domain.sourceShape = {50, 16};
-  v.spansBy = "steps/6/batch/2";
-  v.byOffsets = true;
-  v.row = 5;
-  f.concatenatedValues = {v};
   CHECK(f.rowsInvalid());
   auto h = judgeInvalidData(f);
   CHECK(h.verdict == V::Confirmed);
@@ -1178,4 +1165,55 @@ TEST_CASE("row findings find a feature far beyond its scale in the other rows, w
   CHECK(has(h, "row 2 of steps/6/batch/x reaches 0.9 in magnitude in feature 1, while the batch's other rows stay within "
                "0.006 there"));
   CHECK(findRowOddities(bundle, 6, {3}, {}).empty());  // an ordinary row
+}
+
+TEST_CASE("a crash while loading the batch after a step is invalid data when that batch, loaded again, has samples "
+          "that fail",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.crashStep = 6;
+  f.crashPhase = "loading";
+  f.replay->error = "ValueError: corrupt record 37";
+  replayer::BatchLoad load;
+  load.indices = {4, 9, 2};
+  load.datasetIndices = {40, 37, 20};
+  load.error = f.replay->error;
+  load.searched = true;
+  f.replay->batchLoad = load;
+  // Loaded again, it failed, and no sample fails alone: the batch as a whole.
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "the batch after step 6 never came: loaded again from its 3 recorded dataset indices"));
+  CHECK(has(h, "no sample fails loaded alone or collated alone"));
+  CHECK(h.rerun == "crashcap replay " + std::string(kBundle) + " --json");
+  CHECK_FALSE(findCulprit(f).datasetIndices);
+
+  replayer::LoadCulprit c;
+  c.position = 1;
+  c.index = 9;
+  c.datasetIndex = 37;
+  c.error = "Traceback (most recent call last):\nValueError: corrupt record 37";
+  f.replay->batchLoad->culprits = {c};
+  f.replay->batchLoad->culpritsBy = "loaded alone";
+  h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "dataset index 37 (sample 1 of the batch) fails loaded alone: ValueError: corrupt record 37"));
+  auto culprit = findCulprit(f);
+  REQUIRE(culprit.datasetIndices);
+  CHECK(*culprit.datasetIndices == std::vector<int64_t>{37});
+  CHECK(culprit.phase == "loading");
+  CHECK_FALSE(culprit.rows);
+  // No op of a step made the error.
+  auto numerics = judgeLossNumerics(f);
+  CHECK(numerics.verdict == V::Refuted);
+  CHECK(has(numerics, "the error came from the DataLoader loading the batch after step 6, not from an op of a step"));
+
+  // Loaded again cleanly: the replay does not show the failure, and nothing is tested.
+  f.replay->verdict = Verdict::NotReproduced;
+  f.replay->error.clear();
+  f.replay->batchLoad->error.clear();
+  f.replay->batchLoad->culprits.clear();
+  h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK_FALSE(findCulprit(f).datasetIndices);
 }

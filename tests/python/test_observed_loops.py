@@ -1,8 +1,8 @@
 """`crashcap run --record` follows the shapes a training's loops and data take (tests/python/observed/
 shapes_of_loops.py and small programs of their own): workers, iterable datasets, a statistics pass,
-folds, a loader made anew each epoch, a directory changed before training, a dataset that raises."""
+folds, a loader made anew each epoch, a directory changed before training (a loader that fails to
+load: test_observed_loading.py)."""
 
-import re
 import textwrap
 
 from conftest import PYTHON, crashcap, crashcap_json, only_bundle, replay_and_triage, run_bare, run_recorded
@@ -90,37 +90,3 @@ def test_a_program_that_changes_directory_before_it_trains_replays_from_where_it
     assert crashcap_json("inspect", bundle)["env"]["facts"]["process.cwd"] == str(tmp_path)
     replay = crashcap_json("replay", bundle, cwd=tmp_path / "data")
     assert replay["verdict"] == "reproduced-bitwise", replay
-
-
-def test_a_dataset_that_raises_in_a_worker_is_a_loading_failure_after_the_last_step_with_the_batch_s_indices(tmp_path):
-    (tmp_path / "train.py").write_text(textwrap.dedent("""
-        import torch
-        from torch.utils.data import DataLoader, Dataset
-
-        class Records(Dataset):
-            def __len__(self):
-                return 96
-            def __getitem__(self, i):
-                if i == 37:
-                    raise ValueError(f"corrupt record {i}")
-                return torch.full((4,), float(i) / 96), i % 3
-
-        model = torch.nn.Linear(4, 3)
-        opt = torch.optim.SGD(model.parameters(), lr=0.1)
-        for x, y in DataLoader(Records(), batch_size=8, num_workers=2):  # 37 in the fifth batch
-            opt.zero_grad()
-            torch.nn.functional.cross_entropy(model(x), y).backward()
-            opt.step()
-    """))
-    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
-    assert r.returncode != 0 and "python-exception" in r.stderr, r.stderr
-    bundle = only_bundle(tmp_path / "runs")
-    crash = crashcap_json("inspect", bundle)["crash"]
-    # The step before ran to its end; the batch after it never came, and its indices hold 37.
-    assert crash["phase"] == "loading" and crash["error"].endswith("ValueError: corrupt record 37"), crash
-    indices = re.search(r"loading the batch after step (\d+), of dataset indices \[([\d, ]+)\]", crash["error"])
-    assert indices and int(indices.group(1)) == crash["step"], crash["error"]
-    assert 37 in [int(i) for i in indices.group(2).split(",")], crash["error"]
-    replay = crashcap_json("replay", bundle)
-    assert replay["verdict"] == "not-reproduced" and replay["steps"][-1]["bitwise"], replay
-    assert any("not the data pipeline" in n for n in replay["notes"]), replay["notes"]

@@ -176,7 +176,13 @@ struct CrashData {
   int64_t timeNs = 0;
   uint32_t pid = 0;
   uint64_t thread = 0;
+  /// Phase "loading": the batch that never came, as the loader's sampler drew it (empty: unknown).
+  std::vector<int64_t> loadingIndices;         ///< into the loader's own dataset
+  std::vector<int64_t> loadingDatasetIndices;  ///< the same samples in the data under any Subset
 };
+
+/// At most this many indices of a batch that failed to load are kept.
+inline constexpr size_t kMaxLoadingIndices = size_t{1} << 20;
 
 /// Type 12: the recorder's own health.
 struct RunStatusData {

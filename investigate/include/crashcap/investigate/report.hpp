@@ -35,6 +35,10 @@ std::string htmlReport(const std::string& bundle, const std::optional<Triage>& t
 /// Whether this build can write HTML reports; `why` says why not.
 bool htmlReportAvailable(std::string* why = nullptr);
 
+/// Both reports' words for a replay of a crash while loading the batch after step `step` that
+/// loaded that batch again (replay.batchLoad): whether it failed again, and its samples that fail.
+std::string loadingReplayText(const replayer::ReplayResult& replay, const std::string& step);
+
 /// The step both reports name for the failure: the crash record's, else the step the run status
 /// says a killed process was in (formats::killedInStep); nullopt when neither says. Whether the
 /// failure lies in that step or after it (a crash while loading the next batch) is

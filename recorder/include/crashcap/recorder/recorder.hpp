@@ -191,6 +191,9 @@ struct Failure {
   std::string error;                            ///< the text as the program would print it
   std::vector<std::string> stack;               ///< innermost first
   std::string phase;                            ///< Crash.phase; "" for the phase the step is in
+  /// Phase "loading": the batch that never came, as its sampler drew it, in the loader's dataset
+  /// and in the data under any Subset, place by place (Crash.loadingIndices; empty: unknown).
+  std::vector<int64_t> loadingIndices, loadingDatasetIndices;
 };
 
 /// Thrown by StepGuard::end when the loss (or the gradient norm) is NaN or Inf under

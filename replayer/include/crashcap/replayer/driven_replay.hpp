@@ -101,6 +101,13 @@ class DrivenReplay {
   void endStep(const at::Tensor& loss);
   /// The step threw: `error` as the program would print it.
   void stepFailed(const std::string& error);
+  /// The recording crashed while its DataLoader loaded the batch after the target step (phase
+  /// "loading"), with the batch's indices recorded, and this is a plain replay of the whole batch:
+  /// the batch to load again once the target step has ended (indices and datasetIndices filled).
+  std::optional<BatchLoad> batchToLoad() const;
+  /// The program loaded batchToLoad() again after the target step: `load.error` is what it raised
+  /// ("" none), and the target step's error.
+  void batchLoaded(BatchLoad load);
   /// The verdict. Throws Error{Unsupported} when the program's loop stopped before the target.
   ReplayResult finish();
   /// A side of an ops bisection ends: the Reference side writes its op outputs and fills

@@ -136,6 +136,29 @@ struct DepartingOp {
   ValueStats replayed, reference;
 };
 
+/// A sample of a batch that failed to load, which fails on its own (BatchLoad::culprits).
+struct LoadCulprit {
+  int64_t position = -1;      ///< its place in the batch (the sampler's order)
+  int64_t index = -1;         ///< into the loader's dataset
+  int64_t datasetIndex = -1;  ///< in the data under any Subset
+  std::string error;          ///< what loading it raised, as the program would print it
+};
+
+/// A crash while the training's DataLoader loaded the batch after the target step (crash phase
+/// "loading", which names the step before it): that batch loaded again by the program, from its
+/// recorded indices, with its own dataset and collate function.
+struct BatchLoad {
+  std::vector<int64_t> indices, datasetIndices;  ///< as the sampler drew them (Crash.loadingIndices)
+  std::string error;                             ///< what loading it raised here ("" none)
+  /// The samples that fail: those that raise when loaded alone; else those that raise when
+  /// collated alone; else those the rest collate without and not with. Empty: none found.
+  std::vector<LoadCulprit> culprits;
+  std::string culpritsBy;  ///< "loaded alone" | "collated alone" | "collated with the rest" | ""
+  /// The culprits were searched: a plain replay of the recorded setup does (not an experiment
+  /// under other settings, device or dtype, nor a step bisection's or a pack's replay).
+  bool searched = false;
+};
+
 struct ReplayResult {
   Verdict verdict = Verdict::NotReproduced;
   int64_t step = -1;             ///< target
@@ -177,6 +200,9 @@ struct ReplayResult {
   /// ReplayOptions::keyframeOut: the step of the keyframe written, or why none was.
   std::optional<int64_t> keyframeWritten;
   std::string keyframeNotWritten;
+  /// A loading crash's replay: the batch that never came, loaded again after the target step. Its
+  /// error, when it raised one, is the target step's `error` (the crash record's step too).
+  std::optional<BatchLoad> batchLoad;
 };
 
 /// The errors name the same failure: their last lines (the exception's own, after any traceback)

@@ -47,6 +47,10 @@ nlohmann::json toJson(const ValueStats& v);
 ValueStats valueStatsFromJson(const nlohmann::json& j);
 nlohmann::json toJson(const std::optional<ProbedOp>& op);
 std::optional<ProbedOp> probedOpFromJson(const nlohmann::json& j, const char* key);
+/// Keys: indices, dataset_indices, error, culprits ([{position, index, dataset_index, error}]),
+/// culprits_by, searched; null for none.
+nlohmann::json toJson(const std::optional<BatchLoad>& load);
+std::optional<BatchLoad> batchLoadFromJson(const nlohmann::json& j, const char* key);
 
 /// A number as JSON: finite as is, NaN and infinities as "nan", "inf", "-inf".
 nlohmann::json number(double v);

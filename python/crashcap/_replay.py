@@ -283,8 +283,7 @@ def load_again(loader, own, indices, search=True):
         if workers:
             _load_in_a_worker(loader, dataset, indices)
         elif batched:
-            getitems = getattr(dataset, "__getitems__", None)
-            collate(getitems(list(indices)) if getitems else [dataset[i] for i in indices])
+            collate(_fetch(dataset, indices))
         else:
             for i in indices:  # one sample a batch
                 collate(dataset[i])
@@ -410,14 +409,20 @@ def _each_in_a_worker(loader, dataset, indices):
     return out
 
 
+def _fetch(dataset, indices):
+    """The samples at `indices` as the loader's fetcher takes them from a map-style dataset: in one
+    call to its __getitems__ when it has one, else one dataset[i] each."""
+    getitems = getattr(dataset, "__getitems__", None)
+    return getitems(list(indices)) if getitems else [dataset[i] for i in indices]
+
+
 def _each_here(dataset, indices):
     """(position, sample, None) or (position, None, error text) for each of `indices` loaded in this
     process."""
-    getitems = getattr(dataset, "__getitems__", None)
     out = []
     for position, i in enumerate(indices):
         try:
-            out.append((position, getitems([i])[0] if getitems else dataset[i], None))
+            out.append((position, _fetch(dataset, [i])[0], None))
         except Exception as e:
             out.append((position, None, _error_text(e)))
     return out

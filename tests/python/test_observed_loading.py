@@ -1,12 +1,18 @@
 """`crashcap run --record` over trainings whose DataLoader fails to give the next batch: the crash is
 the loading's, after the last step, with the batch's indices; a replay loads that batch again as the
 loader does and names its samples that fail (a sample that raises, one of another shape that the
-collate cannot stack with the rest, one that kills its worker)."""
+collate cannot stack with the rest, one that kills its worker); and load_again alone over the ways a
+loader fetches a batch (a dataset's __getitems__, a loader without batches, a Subset)."""
 
+import os
 import re
+import signal
 import textwrap
 
+import torch
 from conftest import PYTHON, crashcap, crashcap_json, only_bundle, verdicts
+
+from crashcap import _replay
 
 
 def test_a_dataset_that_raises_in_a_worker_is_a_loading_failure_that_replay_loads_again_and_names_the_sample(tmp_path):
@@ -146,3 +152,83 @@ def test_a_sample_that_kills_its_worker_is_found_in_the_awaited_batch_or_those_t
     assert replay["verdict"] in ("reproduced", "reproduced-bitwise"), replay  # a pid in the error text
     load = replay["batch_load"]
     assert [c["dataset_index"] for c in load["culprits"]] == [377] and load["culprits_by"] == "loaded alone", load
+
+
+# ---- load_again alone: the loader's own ways of fetching a batch, without a recording ----------
+
+class _Samples(torch.utils.data.Dataset):
+    """96 samples of 4 values; `bad` raise, `odd` have 3 values (the collate cannot stack them)."""
+
+    def __init__(self, bad=(), odd=(), kill=()):
+        self.bad, self.odd, self.kill = set(bad), set(odd), set(kill)
+
+    def __len__(self):
+        return 96
+
+    def __getitem__(self, i):
+        if i in self.bad:
+            raise ValueError(f"corrupt record {i}")
+        if i in self.kill:
+            os.kill(os.getpid(), signal.SIGSEGV)
+        return torch.full((3 if i in self.odd else 4,), float(i)), i % 3
+
+
+class _Batched(_Samples):
+    """A dataset that fetches a batch in one call, as the loader asks it to when it can."""
+
+    def __init__(self, **faults):
+        super().__init__(**faults)
+        self.calls = 0
+
+    def __getitem__(self, i):
+        raise AssertionError("the loader's fetcher calls __getitems__ when the dataset has one")
+
+    def __getitems__(self, indices):
+        self.calls += 1
+        return [_Samples.__getitem__(self, i) for i in indices]
+
+
+def test_load_again_fetches_through_getitems_and_names_the_sample_that_raises_in_it():
+    dataset = _Batched(bad=[21])
+    loader = torch.utils.data.DataLoader(dataset, batch_size=8)
+    indices = list(range(16, 24))
+    error, culprits, by = _replay.load_again(loader, indices, indices)
+    assert "corrupt record 21" in error
+    assert culprits == [(5, "ValueError: corrupt record 21")] and by == "loaded alone", culprits
+    assert dataset.calls == 1 + len(indices)  # the batch, then each sample alone
+    assert _replay.load_again(loader, indices, indices, search=False) == (error, [], "")
+    assert _replay.load_again(loader, list(range(8)), list(range(8))) == ("", [], "")
+
+
+def test_load_again_of_a_loader_without_batches_loads_each_sample_as_its_own_in_a_worker():
+    # batch_size=None: the sampler draws one index a "batch", and the collate function converts the
+    # sample alone; the recording keeps the indices drawn ahead of the one that failed.
+    loader = torch.utils.data.DataLoader(_Samples(bad=[40]), batch_size=None, num_workers=2)
+    indices = [38, 39, 40, 41]
+    error, culprits, by = _replay.load_again(loader, indices, indices)
+    assert "corrupt record 40" in error, error
+    assert culprits == [(2, "ValueError: corrupt record 40")] and by == "loaded alone", culprits
+
+
+def test_load_again_names_a_sample_the_rest_collate_without_and_one_that_kills_its_worker():
+    odd = torch.utils.data.DataLoader(_Samples(odd=[9]), batch_size=4)
+    error, culprits, by = _replay.load_again(odd, [8, 9, 10, 11], [8, 9, 10, 11])
+    assert "stack expects each tensor to be equal size" in error, error
+    assert [c[0] for c in culprits] == [1] and by == "collated with the rest", culprits
+    killed = torch.utils.data.DataLoader(_Samples(kill=[13]), batch_size=4, num_workers=2)
+    error, culprits, by = _replay.load_again(killed, [12, 13, 14, 15], [12, 13, 14, 15])
+    assert _replay.worker_died(RuntimeError(error)), error
+    assert [c[0] for c in culprits] == [1] and by == "loaded alone", culprits  # the others load after it
+
+
+def test_load_again_indexes_the_data_under_a_subset_as_the_recording_mapped_it():
+    data = _Samples(bad=[70])
+    split = torch.utils.data.Subset(data, list(range(60, 96)))
+    loader = torch.utils.data.DataLoader(split, batch_size=4)
+    # The recording drew 8..11 of the split, the samples 68..71 of the data.
+    error, culprits, by = _replay.load_again(loader, [8, 9, 10, 11], [68, 69, 70, 71])
+    assert culprits == [(2, "ValueError: corrupt record 70")], (error, culprits)
+    # A loader made anew over another split: the recorded data indices are taken in the data itself.
+    other = torch.utils.data.DataLoader(torch.utils.data.Subset(data, list(range(0, 36))), batch_size=4)
+    error, culprits, by = _replay.load_again(other, [8, 9, 10, 11], [68, 69, 70, 71])
+    assert culprits == [(2, "ValueError: corrupt record 70")], (error, culprits)

@@ -1,0 +1,140 @@
+"""`crashcap run --record`: what the observer cannot infer is one warning, and the training computes
+what it computes without it; the bootstrap stays out of programs it has nothing to record in, and of
+trainings that record themselves; a recorded batch lives as long as the training keeps it (the
+recordings that replay: test_observed.py)."""
+
+import os
+import subprocess
+import textwrap
+
+from conftest import PYTHON, SAMPLE, crashcap, crashcap_json, only_bundle, run_bare, run_recorded
+
+
+def test_two_optimizers_are_one_warning_kept_together_and_the_training_computes_the_same(tmp_path):
+    bare = run_bare(tmp_path, "two_optimizers.py")
+    r, runs = run_recorded(tmp_path, "two_optimizers.py")
+    assert bare.returncode == 0 and r.returncode == 0, r.stderr
+    assert r.stdout == bare.stdout  # the losses, digit for digit
+    assert r.stderr.count("2 optimizers (Adam, SGD)") == 1, r.stderr
+    # With a NaN point it crashes, and both optimizers' states replay it bit for bit.
+    (tmp_path / "nan").mkdir()
+    r, runs = run_recorded(tmp_path / "nan", "two_optimizers.py", "--nan-index", 17)
+    bundle = only_bundle(runs)
+    assert crashcap_json("replay", bundle)["verdict"] == "reproduced-bitwise"
+    story = crashcap_json("inspect", bundle)
+    assert any("2 optimizers" in w for w in story["warnings"]), story["warnings"]
+    assert story["optimizer"]["kind"] == "adam+sgd", story["optimizer"]
+
+
+def test_a_training_without_a_dataloader_is_one_warning_and_keeps_its_crash(tmp_path):
+    bare = run_bare(tmp_path, "no_loader.py")
+    r, runs = run_recorded(tmp_path, "no_loader.py")
+    assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
+    assert r.stderr.count("no DataLoader batch came before it") == 1, r.stderr
+    (tmp_path / "crash").mkdir()
+    r, runs = run_recorded(tmp_path / "crash", "no_loader.py", "--fail-step", 12)
+    bundle = only_bundle(runs)
+    story = crashcap_json("inspect", bundle)
+    assert story["crash"]["source"] == "recorder" and "lost track of the data at step 12" in story["crash"]["error"]
+    assert any("no_loader.py" in frame for frame in story["crash"]["stack"]), story["crash"]["stack"]
+    replay = crashcap("replay", bundle)
+    assert replay.returncode == 2 and "holds no steps" in replay.stderr, replay.stderr
+
+
+def test_gradient_accumulation_is_one_warning_and_changes_nothing(tmp_path):
+    bare = run_bare(tmp_path, "mlp_loader.py", "--accumulate", 2, "--epochs", 1)
+    r, runs = run_recorded(tmp_path, "mlp_loader.py", "--accumulate", 2, "--epochs", 1)
+    assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
+    assert r.stderr.count("gradient accumulation?") == 1, r.stderr
+    # A keyframe holds no gradients: one due between two updates waits for the step after the next
+    # update, so a replay never starts without the gradients accumulated before it.
+    (tmp_path / "nan").mkdir()
+    r, runs = run_recorded(tmp_path / "nan", "mlp_loader.py", "--accumulate", 2, "--epochs", 2, "--nan-index", 100,
+                           "--fault-epoch", 1, options=("--keyframe-every", 3))
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    keyframes = crashcap_json("inspect", bundle)["keyframes"]
+    assert len(keyframes) > 1 and all(k % 2 == 0 for k in keyframes), keyframes  # updates end the odd steps
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+
+
+def test_a_clean_run_leaves_no_recording_unless_kept_and_a_kept_one_seals_whole(tmp_path):
+    # Without --keep-recording the observer closes the recording without syncing it (it is
+    # removed); with it, the recording is closed as any other and stays for `crashcap seal`.
+    r, runs = run_recorded(tmp_path, "mlp_loader.py", "--epochs", 1)
+    assert r.returncode == 0, r.stderr
+    assert not [n for n in os.listdir(runs) if n.startswith(("recording-", "crash-"))], os.listdir(runs)
+    (tmp_path / "kept").mkdir()
+    r, kept = run_recorded(tmp_path / "kept", "mlp_loader.py", "--epochs", 1, options=("--keep-recording",))
+    assert r.returncode == 0, r.stderr
+    assert len([n for n in os.listdir(kept) if n.startswith("recording-")]) == 1, os.listdir(kept)
+    sealed = crashcap_json("seal", kept)["sealed"]
+    assert len(sealed) == 1 and sealed[0]["state"] == "finished", sealed
+    story = crashcap_json("inspect", sealed[0]["bundle"])
+    assert story["crash"] is None and story["steps"]["completed"] == 12, story["steps"]
+
+
+def test_a_training_that_records_itself_is_left_to_its_own_recorder(tmp_path):
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, SAMPLE, "--record", tmp_path / "own",
+                 "--steps", 22, "--fault", "nan-sample", "--fault-step", 19, "--quiet", cwd=tmp_path)
+    assert r.returncode != 0
+    assert "recording this training" not in r.stderr, r.stderr
+    story = crashcap_json("inspect", only_bundle(tmp_path / "own"))
+    assert story["crash"]["step"] == 19
+    env = crashcap_json("inspect", only_bundle(tmp_path / "own"))["env"]
+    assert env["facts"]["python.capture"] == "api"
+    # The observer recorded nothing beside it: runs/ holds the run log and the supervisor's bundle,
+    # which has no steps of its own.
+    assert not [n for n in os.listdir(tmp_path / "runs") if n.startswith("recording-")]
+    assert crashcap_json("inspect", only_bundle(tmp_path / "runs"))["steps"]["count"] == 0
+
+
+def test_the_bootstrap_runs_the_sitecustomize_it_hides_and_a_program_without_torch_runs_untouched(tmp_path):
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import os\nos.environ['USER_SITECUSTOMIZE'] = 'ran'\n")
+    script = tmp_path / "plain.py"
+    script.write_text(textwrap.dedent("""
+        import os, sys
+        print(os.environ.get('USER_SITECUSTOMIZE'), 'torch' in sys.modules, 'crashcap' in sys.modules)
+    """))
+    env = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    r = subprocess.run([os.path.join(os.environ["CRASHCAP_BIN"], "crashcap"), "run", "--record", "--dir",
+                        str(tmp_path / "runs"), "--", PYTHON, str(script)], cwd=tmp_path, capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["ran", "False", "False"], r.stdout
+
+
+def test_a_recorded_batch_is_freed_when_the_training_drops_it_not_when_the_garbage_collector_runs(tmp_path):
+    # Batches from worker processes live in shared memory: a batch the recorder kept alive in a
+    # reference cycle would pile up (every step's, until a collection) beside the training's own.
+    script = tmp_path / "held.py"
+    script.write_text(textwrap.dedent("""
+        import gc, weakref, torch
+        from torch.utils.data import DataLoader, TensorDataset
+        gc.disable()
+        data = TensorDataset(torch.randn(64, 8), torch.randint(0, 3, (64,)))
+        loader = DataLoader(data, batch_size=8, num_workers=2)
+        model = torch.nn.Linear(8, 3)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        kept = []
+        for x, y in loader:
+            kept += [weakref.ref(x), weakref.ref(y)]
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            optimizer.zero_grad()
+        del x, y
+        print("alive", sum(r() is not None for r in kept), "of", len(kept))
+    """))
+    bare = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert bare.stdout.strip() == "alive 0 of 16", bare
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, script, cwd=tmp_path)
+    assert r.returncode == 0 and "recording this training from DataLoader #0" in r.stderr, r.stderr
+    assert r.stdout.strip() == "alive 0 of 16", r.stdout
+
+
+def test_record_options_without_record_are_refused(tmp_path):
+    r = crashcap("run", "--nonfinite", "record", "--dir", tmp_path, "--", PYTHON, "-c", "pass")
+    assert r.returncode == 2 and "add --record" in r.stderr, r.stderr

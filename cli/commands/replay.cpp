@@ -109,6 +109,10 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
                              f.phase, f.index, f.seq);
     for (const auto& v : f.inputs) std::cout << valueLine("input ", v);
     for (const auto& v : f.outputs) std::cout << valueLine("output", v);
+    for (const auto& t : f.unalignable)
+      std::cout << fmt::format("  element {} of its batch: a CTC target of {} labels needs {} input frames, has {}: no "
+                               "alignment exists\n",
+                               t.element, t.targetLength, t.framesNeeded, t.inputLength);
   }
 }
 

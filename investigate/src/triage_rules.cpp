@@ -71,6 +71,13 @@ std::string rowFindingText(const RowFinding& r) {
 }
 
 /// "element 64 of steps/6/batch/1 is 53, outside 0..49: the embedding (...) has 50 rows (...)"
+/// "row 4: its CTC target of 33 labels needs 35 input frames ... and has 23: ..."
+std::string unalignableText(const replayer::UnalignableTarget& t, const std::string& who) {
+  return fmt::format("{}: its CTC target of {} label{} needs {} input frames (a blank between repeated labels) and has {}: "
+                     "no alignment exists, so its loss is infinite whatever the weights (zero_infinity=True makes it 0)",
+                     who, t.targetLength, t.targetLength == 1 ? "" : "s", t.framesNeeded, t.inputLength);
+}
+
 std::string concatenatedValueText(const ConcatenatedValue& v) {
   return fmt::format("element {} of {} is {:.0f}, outside 0..{}: {}", v.element, v.tensor, v.value, v.domain.size - 1,
                      v.domain.describe());
@@ -173,7 +180,16 @@ bool TriageFacts::rowsTrigger() const {
 
 bool TriageFacts::rowsInvalid() const {
   if (std::any_of(rowFindings.begin(), rowFindings.end(), [](const RowFinding& r) { return r.invalid(); })) return true;
-  return !culpritValuesInRows().empty();
+  return !culpritValuesInRows().empty() || !unalignableRows().empty();
+}
+
+std::vector<replayer::UnalignableTarget> TriageFacts::unalignableRows() const {
+  std::vector<replayer::UnalignableTarget> out;
+  if (!replay || !replay->firstNonFiniteOp) return out;
+  const auto rows = culpritRows();
+  for (const auto& t : replay->firstNonFiniteOp->unalignable)
+    if (std::find(rows.begin(), rows.end(), t.element) != rows.end()) out.push_back(t);
+  return out;
 }
 
 std::vector<const ConcatenatedValue*> TriageFacts::culpritValuesInRows() const {
@@ -244,6 +260,7 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     for (const auto* v : f.culpritValuesInRows())
       h.evidence.push_back(fmt::format("{}{}; {}", concatenatedValueText(*v), v == raisingOpValue(f) ? ", the op that raised" : "",
                                        concatenatedRowText(*v)));
+    for (const auto& t : f.unalignableRows()) h.evidence.push_back(unalignableText(t, fmt::format("row {}", t.element)));
     if (f.rowsInvalid()) {
       h.verdict = V::Confirmed;
     } else {
@@ -289,6 +306,11 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
                              ? std::string("sample bisection did not isolate rows")
                              : fmt::format("sample bisection did not finish ({})", f.samplesOutcome));
   }
+  // Targets a CTC loss cannot align, where no rows were tested: named by their place in the loss's batch.
+  if (h.verdict != V::Confirmed && f.unalignableRows().empty() && f.replay && f.replay->firstNonFiniteOp)
+    for (const auto& t : f.replay->firstNonFiniteOp->unalignable)
+      h.evidence.push_back(
+          unalignableText(t, fmt::format("element {} of {}'s batch", t.element, f.replay->firstNonFiniteOp->name)));
   return h;
 }
 
@@ -322,7 +344,18 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       reachesZero = reachesZero || (in.min && *in.min == 0.0);
     }
     std::string where = fmt::format("{} ({}, step {})", op->name, op->phase, f.step());
-    if (bad == 0 && largest > 1e15) {
+    if (bad == 0 && !op->unalignable.empty()) {
+      // Infinite by definition: no alignment of the target exists, which the arithmetic reports rightly.
+      h.verdict = V::Refuted;
+      std::vector<int64_t> elements;
+      for (const auto& t : op->unalignable) elements.push_back(t.element);
+      h.evidence.push_back(fmt::format("{} is infinite for element{} [{}] of its batch, whose target{} need{} more input "
+                                       "frames than {} ha{}: the right value for a target no path can emit, not an "
+                                       "arithmetic failure",
+                                       where, elements.size() == 1 ? "" : "s", joinRows(elements),
+                                       elements.size() == 1 ? "" : "s", elements.size() == 1 ? "s" : "",
+                                       elements.size() == 1 ? "it" : "they", elements.size() == 1 ? "s" : "ve"));
+    } else if (bad == 0 && largest > 1e15) {
       // Overflow of values that were already huge: they came from the data or from weights
       // running away, not from the loss's arithmetic.
       h.verdict = V::Refuted;

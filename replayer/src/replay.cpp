@@ -221,6 +221,7 @@ void eachTensor(const Values& values, Fn&& fn) {
 /// place), and whether it is an outermost op.
 struct OpCall : at::ObserverContext {
   std::vector<at::Tensor> tensors;
+  std::vector<UnalignableTarget> unalignable;  ///< a CTC loss's, told from its arguments as it began
   bool outer = false;
   int unwinding = 0;  ///< std::uncaught_exceptions() as it began: more at its end, it raised
 };
@@ -236,6 +237,48 @@ bool givenInfinity(const at::RecordFunction& fn) {
 bool holdsNaN(const at::Tensor& t) {
   if (!t.defined() || t.numel() == 0 || !(t.is_floating_point() || t.is_complex())) return false;
   return at::isnan(t.detach()).any().item<bool>();
+}
+
+/// A CTC loss's forward (aten::ctc_loss, its _ctc_loss kernel, cuDNN's), whose first four
+/// arguments are log_probs, targets, input_lengths and target_lengths.
+bool ctcLoss(const char* name) {
+  if (!name || std::strstr(name, "backward")) return false;
+  for (const char* prefix : {"aten::ctc_loss", "aten::_ctc_loss", "aten::_cudnn_ctc_loss"})
+    if (std::strncmp(name, prefix, std::strlen(prefix)) == 0) return true;
+  return false;
+}
+
+/// Lengths given as an int list or as a tensor.
+std::optional<std::vector<int64_t>> lengthsOf(const c10::IValue& v) {
+  if (v.isIntList()) return v.toIntVector();
+  if (!v.isTensor() || v.toTensor().dim() != 1 || v.toTensor().is_floating_point()) return std::nullopt;
+  at::Tensor t = v.toTensor().detach().to(at::kCPU, at::kLong).contiguous();
+  return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+/// The elements of a CTC loss's batch whose targets cannot be aligned with their inputs. Targets
+/// are padded ([batch, longest]) or concatenated (1-D, in the order of target_lengths).
+std::vector<UnalignableTarget> unalignableTargets(const at::RecordFunction& fn) {
+  std::vector<UnalignableTarget> out;
+  const auto args = formats::torch::opArguments(fn);
+  if (args.size() < 4 || !args[1].isTensor()) return out;
+  auto inputs = lengthsOf(args[2]), targets = lengthsOf(args[3]);
+  at::Tensor labels = args[1].toTensor().detach();
+  if (!inputs || !targets || inputs->size() != targets->size() || labels.dim() < 1 || labels.dim() > 2) return out;
+  labels = labels.to(at::kCPU, at::kLong).contiguous();
+  const int64_t* l = labels.data_ptr<int64_t>();
+  const int64_t stride = labels.dim() == 2 ? labels.size(1) : 0;
+  int64_t offset = 0;
+  for (size_t b = 0; b < targets->size(); ++b) {
+    const int64_t length = (*targets)[b];
+    const int64_t start = labels.dim() == 2 ? static_cast<int64_t>(b) * stride : offset;
+    offset += length;
+    if (length < 0 || start + length > labels.numel() || (stride && length > stride)) return {};  // the op's own error
+    int64_t needed = length;
+    for (int64_t i = 1; i < length; ++i) needed += l[start + i] == l[start + i - 1];
+    if (needed > (*inputs)[b]) out.push_back({static_cast<int64_t>(b), length, needed, (*inputs)[b]});
+  }
+  return out;
 }
 
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
@@ -259,6 +302,10 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
           ctx->tensors.push_back(t);
         }
       });
+      if (ctcLoss(fn.name())) {
+        at::DisableRecordFunctionGuard quiet;  // its reads are the probe's, not the step's
+        ctx->unalignable = unalignableTargets(fn);
+      }
     } catch (...) {
     }
   }
@@ -380,6 +427,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
             if (t.defined() && op.outputs.size() < 8) op.outputs.push_back(statsOf(t));
           });
           op.afterGivenInfinity = gProbe->deliberateInfinity;
+          if (call) op.unalignable = call->unalignable;
           gProbe->found = std::move(op);
         }
       }

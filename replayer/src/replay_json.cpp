@@ -136,6 +136,13 @@ std::optional<ProbedOp> probedOpFromJson(const json& j, const char* key) {
   op.outputs = valueStatsListFrom(o, "outputs");
   op.afterGivenInfinity = o.contains("after_given_infinity") && o["after_given_infinity"].is_boolean() &&
                           o["after_given_infinity"].get<bool>();  // absent before it existed
+  if (o.contains("unalignable")) {  // absent before it existed
+    if (!o["unalignable"].is_array())
+      throw Error(ErrorCode::Corrupt, fmt::format("result JSON: {}.unalignable is not a list", key));
+    for (const auto& t : o["unalignable"])
+      op.unalignable.push_back({integer(t, "element"), integer(t, "target_length"), integer(t, "frames_needed"),
+                                integer(t, "input_length")});
+  }
   return op;
 }
 
@@ -216,6 +223,16 @@ json toJson(const ValueStats& v) {
           {"max", v.max ? number(*v.max) : json(nullptr)}};
 }
 
+json unalignableJson(const std::vector<UnalignableTarget>& targets) {
+  json out = json::array();
+  for (const auto& t : targets)
+    out.push_back({{"element", t.element},
+                   {"target_length", t.targetLength},
+                   {"frames_needed", t.framesNeeded},
+                   {"input_length", t.inputLength}});
+  return out;
+}
+
 json toJson(const std::optional<ProbedOp>& op) {
   if (!op) return nullptr;
   return {{"name", op->name},
@@ -224,7 +241,8 @@ json toJson(const std::optional<ProbedOp>& op) {
           {"index", op->index},
           {"inputs", statsListJson(op->inputs)},
           {"outputs", statsListJson(op->outputs)},
-          {"after_given_infinity", op->afterGivenInfinity}};
+          {"after_given_infinity", op->afterGivenInfinity},
+          {"unalignable", unalignableJson(op->unalignable)}};
 }
 
 json toJson(const std::optional<BatchLoad>& load) {

@@ -39,6 +39,7 @@ replayer::ReplayResult sampleReplay() {
   op.outputs = {v, v};
   r.firstNonFiniteOp = op;
   r.firstNonFiniteOp->afterGivenInfinity = true;
+  r.firstNonFiniteOp->unalignable = {{3, 7, 9, 8}};
   op.name = "aten::nll_loss";
   op.outputs.clear();
   r.raisingOp = op;
@@ -94,6 +95,11 @@ TEST_CASE("a replay result reads back from its JSON, NaN and infinities included
   CHECK(back.firstNonFiniteOp->outputs.size() == 2);
   CHECK(std::isinf(*back.firstNonFiniteOp->inputs[0].max));
   CHECK(back.firstNonFiniteOp->afterGivenInfinity);
+  REQUIRE(back.firstNonFiniteOp->unalignable.size() == 1);
+  CHECK(back.firstNonFiniteOp->unalignable[0].element == 3);
+  CHECK(back.firstNonFiniteOp->unalignable[0].targetLength == 7);
+  CHECK(back.firstNonFiniteOp->unalignable[0].framesNeeded == 9);
+  CHECK(back.firstNonFiniteOp->unalignable[0].inputLength == 8);
   REQUIRE(back.raisingOp);
   CHECK_FALSE(back.raisingOp->afterGivenInfinity);
   CHECK(back.raisingOp->name == "aten::nll_loss");

@@ -495,6 +495,44 @@ TEST_CASE("a value outside an op's domain in a culprit row's span is an invalid 
   CHECK_FALSE(has(h, "so no row could be cut"));
 }
 
+TEST_CASE("a CTC target longer than its input can align is invalid data of its row, and its infinite loss no "
+          "arithmetic failure",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.samples = samplesFound({4});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::_ctc_loss", {stats(0, 0, -9.0, -0.1), stats(0, 0, 1.0, 11.0)});
+  f.replay->firstNonFiniteOp->unalignable = {{4, 33, 35, 23}};
+  CHECK(f.rowsInvalid());
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "row 4: its CTC target of 33 labels needs 35 input frames (a blank between repeated labels) and has 23: "
+               "no alignment exists"));
+  CHECK_FALSE(has(h, "nothing in it was found invalid"));
+  auto loss = judgeLossNumerics(f);
+  CHECK(loss.verdict == V::Refuted);
+  CHECK(has(loss, "aten::_ctc_loss (forward, step 6) is infinite for element [4] of its batch, whose target needs more "
+                  "input frames than it has"));
+
+  // The row bisection named is not the one that cannot be aligned: nothing invalid in the culprit row.
+  f.replay->firstNonFiniteOp->unalignable = {{2, 33, 35, 23}};
+  CHECK_FALSE(f.rowsInvalid());
+  h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "nothing in it was found invalid"));
+  CHECK(has(h, "element 2 of aten::_ctc_loss's batch: its CTC target of 33 labels"));
+
+  // No rows tested: the element is named, and the data is not convicted by its place in the loss alone.
+  f.samples.reset();
+  f.withoutRows.reset();
+  h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "element 2 of aten::_ctc_loss's batch: its CTC target"));
+  // Targets that all align: the loss's arithmetic is the suspect, as for any op.
+  f.replay->firstNonFiniteOp->unalignable.clear();
+  CHECK(judgeLossNumerics(f).verdict == V::Confirmed);
+}
+
 TEST_CASE("loss-numerics: NaN made of the infinities a mask wrote on purpose is an edge case of the step, unless the "
           "culprit rows hold invalid values",
           "[investigate][triage]") {

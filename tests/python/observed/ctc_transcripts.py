@@ -5,8 +5,11 @@ way: frames padded to the batch's longest, the frames' lengths, every transcript
 concatenated into one tensor, and the transcripts' lengths. Adam, DataLoader workers; the loop
 raises on a non-finite loss.
 
-  --long-transcript K  sample K's transcript is longer than its frames: no alignment exists, and
-                       the CTC loss is inf
+  --long-transcript K      sample K's transcript is longer than its frames: no alignment exists,
+                           and the CTC loss is inf
+  --repeated-transcript K  sample K's transcript is one symbol said two frames fewer times than it
+                           has frames: shorter than its frames, but a blank must part each repeat,
+                           so no alignment exists either
 """
 
 import argparse
@@ -20,8 +23,8 @@ SYMBOLS = 12  # 0 is the blank
 
 
 class Utterances(Dataset):
-    def __init__(self, long_transcript):
-        self.long_transcript = long_transcript
+    def __init__(self, long_transcript, repeated_transcript):
+        self.long_transcript, self.repeated_transcript = long_transcript, repeated_transcript
 
     def __len__(self):
         return 300
@@ -29,6 +32,8 @@ class Utterances(Dataset):
     def __getitem__(self, i):
         g = torch.Generator().manual_seed(i)
         frames = torch.randn(20 + i % 10, 8, generator=g)
+        if i == self.repeated_transcript:
+            return frames, torch.full((len(frames) - 2,), 5)
         length = len(frames) + 4 if i == self.long_transcript else 3 + i % 5
         return frames, torch.randint(1, SYMBOLS, (length,), generator=g)
 
@@ -52,13 +57,14 @@ class Recognizer(nn.Module):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--long-transcript", type=int, default=-1)
+    p.add_argument("--repeated-transcript", type=int, default=-1)
     p.add_argument("--epochs", type=int, default=2)
     a = p.parse_args()
     torch.manual_seed(0)
     model = Recognizer()
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     ctc = nn.CTCLoss(blank=0)
-    loader = DataLoader(Utterances(a.long_transcript), batch_size=12, shuffle=True, num_workers=2, collate_fn=collate)
+    loader = DataLoader(Utterances(a.long_transcript, a.repeated_transcript), batch_size=12, shuffle=True, num_workers=2, collate_fn=collate)
     for epoch in range(a.epochs):
         for frames, frame_lengths, transcripts, transcript_lengths in loader:
             log_probs = F.log_softmax(model(frames), -1).transpose(0, 1)

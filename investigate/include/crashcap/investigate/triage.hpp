@@ -147,6 +147,9 @@ struct TriageFacts {
   bool rowsInvalid() const;
   /// The concatenatedValues that lie in the culprit rows' spans.
   std::vector<const ConcatenatedValue*> culpritValuesInRows() const;
+  /// The first non-finite op's CTC targets that cannot be aligned, in the culprit rows (its batch's
+  /// elements are the step batch's rows).
+  std::vector<replayer::UnalignableTarget> unalignableRows() const;
   /// The failing step: the replayed one, else the recorded crash's (-1 unknown).
   int64_t step() const { return replay ? replay->step : crashStep; }
   /// The recorded error came after the step's update, in the loop's own code between steps (a

@@ -85,6 +85,15 @@ struct ValueStats {
   std::optional<double> min, max;  ///< over finite elements
 };
 
+/// An element of a CTC loss's batch whose target cannot be aligned with its input: a path through
+/// its frames emits each label and a blank between two equal ones, so it needs `framesNeeded`
+/// (the target's length plus its repeated neighbours) and has `inputLength`. Its loss is
+/// infinite by definition (zero_infinity=True makes it 0), whatever the weights.
+struct UnalignableTarget {
+  int64_t element = 0;  ///< its place in the loss's batch
+  int64_t targetLength = 0, framesNeeded = 0, inputLength = 0;
+};
+
 /// An op of the target step that the replay singled out (the first whose output holds a NaN or
 /// Inf, the one the step's error came out of), with its inputs' values as the op began and its
 /// outputs'.
@@ -97,6 +106,8 @@ struct ProbedOp {
   /// An op before it in the step wrote an infinity it was given (an attention mask's
   /// masked_fill(-inf)): infinities in its inputs may be the program's, not a finding.
   bool afterGivenInfinity = false;
+  /// A CTC loss's elements whose targets need more frames than they have (UnalignableTarget).
+  std::vector<UnalignableTarget> unalignable;
 };
 
 struct StepReplay {

@@ -292,6 +292,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     if (k.step == recordedKeyframe) --rep.keyframesLeftOut;
   bool cutRows = false;  // the rows of rep.rows replace the crash step's batch
   std::map<std::string, at::Tensor> cut;  // then, its tensors cut to them (replayer::cutBatch)
+  std::optional<formats::StepBeginData> cutBegin;  // and its record, when its per-row lists are cut too
   auto keepTensor = [&](const formats::TensorInfo& t) {
     if (cutRows && cut.count(t.name)) return false;
     if (auto s = stepOf(t.name, "steps/")) return keptSteps.count(*s) > 0;
@@ -302,7 +303,10 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     const auto type = static_cast<RecordType>(r.type);
     if (type != RecordType::StepBegin && type != RecordType::StepEnd && type != RecordType::Keyframe) return true;
     auto raw = reader->readRecord(r.offset);
-    if (type == RecordType::StepBegin) return keptSteps.count(formats::decodeStepBegin(raw.meta, o.limits).step) > 0;
+    if (type == RecordType::StepBegin) {
+      const int64_t step = formats::decodeStepBegin(raw.meta, o.limits).step;
+      return keptSteps.count(step) > 0 && !(cutBegin && step == target);
+    }
     if (type == RecordType::StepEnd) {
       // The recorded fingerprint of a cut batch is the whole batch's: it goes with the rows.
       const int64_t step = formats::decodeStepEnd(raw.meta, o.limits).step;
@@ -322,6 +326,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     copied = formats::copyRecords(*reader, *writer, keepRecord, true, keepTensor);
     if (cutRows)
       for (const auto& [n, t] : cut) formats::torch::writeTensor(*writer, n, t);
+    if (cutBegin) formats::writeMetaRecord(*writer, *cutBegin);
     if (materialisedRecord) {
       for (const auto& t : materialised->tensors()) {
         auto bytes = materialised->readTensor(t);
@@ -364,7 +369,16 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       if (static_cast<int64_t>(chosen.size()) < rep.batchSize) rep.rows.assign(chosen.begin(), chosen.end());
     }
     cutRows = !rep.rows.empty();
-    if (cutRows) cut = cutOf(rep.rows);
+    if (cutRows) {
+      cut = cutOf(rep.rows);
+      // A Python batch's lists of one value per row (lengths, file names) go with the rows.
+      const auto& begin = *begun.at(target);
+      std::string structure = replayer::cutStructure(begin.structure, rep.batchSize, rep.rows);
+      if (structure != begin.structure) {
+        cutBegin = begin;
+        cutBegin->structure = std::move(structure);
+      }
+    }
   }
 
   // What the attachment holds, in words.

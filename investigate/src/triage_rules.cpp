@@ -344,7 +344,8 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       reachesZero = reachesZero || (in.min && *in.min == 0.0);
     }
     std::string where = fmt::format("{} ({}, step {})", op->name, op->phase, f.step());
-    if (bad == 0 && !op->unalignable.empty()) {
+    const bool lossNaN = !op->outputs.empty() && op->outputs[0].nanCount > 0;
+    if (bad == 0 && !op->unalignable.empty() && !lossNaN) {
       // Infinite by definition: no alignment of the target exists, which the arithmetic reports rightly.
       h.verdict = V::Refuted;
       std::vector<int64_t> elements;

@@ -222,6 +222,7 @@ void eachTensor(const Values& values, Fn&& fn) {
 struct OpCall : at::ObserverContext {
   std::vector<at::Tensor> tensors;
   std::vector<UnalignableTarget> unalignable;  ///< a CTC loss's, told from its arguments as it began
+  bool meantInfinity = false;                  ///< a CTC loss with zero_infinity
   bool outer = false;
   int unwinding = 0;  ///< std::uncaught_exceptions() as it began: more at its end, it raised
 };
@@ -243,7 +244,7 @@ bool holdsNaN(const at::Tensor& t) {
 /// arguments are log_probs, targets, input_lengths and target_lengths.
 bool ctcLoss(const char* name) {
   if (!name || std::strstr(name, "backward")) return false;
-  for (const char* prefix : {"aten::ctc_loss", "aten::_ctc_loss", "aten::_cudnn_ctc_loss"})
+  for (const char* prefix : {"aten::ctc_loss", "aten::_ctc_loss", "aten::_cudnn_ctc_loss", "aten::miopen_ctc_loss"})
     if (std::strncmp(name, prefix, std::strlen(prefix)) == 0) return true;
   return false;
 }
@@ -254,6 +255,16 @@ std::optional<std::vector<int64_t>> lengthsOf(const c10::IValue& v) {
   if (!v.isTensor() || v.toTensor().dim() != 1 || v.toTensor().is_floating_point()) return std::nullopt;
   at::Tensor t = v.toTensor().detach().to(at::kCPU, at::kLong).contiguous();
   return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+}
+
+/// A CTC loss called with zero_infinity (each overload's last bool argument): the infinite loss
+/// of a target it cannot align is set to 0 after the kernel (ctc_loss's own where), so the
+/// kernel's infinity is meant.
+bool zeroesInfinity(const at::RecordFunction& fn) {
+  const auto args = formats::torch::opArguments(fn);
+  for (size_t i = args.size(); i-- > 4;)
+    if (args[i].isBool()) return args[i].toBool();
+  return false;
 }
 
 /// The elements of a CTC loss's batch whose targets cannot be aligned with their inputs. Targets
@@ -304,7 +315,8 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
       });
       if (ctcLoss(fn.name())) {
         at::DisableRecordFunctionGuard quiet;  // its reads are the probe's, not the step's
-        ctx->unalignable = unalignableTargets(fn);
+        ctx->meantInfinity = zeroesInfinity(fn);
+        if (!ctx->meantInfinity) ctx->unalignable = unalignableTargets(fn);
       }
     } catch (...) {
     }
@@ -401,7 +413,11 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
       }
       if (!gProbe->found && !allocates(fn.name()) && !movesOnly(fn.name())) {
         bool bad = false;
-        eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) { bad = bad || nonFinite(t); });
+        // A CTC loss's other outputs (its log_alpha) hold -inf in every call: only its loss counts.
+        size_t judged = 0;
+        const size_t judge = ctcLoss(name) ? 1 : std::numeric_limits<size_t>::max();
+        eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) { bad = bad || (judged++ < judge && nonFinite(t)); });
+        if (call && call->meantInfinity) bad = false;  // zeroed by the caller, as the program asked
         if (bad) {
           // Infinities the program means (an attention's -inf mask) are not a finding: neither
           // the op that writes the infinity it was given, nor, after one, an op that only passes
@@ -1475,6 +1491,8 @@ DrivenReplay::Step DrivenReplay::beginStep(int64_t step) {
   Step out;
   out.batch = m.run.beginStep(step, inputs, r);
   out.structure = begin.structure;
+  if (step == m.run.target && !m.run.options.rows.empty())  // its per-row lists as its tensors were cut
+    out.structure = cutStructure(begin.structure, m.run.result.batchSize, m.run.options.rows);
   out.learningRates = begin.learningRates;
   const std::string rngPrefix = formats::rngTensorName(step, "");
   for (const auto& full : begin.rng) {

@@ -502,6 +502,7 @@ TEST_CASE("a CTC target longer than its input can align is invalid data of its r
   f.samples = samplesFound({4});
   f.withoutRows = replayOf(Verdict::NotReproduced);
   f.replay->firstNonFiniteOp = nonFiniteOp("aten::_ctc_loss", {stats(0, 0, -9.0, -0.1), stats(0, 0, 1.0, 11.0)});
+  f.replay->firstNonFiniteOp->outputs = {stats(0, 1, 0.5, 9.0)};  // the loss of each element: one infinite
   f.replay->firstNonFiniteOp->unalignable = {{4, 33, 35, 23}};
   CHECK(f.rowsInvalid());
   auto h = judgeInvalidData(f);
@@ -513,6 +514,10 @@ TEST_CASE("a CTC target longer than its input can align is invalid data of its r
   CHECK(loss.verdict == V::Refuted);
   CHECK(has(loss, "aten::_ctc_loss (forward, step 6) is infinite for element [4] of its batch, whose target needs more "
                   "input frames than it has"));
+  // A NaN in the loss is not the value of a target no path emits.
+  f.replay->firstNonFiniteOp->outputs = {stats(1, 1, 0.5, 9.0)};
+  CHECK(judgeLossNumerics(f).verdict == V::Confirmed);
+  f.replay->firstNonFiniteOp->outputs = {stats(0, 1, 0.5, 9.0)};
 
   // The row bisection named is not the one that cannot be aligned: nothing invalid in the culprit row.
   f.replay->firstNonFiniteOp->unalignable = {{2, 33, 35, 23}};

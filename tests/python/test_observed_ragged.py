@@ -104,6 +104,26 @@ def test_a_transcript_whose_repeats_need_more_frames_than_it_has_is_named_though
     assert triage["culprit"]["rows"] == [unalignable["element"]], (triage["culprit"], unalignable)
 
 
+def test_lengths_given_as_python_lists_are_cut_with_the_rows(tmp_path):
+    # The collate gives the frames' and transcripts' lengths as Python lists: a replay of some rows,
+    # and a pack of them, keep those rows' lengths beside their frames and transcripts.
+    r, runs = run_recorded(tmp_path, "ctc_transcripts.py", "--long-transcript", 211, "--lists")
+    assert r.returncode != 0 and "non-finite CTC loss inf" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay, triage = replay_and_triage(bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    assert triage["culprit"]["dataset_indices"] == [211], triage["culprit"]
+    (row,) = triage["culprit"]["rows"]
+    alone = crashcap_json("replay", bundle, "--rows", row)
+    assert "non-finite CTC loss" in alone["error"], alone
+    (unalignable,) = alone["first_nonfinite_op"]["unalignable"]
+    assert (unalignable["element"], unalignable["input_length"]) == (0, 20 + 211 % 10), unalignable
+    packed = crashcap_json("pack", bundle, "-o", tmp_path / "row.ccap", "--rows", "culprit")
+    assert packed["rows"] == [row], packed
+    again = crashcap_json("replay", tmp_path / "row.ccap")
+    assert again["verdict"] in ("reproduced", "reproduced-bitwise") and "non-finite CTC loss" in again["error"], again
+
+
 def test_a_ragged_batch_without_lengths_or_offsets_is_not_cut_and_its_bad_value_is_named(tmp_path):
     # Each token carries its text's number instead of offsets: no tensor of one value per row says
     # where each text's tokens lie. Replay and pack refuse to cut the batch and say why; triage

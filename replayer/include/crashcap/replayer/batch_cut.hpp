@@ -27,4 +27,10 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
                                            const formats::StepBeginData& begin, const std::vector<int64_t>& rows,
                                            const std::string& refusal, const std::string& hint);
 
+/// A Python batch's structure (StepBegin.structure: its nesting as JSON, with lists of plain values
+/// kept in it as {"value": [...]}) with each such list that holds one value per row (`count`)
+/// cut to `rows` in that order, as cutBatch cuts the tensors: a collate's lengths or file names
+/// given as Python lists. Other values stay whole. "" (a flat batch of tensors) stays "".
+std::string cutStructure(const std::string& structure, int64_t count, const std::vector<int64_t>& rows);
+
 }  // namespace crashcap::replayer

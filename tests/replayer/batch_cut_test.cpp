@@ -1,0 +1,50 @@
+// cutStructure: a Python batch's per-row lists go with the rows its tensors are cut to.
+
+// LibTorch's headers (through batch_cut.hpp) define a CHECK of their own, which aborts: Catch's
+// comes after them.
+#include "crashcap/formats/error.hpp"
+#include "crashcap/replayer/batch_cut.hpp"
+#undef CHECK
+
+#include <catch2/catch.hpp>
+#include <nlohmann/json.hpp>
+
+using crashcap::replayer::cutStructure;
+using nlohmann::json;
+
+TEST_CASE("a batch structure's lists of one value per row are cut to the rows, in their order", "[replayer]") {
+  // (frames, frame lengths, transcripts, transcript lengths, {"names": [...], "classes": [...]})
+  const json batch = json::parse(R"({"tuple": [
+      {"tensor": "0"}, {"value": [20, 21, 22, 23]}, {"tensor": "2"}, {"value": [3, 4, 5, 6]},
+      {"dict": [["names", {"value": ["a.wav", "b.wav", "c.wav", "d.wav"]}],
+                ["classes", {"value": ["cat", "dog", "owl"]}],
+                ["speaker", {"value": "x"}]]}]})");
+  const json cut = json::parse(cutStructure(batch.dump(), 4, {3, 1}));
+  INFO(cut.dump());
+  CHECK(cut["tuple"][1]["value"] == json({23, 21}));
+  CHECK(cut["tuple"][3]["value"] == json({6, 4}));
+  CHECK(cut["tuple"][4]["dict"][0][1]["value"] == json({"d.wav", "b.wav"}));
+  // Not one value per row (a list of the classes), not a list, a tensor: whole.
+  CHECK(cut["tuple"][4]["dict"][1][1]["value"] == json({"cat", "dog", "owl"}));
+  CHECK(cut["tuple"][4]["dict"][2][1]["value"] == "x");
+  CHECK(cut["tuple"][0] == batch["tuple"][0]);
+  // Every row in order is the batch as recorded; a flat batch of tensors has no structure.
+  CHECK(json::parse(cutStructure(batch.dump(), 4, {0, 1, 2, 3})) == batch);
+  CHECK(cutStructure("", 4, {1}).empty());
+  CHECK_THROWS_AS(cutStructure(batch.dump(), 4, {4}), crashcap::Error);
+}
+
+TEST_CASE("a batch structure's list of per-sample lists is cut by its items, not inside them", "[replayer]") {
+  // Boxes of 4 coordinates for each of 4 samples; per-sample tensors are left whole (their
+  // tensors are the batch's, which the cut does not drop).
+  const std::string boxes = R"({"tuple":[{"tensor":"0"},{"list":[{"value":[1,1,1,1]},{"value":[2,2,2,2]},)"
+                            R"({"value":[3,3,3,3]},{"value":[4,4,4,4]}]},{"list":[{"tensor":"2/0"},{"tensor":"2/1"},)"
+                            R"({"tensor":"2/2"},{"tensor":"2/3"}]}]})";
+  const json cut = json::parse(cutStructure(boxes, 4, {2}));
+  INFO(cut.dump());
+  CHECK(cut["tuple"][1]["list"] == json::parse(R"([{"value":[3,3,3,3]}])"));
+  CHECK(cut["tuple"][2]["list"].size() == 4);
+  // Nothing per row: the structure as written, byte for byte.
+  const std::string none = R"({"tuple": [{"tensor": "0"}, {"value": "été"}]})";
+  CHECK(cutStructure(none, 4, {2}) == none);
+}

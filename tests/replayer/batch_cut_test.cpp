@@ -1,7 +1,6 @@
 // cutStructure: a Python batch's per-row lists go with the rows its tensors are cut to.
 
-// LibTorch's headers (through batch_cut.hpp) define a CHECK of their own, which aborts: Catch's
-// comes after them.
+// LibTorch first: glog's CHECK must not replace Catch's.
 #include "crashcap/formats/error.hpp"
 #include "crashcap/replayer/batch_cut.hpp"
 #undef CHECK

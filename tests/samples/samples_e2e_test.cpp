@@ -1,8 +1,11 @@
 // End to end with the real sample binaries: each fault makes the training fail, and the crash
 // bundle names the step and the error and holds what a replay needs — the failing step's
 // batch bit for bit as the sample fed it, its generator state, and a keyframe at or before it.
-#include <catch2/catch.hpp>
+// LibTorch first: glog's CHECK must not replace Catch's.
 #include <torch/torch.h>
+#undef CHECK
+
+#include <catch2/catch.hpp>
 
 #include <cmath>
 #include <filesystem>

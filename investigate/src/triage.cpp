@@ -19,6 +19,7 @@
 #include "crashcap/inspect/stats.hpp"
 #include "crashcap/investigate/replays.hpp"
 #include "crashcap/investigate/results_json.hpp"
+#include "crashcap/replayer/batch_structure.hpp"
 
 namespace crashcap::investigate {
 
@@ -370,6 +371,8 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
     for (uint64_t r = 0; r < t.numel(); ++r) values.push_back(static_cast<int64_t>(t.at(r)));
     perRow.emplace_back(info->name, std::move(values));
   }
+  // And a collate's lengths given as Python lists (replayer::perRowLists).
+  for (auto& list : replayer::perRowLists(begin->structure, step, batchRows.count)) perRow.push_back(std::move(list));
   std::optional<inspect::HostTensor> indices;
   if (reader->find(index)) indices = inspect::loadTensor(*reader, index);
   for (const auto& c : concatenated) {

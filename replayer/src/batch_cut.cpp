@@ -3,9 +3,8 @@
 #include <ATen/ATen.h>
 #include <fmt/format.h>
 
-#include <nlohmann/json.hpp>
-
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "crashcap/formats/dtype.hpp"
@@ -34,13 +33,20 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
       const at::Tensor v = formats::torch::readTensor(reader, name).to(at::kLong).contiguous();
       perRow.emplace_back(name, std::vector<int64_t>(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + v.numel()));
     }
+    // Lengths given as Python lists. Never offsets: the cut keeps a list's values of the kept rows
+    // (cutStructure), which would be offsets into what is no longer there.
+    std::set<std::string> lists;
+    for (auto& [name, values] : perRowLists(begin.structure, begin.step, batchRows.count)) {
+      lists.insert(name);
+      perRow.emplace_back(name, std::move(values));
+    }
     std::vector<formats::ConcatenatedTensor> uncut;
     for (const auto& c : whole) {
       std::optional<formats::RaggedSpans> spans;
       // Only along dimension 0, the one the spans count in.
       if (!c.shape.empty() && !c.otherShape.empty() && c.shape[0] != c.otherShape[0])
         spans = formats::raggedSpans(c.shape[0], perRow);
-      if (spans && static_cast<int64_t>(spans->spans.size()) == batchRows.count)
+      if (spans && static_cast<int64_t>(spans->spans.size()) == batchRows.count && !(spans->offsets && lists.count(spans->by)))
         ragged.emplace(c.name, std::move(*spans));
       else
         uncut.push_back(c);
@@ -81,65 +87,6 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
     out[spans.by] = at::tensor(starts, at::kLong).to(out.at(spans.by).scalar_type());
   }
   return out;
-}
-
-namespace {
-
-bool holdsTensor(const nlohmann::json& node) {
-  if (node.is_object() && node.contains("tensor")) return true;
-  if (node.is_object() || node.is_array())
-    for (const auto& sub : node)
-      if (holdsTensor(sub)) return true;
-  return false;
-}
-
-nlohmann::json pick(const nlohmann::json& items, const std::vector<int64_t>& rows) {
-  nlohmann::json kept = nlohmann::json::array();
-  for (int64_t row : rows) kept.push_back(items[static_cast<size_t>(row)]);
-  return kept;
-}
-
-/// Cuts `node`'s per-row parts; true when it cut one. A list of `count` plain values, or a list
-/// node of `count` items without a tensor (a collate's per-sample lists of boxes or words), is
-/// the rows' (and is not looked into: its items are whole samples). A tuple is the batch's fields.
-bool cutValues(nlohmann::json& node, int64_t count, const std::vector<int64_t>& rows) {
-  if (!node.is_object()) return false;
-  if (auto v = node.find("value"); v != node.end()) {
-    if (!v->is_array() || static_cast<int64_t>(v->size()) != count) return false;
-    *v = pick(*v, rows);
-    return true;
-  }
-  if (auto items = node.find("list");
-      items != node.end() && items->is_array() && static_cast<int64_t>(items->size()) == count && !holdsTensor(*items)) {
-    *items = pick(*items, rows);
-    return true;
-  }
-  bool cut = false;
-  for (const char* key : {"tuple", "list"})
-    if (auto items = node.find(key); items != node.end() && items->is_array())
-      for (auto& sub : *items) cut = cutValues(sub, count, rows) || cut;
-  for (const char* key : {"dict", "object"})
-    if (auto items = node.find(key); items != node.end() && items->is_array())
-      for (auto& pair : *items)
-        if (pair.is_array() && pair.size() == 2) cut = cutValues(pair[1], count, rows) || cut;
-  return cut;
-}
-
-}  // namespace
-
-std::string cutStructure(const std::string& structure, int64_t count, const std::vector<int64_t>& rows) {
-  if (structure.empty() || count <= 0) return structure;
-  for (int64_t row : rows)
-    if (row < 0 || row >= count)
-      throw Error(ErrorCode::Internal, fmt::format("cutStructure(): row {} of a batch of {}", row, count));
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(structure);
-  } catch (const nlohmann::json::exception&) {
-    return structure;  // not one the Python recorder wrote: the replay reports it as it rebuilds
-  }
-  if (!cutValues(root, count, rows)) return structure;  // as written, byte for byte
-  return root.dump();
 }
 
 }  // namespace crashcap::replayer

@@ -1,6 +1,7 @@
 """`crashcap run --record` on unmodified trainings whose batches are ragged or packed
-(tests/python/observed/): samples concatenated and cut by their rows' lengths or offsets, a batch
-that nothing tells how to cut, a sequence of length 0 packed among others."""
+(tests/python/observed/): samples concatenated and cut by their rows' offsets, a batch that nothing
+tells how to cut, a sequence of length 0 packed among others. The CTC trainings, whose transcripts
+are cut by their lengths, are in test_observed_ctc.py."""
 
 import re
 
@@ -53,75 +54,6 @@ def test_a_ragged_batch_is_cut_by_its_offsets_and_a_padded_one_by_row(tmp_path):
     assert r.returncode != 0 and "index out of range" in r.stderr, r.stderr
     _, triage = replay_and_triage(only_bundle(runs))
     assert triage["culprit"]["dataset_indices"] == [150], triage["culprit"]
-
-
-def test_transcripts_concatenated_beside_their_lengths_are_cut_by_them_and_the_long_one_is_named(tmp_path):
-    # The CTC way: every transcript of the batch in one tensor, and their lengths. Sample 211's
-    # transcript is longer than its frames and its loss is inf. The lengths tell each row's span,
-    # so sample bisection tests each utterance and names that one; the CTC loss's own arguments
-    # show that no alignment of it exists: invalid data, not the loss's arithmetic.
-    r, runs = run_recorded(tmp_path, "ctc_transcripts.py", "--long-transcript", 211)
-    assert r.returncode != 0 and "non-finite CTC loss inf" in r.stderr, r.stderr
-    bundle = only_bundle(runs)
-    replay = crashcap_json("replay", bundle)
-    assert replay["verdict"] == "reproduced-bitwise"
-    assert replay["first_nonfinite_op"]["name"] == "aten::_ctc_loss", replay["first_nonfinite_op"]
-    (unalignable,) = replay["first_nonfinite_op"]["unalignable"]
-    triage = crashcap_json("triage", bundle)
-    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
-    assert verdicts(triage)["loss-numerics"] == "refuted", triage["hypotheses"]
-    assert triage["culprit"]["dataset_indices"] == [211], triage["culprit"]
-    assert triage["culprit"]["op"] == "aten::_ctc_loss", triage["culprit"]
-    assert triage["culprit"]["rows"] == [unalignable["element"]], (triage["culprit"], unalignable)
-    (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
-    frames = 20 + 211 % 10
-    assert f"row {unalignable['element']}: its CTC target of {frames + 4} labels needs" in " ".join(evidence), evidence
-    assert (unalignable["target_length"], unalignable["input_length"]) == (frames + 4, frames), unalignable
-    step, (row,) = triage["culprit"]["step"], triage["culprit"]["rows"]
-    # Packed alone: the row's frames, its frame count, its own transcript and its length.
-    lengths = [int(x) for x in re.findall(r"\d+", crashcap_json("show", bundle, f"steps/{step}/batch/3")["text"])]
-    frames = [int(x) for x in re.findall(r"\d+", crashcap_json("show", bundle, f"steps/{step}/batch/1")["text"])]
-    assert lengths[row] > frames[row], (lengths, frames, row)
-    packed = crashcap_json("pack", bundle, "-o", tmp_path / "row.ccap", "--rows", row)
-    assert packed["rows"] == [row], packed
-    assert crashcap_json("show", tmp_path / "row.ccap", f"steps/{step}/batch/2")["shape"] == [lengths[row]]
-    assert crashcap_json("show", tmp_path / "row.ccap", f"steps/{step}/batch/3")["text"] == f"[{lengths[row]}]"
-    again = crashcap_json("replay", tmp_path / "row.ccap")
-    assert again["verdict"] in ("reproduced", "reproduced-bitwise") and "non-finite CTC loss" in again["error"], again
-
-
-def test_a_transcript_whose_repeats_need_more_frames_than_it_has_is_named_though_shorter_than_them(tmp_path):
-    # Sample 142's transcript is one symbol 20 times over its 22 frames: a blank must part each
-    # repeat, so it needs 39. Its length alone looks fine beside its frame count.
-    r, runs = run_recorded(tmp_path, "ctc_transcripts.py", "--repeated-transcript", 142)
-    assert r.returncode != 0 and "non-finite CTC loss inf" in r.stderr, r.stderr
-    bundle = only_bundle(runs)
-    replay, triage = replay_and_triage(bundle)
-    (unalignable,) = replay["first_nonfinite_op"]["unalignable"]
-    assert (unalignable["target_length"], unalignable["frames_needed"], unalignable["input_length"]) == (20, 39, 22)
-    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
-    assert triage["culprit"]["dataset_indices"] == [142], triage["culprit"]
-    assert triage["culprit"]["rows"] == [unalignable["element"]], (triage["culprit"], unalignable)
-
-
-def test_lengths_given_as_python_lists_are_cut_with_the_rows(tmp_path):
-    # The collate gives the frames' and transcripts' lengths as Python lists: a replay of some rows,
-    # and a pack of them, keep those rows' lengths beside their frames and transcripts.
-    r, runs = run_recorded(tmp_path, "ctc_transcripts.py", "--long-transcript", 211, "--lists")
-    assert r.returncode != 0 and "non-finite CTC loss inf" in r.stderr, r.stderr
-    bundle = only_bundle(runs)
-    replay, triage = replay_and_triage(bundle)
-    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
-    assert triage["culprit"]["dataset_indices"] == [211], triage["culprit"]
-    (row,) = triage["culprit"]["rows"]
-    alone = crashcap_json("replay", bundle, "--rows", row)
-    assert "non-finite CTC loss" in alone["error"], alone
-    (unalignable,) = alone["first_nonfinite_op"]["unalignable"]
-    assert (unalignable["element"], unalignable["input_length"]) == (0, 20 + 211 % 10), unalignable
-    packed = crashcap_json("pack", bundle, "-o", tmp_path / "row.ccap", "--rows", "culprit")
-    assert packed["rows"] == [row], packed
-    again = crashcap_json("replay", tmp_path / "row.ccap")
-    assert again["verdict"] in ("reproduced", "reproduced-bitwise") and "non-finite CTC loss" in again["error"], again
 
 
 def test_a_ragged_batch_without_lengths_or_offsets_is_not_cut_and_its_bad_value_is_named(tmp_path):

@@ -47,3 +47,25 @@ TEST_CASE("a batch structure's list of per-sample lists is cut by its items, not
   const std::string none = R"({"tuple": [{"tensor": "0"}, {"value": "été"}]})";
   CHECK(cutStructure(none, 4, {2}) == none);
 }
+
+TEST_CASE("a batch structure's lists of one integer per row are named by where they nest", "[replayer]") {
+  using crashcap::replayer::perRowLists;
+  // (frames, frame lengths, transcripts, {"lengths": transcript lengths, "names": [...], "flags": [...]})
+  const std::string batch = R"({"tuple": [{"tensor": "0"}, {"value": [20, 21, 22]}, {"tensor": "2"},
+      {"dict": [["lengths", {"value": [3, 0, 5]}], ["names", {"value": ["a", "b", "c"]}],
+                ["flags", {"value": [true, false, true]}], ["classes", {"value": [1, 2]}]]}]})";
+  const auto lists = perRowLists(batch, 12, 3);
+  REQUIRE(lists.size() == 2);
+  CHECK(lists[0].first == "list '1' of step 12's batch");
+  CHECK(lists[0].second == std::vector<int64_t>{20, 21, 22});
+  CHECK(lists[1].first == "list '3/lengths' of step 12's batch");
+  CHECK(lists[1].second == std::vector<int64_t>{3, 0, 5});
+  // Names, bools and a list of another length are none (above); the list of two classes is one
+  // only in a batch of two. A flat batch, or text that is not JSON, has none.
+  const auto two = perRowLists(batch, 12, 2);
+  REQUIRE(two.size() == 1);
+  CHECK(two[0].first == "list '3/classes' of step 12's batch");
+  CHECK(perRowLists("", 12, 3).empty());
+  CHECK(perRowLists("{not json", 12, 3).empty());
+  CHECK(perRowLists(R"({"value": [1, 2, 3]})", 4, 3).front().first == "list '' of step 4's batch");
+}

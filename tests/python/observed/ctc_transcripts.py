@@ -10,8 +10,9 @@ raises on a non-finite loss.
   --repeated-transcript K  sample K's transcript is one symbol said two frames fewer times than it
                            has frames: shorter than its frames, but a blank must part each repeat,
                            so no alignment exists either
-  --lists                  the collate gives the lengths as Python lists and the transcripts padded
+  --lists padded           the collate gives the lengths as Python lists and the transcripts padded
                            to the batch's longest, as many CTC trainings do
+  --lists concatenated     the lengths as Python lists beside the transcripts concatenated
 """
 
 import argparse
@@ -46,10 +47,15 @@ def collate(items):
             torch.tensor([len(y) for _, y in items]))
 
 
-def collate_lists(items):
+def collate_lists_padded(items):
     frames = nn.utils.rnn.pad_sequence([x for x, _ in items], batch_first=True)
     return (frames, [len(x) for x, _ in items], nn.utils.rnn.pad_sequence([y for _, y in items], batch_first=True),
             [len(y) for _, y in items])
+
+
+def collate_lists_concatenated(items):
+    frames = nn.utils.rnn.pad_sequence([x for x, _ in items], batch_first=True)
+    return frames, [len(x) for x, _ in items], torch.cat([y for _, y in items]), [len(y) for _, y in items]
 
 
 class Recognizer(nn.Module):
@@ -66,7 +72,7 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--long-transcript", type=int, default=-1)
     p.add_argument("--repeated-transcript", type=int, default=-1)
-    p.add_argument("--lists", action="store_true")
+    p.add_argument("--lists", choices=["padded", "concatenated"])
     p.add_argument("--epochs", type=int, default=2)
     a = p.parse_args()
     torch.manual_seed(0)
@@ -74,7 +80,8 @@ def main():
     optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
     ctc = nn.CTCLoss(blank=0)
     loader = DataLoader(Utterances(a.long_transcript, a.repeated_transcript), batch_size=12, shuffle=True, num_workers=2,
-                        collate_fn=collate_lists if a.lists else collate)
+                        collate_fn={None: collate, "padded": collate_lists_padded,
+                                                "concatenated": collate_lists_concatenated}[a.lists])
     for epoch in range(a.epochs):
         for frames, frame_lengths, transcripts, transcript_lengths in loader:
             log_probs = F.log_softmax(model(frames), -1).transpose(0, 1)

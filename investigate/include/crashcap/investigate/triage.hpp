@@ -111,7 +111,7 @@ struct ConcatenatedValue {
   int64_t position = 0;                    ///< its index along the concatenated dimension (0)
   double value = 0;
   IndexDomain domain;
-  std::string spansBy;                     ///< the batch tensor of lengths or offsets that places it, "" when none does
+  std::string spansBy;                     ///< the batch tensor of lengths or offsets (or list of lengths, replayer::perRowLists) that places it, "" when none does
   bool byOffsets = false;                  ///< `spansBy` holds each row's first position, not its length
   std::optional<int64_t> row;              ///< the row whose span holds it, by `spansBy`
   std::optional<int64_t> datasetIndex;     ///< that row's, when the batch carries an index tensor

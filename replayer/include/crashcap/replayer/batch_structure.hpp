@@ -1,0 +1,27 @@
+#pragma once
+// A Python batch's structure (StepBegin.structure: how the batch nests, as JSON, with its lists of
+// plain values kept in it as {"value": [...]}): the parts of it that belong to its rows.
+// Without LibTorch: triage reads it too.
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace crashcap::replayer {
+
+/// A Python batch's structure (StepBegin.structure: its nesting as JSON, with lists of plain values
+/// kept in it as {"value": [...]}) with each such list that holds one value per row (`count`)
+/// cut to `rows` in that order, as cutBatch cuts the tensors: a collate's lengths or file names
+/// given as Python lists. Other values stay whole. "" (a flat batch of tensors) stays "".
+std::string cutStructure(const std::string& structure, int64_t count, const std::vector<int64_t>& rows);
+
+/// A Python batch's lists of one integer per row (`count`) in its structure, each named by where it
+/// nests ("list '3' of step 12's batch", "list 'inputs/lengths' of step 12's batch"; '' when the
+/// batch itself is the list), in the order they nest: a collate's lengths given as Python lists,
+/// which beside the batch's tensors of one integer per row can tell a concatenated tensor's spans
+/// (formats::raggedSpans). A list holding anything but integers (a bool, a name) is none.
+std::vector<std::pair<std::string, std::vector<int64_t>>> perRowLists(const std::string& structure, int64_t step,
+                                                                      int64_t count);
+
+}  // namespace crashcap::replayer

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <optional>
 #include <set>
@@ -19,6 +20,30 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
                                            const formats::StepBeginData& begin, const std::vector<int64_t>& rows,
                                            const std::string& refusal, const std::string& hint) {
   const auto batchRows = formats::batchRows(begin, reader);
+  // A list of one item of tensors per row (a collate's per-sample targets): those tensors have no
+  // row dimension, so they would stay whole beside the cut ones, each row paired with another's.
+  {
+    const auto samples = perSampleTensors(begin.structure, batchRows.count);
+    const std::string prefix = formats::batchTensorName(begin.step, "");
+    std::vector<std::string> texts;
+    const std::string* list = nullptr;
+    for (size_t i = 0; i < begin.batch.size() && !samples.empty(); ++i) {
+      const auto& name = begin.batch[i];
+      const auto s = name.rfind(prefix, 0) == 0 ? samples.find(name.substr(prefix.size())) : samples.end();
+      if (s == samples.end() || batchRows.dims[i] >= 0) continue;
+      if (!list) list = &s->second.list;
+      const auto* info = reader.find(name);
+      if (texts.size() < 3 && info) texts.push_back(fmt::format("'{}' [{}]", s->first, fmt::join(info->shape, ", ")));
+      else if (texts.size() == 3) texts.push_back("...");
+    }
+    if (list)
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("step {}'s batch cannot be cut to some of its {} rows: its list '{}' holds one item per row "
+                              "whose tensors are that row's own ({}: a collate's per-sample targets), and a cut does not "
+                              "yet keep such a list by rows; {}",
+                              begin.step, batchRows.count, *list, fmt::join(texts, ", "), refusal),
+                  hint);
+  }
   // Each concatenated tensor's spans, from the batch's tensors of one integer per row.
   std::map<std::string, formats::RaggedSpans> ragged;
   if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, begin.step, reader); !whole.empty()) {

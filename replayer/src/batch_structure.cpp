@@ -4,108 +4,126 @@
 
 #include <nlohmann/json.hpp>
 
+#include <functional>
+#include <optional>
+
 #include "crashcap/formats/error.hpp"
 
 namespace crashcap::replayer {
 
 namespace {
 
-bool holdsTensor(const nlohmann::json& node) {
-  if (node.is_object() && node.contains("tensor")) return true;
-  if (node.is_object() || node.is_array())
-    for (const auto& sub : node)
-      if (holdsTensor(sub)) return true;
-  return false;
+std::optional<nlohmann::json> parsed(const std::string& structure) {
+  try {
+    return nlohmann::json::parse(structure);
+  } catch (const nlohmann::json::exception&) {
+    return std::nullopt;  // not one the Python recorder wrote: the replay reports it as it rebuilds
+  }
 }
 
-nlohmann::json pick(const nlohmann::json& items, const std::vector<int64_t>& rows) {
-  nlohmann::json kept = nlohmann::json::array();
-  for (int64_t row : rows) kept.push_back(items[static_cast<size_t>(row)]);
-  return kept;
-}
-
-/// Cuts `node`'s per-row parts; true when it cut one. A list of `count` plain values, or a list
-/// node of `count` items without a tensor (a collate's per-sample lists of boxes or words), is
-/// the rows' (and is not looked into: its items are whole samples). A tuple is the batch's fields.
-bool cutValues(nlohmann::json& node, int64_t count, const std::vector<int64_t>& rows) {
-  if (!node.is_object()) return false;
-  if (auto v = node.find("value"); v != node.end()) {
-    if (!v->is_array() || static_cast<int64_t>(v->size()) != count) return false;
-    *v = pick(*v, rows);
-    return true;
-  }
-  if (auto items = node.find("list");
-      items != node.end() && items->is_array() && static_cast<int64_t>(items->size()) == count && !holdsTensor(*items)) {
-    *items = pick(*items, rows);
-    return true;
-  }
-  bool cut = false;
+/// Calls `visit(node, path)` on `node` and, unless it returns true (the node is taken whole), on
+/// each part nested in it: tuple and list items, dict values, object fields. `path` is the
+/// node's place in the batch as the recorder names its parts ("1/3/boxes"; "" the batch itself).
+template <typename Json>
+void walk(Json& node, const std::string& path, const std::function<bool(Json&, const std::string&)>& visit) {
+  if (!node.is_object() || visit(node, path)) return;
+  auto place = [&](const std::string& part) { return path.empty() ? part : path + "/" + part; };
   for (const char* key : {"tuple", "list"})
     if (auto items = node.find(key); items != node.end() && items->is_array())
-      for (auto& sub : *items) cut = cutValues(sub, count, rows) || cut;
+      for (size_t i = 0; i < items->size(); ++i) walk<Json>((*items)[i], place(std::to_string(i)), visit);
   for (const char* key : {"dict", "object"})
     if (auto items = node.find(key); items != node.end() && items->is_array())
       for (auto& pair : *items)
-        if (pair.is_array() && pair.size() == 2) cut = cutValues(pair[1], count, rows) || cut;
-  return cut;
+        if (pair.is_array() && pair.size() == 2)
+          walk<Json>(pair[1], place(pair[0].is_string() ? pair[0].template get<std::string>() : pair[0].dump()), visit);
 }
 
-/// The lists of `count` integers under `node`, `path` its place ("3", "inputs/lengths").
-void findPerRowLists(const nlohmann::json& node, const std::string& path, int64_t step, int64_t count,
-                     std::vector<std::pair<std::string, std::vector<int64_t>>>& out) {
-  if (!node.is_object()) return;
-  auto place = [&](const std::string& part) { return path.empty() ? part : path + "/" + part; };
-  if (auto v = node.find("value"); v != node.end()) {
-    if (!v->is_array() || static_cast<int64_t>(v->size()) != count) return;
-    std::vector<int64_t> values;
-    for (const auto& x : *v) {
-      if (!x.is_number_integer()) return;
-      values.push_back(x.get<int64_t>());
-    }
-    out.emplace_back(fmt::format("list '{}' of step {}'s batch", path, step),
-                     std::move(values));
-    return;
-  }
-  for (const char* key : {"tuple", "list"})
-    if (auto items = node.find(key); items != node.end() && items->is_array())
-      for (size_t i = 0; i < items->size(); ++i) findPerRowLists((*items)[i], place(std::to_string(i)), step, count, out);
-  for (const char* key : {"dict", "object"})
-    if (auto items = node.find(key); items != node.end() && items->is_array())
-      for (const auto& pair : *items)
-        if (pair.is_array() && pair.size() == 2)
-          findPerRowLists(pair[1], place(pair[0].is_string() ? pair[0].get<std::string>() : pair[0].dump()), step, count,
-                          out);
+/// The names of the tensors under `node`.
+void tensorsUnder(const nlohmann::json& node, std::vector<std::string>& out) {
+  if (node.is_object())
+    if (auto t = node.find("tensor"); t != node.end() && t->is_string()) out.push_back(t->get<std::string>());
+  if (node.is_object() || node.is_array())
+    for (const auto& sub : node) tensorsUnder(sub, out);
+}
+
+/// A list node of `count` items: its items, else nullptr.
+template <typename Json>
+Json* itemsOfRows(Json& node, int64_t count) {
+  auto items = node.find("list");
+  return items != node.end() && items->is_array() && static_cast<int64_t>(items->size()) == count ? &*items : nullptr;
 }
 
 }  // namespace
-
-std::vector<std::pair<std::string, std::vector<int64_t>>> perRowLists(const std::string& structure, int64_t step,
-                                                                      int64_t count) {
-  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
-  if (structure.empty() || count <= 0) return out;
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(structure);
-  } catch (const nlohmann::json::exception&) {
-    return out;
-  }
-  findPerRowLists(root, "", step, count, out);
-  return out;
-}
 
 std::string cutStructure(const std::string& structure, int64_t count, const std::vector<int64_t>& rows) {
   if (structure.empty() || count <= 0) return structure;
   for (int64_t row : rows)
     if (row < 0 || row >= count)
       throw Error(ErrorCode::Internal, fmt::format("cutStructure(): row {} of a batch of {}", row, count));
-  nlohmann::json root;
-  try {
-    root = nlohmann::json::parse(structure);
-  } catch (const nlohmann::json::exception&) {
-    return structure;  // not one the Python recorder wrote: the replay reports it as it rebuilds
-  }
-  if (!cutValues(root, count, rows)) return structure;  // as written, byte for byte
-  return root.dump();
+  auto root = parsed(structure);
+  if (!root) return structure;
+  auto pick = [&](nlohmann::json& items) {
+    nlohmann::json kept = nlohmann::json::array();
+    for (int64_t row : rows) kept.push_back(items[static_cast<size_t>(row)]);
+    items = std::move(kept);
+  };
+  // A list of `count` plain values, or a list node of `count` items without a tensor (a collate's
+  // per-sample lists of boxes or words), is the rows' (and is not looked into: its items are
+  // whole samples). A tuple is the batch's fields.
+  bool cut = false;
+  walk<nlohmann::json>(*root, "", [&](nlohmann::json& node, const std::string&) {
+    if (auto v = node.find("value"); v != node.end()) {
+      if (v->is_array() && static_cast<int64_t>(v->size()) == count) pick(*v), cut = true;
+      return true;
+    }
+    std::vector<std::string> tensors;
+    if (auto* items = itemsOfRows(node, count); items && (tensorsUnder(*items, tensors), tensors.empty())) {
+      pick(*items);
+      return cut = true;
+    }
+    return false;
+  });
+  return cut ? root->dump() : structure;  // nothing cut: as written, byte for byte
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> perRowLists(const std::string& structure, int64_t step,
+                                                                      int64_t count) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  if (structure.empty() || count <= 0) return out;
+  const auto root = parsed(structure);
+  if (!root) return out;
+  walk<const nlohmann::json>(*root, "", [&](const nlohmann::json& node, const std::string& path) {
+    auto v = node.find("value");
+    if (v == node.end()) return false;
+    if (!v->is_array() || static_cast<int64_t>(v->size()) != count) return true;
+    std::vector<int64_t> values;
+    for (const auto& x : *v) {
+      if (!x.is_number_integer()) return true;
+      values.push_back(x.get<int64_t>());
+    }
+    out.emplace_back(fmt::format("list '{}' of step {}'s batch", path, step), std::move(values));
+    return true;
+  });
+  return out;
+}
+
+std::map<std::string, SampleTensor> perSampleTensors(const std::string& structure, int64_t count) {
+  std::map<std::string, SampleTensor> out;
+  if (structure.empty() || count <= 0) return out;
+  const auto root = parsed(structure);
+  if (!root) return out;
+  walk<const nlohmann::json>(*root, "", [&](const nlohmann::json& node, const std::string& path) {
+    const auto* items = itemsOfRows(node, count);
+    if (!items) return false;
+    bool any = false;
+    for (size_t row = 0; row < items->size(); ++row) {
+      std::vector<std::string> names;
+      tensorsUnder((*items)[row], names);
+      for (auto& name : names) out[name] = SampleTensor{path, static_cast<int64_t>(row)}, any = true;
+    }
+    return any;  // a list of plain items may still hold a deeper one
+  });
+  return out;
 }
 
 }  // namespace crashcap::replayer

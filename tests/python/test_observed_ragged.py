@@ -1,6 +1,7 @@
 """`crashcap run --record` on unmodified trainings whose batches are ragged or packed
 (tests/python/observed/): samples concatenated and cut by their rows' offsets, a batch that nothing
-tells how to cut, a sequence of length 0 packed among others. The CTC trainings, whose transcripts
+tells how to cut, a list of each sample's own target tensors, a sequence of length 0 packed among
+others. The CTC trainings, whose transcripts
 are cut by their lengths, are in test_observed_ctc.py."""
 
 import re
@@ -96,3 +97,27 @@ def test_an_empty_sequence_packed_by_length_is_named_with_its_length_of_zero(tmp
     assert re.search(rf"row {row} of steps/{replay['step']}/batch/1 is 0, while the batch's other rows are 3\.\.(9|10|11)",
                      text), evidence
     assert f"row {row} of steps/{replay['step']}/batch/0 is all zeros" in text, evidence
+
+
+def test_a_list_of_each_samples_own_tensors_is_not_cut_and_says_so(tmp_path):
+    # Detection targets collated the torchvision way: a list of one dict of tensors per image. Those
+    # tensors hold no row, so a cut of the images would pair each kept image with another's
+    # targets; replay and pack refuse to cut such a batch and name the list, and triage names no
+    # row rather than a wrong one.
+    r, runs = run_recorded(tmp_path, "detection_targets.py", "--nan-box", 58)
+    assert r.returncode != 0 and "non-finite loss nan" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    step = replay["step"]
+    cut = crashcap("replay", bundle, "--rows", 0)
+    text = " ".join(cut.stderr.split())
+    assert cut.returncode != 0 and f"step {step}'s batch cannot be cut to some of its 8 rows: its list '1' holds one " \
+        "item per row whose tensors are that row's own ('1/0/boxes' [" in text, cut.stderr
+    packed = crashcap("pack", bundle, "-o", tmp_path / "rows.ccap", "--rows", 0)
+    assert packed.returncode != 0 and "a cut does not yet keep such a list by rows" in " ".join(packed.stderr.split())
+    triage = crashcap_json("triage", bundle)
+    assert not triage["culprit"]["rows"], triage["culprit"]
+    assert verdicts(triage)["invalid-data"] == "inconclusive", triage["hypotheses"]
+    (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
+    assert "a cut does not yet keep such a list by rows" in " ".join(evidence), evidence

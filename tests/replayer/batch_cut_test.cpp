@@ -69,3 +69,24 @@ TEST_CASE("a batch structure's lists of one integer per row are named by where t
   CHECK(perRowLists("{not json", 12, 3).empty());
   CHECK(perRowLists(R"({"value": [1, 2, 3]})", 4, 3).front().first == "list '' of step 4's batch");
 }
+
+TEST_CASE("a batch structure's list of one item of tensors per row names each tensor's row", "[replayer]") {
+  using crashcap::replayer::perSampleTensors;
+  // (images, [{"boxes", "labels"} of each image]): the torchvision way of collating detection targets.
+  const std::string batch = R"({"tuple": [{"tensor": "0"}, {"list": [
+      {"dict": [["boxes", {"tensor": "1/0/boxes"}], ["labels", {"tensor": "1/0/labels"}]]},
+      {"dict": [["boxes", {"tensor": "1/1/boxes"}], ["labels", {"tensor": "1/1/labels"}]]},
+      {"dict": [["boxes", {"tensor": "1/2/boxes"}], ["labels", {"tensor": "1/2/labels"}]]}]},
+      {"list": [{"value": 1}, {"value": 2}, {"value": 3}]}]})";
+  const auto samples = perSampleTensors(batch, 3);
+  REQUIRE(samples.size() == 6);
+  CHECK(samples.at("1/2/labels").row == 2);
+  CHECK(samples.at("1/0/boxes").row == 0);
+  CHECK(samples.at("1/1/boxes").list == "1");
+  CHECK_FALSE(samples.count("0"));
+  // Another count is another batch: the list is not one item per row. A list without tensors is none.
+  CHECK(perSampleTensors(batch, 2).empty());
+  CHECK(perSampleTensors(R"({"list": [{"value": 1}, {"value": 2}]})", 2).empty());
+  // The batch itself a list of per-sample tensors.
+  CHECK(perSampleTensors(R"({"list": [{"tensor": "0"}, {"tensor": "1"}]})", 2).at("1").list.empty());
+}

@@ -4,6 +4,7 @@
 // Without LibTorch: triage reads it too.
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -23,5 +24,18 @@ std::string cutStructure(const std::string& structure, int64_t count, const std:
 /// (formats::raggedSpans). A list holding anything but integers (a bool, a name) is none.
 std::vector<std::pair<std::string, std::vector<int64_t>>> perRowLists(const std::string& structure, int64_t step,
                                                                       int64_t count);
+
+/// A tensor of a Python batch that lies in one item of a list of one item per row (perSampleTensors).
+struct SampleTensor {
+  std::string list;  ///< the list's place in the batch, "1" ("" when the batch itself is the list)
+  int64_t row = 0;   ///< the item, and so the row, it lies in
+};
+
+/// The tensors (by their batch input names, "1/3/boxes") in the items of a list of one item per row
+/// (`count`) whose items hold tensors: a collate's per-sample targets (a list of each image's dict
+/// of boxes and labels, of its own sizes), with the list and the row each lies in. The outermost
+/// such list only. A list of `count` tensors that each hold every row (the crops of a multi-crop
+/// batch) is one too by its nesting alone: the caller tells it by the tensors' row dimensions.
+std::map<std::string, SampleTensor> perSampleTensors(const std::string& structure, int64_t count);
 
 }  // namespace crashcap::replayer

@@ -371,8 +371,7 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
     for (uint64_t r = 0; r < t.numel(); ++r) values.push_back(static_cast<int64_t>(t.at(r)));
     perRow.emplace_back(info->name, std::move(values));
   }
-  // And a collate's lengths given as Python lists (replayer::perRowLists).
-  for (auto& list : replayer::perRowLists(begin->structure, step, batchRows.count)) perRow.push_back(std::move(list));
+  const auto lists = replayer::perRowLists(begin->structure, step, batchRows.count);  // lengths as Python lists
   std::optional<inspect::HostTensor> indices;
   if (reader->find(index)) indices = inspect::loadTensor(*reader, index);
   for (const auto& c : concatenated) {
@@ -382,7 +381,7 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
       continue;
     // Where each row's samples lie in it, along dimension 0.
     const auto spans = c.shape[0] != (c.otherShape.empty() ? c.shape[0] : c.otherShape[0])
-                           ? formats::raggedSpans(c.shape[0], perRow)
+                           ? formats::raggedSpans(c.shape[0], replayer::spanCandidates(perRow, lists, c.shape[0]))
                            : std::nullopt;
     std::optional<inspect::HostTensor> t;
     for (const IndexDomain& d : domains) {

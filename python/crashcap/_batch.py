@@ -109,6 +109,20 @@ def _plain_object(value):
                for v in vars(value).values())
 
 
+def holds_samples(batch, rows):
+    """Whether a list or tuple in the batch has `rows` items that each hold a tensor: each sample's
+    own tensors (detection targets, images of their own sizes), which have no dimension of rows."""
+    if isinstance(batch, collections.abc.Mapping):
+        return any(holds_samples(v, rows) for v in batch.values())
+    if isinstance(batch, (list, tuple)):
+        if len(batch) == rows and rows > 0 and all(next(tensors_of(v), None) is not None for v in batch):
+            return True
+        return any(holds_samples(v, rows) for v in batch)
+    if dataclasses.is_dataclass(batch) and not isinstance(batch, type):
+        return any(holds_samples(getattr(batch, f.name), rows) for f in dataclasses.fields(batch))
+    return False
+
+
 def tensors_of(batch):
     """The batch's tensors in the order flatten() names them, without naming them."""
     if isinstance(batch, torch.Tensor):

@@ -357,9 +357,11 @@ class Observer:
         self.training_loader_done = False
         self._finish()
         extra, rows = (), None
-        if indices is not None and any(_holds_rows(t, len(indices)) for t in _api._batch.tensors_of(batch)):
+        if indices is not None and (any(_holds_rows(t, len(indices)) for t in _api._batch.tensors_of(batch))
+                                    or _api._batch.holds_samples(batch, len(indices))):
             # The sampler's indices are the batch's samples: each tensor's rows are found by their
-            # count, and the row's dataset index is kept beside them.
+            # count (or each sample's own tensors, in a list of one item per sample, by the item),
+            # and the row's dataset index is kept beside them.
             rows = len(indices)
             extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)  # made only when kept
         step = self.step

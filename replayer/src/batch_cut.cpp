@@ -4,8 +4,8 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <optional>
-#include <set>
 #include <utility>
 
 #include "crashcap/formats/dtype.hpp"
@@ -20,28 +20,43 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
                                            const formats::StepBeginData& begin, const std::vector<int64_t>& rows,
                                            const std::string& refusal, const std::string& hint) {
   const auto batchRows = formats::batchRows(begin, reader);
-  // A list of one item of tensors per row (a collate's per-sample targets): those tensors have no
-  // row dimension, so they would stay whole beside the cut ones, each row paired with another's.
-  {
-    const auto samples = perSampleTensors(begin.structure, batchRows.count);
-    const std::string prefix = formats::batchTensorName(begin.step, "");
+  // A list of one item of tensors per row (a collate's per-sample targets) whose tensors have no
+  // row dimension: they would stay whole beside the cut ones, each kept row paired with another's.
+  // Most of them, rather than all: a sample's own tensor can have as many objects as the batch has
+  // rows. A list of the batch's fields, or of crops, has rows in most of its tensors.
+  const std::string prefix = formats::batchTensorName(begin.step, "");
+  std::map<std::string, size_t> position;  // input name -> index in begin.batch
+  for (size_t i = 0; i < begin.batch.size(); ++i)
+    if (begin.batch[i].rfind(prefix, 0) == 0) position[begin.batch[i].substr(prefix.size())] = i;
+  for (const auto& list : perSampleLists(begin.structure, batchRows.count)) {
+    size_t withRows = 0, tensors = 0;
     std::vector<std::string> texts;
-    const std::string* list = nullptr;
-    for (size_t i = 0; i < begin.batch.size() && !samples.empty(); ++i) {
-      const auto& name = begin.batch[i];
-      const auto s = name.rfind(prefix, 0) == 0 ? samples.find(name.substr(prefix.size())) : samples.end();
-      if (s == samples.end() || batchRows.dims[i] >= 0) continue;
-      if (!list) list = &s->second.list;
-      const auto* info = reader.find(name);
-      if (texts.size() < 3 && info) texts.push_back(fmt::format("'{}' [{}]", s->first, fmt::join(info->shape, ", ")));
-      else if (texts.size() == 3) texts.push_back("...");
+    // Each item's tensors by their place in it, with their rank and dtype: a sample's items are
+    // alike (each image's boxes and labels), a batch's fields are not (tokens, a float mask).
+    std::vector<std::vector<std::string>> kinds;
+    for (size_t row = 0; row < list.tensors.size(); ++row) {
+      kinds.emplace_back();
+      const std::string itemPrefix = (list.list.empty() ? "" : list.list + "/") + std::to_string(row);
+      for (const auto& input : list.tensors[row]) {
+        const auto at = position.find(input);
+        const auto* info = at == position.end() ? nullptr : reader.find(begin.batch[at->second]);
+        if (!info) continue;
+        ++tensors;
+        if (batchRows.dims[at->second] >= 0) ++withRows;
+        kinds.back().push_back(fmt::format("{}:{}:{}", input.substr(std::min(input.size(), itemPrefix.size())),
+                                           info->shape.size(), formats::dtypeName(info->dtype)));
+        if (texts.size() < 3) texts.push_back(fmt::format("'{}' [{}]", input, fmt::join(info->shape, ", ")));
+        else if (texts.size() == 3) texts.push_back("...");
+      }
     }
-    if (list)
+    bool alike = true;
+    for (const auto& k : kinds) alike = alike && k == kinds.front();
+    if (tensors > 0 && alike && withRows * 2 < tensors)
       throw Error(ErrorCode::Unsupported,
                   fmt::format("step {}'s batch cannot be cut to some of its {} rows: its list '{}' holds one item per row "
                               "whose tensors are that row's own ({}: a collate's per-sample targets), and a cut does not "
                               "yet keep such a list by rows; {}",
-                              begin.step, batchRows.count, *list, fmt::join(texts, ", "), refusal),
+                              begin.step, batchRows.count, list.list, fmt::join(texts, ", "), refusal),
                   hint);
   }
   // Each concatenated tensor's spans, from the batch's tensors of one integer per row.
@@ -58,20 +73,14 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
       const at::Tensor v = formats::torch::readTensor(reader, name).to(at::kLong).contiguous();
       perRow.emplace_back(name, std::vector<int64_t>(v.data_ptr<int64_t>(), v.data_ptr<int64_t>() + v.numel()));
     }
-    // Lengths given as Python lists. Never offsets: the cut keeps a list's values of the kept rows
-    // (cutStructure), which would be offsets into what is no longer there.
-    std::set<std::string> lists;
-    for (auto& [name, values] : perRowLists(begin.structure, begin.step, batchRows.count)) {
-      lists.insert(name);
-      perRow.emplace_back(name, std::move(values));
-    }
+    const auto lists = perRowLists(begin.structure, begin.step, batchRows.count);  // lengths as Python lists
     std::vector<formats::ConcatenatedTensor> uncut;
     for (const auto& c : whole) {
       std::optional<formats::RaggedSpans> spans;
       // Only along dimension 0, the one the spans count in.
       if (!c.shape.empty() && !c.otherShape.empty() && c.shape[0] != c.otherShape[0])
-        spans = formats::raggedSpans(c.shape[0], perRow);
-      if (spans && static_cast<int64_t>(spans->spans.size()) == batchRows.count && !(spans->offsets && lists.count(spans->by)))
+        spans = formats::raggedSpans(c.shape[0], spanCandidates(perRow, lists, c.shape[0]));
+      if (spans && static_cast<int64_t>(spans->spans.size()) == batchRows.count)
         ragged.emplace(c.name, std::move(*spans));
       else
         uncut.push_back(c);

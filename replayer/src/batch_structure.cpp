@@ -21,6 +21,21 @@ std::optional<nlohmann::json> parsed(const std::string& structure) {
   }
 }
 
+/// A dict key or field as the recorder names a batch part by it: its text, with each '/' and
+/// unprintable character replaced by '_', at most 100 characters.
+std::string part(const nlohmann::json& key) {
+  std::string text = key.is_string() ? key.get<std::string>() : key.dump();
+  std::string out;
+  size_t characters = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const auto c = static_cast<unsigned char>(text[i]);
+    const bool continuation = (c & 0xC0) == 0x80;
+    if (!continuation && ++characters > 100) break;
+    out += c == '/' || c < 0x20 || c == 0x7F ? '_' : text[i];
+  }
+  return out.empty() ? "_" : out;
+}
+
 /// Calls `visit(node, path)` on `node` and, unless it returns true (the node is taken whole), on
 /// each part nested in it: tuple and list items, dict values, object fields. `path` is the
 /// node's place in the batch as the recorder names its parts ("1/3/boxes"; "" the batch itself).
@@ -35,7 +50,7 @@ void walk(Json& node, const std::string& path, const std::function<bool(Json&, c
     if (auto items = node.find(key); items != node.end() && items->is_array())
       for (auto& pair : *items)
         if (pair.is_array() && pair.size() == 2)
-          walk<Json>(pair[1], place(pair[0].is_string() ? pair[0].template get<std::string>() : pair[0].dump()), visit);
+          walk<Json>(pair[1], place(part(pair[0])), visit);
 }
 
 /// The names of the tensors under `node`.
@@ -107,22 +122,40 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> perRowLists(const std:
   return out;
 }
 
-std::map<std::string, SampleTensor> perSampleTensors(const std::string& structure, int64_t count) {
-  std::map<std::string, SampleTensor> out;
+std::vector<SampleList> perSampleLists(const std::string& structure, int64_t count) {
+  std::vector<SampleList> out;
   if (structure.empty() || count <= 0) return out;
   const auto root = parsed(structure);
   if (!root) return out;
   walk<const nlohmann::json>(*root, "", [&](const nlohmann::json& node, const std::string& path) {
-    const auto* items = itemsOfRows(node, count);
-    if (!items) return false;
-    bool any = false;
-    for (size_t row = 0; row < items->size(); ++row) {
-      std::vector<std::string> names;
-      tensorsUnder((*items)[row], names);
-      for (auto& name : names) out[name] = SampleTensor{path, static_cast<int64_t>(row)}, any = true;
+    auto items = node.find("list");
+    if (items == node.end() && !node.contains("type")) items = node.find("tuple");
+    if (items == node.end() || !items->is_array() || static_cast<int64_t>(items->size()) != count) return false;
+    SampleList list{path, {}};
+    for (const auto& item : *items) {
+      list.tensors.emplace_back();
+      tensorsUnder(item, list.tensors.back());
+      if (list.tensors.back().empty()) return false;
     }
-    return any;  // a list of plain items may still hold a deeper one
+    out.push_back(std::move(list));
+    return false;  // a deeper one may be the samples' when this one is the batch's fields
   });
+  return out;
+}
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> spanCandidates(
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& lists, int64_t size) {
+  auto out = tensors;
+  for (const auto& [name, values] : lists) {
+    int64_t sum = 0;
+    bool lengths = true;
+    for (int64_t v : values) {
+      lengths = lengths && v >= 0 && v <= size - sum;
+      if (lengths) sum += v;
+    }
+    if (lengths && sum == size) out.emplace_back(name, values);
+  }
   return out;
 }
 

@@ -6,6 +6,8 @@ are cut by their lengths, are in test_observed_ctc.py."""
 
 import re
 
+import pytest
+
 from conftest import crashcap, crashcap_json, only_bundle, replay_and_triage, run_recorded, verdicts
 
 
@@ -99,12 +101,14 @@ def test_an_empty_sequence_packed_by_length_is_named_with_its_length_of_zero(tmp
     assert f"row {row} of steps/{replay['step']}/batch/0 is all zeros" in text, evidence
 
 
-def test_a_list_of_each_samples_own_tensors_is_not_cut_and_says_so(tmp_path):
-    # Detection targets collated the torchvision way: a list of one dict of tensors per image. Those
-    # tensors hold no row, so a cut of the images would pair each kept image with another's
-    # targets; replay and pack refuse to cut such a batch and name the list, and triage names no
-    # row rather than a wrong one.
-    r, runs = run_recorded(tmp_path, "detection_targets.py", "--nan-box", 58)
+@pytest.mark.parametrize("collate", ["lists", "tuples"])
+def test_a_list_of_each_samples_own_tensors_is_not_cut_and_says_so(tmp_path, collate):
+    # Detection targets: a list of one dict of tensors per image beside the images stacked, or, as
+    # torchvision's references collate, a tuple of the images (each its own tensor: no tensor of
+    # the batch has rows) and a tuple of the targets. Those tensors hold no row, so a cut would
+    # pair each kept image with another's targets; replay and pack refuse to cut such a batch and
+    # name the list, and triage names no row rather than a wrong one.
+    r, runs = run_recorded(tmp_path, "detection_targets.py", "--nan-box", 58, *(["--tuples"] if collate == "tuples" else []))
     assert r.returncode != 0 and "non-finite loss nan" in r.stderr, r.stderr
     bundle = only_bundle(runs)
     replay = crashcap_json("replay", bundle)
@@ -112,8 +116,9 @@ def test_a_list_of_each_samples_own_tensors_is_not_cut_and_says_so(tmp_path):
     step = replay["step"]
     cut = crashcap("replay", bundle, "--rows", 0)
     text = " ".join(cut.stderr.split())
-    assert cut.returncode != 0 and f"step {step}'s batch cannot be cut to some of its 8 rows: its list '1' holds one " \
-        "item per row whose tensors are that row's own ('1/0/boxes' [" in text, cut.stderr
+    first = "'0/0' [3, 24, 24]" if collate == "tuples" else "'1/0/boxes' ["
+    assert cut.returncode != 0 and f"step {step}'s batch cannot be cut to some of its 8 rows: its list " \
+        f"'{first[1]}' holds one item per row whose tensors are that row's own ({first}" in text, cut.stderr
     packed = crashcap("pack", bundle, "-o", tmp_path / "rows.ccap", "--rows", 0)
     assert packed.returncode != 0 and "a cut does not yet keep such a list by rows" in " ".join(packed.stderr.split())
     triage = crashcap_json("triage", bundle)

@@ -70,23 +70,54 @@ TEST_CASE("a batch structure's lists of one integer per row are named by where t
   CHECK(perRowLists(R"({"value": [1, 2, 3]})", 4, 3).front().first == "list '' of step 4's batch");
 }
 
-TEST_CASE("a batch structure's list of one item of tensors per row names each tensor's row", "[replayer]") {
-  using crashcap::replayer::perSampleTensors;
-  // (images, [{"boxes", "labels"} of each image]): the torchvision way of collating detection targets.
+TEST_CASE("a batch structure's lists of one item of tensors per row are found, outermost first", "[replayer]") {
+  using crashcap::replayer::perSampleLists;
+  // (images, [{"boxes", "labels"} of each image]): detection targets collated as a list.
   const std::string batch = R"({"tuple": [{"tensor": "0"}, {"list": [
       {"dict": [["boxes", {"tensor": "1/0/boxes"}], ["labels", {"tensor": "1/0/labels"}]]},
-      {"dict": [["boxes", {"tensor": "1/1/boxes"}], ["labels", {"tensor": "1/1/labels"}]]},
-      {"dict": [["boxes", {"tensor": "1/2/boxes"}], ["labels", {"tensor": "1/2/labels"}]]}]},
-      {"list": [{"value": 1}, {"value": 2}, {"value": 3}]}]})";
-  const auto samples = perSampleTensors(batch, 3);
-  REQUIRE(samples.size() == 6);
-  CHECK(samples.at("1/2/labels").row == 2);
-  CHECK(samples.at("1/0/boxes").row == 0);
-  CHECK(samples.at("1/1/boxes").list == "1");
-  CHECK_FALSE(samples.count("0"));
-  // Another count is another batch: the list is not one item per row. A list without tensors is none.
-  CHECK(perSampleTensors(batch, 2).empty());
-  CHECK(perSampleTensors(R"({"list": [{"value": 1}, {"value": 2}]})", 2).empty());
-  // The batch itself a list of per-sample tensors.
-  CHECK(perSampleTensors(R"({"list": [{"tensor": "0"}, {"tensor": "1"}]})", 2).at("1").list.empty());
+      {"dict": [["boxes", {"tensor": "1/1/boxes"}], ["labels", {"tensor": "1/1/labels"}]]}]},
+      {"list": [{"value": 1}, {"value": 2}]}]})";
+  // In a batch of 2, the root tuple of 3 fields is not one; the list of targets is, and the list of
+  // plain values is not (its items hold no tensor).
+  auto lists = perSampleLists(batch, 2);
+  REQUIRE(lists.size() == 1);
+  CHECK(lists[0].list == "1");
+  CHECK(lists[0].tensors == std::vector<std::vector<std::string>>{{"1/0/boxes", "1/0/labels"}, {"1/1/boxes", "1/1/labels"}});
+  // In a batch of 3 the root tuple is a candidate too (outermost first), though it is the batch's
+  // fields: the caller tells them apart by row dimensions. The list of targets is not one there.
+  lists = perSampleLists(batch, 3);
+  CHECK(lists.empty());  // its third field holds no tensor
+  const std::string fields = R"({"list": [{"tensor": "0"}, {"tensor": "1"}, {"tuple": [{"tensor": "2/0"}, {"tensor": "2/1"}, {"tensor": "2/2"}]}]})";
+  lists = perSampleLists(fields, 3);
+  REQUIRE(lists.size() == 2);
+  CHECK(lists[0].list.empty());
+  CHECK(lists[1].list == "2");
+  // torchvision's tuple(zip(*batch)): a tuple of no named type; a namedtuple is the batch's fields.
+  CHECK(perSampleLists(R"({"tuple": [{"tensor": "0"}, {"tensor": "1"}]})", 2).size() == 1);
+  CHECK(perSampleLists(R"({"tuple": [{"tensor": "0"}, {"tensor": "1"}], "type": "m:Pair"})", 2).empty());
+  CHECK(perSampleLists("", 2).empty());
+}
+
+TEST_CASE("a list of lengths is a span candidate only where it reads as lengths, never as offsets", "[replayer]") {
+  using crashcap::replayer::spanCandidates;
+  using Named = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+  const Named tensors{{"steps/3/batch/2", {0, 4, 9}}};
+  const Named lists{{"list '1' of step 3's batch", {4, 5, 3}}, {"list '4' of step 3's batch", {0, 0, 0}},
+                    {"list '5' of step 3's batch", {0, 1, 2}}};
+  // Of 12 samples: the lengths 4+5+3; the ids and flags (which could pass for offsets) are not.
+  const auto twelve = spanCandidates(tensors, lists, 12);
+  REQUIRE(twelve.size() == 2);
+  CHECK(twelve[1].first == "list '1' of step 3's batch");
+  // Of 3 samples the ids 0+1+2 sum to it and are lengths there; the flags sum to 0.
+  const auto three = spanCandidates(tensors, lists, 3);
+  REQUIRE(three.size() == 2);
+  CHECK(three[1].first == "list '5' of step 3's batch");
+  CHECK(spanCandidates(tensors, lists, 0).size() == 2);  // all zeros: 0 samples
+}
+
+TEST_CASE("a batch structure's paths name dict keys as the recorder names its parts", "[replayer]") {
+  using crashcap::replayer::perRowLists;
+  const auto lists = perRowLists(R"({"dict": [["a/b\u0001", {"value": [1, 2]}]]})", 0, 2);
+  REQUIRE(lists.size() == 1);
+  CHECK(lists[0].first == "list 'a_b_' of step 0's batch");
 }

@@ -7,6 +7,8 @@ pooled image feature and the object's label; smooth L1 plus a cross-entropy on t
 RMSprop, DataLoader workers; the loop raises on a non-finite loss.
 
   --nan-box K  one of sample K's boxes holds a NaN
+  --tuples     collate as torchvision's detection references do, tuple(zip(*batch)): a tuple of the
+               images, each its own tensor, and a tuple of their targets
 """
 
 import argparse
@@ -40,6 +42,10 @@ def collate(items):
     return torch.stack([image for image, _ in items]), [target for _, target in items]
 
 
+def collate_tuples(items):
+    return tuple(zip(*items))
+
+
 class Detector(nn.Module):
     def __init__(self):
         super().__init__()
@@ -50,7 +56,7 @@ class Detector(nn.Module):
         self.classes = nn.Linear(16, CLASSES)
 
     def forward(self, images, targets):
-        pooled = self.features(images).mean((2, 3))
+        pooled = self.features(torch.stack(list(images)) if isinstance(images, tuple) else images).mean((2, 3))
         loss = 0
         for feature, target in zip(pooled, targets):
             boxes = self.box(feature[None] + self.label(target["labels"]))
@@ -62,12 +68,14 @@ class Detector(nn.Module):
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nan-box", type=int, default=-1)
+    p.add_argument("--tuples", action="store_true")
     p.add_argument("--epochs", type=int, default=2)
     a = p.parse_args()
     torch.manual_seed(5)
     model = Detector()
     optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-3)
-    loader = DataLoader(Shapes(a.nan_box), batch_size=8, shuffle=True, num_workers=2, collate_fn=collate)
+    loader = DataLoader(Shapes(a.nan_box), batch_size=8, shuffle=True, num_workers=2,
+                        collate_fn=collate_tuples if a.tuples else collate)
     for epoch in range(a.epochs):
         for images, targets in loader:
             loss = model(images, targets)

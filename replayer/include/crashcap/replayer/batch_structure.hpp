@@ -25,17 +25,26 @@ std::string cutStructure(const std::string& structure, int64_t count, const std:
 std::vector<std::pair<std::string, std::vector<int64_t>>> perRowLists(const std::string& structure, int64_t step,
                                                                       int64_t count);
 
-/// A tensor of a Python batch that lies in one item of a list of one item per row (perSampleTensors).
-struct SampleTensor {
-  std::string list;  ///< the list's place in the batch, "1" ("" when the batch itself is the list)
-  int64_t row = 0;   ///< the item, and so the row, it lies in
+/// A list of a Python batch with one item per row whose items hold tensors (perSampleLists).
+struct SampleList {
+  std::string list;                              ///< its place in the batch, "1" ("" the batch itself)
+  std::vector<std::vector<std::string>> tensors;  ///< per item (row): the input names of its tensors, "1/3/boxes"
 };
 
-/// The tensors (by their batch input names, "1/3/boxes") in the items of a list of one item per row
-/// (`count`) whose items hold tensors: a collate's per-sample targets (a list of each image's dict
-/// of boxes and labels, of its own sizes), with the list and the row each lies in. The outermost
-/// such list only. A list of `count` tensors that each hold every row (the crops of a multi-crop
-/// batch) is one too by its nesting alone: the caller tells it by the tensors' row dimensions.
-std::map<std::string, SampleTensor> perSampleTensors(const std::string& structure, int64_t count);
+/// The lists (and tuples of no named type) of a Python batch with one item per row (`count`) whose
+/// items each hold a tensor, outermost first: a collate's per-sample targets (each image's dict of
+/// boxes and labels, of its own sizes; torchvision's `tuple(zip(*batch))`), or by coincidence a
+/// list of the batch's fields, or of crops that each hold every row. The caller tells them apart by
+/// the tensors' row dimensions: only each sample's own tensors have none.
+std::vector<SampleList> perSampleLists(const std::string& structure, int64_t count);
+
+/// The candidates formats::raggedSpans weighs for a tensor of `size` samples concatenated: the
+/// batch's tensors of one integer per row (`tensors`), and those of its per-row lists (perRowLists)
+/// that read as lengths of `size` samples (each >= 0, summing to it). A list is never offsets: a
+/// cut keeps the kept rows' values of a list (cutStructure), which would be offsets into what is
+/// no longer there; and a list of ids or flags could pass for them.
+std::vector<std::pair<std::string, std::vector<int64_t>>> spanCandidates(
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
+    const std::vector<std::pair<std::string, std::vector<int64_t>>>& lists, int64_t size);
 
 }  // namespace crashcap::replayer

@@ -72,12 +72,17 @@ std::string concatenatedBatchText(int64_t step, int64_t rows, const std::vector<
 std::string RaggedSpans::text() const { return fmt::format("the {} in {}", offsets ? "offsets" : "lengths", by); }
 
 std::optional<RaggedSpans> raggedSpans(int64_t size,
-                                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& perRow) {
+                                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& perRow,
+                                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& lengthsOnly) {
+  std::vector<std::pair<const std::pair<std::string, std::vector<int64_t>>*, bool>> candidates;  // with: lengths only
+  for (const auto& c : perRow) candidates.emplace_back(&c, false);
+  for (const auto& c : lengthsOnly) candidates.emplace_back(&c, true);
   std::optional<RaggedSpans> found;
-  for (const auto& [name, values] : perRow) {
+  for (const auto& [candidate, onlyLengths] : candidates) {
+    const auto& [name, values] = *candidate;
     if (values.empty()) continue;
     int64_t sum = 0;
-    bool lengths = true, offsets = values.front() == 0;
+    bool lengths = true, offsets = !onlyLengths && values.front() == 0;
     for (size_t r = 0; r < values.size(); ++r) {
       lengths = lengths && values[r] >= 0 && values[r] <= size - sum;
       if (lengths) sum += values[r];

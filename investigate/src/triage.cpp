@@ -381,7 +381,7 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
       continue;
     // Where each row's samples lie in it, along dimension 0.
     const auto spans = c.shape[0] != (c.otherShape.empty() ? c.shape[0] : c.otherShape[0])
-                           ? formats::raggedSpans(c.shape[0], replayer::spanCandidates(perRow, lists, c.shape[0]))
+                           ? formats::raggedSpans(c.shape[0], perRow, lists)
                            : std::nullopt;
     std::optional<inspect::HostTensor> t;
     for (const IndexDomain& d : domains) {

@@ -16,14 +16,15 @@
 
 namespace crashcap::replayer {
 
-std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
-                                           const formats::StepBeginData& begin, const std::vector<int64_t>& rows,
-                                           const std::string& refusal, const std::string& hint) {
-  const auto batchRows = formats::batchRows(begin, reader);
-  // A list of one item of tensors per row (a collate's per-sample targets) whose tensors have no
-  // row dimension: they would stay whole beside the cut ones, each kept row paired with another's.
-  // Most of them, rather than all: a sample's own tensor can have as many objects as the batch has
-  // rows. A list of the batch's fields, or of crops, has rows in most of its tensors.
+namespace {
+
+/// A list of one item of tensors per row (a collate's per-sample targets) whose tensors have no
+/// row dimension: they would stay whole beside the cut ones, each kept row paired with another's.
+/// Most of them, rather than all: a sample's own tensor can have as many objects as the batch has
+/// rows. A list of the batch's fields, or of crops, has rows in most of its tensors.
+/// Throws Error(Unsupported) for such a list.
+void refuseSampleLists(const formats::BundleReader& reader, const formats::StepBeginData& begin,
+                       const formats::BatchRows& batchRows, const std::string& refusal, const std::string& hint) {
   const std::string prefix = formats::batchTensorName(begin.step, "");
   std::map<std::string, size_t> position;  // input name -> index in begin.batch
   for (size_t i = 0; i < begin.batch.size(); ++i)
@@ -59,6 +60,15 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
                               begin.step, batchRows.count, list.list, fmt::join(texts, ", "), refusal),
                   hint);
   }
+}
+
+}  // namespace
+
+std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
+                                           const formats::StepBeginData& begin, const std::vector<int64_t>& rows,
+                                           const std::string& refusal, const std::string& hint) {
+  const auto batchRows = formats::batchRows(begin, reader);
+  refuseSampleLists(reader, begin, batchRows, refusal, hint);
   // Each concatenated tensor's spans, from the batch's tensors of one integer per row.
   std::map<std::string, formats::RaggedSpans> ragged;
   if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, begin.step, reader); !whole.empty()) {
@@ -79,7 +89,7 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
       std::optional<formats::RaggedSpans> spans;
       // Only along dimension 0, the one the spans count in.
       if (!c.shape.empty() && !c.otherShape.empty() && c.shape[0] != c.otherShape[0])
-        spans = formats::raggedSpans(c.shape[0], spanCandidates(perRow, lists, c.shape[0]));
+        spans = formats::raggedSpans(c.shape[0], perRow, lists);
       if (spans && static_cast<int64_t>(spans->spans.size()) == batchRows.count)
         ragged.emplace(c.name, std::move(*spans));
       else

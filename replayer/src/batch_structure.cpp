@@ -61,13 +61,6 @@ void tensorsUnder(const nlohmann::json& node, std::vector<std::string>& out) {
     for (const auto& sub : node) tensorsUnder(sub, out);
 }
 
-/// A list node of `count` items: its items, else nullptr.
-template <typename Json>
-Json* itemsOfRows(Json& node, int64_t count) {
-  auto items = node.find("list");
-  return items != node.end() && items->is_array() && static_cast<int64_t>(items->size()) == count ? &*items : nullptr;
-}
-
 }  // namespace
 
 std::string cutStructure(const std::string& structure, int64_t count, const std::vector<int64_t>& rows) {
@@ -91,12 +84,13 @@ std::string cutStructure(const std::string& structure, int64_t count, const std:
       if (v->is_array() && static_cast<int64_t>(v->size()) == count) pick(*v), cut = true;
       return true;
     }
+    auto items = node.find("list");
+    if (items == node.end() || !items->is_array() || static_cast<int64_t>(items->size()) != count) return false;
     std::vector<std::string> tensors;
-    if (auto* items = itemsOfRows(node, count); items && (tensorsUnder(*items, tensors), tensors.empty())) {
-      pick(*items);
-      return cut = true;
-    }
-    return false;
+    tensorsUnder(*items, tensors);
+    if (!tensors.empty()) return false;
+    pick(*items);
+    return cut = true;
   });
   return cut ? root->dump() : structure;  // nothing cut: as written, byte for byte
 }
@@ -140,22 +134,6 @@ std::vector<SampleList> perSampleLists(const std::string& structure, int64_t cou
     out.push_back(std::move(list));
     return false;  // a deeper one may be the samples' when this one is the batch's fields
   });
-  return out;
-}
-
-std::vector<std::pair<std::string, std::vector<int64_t>>> spanCandidates(
-    const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-    const std::vector<std::pair<std::string, std::vector<int64_t>>>& lists, int64_t size) {
-  auto out = tensors;
-  for (const auto& [name, values] : lists) {
-    int64_t sum = 0;
-    bool lengths = true;
-    for (int64_t v : values) {
-      lengths = lengths && v >= 0 && v <= size - sum;
-      if (lengths) sum += v;
-    }
-    if (lengths && sum == size) out.emplace_back(name, values);
-  }
   return out;
 }
 

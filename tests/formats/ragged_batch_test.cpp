@@ -101,3 +101,25 @@ TEST_CASE("a batch tensor of one integer per row tells the rows' spans in a conc
   CHECK(raggedSpans(10, Candidates{{"off", {0, 3, 10}}})->spans ==
         std::vector<std::pair<int64_t, int64_t>>{{0, 3}, {3, 10}, {10, 10}});
 }
+
+TEST_CASE("a list of lengths tells the spans only where it reads as lengths, never as offsets", "[formats][records]") {
+  using Candidates = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+  const Candidates tensors{{"steps/3/batch/2", {0, 4, 9}}};
+  const Candidates lists{{"list '1' of step 3's batch", {4, 5, 3}}, {"list '4' of step 3's batch", {0, 0, 0}},
+                         {"list '5' of step 3's batch", {0, 1, 2}}};
+  // Of 12 samples: the tensor's offsets and the lengths 4+5+3 agree; the ids and flags, which
+  // could pass for offsets and would then disagree, are not read so.
+  auto twelve = raggedSpans(12, tensors, lists);
+  REQUIRE(twelve);
+  CHECK(twelve->by == "steps/3/batch/2");
+  CHECK(twelve->spans == std::vector<std::pair<int64_t, int64_t>>{{0, 4}, {4, 9}, {9, 12}});
+  // Of 3 samples the ids 0+1+2 sum to it and are lengths there; the flags sum to 0.
+  auto three = raggedSpans(3, tensors, lists);
+  REQUIRE(three);
+  CHECK(three->by == "list '5' of step 3's batch");
+  CHECK_FALSE(three->offsets);
+  // A list that would read both ways is lengths, where a tensor would tell nothing.
+  auto both = raggedSpans(6, {}, Candidates{{"list '2' of step 0's batch", {0, 1, 2, 3}}});
+  REQUIRE(both);
+  CHECK(both->spans == std::vector<std::pair<int64_t, int64_t>>{{0, 0}, {0, 1}, {1, 3}, {3, 6}});
+}

@@ -98,23 +98,6 @@ TEST_CASE("a batch structure's lists of one item of tensors per row are found, o
   CHECK(perSampleLists("", 2).empty());
 }
 
-TEST_CASE("a list of lengths is a span candidate only where it reads as lengths, never as offsets", "[replayer]") {
-  using crashcap::replayer::spanCandidates;
-  using Named = std::vector<std::pair<std::string, std::vector<int64_t>>>;
-  const Named tensors{{"steps/3/batch/2", {0, 4, 9}}};
-  const Named lists{{"list '1' of step 3's batch", {4, 5, 3}}, {"list '4' of step 3's batch", {0, 0, 0}},
-                    {"list '5' of step 3's batch", {0, 1, 2}}};
-  // Of 12 samples: the lengths 4+5+3; the ids and flags (which could pass for offsets) are not.
-  const auto twelve = spanCandidates(tensors, lists, 12);
-  REQUIRE(twelve.size() == 2);
-  CHECK(twelve[1].first == "list '1' of step 3's batch");
-  // Of 3 samples the ids 0+1+2 sum to it and are lengths there; the flags sum to 0.
-  const auto three = spanCandidates(tensors, lists, 3);
-  REQUIRE(three.size() == 2);
-  CHECK(three[1].first == "list '5' of step 3's batch");
-  CHECK(spanCandidates(tensors, lists, 0).size() == 2);  // all zeros: 0 samples
-}
-
 TEST_CASE("a batch structure's paths name dict keys as the recorder names its parts", "[replayer]") {
   using crashcap::replayer::perRowLists;
   const auto lists = perRowLists(R"({"dict": [["a/b\u0001", {"value": [1, 2]}]]})", 0, 2);

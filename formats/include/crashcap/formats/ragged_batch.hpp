@@ -57,8 +57,12 @@ struct RaggedSpans {
 /// of `perRow` (batch tensors of one integer per row, in row order, each with its name): as
 /// lengths, when its values are >= 0 and sum to `size` (a CTC loss's target lengths); as offsets,
 /// when it starts at 0, never decreases and ends within `size`. nullopt when none tells them, one
-/// fits both ways, or two tell different spans: then no row can be placed or cut.
+/// fits both ways, or two tell different spans: then no row can be placed or cut. `lengthsOnly` are
+/// more candidates read as lengths only (a Python batch's lists of one integer per row: a cut keeps
+/// a list's values of the kept rows, which would no longer be offsets into what is kept, and a list
+/// of ids or flags could pass for offsets).
 std::optional<RaggedSpans> raggedSpans(int64_t size,
-                                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& perRow);
+                                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& perRow,
+                                       const std::vector<std::pair<std::string, std::vector<int64_t>>>& lengthsOnly = {});
 
 }  // namespace crashcap::formats

@@ -26,7 +26,8 @@ namespace crashcap::replayer {
 /// kept, so only a tensor can give them.
 /// The batch's other tensors (a causal mask, position ids) are not in it: they stay whole.
 /// `rows` must each be within the batch. Throws Error(Unsupported) when a concatenated tensor's
-/// spans are not told, with `refusal` ("a replay that keeps some rows would ...") and `hint`.
+/// spans are not told, or the batch holds a list of each sample's own tensors (perSampleLists), with
+/// `refusal` ("a replay that keeps some rows would ...") and `hint`.
 std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
                                            const formats::StepBeginData& begin, const std::vector<int64_t>& rows,
                                            const std::string& refusal, const std::string& hint);

@@ -21,7 +21,7 @@ std::string cutStructure(const std::string& structure, int64_t count, const std:
 /// nests ("list '3' of step 12's batch", "list 'inputs/lengths' of step 12's batch"; '' when the
 /// batch itself is the list), in the order they nest: a collate's lengths given as Python lists,
 /// which beside the batch's tensors of one integer per row can tell a concatenated tensor's spans
-/// (formats::raggedSpans). A list holding anything but integers (a bool, a name) is none.
+/// as its lengths (formats::raggedSpans' lengthsOnly). A list holding anything but integers (a bool, a name) is none.
 std::vector<std::pair<std::string, std::vector<int64_t>>> perRowLists(const std::string& structure, int64_t step,
                                                                       int64_t count);
 
@@ -37,14 +37,5 @@ struct SampleList {
 /// list of the batch's fields, or of crops that each hold every row. The caller tells them apart by
 /// the tensors' row dimensions: only each sample's own tensors have none.
 std::vector<SampleList> perSampleLists(const std::string& structure, int64_t count);
-
-/// The candidates formats::raggedSpans weighs for a tensor of `size` samples concatenated: the
-/// batch's tensors of one integer per row (`tensors`), and those of its per-row lists (perRowLists)
-/// that read as lengths of `size` samples (each >= 0, summing to it). A list is never offsets: a
-/// cut keeps the kept rows' values of a list (cutStructure), which would be offsets into what is
-/// no longer there; and a list of ids or flags could pass for them.
-std::vector<std::pair<std::string, std::vector<int64_t>>> spanCandidates(
-    const std::vector<std::pair<std::string, std::vector<int64_t>>>& tensors,
-    const std::vector<std::pair<std::string, std::vector<int64_t>>>& lists, int64_t size);
 
 }  // namespace crashcap::replayer

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <regex>
 #include <set>
 
 #include "crashcap/formats/bundle_reader.hpp"
@@ -56,6 +57,37 @@ std::optional<IndexDomain> domainOf(const formats::OpData& op) {
     d.indexShape = in[1].shape;
     d.sourceShape = in[0].shape;
     d.ignoreIndex = -100;  // the loss's ignore_index: PyTorch's default (the op trace keeps no scalar values)
+    return d;
+  }
+  // aten::gather(self, dim, index), aten::scatter*(self, dim, index, src|value), and the same with
+  // the dim last (take_along_dim): the index has self's rank, and along every dimension but the
+  // indexed one it is no larger than self. The trace keeps no scalar values, so the dimension is
+  // the one where their sizes differ; where several do, or none does and self's sizes differ, the
+  // op names no one domain.
+  const bool gather = op.name == "aten::gather" || op.name == "aten::take_along_dim";
+  const bool scatter = op.name.rfind("aten::scatter", 0) == 0 && op.name.find("backward") == std::string::npos;
+  if ((gather || scatter) && in.size() >= 2) {
+    const auto& self = in[0];
+    const formats::OpInputData* index = nullptr;
+    for (size_t k = 1; k < in.size() && !index; ++k)
+      if (integerDtype(in[k].dtype) && in[k].shape.size() == self.shape.size()) index = &in[k];
+    if (!index || self.shape.empty() || self.dtype == "scalar" || self.dtype == "none" || self.dtype == "other")
+      return std::nullopt;
+    int64_t dim = -1;
+    int differing = 0;
+    for (size_t k = 0; k < self.shape.size(); ++k)
+      if (index->shape[k] != self.shape[k]) {
+        dim = static_cast<int64_t>(k);
+        ++differing;
+      }
+    if (differing == 0 && std::all_of(self.shape.begin(), self.shape.end(),
+                                      [&](int64_t s) { return s == self.shape[0]; }))
+      dim = 0;
+    else if (differing != 1)
+      return std::nullopt;
+    d.size = self.shape[static_cast<size_t>(dim)];
+    d.indexShape = index->shape;
+    d.sourceShape = self.shape;
     return d;
   }
   return std::nullopt;
@@ -124,17 +156,39 @@ const formats::StepBeginData* stepBeginOf(const formats::BundleRecords& records,
 }  // namespace
 
 std::string IndexDomain::describe() const {
+  if (raisedValue)
+    return fmt::format("the step's error says index {} is out of bounds for dimension {} with size {}", *raisedValue,
+                       raisedDim, size);
   if (ignoreIndex)
     return fmt::format("the loss ({}) sees {} classes (logits [{}])", op, size, fmt::join(sourceShape, ","));
-  return fmt::format("the embedding ({}) has {} rows (table [{}])", op, size, fmt::join(sourceShape, ","));
+  if (op.find("embedding") != std::string::npos)
+    return fmt::format("the embedding ({}) has {} rows (table [{}])", op, size, fmt::join(sourceShape, ","));
+  return fmt::format("{} indexes {} positions along a dimension of its input [{}] (index [{}])", op, size,
+                     fmt::join(sourceShape, ","), fmt::join(indexShape, ","));
+}
+
+std::optional<IndexDomain> domainOfError(const std::string& error) {
+  // "index 9 is out of bounds for dimension 1 with size 4", possibly after an op's name.
+  static const std::regex pattern(R"(index (-?[0-9]+) is out of bounds for dimension (-?[0-9]+) with size ([0-9]+))");
+  std::smatch m;
+  if (!std::regex_search(error, m, pattern)) return std::nullopt;
+  try {
+    IndexDomain d;
+    d.raisedValue = std::stoll(m[1].str());
+    d.raisedDim = std::stoll(m[2].str());
+    d.size = std::stoll(m[3].str());
+    return d;
+  } catch (const std::exception&) {  // a number beyond int64: no domain
+    return std::nullopt;
+  }
 }
 
 std::vector<IndexDomain> findIndexDomains(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);
   auto records = formats::readRecords(*reader);
   std::vector<IndexDomain> out;
-  if (!records.opTrace) return out;
-  const auto& ops = records.opTrace->ops;
+  static const std::vector<formats::OpData> none;
+  const auto& ops = records.opTrace ? records.opTrace->ops : none;
   // Every distinct domain, newest first (several embedding tables: tokens, positions, segments).
   for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
     auto d = domainOf(*it);
@@ -144,6 +198,9 @@ std::vector<IndexDomain> findIndexDomains(const std::string& bundle) {
     });
     if (!seen) out.push_back(*d);
   }
+  // The error's own domain first: it is the check that failed.
+  if (records.crash)
+    if (auto d = domainOfError(records.crash->error)) out.insert(out.begin(), *d);
   return out;
 }
 
@@ -203,10 +260,22 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       if (!isCulprit(o) && firstOutside(l.rowTensors[o], d)) return false;
     return true;
   };
+  // A domain read from the error has no index shape: it applies to the tensors whose culprit rows
+  // hold the value the error names.
+  auto holdsRaised = [&](const Loaded& l, const IndexDomain& d) {
+    for (int64_t r : rows) {
+      if (r < 0 || r >= batch) continue;
+      const auto& row = l.rowTensors[static_cast<size_t>(r)];
+      for (uint64_t i = 0; i < row.numel(); ++i)
+        if (row.at(i) == static_cast<double>(*d.raisedValue)) return true;
+    }
+    return false;
+  };
   for (IndexDomain d : domains) {
     std::vector<Loaded*> candidates;
     for (auto& l : loaded)
-      if (l.integer && (d.indexShape == l.t.shape || elements(d.indexShape) == elements(l.t.shape)))
+      if (l.integer && (d.raisedValue ? holdsRaised(l, d)
+                                      : d.indexShape == l.t.shape || elements(d.indexShape) == elements(l.t.shape)))
         candidates.push_back(&l);
     if (!d.ignoreIndex) {
       for (Loaded* l : candidates)
@@ -385,12 +454,24 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
                            : std::nullopt;
     std::optional<inspect::HostTensor> t;
     for (const IndexDomain& d : domains) {
-      if (d.indexShape != c.shape) continue;
+      if (d.indexShape != c.shape && !d.raisedValue) continue;
       if (!t) t = inspect::loadTensor(*reader, c.name);
       const uint64_t n = t->numel();
+      // ... and only in a tensor whose every other value it holds: ids of a larger table that
+      // happen to include the value are not what the error indexed with.
+      if (d.raisedValue) {
+        bool fits = true;
+        for (uint64_t i = 0; i < n && fits; ++i) {
+          const double v = t->at(i);
+          fits = v == static_cast<double>(*d.raisedValue) || (v >= 0 && v < static_cast<double>(d.size));
+        }
+        if (!fits) continue;
+      }
       for (uint64_t i = 0; i < n; ++i) {
         const double v = t->at(i);
         if (v >= 0 && v < static_cast<double>(d.size)) continue;
+        // A domain read from the error judges only the value the error names.
+        if (d.raisedValue && v != static_cast<double>(*d.raisedValue)) continue;
         // A loss's negative targets are its ignore_index, which only rows could tell (findRowOddities).
         if (d.ignoreIndex && v < 0) continue;
         ConcatenatedValue f;

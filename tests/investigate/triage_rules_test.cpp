@@ -1013,6 +1013,98 @@ TEST_CASE("row findings judge an index against the domain its tensor's other row
   CHECK(findRowOddities(bundle, 6, {0}, domains).empty());
 }
 
+TEST_CASE("a gather's or a scatter's index domain is read from the op trace, and an out-of-bounds error names its own",
+          "[investigate][triage]") {
+  // PyTorch's wording, alone and after an op's name; other errors name none.
+  auto raised = domainOfError("IndexError: index 7 is out of bounds for dimension 0 with size 5");
+  REQUIRE(raised);
+  CHECK(raised->raisedValue == 7);
+  CHECK(raised->raisedDim == 0);
+  CHECK(raised->size == 5);
+  CHECK(raised->indexShape.empty());
+  auto negative = domainOfError("RuntimeError: gather(): index -3 is out of bounds for dimension 1 with size 4");
+  REQUIRE(negative);
+  CHECK(negative->raisedValue == -3);
+  CHECK(negative->size == 4);
+  CHECK_FALSE(domainOfError("IndexError: index out of range in self"));
+  CHECK_FALSE(domainOfError("IndexError: Target 9 is out of bounds."));
+  CHECK_FALSE(domainOfError("index 99999999999999999999 is out of bounds for dimension 0 with size 5"));
+
+  test::TempDir dir;
+  const std::string bundle = dir.file("trace.ccap");
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    formats::OpTraceData trace;
+    trace.capacity = 16;
+    auto op = [&](const std::string& name, std::vector<formats::OpInputData> inputs) {
+      formats::OpData o;
+      o.index = trace.ops.size();
+      o.name = name;
+      o.phase = "forward";
+      o.step = 6;
+      o.inputs = std::move(inputs);
+      trace.ops.push_back(std::move(o));
+    };
+    // gather(log_probs [32,4], 1, labels [32,1]): dimension 1, 4 positions.
+    op("aten::gather", {{"float32", {32, 4}}, {"scalar", {}}, {"int64", {32, 1}}, {"scalar", {}}});
+    // scatter(zeros [8,6,3], ?, index [8,2,1], 1.0): two dimensions differ, so no one domain.
+    op("aten::scatter", {{"float32", {8, 6, 3}}, {"scalar", {}}, {"int64", {8, 2, 1}}, {"scalar", {}}});
+    // scatter_add_(acc [5,5], ?, index [5,5], src): every size alike, so either dimension has 5.
+    op("aten::scatter_add_", {{"float32", {5, 5}}, {"scalar", {}}, {"int64", {5, 5}}, {"float32", {5, 5}}});
+    // The backward of a gather indexes nothing of the program's.
+    op("aten::gather_backward", {{"float32", {32, 1}}, {"float32", {32, 4}}, {"scalar", {}}, {"int64", {32, 1}}});
+    trace.totalOps = trace.ops.size();
+    formats::writeMetaRecord(*w, trace);
+    formats::CrashData crash;
+    crash.kind = "exception";
+    crash.step = 6;
+    crash.error = "IndexError: index 7 is out of bounds for dimension 0 with size 5";
+    formats::writeMetaRecord(*w, crash);
+    w->seal();
+  }
+  const auto domains = findIndexDomains(bundle);
+  REQUIRE(domains.size() == 3);
+  // The error's domain first: the check that failed.
+  CHECK(domains[0].raisedValue == 7);
+  CHECK(domains[0].size == 5);
+  CHECK(domains[0].describe() == "the step's error says index 7 is out of bounds for dimension 0 with size 5");
+  // Then the trace's, newest first.
+  CHECK(domains[1].op == "aten::scatter_add_");
+  CHECK(domains[1].size == 5);
+  CHECK(domains[2].op == "aten::gather");
+  CHECK(domains[2].size == 4);
+  CHECK(domains[2].indexShape == std::vector<int64_t>{32, 1});
+  CHECK(domains[2].describe() == "aten::gather indexes 4 positions along a dimension of its input [32,4] (index [32,1])");
+}
+
+TEST_CASE("an error's index domain judges only a tensor whose culprit row holds the value it names",
+          "[investigate][triage]") {
+  test::TempDir dir;
+  const std::string bundle = dir.file("batch.ccap");
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    writeInts(*w, "label", {0, 4, 2, 7, 1, 3, 2, 0});      // row 3 holds 7, the rest fit 0..4
+    writeInts(*w, "token", {11, 40, 3, 2, 9, 27, 5, 33});   // row 3 holds 2: not the value named
+    writeInts(*w, "other", {70, 7, 12, 7, 9, 27, 5, 33});   // row 3 holds 7, but rows that work reach 70
+    formats::StepBeginData begin;
+    begin.step = 6;
+    for (const char* name : {"label", "token", "other"}) begin.batch.push_back(formats::batchTensorName(6, name));
+    begin.rowDims = {0, 0, 0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  const auto domain = domainOfError("IndexError: index 7 is out of bounds for dimension 0 with size 5");
+  REQUIRE(domain);
+  auto findings = findRowOddities(bundle, 6, {3}, {*domain});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].tensor == "steps/6/batch/label");
+  CHECK(findings[0].kind == RowFinding::Kind::OutOfDomain);
+  CHECK(findings[0].value == 7);
+  CHECK(findings[0].domain->raisedValue == 7);
+  // A row that does not hold the value gives nothing.
+  CHECK(findRowOddities(bundle, 6, {1}, {*domain}).empty());
+}
+
 TEST_CASE("a loss's ignore_index is the negative padding the working rows share, not only PyTorch's default",
           "[investigate][triage]") {
   test::TempDir dir;

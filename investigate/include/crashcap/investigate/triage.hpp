@@ -34,20 +34,29 @@ struct Hypothesis {
   std::string rerun;                       ///< the crashcap command behind the evidence
 };
 
-/// The values an op accepts in an index input, read from the op trace: an embedding's rows, a
-/// classification loss's classes. Valid values are 0..size-1.
+/// The values an op accepts in an index input, read from the op trace (an embedding's rows, a
+/// classification loss's classes, the positions a gather or a scatter indexes) or from the step's
+/// error ("index 9 is out of bounds for dimension 1 with size 4"). Valid values are 0..size-1.
 struct IndexDomain {
-  std::string op;                          ///< "aten::embedding"
+  std::string op;                          ///< "aten::embedding"; empty when read from the error
   int64_t size = 0;
-  std::vector<int64_t> indexShape;         ///< the shape of the op's index input
-  std::vector<int64_t> sourceShape;        ///< the table's or the logits' shape
+  std::vector<int64_t> indexShape;         ///< the shape of the op's index input; empty from the error
+  std::vector<int64_t> sourceShape;        ///< the table's, the logits' or the indexed tensor's shape
   /// A loss's ignore_index, a value outside 0..size-1 that it skips (the op trace keeps no scalar
   /// values: PyTorch's default, -100, unless the batch's rows that work share one other negative
   /// value, which is then the program's); none for an embedding.
   std::optional<int64_t> ignoreIndex;
+  /// Read from the step's error: the index value it names and the dimension it indexed. Such a
+  /// domain has no index shape, so it applies only to a tensor whose culprit rows hold that value.
+  std::optional<int64_t> raisedValue{};
+  int64_t raisedDim = -1;
   /// "the embedding has 32 rows (table [32,8])", "the loss sees 10 classes (logits [32,10])".
   std::string describe() const;
 };
+
+/// The index domain the text of an error names, as PyTorch's index checks word it ("index 9 is out
+/// of bounds for dimension 1 with size 4": gather, scatter, advanced indexing); nullopt otherwise.
+std::optional<IndexDomain> domainOfError(const std::string& error);
 
 /// Something in one culprit row of one batch tensor, judged against the op's domain and the
 /// batch's other rows: ordinary values are never findings.
@@ -216,7 +225,8 @@ struct TriageOptions {
 /// (facts.job says which was asked for).
 Triage runTriage(const std::string& bundle, const TriageOptions& options = {});
 
-/// The index domains of the ops in the bundle's op trace (the newest call of each op).
+/// The index domains of the ops in the bundle's op trace (the newest call of each op), and the one
+/// the crash's error names, if it names one.
 std::vector<IndexDomain> findIndexDomains(const std::string& bundle);
 /// What is invalid or odd in `rows` of step `step`'s batch (the dataset index tensor excluded):
 /// NaN/Inf, integers outside one of `domains` (matched to the tensor by shape), magnitudes far

@@ -67,6 +67,19 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
     std::cout << fmt::format("step {} does not fail when replayed with its whole batch: nothing to bisect\n", b.step);
     return;
   }
+  if (!b.cutsFail.empty()) {
+    std::cout << fmt::format(
+        "step {}: every part of the batch tried fails another way ({}; {} replays): the step cannot run on part of its "
+        "batch (state carried from step to step with the batch's size does this, a recurrent hidden state), so no row "
+        "can be told from another by leaving rows out\n",
+        b.step, b.cutsFail, b.replays);
+    for (const auto& [rows, t] : b.trials)
+      if (static_cast<int64_t>(rows.size()) < b.batchSize) {
+        std::cout << "rerun: " << t.command << "\n";
+        break;
+      }
+    return;
+  }
   const auto& culprits = b.culprits();
   const std::string indices = b.datasetIndices ? fmt::format(", dataset index {}", joinRows(*b.datasetIndices)) : "";
   if (b.triggers.empty())

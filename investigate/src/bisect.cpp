@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 #include "crashcap/formats/bundle_reader.hpp"
@@ -150,11 +151,31 @@ int singleRowBound(int64_t batchSize) {
 
 RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vector<int64_t>&)>& test) {
   RowSearch result;
+  // Parts of the batch tried so far that all failed another way, with one error up to its numbers
+  // (a shape that names the part's size: "Expected hidden size (1, 4, 16)", then "(1, 2, 16)").
+  int cutsFailing = 0;
+  std::string cutsError;
+  auto withoutNumbers = [](const std::string& text) {
+    std::string out;
+    for (char c : text)
+      if (!std::isdigit(static_cast<unsigned char>(c)) || out.empty() || out.back() != '#')
+        out += std::isdigit(static_cast<unsigned char>(c)) ? '#' : c;
+    return out;
+  };
   auto run = [&](const std::vector<int64_t>& rows) {
     auto t = test(rows);
     result.replays++;
-    result.log.emplace_back(rows, t);
-    return t.fails;
+    if (static_cast<int64_t>(rows.size()) < batchSize && cutsFailing >= 0) {
+      if (!t.otherFailure.empty() &&
+          (cutsFailing == 0 || withoutNumbers(t.otherFailure) == withoutNumbers(cutsError))) {
+        if (cutsFailing == 0) cutsError = t.otherFailure;
+        ++cutsFailing;
+      } else {
+        cutsFailing = -1;  // a part that passed, failed as recorded, or failed with another error
+      }
+    }
+    result.log.emplace_back(rows, std::move(t));
+    return result.log.back().second.fails;
   };
   std::vector<int64_t> current(batchSize);
   for (int64_t i = 0; i < batchSize; ++i) current[i] = i;
@@ -172,6 +193,7 @@ RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vec
     }
     bool reduced = false;
     for (const auto& p : parts) {
+      if (cutsFailing >= kCutsFailTrials) break;
       if (!p.empty() && run(p)) {
         current = p;
         n = 2;
@@ -184,6 +206,7 @@ RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vec
       for (const auto& p : parts) {
         std::vector<int64_t> complement;
         std::set_difference(current.begin(), current.end(), p.begin(), p.end(), std::back_inserter(complement));
+        if (cutsFailing >= kCutsFailTrials) break;
         if (!complement.empty() && run(complement)) {
           current = complement;
           n = std::max<size_t>(n - 1, 2);
@@ -192,12 +215,19 @@ RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vec
         }
       }
     }
+    if (cutsFailing >= kCutsFailTrials) {
+      // Every part tried fails the same other way: the batch cannot be cut, and more parts would
+      // only say so again.
+      result.cutsFail = cutsError;
+      break;
+    }
     if (!reduced) {
       if (n >= current.size()) break;
       n = std::min(2 * n, current.size());
     }
   }
   result.rows = current;
+  if (!result.cutsFail.empty()) return result;
   if (current.size() > 1)
     for (int64_t row : current) {
       std::vector<int64_t> without;
@@ -304,9 +334,11 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
     std::string error;
     t.fails = replayFails(e, &error);
     t.passes = r && !t.fails && r->error.empty();
+    if (r && !t.fails && !t.passes && !error.empty()) t.otherFailure = error;
     if (r && r->steps.empty() && r->diedInStep && *r->diedInStep < base.step) {
       // Killed again before the step whose rows it cuts: the rows were never in it.
       t.fails = t.passes = false;
+      t.otherFailure.clear();
       t.outcome = fmt::format("died in step {}, before step {} whose rows it keeps: counted as a pass",
                               *r->diedInStep, base.step);
       return t;
@@ -325,6 +357,7 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   b.triggers = search.triggers;
   b.replays = search.replays;
   b.trials = std::move(search.log);
+  b.cutsFail = search.cutsFail;
   if (b.reproduced) b.datasetIndices = datasetIndices(bundle, b.step, b.culprits());
   return b;
 }

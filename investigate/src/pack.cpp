@@ -360,7 +360,11 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
         rep.rows = b.rows;
       } else {
         rep.warnings.push_back(
-            b.reproduced ? fmt::format("--rows culprit: the failure needs every row of step {}'s batch: all kept", target)
+            !b.cutsFail.empty()
+                ? fmt::format("--rows culprit: step {} cannot run on part of its batch (every part tried fails another "
+                              "way: {}): all kept",
+                              target, b.cutsFail)
+            : b.reproduced ? fmt::format("--rows culprit: the failure needs every row of step {}'s batch: all kept", target)
                          : fmt::format("--rows culprit: the crash does not reproduce from step {}'s batch, so no rows can "
                                        "be blamed: all kept",
                                        target));

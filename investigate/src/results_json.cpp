@@ -43,8 +43,8 @@ std::vector<std::string> strings(const json& j, const char* key) {
 }
 
 json trialJson(const Trial& t) {
-  return {{"fails", t.fails}, {"passes", t.passes}, {"outcome", t.outcome}, {"seconds", t.seconds},
-          {"command", t.command}};
+  return {{"fails", t.fails},     {"passes", t.passes},   {"outcome", t.outcome},
+          {"seconds", t.seconds}, {"command", t.command}, {"other_failure", nullable(t.otherFailure)}};
 }
 
 Trial trialFrom(const json& j) {
@@ -54,6 +54,7 @@ Trial trialFrom(const json& j) {
   t.passes = j.contains("passes") ? flag(j, "passes") : t.outcome == "passes";  // older results: by its outcome
   t.seconds = real(j, "seconds");
   t.command = text(j, "command");
+  if (j.contains("other_failure")) t.otherFailure = optText(j, "other_failure");
   return t;
 }
 
@@ -164,6 +165,7 @@ json toJson(const SampleBisection& b) {
           {"replays", b.replays},
           {"replay_bound_single_row", b.replayBound},
           {"lost_steps", b.lostSteps},
+          {"cuts_fail", nullable(b.cutsFail)},
           {"experiments", trials}};
 }
 
@@ -178,6 +180,7 @@ SampleBisection sampleBisectionFromJson(const json& j) {
   b.replays = static_cast<int>(integer(j, "replays"));
   b.replayBound = static_cast<int>(integer(j, "replay_bound_single_row"));
   b.lostSteps = integers(at(j, "lost_steps"), "lost_steps");
+  if (j.contains("cuts_fail")) b.cutsFail = optText(j, "cuts_fail");
   const json& trials = at(j, "experiments");
   if (!trials.is_array()) bad("experiments", "an array");
   for (const auto& e : trials) b.trials.emplace_back(integers(at(e, "rows"), "rows"), trialFrom(e));

@@ -681,7 +681,20 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
         f.withoutRows.reset();
       }
     }
-    if (!rows.empty()) f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
+    if (!rows.empty()) {
+      f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
+    } else if (f.samples && !f.samples->cutsFail.empty()) {
+      // No part of the batch can run, so no row was tested: what each row holds is still worth
+      // saying, where it needs no other rows to judge it (NaN/Inf, the index the error names).
+      std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(batchSize, 0)));
+      for (int64_t r = 0; r < batchSize; ++r) all[static_cast<size_t>(r)] = r;
+      std::vector<IndexDomain> raised;
+      for (const auto& d : findIndexDomains(bundle))
+        if (d.raisedValue) raised.push_back(d);
+      for (auto& finding : findRowOddities(bundle, f.step(), all, raised))
+        if (finding.kind == RowFinding::Kind::NonFinite || finding.kind == RowFinding::Kind::OutOfDomain)
+          f.untestedRowFindings.push_back(std::move(finding));
+    }
     try {
       f.paddingRow = findPaddingRow(bundle, f.step());
       f.concatenatedValues = findConcatenatedValues(bundle, f.step(), findIndexDomains(bundle));

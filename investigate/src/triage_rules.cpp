@@ -166,7 +166,7 @@ std::optional<std::string> TriageFacts::replayBlocked() const {
 }
 
 std::vector<int64_t> TriageFacts::culpritRows() const {
-  return samples && samples->reproduced ? samples->culprits() : std::vector<int64_t>{};
+  return samples && samples->reproduced && samples->cutsFail.empty() ? samples->culprits() : std::vector<int64_t>{};
 }
 
 bool TriageFacts::failedBetweenSteps() const {
@@ -289,6 +289,14 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
                           whose, joinRows(rows))
             : fmt::format("sample bisection named {}rows [{}], but the replay of step {} without them gave no result ({})",
                           whose, joinRows(rows), f.step(), f.withoutRowsOutcome));
+  } else if (f.samples && f.samples->reproduced && !f.samples->cutsFail.empty()) {
+    h.evidence.push_back(fmt::format(
+        "every part of {}step {}'s batch that sample bisection tried fails another way ({}): the step cannot run on "
+        "part of its batch (state carried from step to step with the batch's size does this, a recurrent hidden "
+        "state), so no row can be tested by leaving it out",
+        whose, f.step(), f.samples->cutsFail));
+    for (const auto& r : f.untestedRowFindings)
+      h.evidence.push_back(fmt::format("in the batch as recorded, {} (not tested)", rowFindingText(r)));
   } else if (!f.samples && !f.concatenatedValues.empty()) {
     // Its rows could not be cut (the samples are concatenated, and no lengths or offsets tell
     // their spans), but a value is outside the domain of an op: invalid data when that op is the

@@ -69,6 +69,34 @@ TEST_CASE("a row that triggers the failure but cannot fail alone (a batch norm n
   CHECK(s.culprits() == std::vector<int64_t>{5});
 }
 
+TEST_CASE("a batch no part of which can run (every part fails one other way) stops the search and says so",
+          "[investigate][bisect]") {
+  // A recurrent hidden state carried from the previous batch: any cut fails with a shape error
+  // that names the part's size. Only the whole batch fails as recorded.
+  auto b = investigate::searchRows(64, [](const std::vector<int64_t>& rows) {
+    investigate::Trial t;
+    t.fails = rows.size() == 64;
+    if (!t.fails)
+      t.otherFailure = "RuntimeError: Expected hidden size (1, " + std::to_string(rows.size()) + ", 16), got [1, 64, 16]";
+    return t;
+  });
+  CHECK(b.reproduced);
+  CHECK(b.cutsFail == "RuntimeError: Expected hidden size (1, 32, 16), got [1, 64, 16]");
+  CHECK(b.replays == 1 + investigate::kCutsFailTrials);  // the whole batch, then the parts
+  CHECK(b.rows.size() == 64);
+  CHECK(b.triggers.empty());
+
+  // Parts that fail other ways with different errors, or a part that passes, are a search as before.
+  auto mixed = investigate::searchRows(16, [](const std::vector<int64_t>& rows) {
+    investigate::Trial t;
+    t.fails = has(rows, 9);
+    if (!t.fails) t.otherFailure = has(rows, 0) ? "ValueError: one" : "KeyError: two";
+    return t;
+  });
+  CHECK(mixed.cutsFail.empty());
+  CHECK(mixed.rows == std::vector<int64_t>{9});
+}
+
 TEST_CASE("crashcap bisect samples names the corrupt row of a real crash", "[investigate][bisect][e2e]") {
   struct Case {
     std::string sample, fault;

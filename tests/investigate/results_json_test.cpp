@@ -148,6 +148,16 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   CHECK(sb.trials[0].second.outcome == "fails (boom)");
   CHECK(!sb.trials[0].second.passes);
   CHECK(sb.trials[1].second.passes);
+  CHECK(sb.cutsFail.empty());
+
+  // A batch no part of which can run: each experiment's other error, and the search's.
+  s.cutsFail = "RuntimeError: Expected hidden size (1, 4, 16), got [1, 8, 16]";
+  s.trials[0].second = Trial{false, "fails another way (...): counted as a pass", 1.0, "crashcap replay B", false,
+                             "RuntimeError: Expected hidden size (1, 4, 16), got [1, 8, 16]"};
+  auto cut = sampleBisectionFromJson(toJson(s));
+  CHECK(cut.cutsFail == s.cutsFail);
+  CHECK(cut.trials[0].second.otherFailure == s.cutsFail);
+  CHECK(cut.trials[1].second.otherFailure.empty());
 
   ConfigBisection c;
   c.step = 6;

@@ -397,6 +397,30 @@ TEST_CASE("invalid-data is inconclusive when the crash does not reproduce or no 
   CHECK(has(k, "sample bisection named rows [0], the whole batch"));
 }
 
+TEST_CASE("invalid-data is inconclusive when no part of the batch can run, and names what its rows hold untested",
+          "[investigate][triage]") {
+  // A hidden state carried from the previous batch: every cut fails another way, so the search
+  // ended on the whole batch without testing a row.
+  auto f = reproducedAt6();
+  f.samples = samplesFound({0, 1, 2, 3, 4, 5, 6, 7}, 7);
+  f.samples->cutsFail = "RuntimeError: Expected hidden size (1, 4, 16), got [1, 8, 16]";
+  CHECK(f.culpritRows().empty());  // no row singled out
+  RowFinding nan;
+  nan.row = 3;
+  nan.tensor = "steps/6/batch/0";
+  nan.kind = RowFinding::Kind::NonFinite;
+  nan.nanCount = 1;
+  f.untestedRowFindings = {nan};
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(h.evidence.at(0) ==
+        "every part of step 6's batch that sample bisection tried fails another way (RuntimeError: Expected hidden size "
+        "(1, 4, 16), got [1, 8, 16]): the step cannot run on part of its batch (state carried from step to step with "
+        "the batch's size does this, a recurrent hidden state), so no row can be tested by leaving it out");
+  CHECK(has(h, "in the batch as recorded, row 3 of steps/6/batch/0 holds 1 NaN and 0 Inf values (not tested)"));
+  CHECK_FALSE(has(h, "the whole batch"));
+}
+
 /// Step 6 raised in aten::embedding_bag (a table of 50 rows, 79 tokens), and element 64 of its
 /// concatenated token tensor is 53, in `row`'s span by the offsets in steps/6/batch/2.
 static TriageFacts embeddingBagRaisedOn53(int64_t row) {

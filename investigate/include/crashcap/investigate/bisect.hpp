@@ -66,6 +66,9 @@ struct Trial {
   /// shrinks a set counts every non-failure as a pass (it only keeps what fails); a row is named
   /// a trigger only on this (not on a timeout, or on another error).
   bool passes = false;
+  /// The replay ran and failed with another error than the recorded one ("RuntimeError: Expected
+  /// hidden size (1, 4, 16), got [1, 8, 16]"); "" otherwise. Counted as a pass by the search.
+  std::string otherFailure{};
 };
 
 /// Delta debugging over batch rows, on any predicate.
@@ -79,10 +82,17 @@ struct RowSearch {
   std::vector<int64_t> triggers;
   int replays = 0;                         ///< experiments run
   std::vector<std::pair<std::vector<int64_t>, Trial>> log;
+  /// Every part of the batch tried failed another way, with one error (Trial::otherFailure): the
+  /// step cannot run on part of its batch (state carried from step to step with the batch's
+  /// size), so no row can be told from another. The search stops there; rows is the whole batch.
+  /// "" otherwise.
+  std::string cutsFail;
 };
 /// Zeller's ddmin over the rows 0..batchSize-1: the smallest set of rows that still fails. For a
 /// single culprit row it halves: at most 2*ceil(log2 B) + 2 experiments. A set of several rows is
-/// then tested row by row against the whole batch (one experiment each) for its triggers.
+/// then tested row by row against the whole batch (one experiment each) for its triggers. When the
+/// first kCutsFailTrials parts all fail another way with one error, it stops (RowSearch::cutsFail).
+inline constexpr int kCutsFailTrials = 6;
 RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vector<int64_t>&)>& test);
 /// 2*ceil(log2 max(B, 2)) + 2: the experiments a single culprit row costs at most.
 int singleRowBound(int64_t batchSize);
@@ -102,6 +112,7 @@ struct SampleBisection {
   int replayBound = 0;                           ///< singleRowBound(batchSize)
   std::vector<int64_t> lostSteps;                ///< the recording lost these: the step cannot be reached
   std::vector<std::pair<std::vector<int64_t>, Trial>> trials;
+  std::string cutsFail;                          ///< RowSearch::cutsFail
 };
 SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner);
 
@@ -121,7 +132,7 @@ struct ConfigTrial {
   /// The change breaks the replay another way (a step throws another error, "step 4 throws:
   /// expected scalar type BFloat16 but found Float"): the trial says nothing about the recorded
   /// failure, and does not count as changing the outcome. "" otherwise.
-  std::string otherFailure;
+  std::string otherFailure{};
   std::string command;
   double seconds = 0;
 };

@@ -142,6 +142,9 @@ struct TriageFacts {
   std::optional<OpBisection> ops;
   std::optional<ConfigBisection> config;
   std::vector<RowFinding> rowFindings;               ///< of the culprit rows
+  /// Where no part of the batch could run (SampleBisection::cutsFail): the NaN/Inf and the index the
+  /// error names in any row of the recorded batch, none of them tested by leaving rows out.
+  std::vector<RowFinding> untestedRowFindings;
   std::optional<PaddingRow> paddingRow;              ///< of the failing step's batch
   std::vector<ConcatenatedValue> concatenatedValues; ///< of the failing step's batch
   std::optional<JobTriage> job;                      ///< the bundle is a rank of a multi-process job

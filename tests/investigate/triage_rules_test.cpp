@@ -119,6 +119,16 @@ StepBisection stepsWith(const std::vector<std::optional<double>>& weightNorms, c
   return b;
 }
 
+/// Row `row` of `tensor` holds `nans` NaN values.
+RowFinding nanRow(int64_t row, const std::string& tensor, uint64_t nans) {
+  RowFinding r;
+  r.row = row;
+  r.tensor = tensor;
+  r.kind = RowFinding::Kind::NonFinite;
+  r.nanCount = nans;
+  return r;
+}
+
 bool has(const Hypothesis& h, const std::string& text) {
   for (const auto& e : h.evidence)
     if (e.find(text) != std::string::npos) return true;
@@ -133,11 +143,7 @@ TEST_CASE("invalid-data is confirmed when the failure needs the rows and goes aw
   f.samples = samplesFound({3});
   f.samples->datasetIndices = std::vector<int64_t>{51};
   f.withoutRows = replayOf(Verdict::NotReproduced);
-  RowFinding nan;
-  nan.row = 3;
-  nan.tensor = "steps/6/batch/image";
-  nan.kind = RowFinding::Kind::NonFinite;
-  nan.nanCount = 64;
+  RowFinding nan = nanRow(3, "steps/6/batch/image", 64);
   f.rowFindings = {nan};
   auto h = judgeInvalidData(f);
   INFO(h.evidence.size());
@@ -201,11 +207,7 @@ TEST_CASE("rows that trigger the failure with values in range are not invalid da
   CHECK(findCulprit(f).rows == std::vector<int64_t>{2});
 
   // An invalid value among the findings makes it invalid data after all; the trait is then left out.
-  RowFinding nan;
-  nan.row = 2;
-  nan.tensor = "steps/6/batch/x";
-  nan.kind = RowFinding::Kind::NonFinite;
-  nan.nanCount = 1;
+  RowFinding nan = nanRow(2, "steps/6/batch/x", 1);
   f.rowFindings.push_back(nan);
   auto c = judgeInvalidData(f);
   CHECK(c.verdict == V::Confirmed);
@@ -243,11 +245,7 @@ TEST_CASE("invalid-data of a job's rank names the rank whose batch holds the row
   f.samples = samplesFound({3});
   f.samples->datasetIndices = std::vector<int64_t>{51};
   f.withoutRows = replayOf(Verdict::NotReproduced);
-  RowFinding nan;
-  nan.row = 3;
-  nan.tensor = "steps/6/batch/0";
-  nan.kind = RowFinding::Kind::NonFinite;
-  nan.nanCount = 1;
+  RowFinding nan = nanRow(3, "steps/6/batch/0", 1);
   f.rowFindings = {nan};
   auto h = judgeInvalidData(f);
   CHECK(h.verdict == V::Confirmed);
@@ -405,11 +403,7 @@ TEST_CASE("invalid-data is inconclusive when no part of the batch can run, and n
   f.samples = samplesFound({0, 1, 2, 3, 4, 5, 6, 7}, 7);
   f.samples->cutsFail = "RuntimeError: Expected hidden size (1, 4, 16), got [1, 8, 16]";
   CHECK(f.culpritRows().empty());  // no row singled out
-  RowFinding nan;
-  nan.row = 3;
-  nan.tensor = "steps/6/batch/0";
-  nan.kind = RowFinding::Kind::NonFinite;
-  nan.nanCount = 1;
+  RowFinding nan = nanRow(3, "steps/6/batch/0", 1);
   f.untestedRowFindings = {nan};
   auto h = judgeInvalidData(f);
   CHECK(h.verdict == V::Inconclusive);

@@ -4,8 +4,9 @@ models that take more than a glance: test_observed_layouts.py; what the observer
 what it leaves alone: test_observed_bootstrap.py)."""
 
 import re
+import textwrap
 
-from conftest import crashcap_json, only_bundle, run_recorded, verdicts
+from conftest import PYTHON, crashcap, crashcap_json, only_bundle, run_recorded, verdicts
 
 
 def test_a_plain_loop_with_workers_dropout_and_a_schedule_replays_bit_for_bit_from_an_earlier_epoch(tmp_path):
@@ -64,3 +65,67 @@ def test_a_dict_batch_with_file_names_replays_and_triage_names_the_corrupt_image
     triage = crashcap_json("triage", bundle)
     assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
     assert triage["culprit"]["dataset_indices"] == [201]
+
+
+def record_program(tmp_path, source):
+    """crashcap run --record over a program of the test's own; the bundle it sealed."""
+    (tmp_path / "train.py").write_text(textwrap.dedent(source))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0, r.stderr
+    return only_bundle(tmp_path / "runs")
+
+
+def test_a_label_past_a_lookup_table_is_named_by_the_index_the_error_calls_out_of_bounds(tmp_path):
+    # class_weights[labels] raises "index 7 is out of bounds for dimension 0 with size 5"; no op in
+    # the trace declares that domain, the error does.
+    bundle = record_program(tmp_path, """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        x, y = torch.randn(96, 6), torch.arange(96) % 5
+        y[41] = 7
+        model = torch.nn.Linear(6, 5)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+        class_weights = torch.tensor([1.0, 2.0, 1.5, 0.5, 1.0])
+        for xb, yb in DataLoader(TensorDataset(x, y), batch_size=12, shuffle=True):
+            per_row = torch.nn.functional.cross_entropy(model(xb), yb.clamp(max=4), reduction="none")
+            loss = (class_weights[yb] * per_row).mean()
+            opt.zero_grad(); loss.backward(); opt.step()
+    """)
+    triage = crashcap_json("triage", bundle)
+    invalid = next(h for h in triage["hypotheses"] if h["id"] == "invalid-data")
+    assert invalid["verdict"] == "confirmed", invalid
+    assert triage["culprit"]["dataset_indices"] == [41], triage["culprit"]
+    assert any(e.endswith("is 7, outside 0..4: the step's error says index 7 is out of bounds for dimension 0 with "
+                          "size 5") for e in invalid["evidence"]), invalid
+
+
+def test_a_hidden_state_carried_between_batches_leaves_the_rows_untested_and_says_why(tmp_path):
+    # Truncated backpropagation through time: the GRU's state goes from one batch to the next, so a
+    # replay that keeps part of a batch fails on the state's size. Sample 43 (step 5, row 3) holds a NaN.
+    bundle = record_program(tmp_path, """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        series = torch.randn(80, 6, 2).cumsum(1) * 0.1
+        series[43, 2, 1] = float("nan")
+        gru, head = torch.nn.GRU(2, 8, batch_first=True), torch.nn.Linear(8, 2)
+        opt = torch.optim.SGD([*gru.parameters(), *head.parameters()], lr=0.05)
+        h = None
+        for (chunk,) in DataLoader(TensorDataset(series), batch_size=8):
+            out, h = gru(chunk[:, :-1], h)
+            h = h.detach()
+            loss = torch.nn.functional.mse_loss(head(out), chunk[:, 1:])
+            opt.zero_grad(); loss.backward(); opt.step()
+    """)
+    samples = crashcap_json("bisect", "samples", bundle)
+    assert samples["cuts_fail"].startswith("RuntimeError: Expected hidden size"), samples
+    assert samples["replays"] <= 7, samples  # the whole batch, then 6 parts: not a search down to every row
+    triage = crashcap_json("triage", bundle)
+    invalid = next(h for h in triage["hypotheses"] if h["id"] == "invalid-data")
+    assert invalid["verdict"] == "inconclusive", invalid
+    assert "fails another way (RuntimeError: Expected hidden size" in invalid["evidence"][0], invalid
+    assert any("row 3 of steps/5/batch/0 holds 1 NaN" in e and e.endswith("(not tested)")
+               for e in invalid["evidence"]), invalid
+    assert triage["culprit"]["rows"] is None, triage["culprit"]  # no row singled out
+

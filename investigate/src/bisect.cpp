@@ -216,10 +216,19 @@ RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vec
       }
     }
     if (cutsFailing >= kCutsFailTrials) {
-      // Every part tried fails the same other way: the batch cannot be cut, and more parts would
-      // only say so again.
-      result.cutsFail = cutsError;
-      break;
+      // Every part tried fails the same other way. The largest cut, the batch without one row,
+      // tells a step that cannot run on part of its batch at all (it fails the same way again)
+      // from one that needs more rows than the parts had (a top-k over the batch).
+      std::vector<int64_t> largest(current.begin() + 1, current.end());
+      if (run(largest)) {
+        current = std::move(largest);
+        n = 2;
+        continue;
+      }
+      if (cutsFailing > kCutsFailTrials) {
+        result.cutsFail = cutsError;
+        break;
+      }
     }
     if (!reduced) {
       if (n >= current.size()) break;
@@ -358,7 +367,7 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   b.replays = search.replays;
   b.trials = std::move(search.log);
   b.cutsFail = search.cutsFail;
-  if (b.reproduced) b.datasetIndices = datasetIndices(bundle, b.step, b.culprits());
+  if (b.reproduced && b.cutsFail.empty()) b.datasetIndices = datasetIndices(bundle, b.step, b.culprits());
   return b;
 }
 

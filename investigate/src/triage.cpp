@@ -83,7 +83,7 @@ std::optional<IndexDomain> domainOf(const formats::OpData& op) {
     if (differing == 0 && std::all_of(self.shape.begin(), self.shape.end(),
                                       [&](int64_t s) { return s == self.shape[0]; }))
       dim = 0;
-    else if (differing != 1)
+    else if (differing != 1 || self.shape[static_cast<size_t>(dim)] == 1)  // 1: broadcast (take_along_dim)
       return std::nullopt;
     d.size = self.shape[static_cast<size_t>(dim)];
     d.indexShape = index->shape;
@@ -170,8 +170,14 @@ std::string IndexDomain::describe() const {
 std::optional<IndexDomain> domainOfError(const std::string& error) {
   // "index 9 is out of bounds for dimension 1 with size 4", possibly after an op's name.
   static const std::regex pattern(R"(index (-?[0-9]+) is out of bounds for dimension (-?[0-9]+) with size ([0-9]+))");
+  // The last such sentence: an error text may carry earlier, chained ones before it.
   std::smatch m;
-  if (!std::regex_search(error, m, pattern)) return std::nullopt;
+  bool found = false;
+  for (auto it = std::sregex_iterator(error.begin(), error.end(), pattern); it != std::sregex_iterator(); ++it) {
+    m = *it;
+    found = true;
+  }
+  if (!found) return std::nullopt;
   try {
     IndexDomain d;
     d.raisedValue = std::stoll(m[1].str());
@@ -261,15 +267,24 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
     return true;
   };
   // A domain read from the error has no index shape: it applies to the tensors whose culprit rows
-  // hold the value the error names.
+  // hold the value the error names and nothing else outside it (ids of a larger table that happen
+  // to include the value are not what the error indexed with; with every row a culprit, the other
+  // rows tell nothing).
   auto holdsRaised = [&](const Loaded& l, const IndexDomain& d) {
+    const double value = static_cast<double>(*d.raisedValue);
+    bool holds = false;
     for (int64_t r : rows) {
       if (r < 0 || r >= batch) continue;
       const auto& row = l.rowTensors[static_cast<size_t>(r)];
-      for (uint64_t i = 0; i < row.numel(); ++i)
-        if (row.at(i) == static_cast<double>(*d.raisedValue)) return true;
+      for (uint64_t i = 0; i < row.numel(); ++i) {
+        const double v = row.at(i);
+        if (v == value)
+          holds = true;
+        else if (v < 0 || v >= static_cast<double>(d.size))
+          return false;
+      }
     }
-    return false;
+    return holds;
   };
   for (IndexDomain d : domains) {
     std::vector<Loaded*> candidates;
@@ -694,6 +709,10 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       for (auto& finding : findRowOddities(bundle, f.step(), all, raised))
         if (finding.kind == RowFinding::Kind::NonFinite || finding.kind == RowFinding::Kind::OutOfDomain)
           f.untestedRowFindings.push_back(std::move(finding));
+      if (f.untestedRowFindings.size() > kListedUntestedFindings) {
+        f.untestedFindingsLeftOut = f.untestedRowFindings.size() - kListedUntestedFindings;
+        f.untestedRowFindings.resize(kListedUntestedFindings);
+      }
     }
     try {
       f.paddingRow = findPaddingRow(bundle, f.step());

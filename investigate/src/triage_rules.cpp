@@ -297,6 +297,8 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
         whose, f.step(), f.samples->cutsFail));
     for (const auto& r : f.untestedRowFindings)
       h.evidence.push_back(fmt::format("in the batch as recorded, {} (not tested)", rowFindingText(r)));
+    if (f.untestedFindingsLeftOut)
+      h.evidence.push_back(fmt::format("and {} more such rows", f.untestedFindingsLeftOut));
   } else if (!f.samples && !f.concatenatedValues.empty()) {
     // Its rows could not be cut (the samples are concatenated, and no lengths or offsets tell
     // their spans), but a value is outside the domain of an op: invalid data when that op is the

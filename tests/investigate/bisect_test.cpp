@@ -82,19 +82,35 @@ TEST_CASE("a batch no part of which can run (every part fails one other way) sto
   });
   CHECK(b.reproduced);
   CHECK(b.cutsFail == "RuntimeError: Expected hidden size (1, 32, 16), got [1, 64, 16]");
-  CHECK(b.replays == 1 + investigate::kCutsFailTrials);  // the whole batch, then the parts
+  CHECK(b.replays == 1 + investigate::kCutsFailTrials + 1);  // the whole batch, the parts, the batch less a row
   CHECK(b.rows.size() == 64);
   CHECK(b.triggers.empty());
 
-  // Parts that fail other ways with different errors, or a part that passes, are a search as before.
+  // Parts that fail other ways with different errors are a search as before: rows 0 and 15 fail
+  // only together, so every half and quarter fails another way, but not with one error.
   auto mixed = investigate::searchRows(16, [](const std::vector<int64_t>& rows) {
     investigate::Trial t;
-    t.fails = has(rows, 9);
+    t.fails = has(rows, 0) && has(rows, 15);
     if (!t.fails) t.otherFailure = has(rows, 0) ? "ValueError: one" : "KeyError: two";
     return t;
   });
   CHECK(mixed.cutsFail.empty());
-  CHECK(mixed.rows == std::vector<int64_t>{9});
+  CHECK(mixed.rows == std::vector<int64_t>{0, 15});
+
+  // A step that needs more rows than a quarter of the batch (a top-k over 40 of 64 rows): the
+  // halves and quarters fail one other way, the batch less a row fails as recorded, and the
+  // search goes on from there to the culprit.
+  auto topk = investigate::searchRows(64, [](const std::vector<int64_t>& rows) {
+    investigate::Trial t;
+    if (rows.size() < 40)
+      t.otherFailure = "RuntimeError: selected index k out of range";
+    else
+      t.fails = has(rows, 50);
+    return t;
+  });
+  CHECK(topk.cutsFail.empty());
+  CHECK(has(topk.rows, 50));
+  CHECK(topk.rows.size() < 64);
 }
 
 TEST_CASE("crashcap bisect samples names the corrupt row of a real crash", "[investigate][bisect][e2e]") {

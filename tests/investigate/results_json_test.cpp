@@ -158,6 +158,13 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   CHECK(cut.cutsFail == s.cutsFail);
   CHECK(cut.trials[0].second.otherFailure == s.cutsFail);
   CHECK(cut.trials[1].second.otherFailure.empty());
+  // Results written before either was: read as none.
+  auto older = toJson(s);
+  older.erase("cuts_fail");
+  for (auto& e : older["experiments"]) e.erase("other_failure");
+  auto old = sampleBisectionFromJson(older);
+  CHECK(old.cutsFail.empty());
+  CHECK(old.trials[0].second.otherFailure.empty());
 
   ConfigBisection c;
   c.step = 6;

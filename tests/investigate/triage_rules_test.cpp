@@ -1121,6 +1121,12 @@ TEST_CASE("an error's index domain judges only a tensor whose culprit row holds 
   CHECK(findings[0].domain->raisedValue == 7);
   // A row that does not hold the value gives nothing.
   CHECK(findRowOddities(bundle, 6, {1}, {*domain}).empty());
+  // Every row at once (a batch no part of which can run): no other rows to fit, so a tensor counts
+  // only when nothing but the named value lies outside; "other" reaches 70.
+  auto all = findRowOddities(bundle, 6, {0, 1, 2, 3, 4, 5, 6, 7}, {*domain});
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].tensor == "steps/6/batch/label");
+  CHECK(all[0].row == 3);
 }
 
 TEST_CASE("a loss's ignore_index is the negative padding the working rows share, not only PyTorch's default",

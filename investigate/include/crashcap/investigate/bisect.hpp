@@ -91,7 +91,8 @@ struct RowSearch {
 /// Zeller's ddmin over the rows 0..batchSize-1: the smallest set of rows that still fails. For a
 /// single culprit row it halves: at most 2*ceil(log2 B) + 2 experiments. A set of several rows is
 /// then tested row by row against the whole batch (one experiment each) for its triggers. When the
-/// first kCutsFailTrials parts all fail another way with one error, it stops (RowSearch::cutsFail).
+/// first kCutsFailTrials parts all fail another way with one error, and so does the batch without
+/// one row, it stops (RowSearch::cutsFail).
 inline constexpr int kCutsFailTrials = 6;
 RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vector<int64_t>&)>& test);
 /// 2*ceil(log2 max(B, 2)) + 2: the experiments a single culprit row costs at most.

@@ -54,6 +54,9 @@ struct IndexDomain {
   std::string describe() const;
 };
 
+/// At most this many untested findings (TriageFacts::untestedRowFindings) are kept.
+inline constexpr size_t kListedUntestedFindings = 8;
+
 /// The index domain the text of an error names, as PyTorch's index checks word it ("index 9 is out
 /// of bounds for dimension 1 with size 4": gather, scatter, advanced indexing); nullopt otherwise.
 std::optional<IndexDomain> domainOfError(const std::string& error);
@@ -145,6 +148,7 @@ struct TriageFacts {
   /// Where no part of the batch could run (SampleBisection::cutsFail): the NaN/Inf and the index the
   /// error names in any row of the recorded batch, none of them tested by leaving rows out.
   std::vector<RowFinding> untestedRowFindings;
+  size_t untestedFindingsLeftOut = 0;               ///< beyond kListedUntestedFindings
   std::optional<PaddingRow> paddingRow;              ///< of the failing step's batch
   std::vector<ConcatenatedValue> concatenatedValues; ///< of the failing step's batch
   std::optional<JobTriage> job;                      ///< the bundle is a rank of a multi-process job

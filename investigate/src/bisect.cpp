@@ -3,7 +3,6 @@
 #include <fmt/format.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cmath>
 
 #include "crashcap/formats/bundle_reader.hpp"
@@ -155,19 +154,12 @@ RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vec
   // (a shape that names the part's size: "Expected hidden size (1, 4, 16)", then "(1, 2, 16)").
   int cutsFailing = 0;
   std::string cutsError;
-  auto withoutNumbers = [](const std::string& text) {
-    std::string out;
-    for (char c : text)
-      if (!std::isdigit(static_cast<unsigned char>(c)) || out.empty() || out.back() != '#')
-        out += std::isdigit(static_cast<unsigned char>(c)) ? '#' : c;
-    return out;
-  };
   auto run = [&](const std::vector<int64_t>& rows) {
     auto t = test(rows);
     result.replays++;
     if (static_cast<int64_t>(rows.size()) < batchSize && cutsFailing >= 0) {
       if (!t.otherFailure.empty() &&
-          (cutsFailing == 0 || withoutNumbers(t.otherFailure) == withoutNumbers(cutsError))) {
+          (cutsFailing == 0 || replayer::sameFailure(t.otherFailure, cutsError))) {
         if (cutsFailing == 0) cutsError = t.otherFailure;
         ++cutsFailing;
       } else {

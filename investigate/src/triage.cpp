@@ -696,15 +696,16 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
         f.withoutRows.reset();
       }
     }
+    const auto domains = findIndexDomains(bundle);
     if (!rows.empty()) {
-      f.rowFindings = findRowOddities(bundle, f.step(), rows, findIndexDomains(bundle));
+      f.rowFindings = findRowOddities(bundle, f.step(), rows, domains);
     } else if (f.samples && !f.samples->cutsFail.empty()) {
       // No part of the batch can run, so no row was tested: what each row holds is still worth
       // saying, where it needs no other rows to judge it (NaN/Inf, the index the error names).
       std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(batchSize, 0)));
       for (int64_t r = 0; r < batchSize; ++r) all[static_cast<size_t>(r)] = r;
       std::vector<IndexDomain> raised;
-      for (const auto& d : findIndexDomains(bundle))
+      for (const auto& d : domains)
         if (d.raisedValue) raised.push_back(d);
       for (auto& finding : findRowOddities(bundle, f.step(), all, raised))
         if (finding.kind == RowFinding::Kind::NonFinite || finding.kind == RowFinding::Kind::OutOfDomain)
@@ -716,7 +717,7 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     }
     try {
       f.paddingRow = findPaddingRow(bundle, f.step());
-      f.concatenatedValues = findConcatenatedValues(bundle, f.step(), findIndexDomains(bundle));
+      f.concatenatedValues = findConcatenatedValues(bundle, f.step(), domains);
     } catch (const Error&) {
       // A batch tensor that cannot be read: the experiments above said what they could.
     }

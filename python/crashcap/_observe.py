@@ -41,6 +41,7 @@ import os
 import shutil
 import sys
 import threading
+import traceback
 import weakref
 
 import torch
@@ -282,8 +283,20 @@ class Observer:
         if self.failed is not None:
             return
         self.failed = f"{type(error).__name__}: {error}"
+        traceback.print_exception(type(error), error, error.__traceback__, file=sys.stderr)
         _say(f"stopped recording this training after an error of crashcap's own ({self.failed}); "
              f"the training goes on unrecorded. Please report it with the traceback above.")
+        # The recording ends here, closed as a clean one: a crash from now on is in a step it does
+        # not hold, and sealed into it would be told as a crash of its last step.
+        if self.replay:
+            return
+        rec, self.rec = self.rec, None
+        if rec is not None:
+            try:
+                rec.warn(f"recording stopped after an error of crashcap's own ({self.failed})", _print=False)
+                rec.close()
+            except Exception:
+                pass
 
     def live(self, refs):
         return [o for o in (r() for r in refs) if o is not None]

@@ -89,3 +89,18 @@ TEST_CASE("a non-finite blocked norm is LibTorch's verdict: overflow falls back,
     CHECK_FALSE(std::isfinite(gradientNorm({g}).value));
   }
 }
+
+TEST_CASE("a sparse gradient counts as its coalesced values, by either method") {
+  // An embedding's sparse gradient: one entry per looked-up row, the same row twice (summed).
+  at::manual_seed(3);
+  auto indices = at::tensor({4, 1, 4, 7}, at::kLong).unsqueeze(0);
+  auto values = at::randn({4, 6});
+  auto sparse = at::sparse_coo_tensor(indices, values, {10, 6});
+  auto dense = sparse.to_dense();
+  auto other = at::randn({6, 3});
+  const auto norm = gradientNorm({sparse, other});
+  CHECK(norm.method == GradNormMethod::Blocked);
+  CHECK(norm.value == Approx(gradientNorm({dense, other}).value).epsilon(1e-6));
+  CHECK(sameBits(norm.value, gradientNorm({sparse, other}, GradNormMethod::Blocked)));
+  CHECK(gradientNorm({sparse, other}, GradNormMethod::ForeachNorm) == Approx(norm.value).epsilon(1e-6));
+}

@@ -26,6 +26,77 @@ def test_two_optimizers_are_one_warning_kept_together_and_the_training_computes_
     assert story["optimizer"]["kind"] == "adam+sgd", story["optimizer"]
 
 
+def record_program(tmp_path, source, sealed="crash-*.ccap"):
+    """crashcap run --record over a program of the test's own (it must fail); the run and its one
+    bundle: the recorder's crash bundle, or, with `sealed="recording-*.ccap"`, the recording the
+    supervisor sealed when the recorder did not."""
+    (tmp_path / "train.py").write_text(textwrap.dedent(source))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0, r.stderr
+    bundles = list((tmp_path / "runs").glob("*.ccap"))
+    assert len(bundles) == 1 and bundles[0].match(sealed), bundles
+    return r, str(bundles[0])
+
+
+def test_a_sparse_embedding_gradient_is_part_of_the_fingerprint_and_its_step_replays_bit_for_bit(tmp_path):
+    # EmbeddingBag(sparse=True) gives a sparse gradient (SparseAdam for it, Adam for the head): the
+    # gradient norm of a step's fingerprint must read it. Sample 70 holds a token past the table.
+    r, bundle = record_program(tmp_path, """
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        tokens = torch.randint(0, 50, (96, 5))
+        tokens[70, 2] = 53
+        labels = torch.randint(0, 3, (96,))
+        bags, head = torch.nn.EmbeddingBag(50, 8, sparse=True), torch.nn.Linear(8, 3)
+        sparse, dense = torch.optim.SparseAdam(list(bags.parameters())), torch.optim.Adam(head.parameters())
+        for step, (t, y) in enumerate(DataLoader(TensorDataset(tokens, labels), batch_size=8)):
+            print("step", step, flush=True)
+            loss = torch.nn.functional.cross_entropy(head(bags(t)), y)
+            sparse.zero_grad(); dense.zero_grad(); loss.backward(); sparse.step(); dense.step()
+    """)
+    assert "error of crashcap's own" not in r.stderr, r.stderr
+    assert "step 8" in r.stdout and "step 9" not in r.stdout, r.stdout  # row 70 is in batch 8
+    story = crashcap_json("inspect", bundle)
+    assert story["crash_step"] == 8 and story["steps"]["completed"] == 8, story["steps"]
+    assert story["steps"]["last_grad_norm"] > 0, story["steps"]
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    assert all(s["grad_norm"] is not None for s in replay["steps"][:-1]), replay["steps"]
+
+
+def test_an_error_of_crashcaps_own_ends_the_recording_and_a_later_crash_is_not_told_as_its_step(tmp_path):
+    # crashcap's batch flattening fails from the fourth batch on (a fault the program puts into it
+    # after it drew the third);
+    # the training goes on and fails at its ninth batch, a step the recording does not hold.
+    r, bundle = record_program(tmp_path, """
+        import torch
+        import crashcap._batch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        model = torch.nn.Linear(4, 2)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        def broken(*args, **kwargs):
+            raise KeyError("put in by the test")
+        for step, (x, y) in enumerate(DataLoader(TensorDataset(torch.randn(64, 4), torch.arange(64) % 2), batch_size=4)):
+            if step == 2:
+                crashcap._batch.flatten = broken
+            if step == 8:
+                raise RuntimeError("the training's own failure at step 8")
+            loss = torch.nn.functional.cross_entropy(model(x), y)
+            opt.zero_grad(); loss.backward(); opt.step()
+    """, sealed="recording-*.ccap")
+    # The traceback it asks to be reported with is there, and the training ran on to its own failure.
+    assert "KeyError: 'put in by the test'" in r.stderr and "in broken" in r.stderr, r.stderr
+    assert "stopped recording this training after an error of crashcap's own" in r.stderr, r.stderr
+    story = crashcap_json("inspect", bundle)
+    assert story["crash"]["error"] == "RuntimeError: the training's own failure at step 8", story["crash"]
+    # Not a crash of the last recorded step: the recorder sealed none; the supervisor saw the exit.
+    assert story["crash"]["source"] == "supervisor" and story["crash"]["step"] is None, story["crash"]
+    assert story["steps"]["last"] == 2, story["steps"]
+    assert any("recording stopped after an error of crashcap's own (KeyError" in w for w in story["warnings"]), story
+
+
 def test_a_training_without_a_dataloader_is_one_warning_and_keeps_its_crash(tmp_path):
     bare = run_bare(tmp_path, "no_loader.py")
     r, runs = run_recorded(tmp_path, "no_loader.py")

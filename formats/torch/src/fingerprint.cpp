@@ -56,6 +56,18 @@ double foreachNorm(const std::vector<at::Tensor>& grads) {
   return at::stack(at::_foreach_norm(grads, 2)).norm().item<double>();
 }
 
+/// A sparse gradient (an embedding's with sparse=True) as its coalesced values, which have its
+/// 2-norm and are a strided tensor both methods read; `grads` itself when none is sparse.
+std::vector<at::Tensor> strided(const std::vector<at::Tensor>& grads) {
+  bool sparse = false;
+  for (const auto& g : grads) sparse = sparse || g.is_sparse();
+  if (!sparse) return grads;
+  std::vector<at::Tensor> out;
+  out.reserve(grads.size());
+  for (const auto& g : grads) out.push_back(g.is_sparse() ? g.coalesce().values().contiguous() : g);
+  return out;
+}
+
 /// Whether the blocked method can read every gradient: contiguous float32 on the CPU.
 bool blockable(const std::vector<at::Tensor>& grads) {
   if (grads.empty()) return false;
@@ -67,7 +79,8 @@ bool blockable(const std::vector<at::Tensor>& grads) {
 
 }  // namespace
 
-GradientNorm gradientNorm(const std::vector<at::Tensor>& grads) {
+GradientNorm gradientNorm(const std::vector<at::Tensor>& gradients) {
+  const auto grads = strided(gradients);
   if (blockable(grads)) {
     const double value = blockedNorm(grads);
     // A float square overflows at about 1e19: when no gradient holds a NaN or an Inf, the
@@ -80,7 +93,8 @@ GradientNorm gradientNorm(const std::vector<at::Tensor>& grads) {
   return {foreachNorm(grads), GradNormMethod::ForeachNorm};
 }
 
-double gradientNorm(const std::vector<at::Tensor>& grads, GradNormMethod method) {
+double gradientNorm(const std::vector<at::Tensor>& gradients, GradNormMethod method) {
+  const auto grads = strided(gradients);
   return method == GradNormMethod::Blocked && blockable(grads) ? blockedNorm(grads) : foreachNorm(grads);
 }
 

@@ -23,7 +23,8 @@ struct GradientNorm {
 /// gradients at the memory's bandwidth, and the same bits whatever the thread count or the
 /// vector width. Otherwise, or when the blocked sum is not finite although every gradient is
 /// (a float square overflows at about 1e19): `at::_foreach_norm` and the norm of the norms, as
-/// LibTorch computes them, so that such a step is judged exactly as before.
+/// LibTorch computes them, so that such a step is judged exactly as before. A sparse gradient
+/// counts as its coalesced values (duplicate indices summed), whose norm is its own.
 GradientNorm gradientNorm(const std::vector<at::Tensor>& grads);
 
 /// The norm by a given method, as a replay recomputes a recorded one. Gradients the blocked

@@ -81,7 +81,14 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
     return;
   }
   const auto& culprits = b.culprits();
-  const std::string indices = b.datasetIndices ? fmt::format(", dataset index {}", joinRows(*b.datasetIndices)) : "";
+  std::string indices = b.datasetIndices ? fmt::format(", dataset index {}", joinRows(*b.datasetIndices)) : "";
+  if (b.datasetIndices && b.rowOrder && (b.rowOrder->order == "reordered" || b.rowOrder->order == "partial"))
+    indices += " (matched to its row after the collate function reordered the samples)";
+  else if (b.datasetIndices && b.rowOrder && b.rowOrder->order == "unchecked")
+    indices += fmt::format(" (in the sampler's order, which the program's collate function may have changed: {})",
+                           b.rowOrder->why);
+  else if (!b.datasetIndices && b.rowOrder && b.rowOrder->order == "partial")
+    indices = fmt::format(" (no dataset index: the collate function reordered the samples, and {})", b.rowOrder->why);
   if (b.triggers.empty())
     std::cout << fmt::format("step {}: the failure needs batch row{} [{}] of {}{}", b.step, b.rows.size() == 1 ? "" : "s",
                              joinRows(b.rows), b.batchSize, indices);

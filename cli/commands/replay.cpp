@@ -95,6 +95,20 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
                              "since every later step would start from the wrong state. This says nothing about the "
                              "training (`crashcap inspect {}` lists what was lost)\n",
                              r.lostSteps.size() == 1 ? "" : "s", joinRows(r.lostSteps), r.keyframe, r.step, bundle);
+  if (r.rowOrder && r.rowOrder->order == "reordered")
+    std::cout << fmt::format("rows     the collate function reorders the samples: row by row, dataset indices {} "
+                             "(the batch's index tensor holds the sampler's order)\n",
+                             r.rowOrder->datasetIndices.size() <= 16
+                                 ? joinRows(r.rowOrder->datasetIndices)
+                                 : joinRows({r.rowOrder->datasetIndices.begin(), r.rowOrder->datasetIndices.begin() + 16}) +
+                                       fmt::format(", ... ({} more: --json, row_order)", r.rowOrder->datasetIndices.size() - 16));
+  else if (r.rowOrder && r.rowOrder->order == "partial")
+    std::cout << fmt::format("rows     the collate function reorders the samples, and {}: the dataset index of each "
+                             "row matched is in --json (row_order)\n",
+                             r.rowOrder->why);
+  else if (r.rowOrder && r.rowOrder->order == "unchecked")
+    std::cout << fmt::format("rows     in the sampler's order as far as crashcap knows: the collate function is the "
+                             "program's, and {}\n", r.rowOrder->why);
   if (r.divergedAt)
     std::cout << fmt::format("diverged at step {}: replay departs from the recording (nondeterminism?)\n", *r.divergedAt);
   if (!r.error.empty()) std::cout << fmt::format("error    {}\n", r.error);

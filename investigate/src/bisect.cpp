@@ -254,7 +254,18 @@ std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std
 }
 
 std::optional<std::vector<int64_t>> datasetIndices(const std::string& bundle, int64_t step,
-                                                   const std::vector<int64_t>& rows) {
+                                                   const std::vector<int64_t>& rows,
+                                                   const std::optional<replayer::RowOrder>& order) {
+  if (order && order->matched()) {
+    std::vector<int64_t> out;
+    for (int64_t r : rows) {
+      if (r < 0 || r >= static_cast<int64_t>(order->datasetIndices.size()) ||
+          order->datasetIndices[static_cast<size_t>(r)] < 0)
+        return std::nullopt;  // a row the match left open: the sampler's index at its place is not its own
+      out.push_back(order->datasetIndices[static_cast<size_t>(r)]);
+    }
+    return out;
+  }
   auto reader = formats::BundleReader::open(bundle);
   auto name = formats::batchTensorName(step, formats::kDatasetIndexName);
   if (!reader->find(name)) return std::nullopt;
@@ -309,6 +320,7 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   b.batchSize = base.batchSize;
   b.replayBound = singleRowBound(base.batchSize);
   b.lostSteps = base.lostSteps;
+  b.rowOrder = base.rowOrder;
   if (base.verdict == replayer::Verdict::RecordingIncomplete) return b;  // the step cannot be reached
   // A program (or a job's rank) that died of its signal again or hung again: no step answered.
   // When it died in the target step itself, its rows are still tested: each experiment cuts them
@@ -359,7 +371,7 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   b.replays = search.replays;
   b.trials = std::move(search.log);
   b.cutsFail = search.cutsFail;
-  if (b.reproduced && b.cutsFail.empty()) b.datasetIndices = datasetIndices(bundle, b.step, b.culprits());
+  if (b.reproduced && b.cutsFail.empty()) b.datasetIndices = datasetIndices(bundle, b.step, b.culprits(), b.rowOrder);
   return b;
 }
 

@@ -291,6 +291,9 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   for (const auto& k : view.keyframes)
     if (k.step == recordedKeyframe) --rep.keyframesLeftOut;
   bool cutRows = false;  // the rows of rep.rows replace the crash step's batch
+  // Which sample each row of the crash step's batch holds, when a collate function of the
+  // program's reordered them (replayer::RowOrder, from bisect samples' whole-batch replay).
+  std::optional<std::vector<int64_t>> rowDatasetIndices;
   std::map<std::string, at::Tensor> cut;  // then, its tensors cut to them (replayer::cutBatch)
   std::optional<formats::StepBeginData> cutBegin;  // and its record, when its per-row lists are cut too
   auto keepTensor = [&](const formats::TensorInfo& t) {
@@ -356,6 +359,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       // a batch is bisected in the bundle as given.
       auto b = bisectSamples(ragged ? in : stage, target, runner);
       rep.rowReplays = b.replays;
+      if (b.rowOrder && (b.rowOrder->order == "reordered" || b.rowOrder->order == "partial"))
+        rowDatasetIndices = b.rowOrder->datasetIndices;
       if (b.reproduced && !b.rows.empty() && static_cast<int64_t>(b.rows.size()) < rep.batchSize) {
         rep.rows = b.rows;
       } else {
@@ -375,6 +380,19 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     cutRows = !rep.rows.empty();
     if (cutRows) {
       cut = cutOf(rep.rows);
+      if (rowDatasetIndices && std::any_of(rep.rows.begin(), rep.rows.end(), [&](int64_t r) {
+            return rowDatasetIndices->at(static_cast<size_t>(r)) < 0;  // a row the match left open
+          }))
+        rowDatasetIndices.reset();
+      // The index tensor holds the sampler's order; the pack's rows are named by the samples they
+      // hold, in their order, so that the pack's own replay finds each at its place.
+      const auto indexName = formats::batchTensorName(target, formats::kDatasetIndexName);
+      if (rowDatasetIndices && cut.count(indexName) && cut[indexName].dim() == 1 &&
+          cut[indexName].scalar_type() == at::kLong) {
+        std::vector<int64_t> own;
+        for (int64_t r : rep.rows) own.push_back(rowDatasetIndices->at(static_cast<size_t>(r)));
+        cut[indexName] = at::tensor(own, at::kLong);
+      }
       // A Python batch's lists of one value per row (lengths, file names) go with the rows.
       const auto& begin = *begun.at(target);
       std::string structure = replayer::cutStructure(begin.structure, rep.batchSize, rep.rows);
@@ -400,7 +418,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
         std::memcpy(indices.data(), bytes.data(), indices.size() * sizeof(int64_t));
         if (cutRows && step == target && rowTensors.count(n)) {
           std::vector<int64_t> kept;
-          for (int64_t r : rep.rows) kept.push_back(indices.at(static_cast<size_t>(r)));
+          for (int64_t r : rep.rows)
+            kept.push_back((rowDatasetIndices ? *rowDatasetIndices : indices).at(static_cast<size_t>(r)));
           indices = kept;
         }
         rep.datasetIndices.emplace_back(step, std::move(indices));

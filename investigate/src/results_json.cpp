@@ -162,6 +162,7 @@ json toJson(const SampleBisection& b) {
           {"rows", b.rows},
           {"triggers", b.triggers},
           {"dataset_indices", nullable(b.datasetIndices)},
+          {"row_order", replayer::toJson(b.rowOrder)},
           {"replays", b.replays},
           {"replay_bound_single_row", b.replayBound},
           {"lost_steps", b.lostSteps},
@@ -177,6 +178,7 @@ SampleBisection sampleBisectionFromJson(const json& j) {
   b.rows = integers(at(j, "rows"), "rows");
   if (j.contains("triggers")) b.triggers = integers(j["triggers"], "triggers");
   if (!at(j, "dataset_indices").is_null()) b.datasetIndices = integers(j["dataset_indices"], "dataset_indices");
+  b.rowOrder = replayer::rowOrderFromJson(j, "row_order");
   b.replays = static_cast<int>(integer(j, "replays"));
   b.replayBound = static_cast<int>(integer(j, "replay_bound_single_row"));
   b.lostSteps = integers(at(j, "lost_steps"), "lost_steps");

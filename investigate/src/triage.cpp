@@ -513,7 +513,8 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
   return out;
 }
 
-std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step) {
+std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step,
+                                         const std::optional<replayer::RowOrder>& order) {
   auto reader = formats::BundleReader::open(bundle);
   const auto records = formats::readRecords(*reader);
   const formats::StepBeginData* begin = stepBeginOf(records, step);
@@ -582,7 +583,7 @@ std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step
           earlierExtent(info->name.substr(prefix.size()), d) >= first)
         continue;
       PaddingRow p{info->name, d, top, first, second, std::nullopt};
-      if (auto indices = datasetIndices(bundle, step, {top}); indices && indices->size() == 1) p.datasetIndex = indices->front();
+      if (auto indices = datasetIndices(bundle, step, {top}, order); indices && indices->size() == 1) p.datasetIndex = indices->front();
       return p;
     }
   }
@@ -716,7 +717,7 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       }
     }
     try {
-      f.paddingRow = findPaddingRow(bundle, f.step());
+      f.paddingRow = findPaddingRow(bundle, f.step(), f.replay ? f.replay->rowOrder : std::nullopt);
       f.concatenatedValues = findConcatenatedValues(bundle, f.step(), domains);
     } catch (const Error&) {
       // A batch tensor that cannot be read: the experiments above said what they could.

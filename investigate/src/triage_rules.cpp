@@ -111,6 +111,18 @@ const ConcatenatedValue* raisingOpValue(const TriageFacts& f) {
   return nullptr;
 }
 
+/// How the dataset indices named for rows were matched to them: "" in the sampler's order, which
+/// default_collate keeps.
+std::string rowOrderText(const std::optional<replayer::RowOrder>& order) {
+  if (!order) return "";
+  if (order->order == "reordered" || order->order == "partial")
+    return ", matched to the rows after the collate function reordered the samples the sampler drew";
+  if (order->order == "sampler") return ", the rows in the sampler's order, checked against the program's collate function";
+  return fmt::format("; unchecked: the collate function is the program's, and it may have put the samples in another "
+                     "order than the sampler drew them, since {}",
+                     order->why);
+}
+
 std::string paddingRowText(const PaddingRow& p) {
   return fmt::format("row {}{} of {} reaches index {} along dimension {}, while every other row is zero beyond index {}; "
                      "the batch's padded size is that row's, which cutting rows from the recorded batch cannot "
@@ -249,8 +261,13 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     // The rows trigger the failure; they are invalid data only when they hold an invalid value.
     h.evidence.push_back(triggerText(f));
     if (f.samples->datasetIndices)
-      h.evidence.push_back(fmt::format("dataset index {} ({}batch's {} tensor)", joinRows(*f.samples->datasetIndices),
-                                       f.job ? whose : "the ", formats::kDatasetIndexName));
+      h.evidence.push_back(fmt::format("dataset index {} ({}batch's {} tensor{})", joinRows(*f.samples->datasetIndices),
+                                       f.job ? whose : "the ", formats::kDatasetIndexName,
+                                       rowOrderText(f.samples->rowOrder)));
+    else if (f.samples->rowOrder && f.samples->rowOrder->order == "partial")
+      h.evidence.push_back(fmt::format("no dataset index: the collate function reordered the samples the sampler drew, "
+                                       "and {}, so the rows are named by their place in the batch",
+                                       f.samples->rowOrder->why));
     else
       h.evidence.push_back(fmt::format("no dataset index: {}batch has no {} tensor (an IterableDataset, or a sampler "
                                        "that draws no integers), so the rows are named by their place in the batch",

@@ -72,6 +72,7 @@ class Driver:
         self.restored = False
         self._pending = None       # steps rec.steps() has still to yield
         self.loader = None         # the training's DataLoader, when the observer drives the replay
+        self._target_batch = None  # the target step's recorded batch tensors, by name
         self._previous_hook = sys.excepthook
         sys.excepthook = self._excepthook
         try:
@@ -143,6 +144,9 @@ class Driver:
             tensors, documents = self.rec._keyframe(step)
             self.session.write_keyframe(tensors, documents)
         batch, structure, lrs, generators = self.session.begin_step(step)
+        if step == self.session.target and may_reorder(self.loader) and self.session.rows_to_match():
+            # Its rows as recorded, for match_rows (the program may change its batch in place).
+            self._target_batch = {name: t.detach().cpu().clone() for name, t in batch}
         self.current = step
         groups = self.rec.optimizer.param_groups
         for group, lr in zip(groups, lrs):
@@ -223,6 +227,7 @@ class Driver:
             return
         self.session.end_step(loss)
         if self.current == self.session.target:
+            self._match_rows()
             if self.loader is not None:
                 # A loading crash: the batch after the target step is loaded here and now, not when
                 # the program would ask for it, so that nothing after the step runs (its update, a
@@ -244,10 +249,27 @@ class Driver:
                                 f"{type(e).__name__}: {e}"))
         self.session.batch_loaded(error, culprits, by)
 
+    def _match_rows(self):
+        """Once the target step has ended: which row of its batch holds which sample, when the
+        loader's collate function may have reordered the samples the sampler drew (match_rows)."""
+        if self.loader is None or self._target_batch is None:
+            return
+        indices = self.session.rows_to_match()
+        if not indices:
+            return
+        try:
+            found = match_rows(self.loader, indices, self._target_batch)
+        except Exception as e:  # crashcap's own: the rows stay unchecked, the replay's verdict stands
+            found = ("unchecked", [], f"crashcap could not match them: {type(e).__name__}: {e}")
+        if found is not None:
+            self.session.rows_matched(*found)
+
     def fail(self, exc):
         if self.current is not None:
             text = "".join(traceback.format_exception_only(type(exc), exc)).strip()
             self.session.step_failed(text)
+            if self.current == self.session.target:
+                self._match_rows()
         self._finish()
 
     def _excepthook(self, kind, value, tb):
@@ -258,6 +280,155 @@ class Driver:
     def _finish(self):
         ok = self.session.finish_and_write()
         _end(0 if ok else 1)
+
+
+# ---- which row holds which sample --------------------------------------------------------------
+
+def match_rows(loader, indices, recorded):
+    """Which row of the recorded batch `recorded` (tensors by name) holds each of the samples at
+    dataset `indices`, drawn by `loader`'s sampler in that order. None when the loader's collation
+    keeps the order (default_collate, or one sample a batch); else (order, dataset index of each
+    row, why) for DrivenReplay.rows_matched: "sampler", "reordered", "partial" (-1 for a row left
+    open) or "unchecked".
+
+    Each sample is loaded again and collated alone. A tensor of the batch is compared when the
+    sample alone has it too, with one row where the batch has len(indices) (the same dimension):
+    the sample's row is compared with every row of the batch over the extent both have (a row
+    padded to the batch's longest sample keeps its own values first), NaN equal to NaN. When the
+    rows are the samples in some order, each row of a tensor that holds them matches a sample and
+    each sample a row; a tensor where one does not is left out: it holds the batch, not its
+    samples (a PackedSequence's sorted_indices), or the samples do not come back the same (a
+    random transform). The rows are the sampler's order when each sample matches at its own place
+    in every tensor kept; else each row is paired with the one sample every pairing the tensors
+    kept allow gives it (_held_samples): "reordered". Rows that match several samples alike in
+    every tensor kept are left open (-1) while the others are paired: "partial"; all of them, or
+    no pairing at all: "unchecked"."""
+    if not may_reorder(loader):
+        return None
+    collate, n = loader.collate_fn, len(indices)
+    try:
+        samples = _fetch(_indexed_dataset(loader.dataset), indices)
+        alone = [dict(_batch.flatten(collate([x]))[0]) for x in samples]
+    except Exception as e:
+        return "unchecked", [], f"loading the samples again and collating each alone raised {_error_text(e).splitlines()[-1]}"
+    together = None
+    for name, batch_tensor in recorded.items():
+        if name == "index" or not isinstance(batch_tensor, torch.Tensor):
+            continue
+        candidates = _tensor_candidates(batch_tensor, [a.get(name) for a in alone], n)
+        if candidates is None or not (bool(candidates.any(dim=0).all()) and bool(candidates.any(dim=1).all())):
+            continue  # not one row per sample, the batch's own, or samples that changed
+        together = candidates if together is None else together & candidates
+    if together is None:
+        return "unchecked", [], ("no tensor of the batch holds the samples as the collate function gives each alone (a "
+                                 "random transform, or a collate function that changes the samples)")
+    if bool(together.diagonal().all()):
+        return "sampler", list(indices), ""
+    held = _held_samples(together)
+    if held is None:
+        return "unchecked", [], ("the rows and the samples loaded again and collated alone cannot be paired in every "
+                                 "tensor of the batch that holds them")
+    if all(i >= 0 for i in held):
+        return "reordered", [indices[i] for i in held], ""
+    several = [r for r, i in enumerate(held) if i < 0]
+    why = (f"row{'s' if len(several) > 1 else ''} {_rows_text(several)} match{'' if len(several) > 1 else 'es'} "
+           f"several of the samples loaded again (samples alike in every tensor compared)")
+    if len(several) == n:
+        return "unchecked", [], why
+    return "partial", [indices[i] if i >= 0 else -1 for i in held], why
+
+
+def _held_samples(candidates):
+    """The sample each row holds (-1 when the candidates leave it open), from [sample, row]
+    booleans, in every pairing of rows with samples they allow: a row one sample alone matches
+    holds it, and so does a row that alone matches a sample; each such pair takes that sample
+    and that row from the others' candidates, which may leave another one alone. None when no
+    pairing is possible (a row, or a sample, left with no candidate)."""
+    n = candidates.shape[0]
+    samples_of = [set() for _ in range(n)]  # of each row
+    rows_of = [set() for _ in range(n)]     # of each sample
+    for i, r in candidates.nonzero().tolist():
+        samples_of[r].add(i)
+        rows_of[i].add(r)
+    held = [-1] * n
+
+    def pair(r, i):
+        held[r] = i
+        for other in samples_of[r] - {i}:
+            rows_of[other].discard(r)
+        for other in rows_of[i] - {r}:
+            samples_of[other].discard(i)
+        samples_of[r], rows_of[i] = {i}, {r}
+
+    progress = True
+    while progress:
+        if any(not s for s in samples_of) or any(not s for s in rows_of):
+            return None
+        progress = False
+        for r in range(n):
+            if held[r] < 0 and len(samples_of[r]) == 1:
+                pair(r, next(iter(samples_of[r])))
+                progress = True
+        for i in range(n):
+            if len(rows_of[i]) == 1:
+                (r,) = rows_of[i]
+                if held[r] < 0:
+                    pair(r, i)
+                    progress = True
+    return held
+
+
+def may_reorder(loader):
+    """The loader collates batches of samples with a function of the program's, which may put
+    them in another order than the sampler drew them (default_collate keeps it)."""
+    return (loader is not None and loader.batch_sampler is not None
+            and loader.collate_fn is not torch.utils.data.default_collate)
+
+
+def _rows_text(rows, most=8):
+    text = ", ".join(str(r) for r in rows[:most])
+    return text + (f" and {len(rows) - most} more" if len(rows) > most else "")
+
+
+def _indexed_dataset(dataset):
+    """The dataset the batch's `index` tensor indexes: under the loader's Subsets as far as their
+    indices are integers (as the recorder mapped them)."""
+    while isinstance(dataset, torch.utils.data.Subset):
+        try:
+            if len(dataset.indices):
+                operator.index(dataset.indices[0])
+        except TypeError:
+            break
+        dataset = dataset.dataset
+    return dataset
+
+
+def _tensor_candidates(batch_tensor, alone, n):
+    """[sample, row] booleans: the row of `batch_tensor` holds sample i's tensor `alone[i]` (its
+    one row, over the extent both have); None when the tensor is not one row per sample."""
+    if any(a is None or not isinstance(a, torch.Tensor) for a in alone):
+        return None
+    dims = [d for d in range(batch_tensor.dim()) if batch_tensor.shape[d] == n]
+    first = alone[0]
+    dims = [d for d in dims if first.dim() == batch_tensor.dim() and first.shape[d] == 1]
+    if not dims:
+        return None
+    d = dims[0]
+    rows = batch_tensor.movedim(d, 0)
+    out = torch.zeros(n, n, dtype=torch.bool)
+    for i, a in enumerate(alone):
+        if a.dim() != batch_tensor.dim() or a.shape[d] != 1 or a.dtype != batch_tensor.dtype:
+            return None
+        a = a.movedim(d, 0)
+        r = rows
+        for k in range(1, a.dim()):
+            extent = min(a.shape[k], r.shape[k])
+            a, r = a.narrow(k, 0, extent), r.narrow(k, 0, extent)
+        same = r == a
+        if a.is_floating_point() or a.is_complex():
+            same |= r.isnan() & a.isnan()
+        out[i] = same.reshape(n, -1).all(dim=1)
+    return out
 
 
 # ---- a batch that failed to load --------------------------------------------------------------

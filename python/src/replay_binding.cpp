@@ -166,6 +166,13 @@ void bindReplay(py::module_& m) {
             s.replay().batchLoaded(std::move(*load));
           },
           py::arg("error"), py::arg("culprits"), py::arg("culprits_by"))
+      .def("rows_to_match", [](Session& s) { return s.replay().rowsToMatch(); })
+      .def(
+          "rows_matched",
+          [](Session& s, std::string order, std::vector<int64_t> datasetIndices, std::string why) {
+            s.replay().rowsMatched({std::move(order), std::move(datasetIndices), std::move(why)});
+          },
+          py::arg("order"), py::arg("dataset_indices"), py::arg("why"))
       .def("finish_and_write", [](Session& s) { return s.finishAndWrite(); });
 }
 

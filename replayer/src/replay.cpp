@@ -1545,6 +1545,17 @@ void DrivenReplay::stepFailed(const std::string& error) {
   m.close();
 }
 
+namespace {
+
+/// A replay of the recorded setup, from the newest keyframe, writing nothing more: what loads a
+/// step's samples again to learn about them (not an experiment under other settings, device or
+/// dtype, nor a step bisection's or a pack's replay).
+bool plainReplay(const ReplayOptions& o) {
+  return o.settings.empty() && o.device.empty() && o.dtype.empty() && !o.fromEarliestKeyframe && o.keyframeOut.empty();
+}
+
+}  // namespace
+
 std::optional<BatchLoad> DrivenReplay::batchToLoad() const {
   auto& m = *impl_;
   const auto& crash = m.run.view.crash;
@@ -1554,9 +1565,7 @@ std::optional<BatchLoad> DrivenReplay::batchToLoad() const {
   BatchLoad load;
   load.indices = crash->loadingIndices;
   load.datasetIndices = crash->loadingDatasetIndices;
-  const auto& o = m.run.options;
-  load.searched = o.settings.empty() && o.device.empty() && o.dtype.empty() && !o.fromEarliestKeyframe &&
-                  o.keyframeOut.empty();
+  load.searched = plainReplay(m.run.options);
   return load;
 }
 
@@ -1568,6 +1577,29 @@ void DrivenReplay::batchLoaded(BatchLoad load) {
     throw Error(ErrorCode::Internal, fmt::format("the batch after step {} was loaded before that step ended", m.run.target));
   if (!load.error.empty() && steps.back().error.empty()) steps.back().error = load.error;
   m.run.result.batchLoad = std::move(load);
+}
+
+std::vector<int64_t> DrivenReplay::rowsToMatch() const {
+  auto& m = *impl_;
+  const auto name = formats::batchTensorName(m.run.target, formats::kDatasetIndexName);
+  if (m.comparison.side != ComparisonSide::Both || !m.run.options.rows.empty() || !plainReplay(m.run.options) ||
+      !m.run.reader->find(name))
+    return {};
+  at::Tensor t = formats::torch::readTensor(*m.run.reader, name);
+  if (t.dim() != 1 || t.scalar_type() != at::kLong) return {};
+  t = t.contiguous();
+  return {t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel()};
+}
+
+void DrivenReplay::rowsMatched(RowOrder order) {
+  auto& m = *impl_;
+  m.close();
+  const auto asked = rowsToMatch();
+  if (asked.empty()) throw Error(ErrorCode::Internal, "rows_matched() without rows to match");
+  if (order.matched() && order.datasetIndices.size() != asked.size())
+    throw Error(ErrorCode::Internal, fmt::format("rows_matched(): {} dataset indices for a batch of {}",
+                                                 order.datasetIndices.size(), asked.size()));
+  m.run.result.rowOrder = std::move(order);
 }
 
 ReplayResult DrivenReplay::finish() {

@@ -279,6 +279,25 @@ std::optional<BatchLoad> batchLoadFromJson(const json& j, const char* key) {
   return load;
 }
 
+json toJson(const std::optional<RowOrder>& order) {
+  if (!order) return nullptr;
+  return {{"order", order->order},
+          {"dataset_indices", order->datasetIndices},
+          {"why", nullable(order->why)}};
+}
+
+std::optional<RowOrder> rowOrderFromJson(const json& j, const char* key) {
+  if (!j.contains(key) || j[key].is_null()) return std::nullopt;  // absent before it existed
+  const json& o = j[key];
+  RowOrder order;
+  order.order = text(o, "order");
+  if (order.order != "sampler" && order.order != "reordered" && order.order != "partial" && order.order != "unchecked")
+    bad("order", "\"sampler\", \"reordered\", \"partial\" or \"unchecked\"");
+  order.datasetIndices = integers(at(o, "dataset_indices"), "dataset_indices");
+  order.why = optText(o, "why");
+  return order;
+}
+
 json toJson(const ReplayResult& r) {
   return {{"verdict", verdictName(r.verdict)},
           {"step", r.step},
@@ -307,7 +326,8 @@ json toJson(const ReplayResult& r) {
           {"threads", r.threads},
           {"keyframe_written", nullable(r.keyframeWritten)},
           {"keyframe_not_written", nullable(r.keyframeNotWritten)},
-          {"batch_load", toJson(r.batchLoad)}};
+          {"batch_load", toJson(r.batchLoad)},
+          {"row_order", toJson(r.rowOrder)}};
 }
 
 ReplayResult replayResultFromJson(const json& j) {
@@ -341,6 +361,7 @@ ReplayResult replayResultFromJson(const json& j) {
   r.keyframeWritten = optInteger(j, "keyframe_written");  // both absent before they existed
   r.keyframeNotWritten = optText(j, "keyframe_not_written");
   r.batchLoad = batchLoadFromJson(j, "batch_load");
+  r.rowOrder = rowOrderFromJson(j, "row_order");
   return r;
 }
 

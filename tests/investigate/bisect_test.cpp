@@ -113,6 +113,17 @@ TEST_CASE("a batch no part of which can run (every part fails one other way) sto
   CHECK(topk.rows.size() < 64);
 }
 
+TEST_CASE("culprit rows are named by the dataset index the row order matched them to, and a row it left open by none",
+          "[investigate][bisect]") {
+  // A matched order answers without the bundle's index tensor, which holds the sampler's order.
+  replayer::RowOrder order{"reordered", {14, 9, 3}, ""};
+  CHECK(investigate::datasetIndices("not-read.ccap", 4, {2, 0}, order) == std::vector<int64_t>{3, 14});
+  CHECK_FALSE(investigate::datasetIndices("not-read.ccap", 4, {3}, order));  // no such row
+  order = replayer::RowOrder{"partial", {14, -1, 3}, "row 1 matches several of the samples"};
+  CHECK(investigate::datasetIndices("not-read.ccap", 4, {2}, order) == std::vector<int64_t>{3});
+  CHECK_FALSE(investigate::datasetIndices("not-read.ccap", 4, {1, 2}, order));
+}
+
 TEST_CASE("crashcap bisect samples names the corrupt row of a real crash", "[investigate][bisect][e2e]") {
   struct Case {
     std::string sample, fault;

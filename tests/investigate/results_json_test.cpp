@@ -346,6 +346,52 @@ TEST_CASE("a loading crash's batch, loaded again, reads back from the replay's J
   CHECK_THROWS_WITH(replayResultFromJson(j), Catch::Contains("culprits"));
 }
 
+TEST_CASE("the rows matched to the sampler's samples read back from a replay's and a sample bisection's JSON",
+          "[investigate][json]") {
+  auto r = sampleReplay();
+  CHECK(toJson(r)["row_order"].is_null());
+  auto none = toJson(r);
+  none.erase("row_order");  // a result written before it existed
+  CHECK_FALSE(replayResultFromJson(none).rowOrder);
+  r.rowOrder = replayer::RowOrder{"reordered", {14, 9, 3}, ""};
+  auto j = toJson(r);
+  CHECK(j["row_order"]["order"] == "reordered");
+  CHECK(j["row_order"]["why"].is_null());
+  auto back = replayResultFromJson(json::parse(j.dump()));
+  REQUIRE(back.rowOrder);
+  CHECK(back.rowOrder->order == "reordered");
+  CHECK(back.rowOrder->checked());
+  CHECK(back.rowOrder->datasetIndices == std::vector<int64_t>{14, 9, 3});
+  r.rowOrder = replayer::RowOrder{"unchecked", {}, "rows 0, 1 each match several of the samples loaded again"};
+  back = replayResultFromJson(json::parse(toJson(r).dump()));
+  REQUIRE(back.rowOrder);
+  CHECK_FALSE(back.rowOrder->checked());
+  CHECK_FALSE(back.rowOrder->matched());
+  CHECK(back.rowOrder->why == r.rowOrder->why);
+  r.rowOrder = replayer::RowOrder{"partial", {14, -1, -1}, "rows 1, 2 match several of the samples loaded again"};
+  back = replayResultFromJson(json::parse(toJson(r).dump()));
+  REQUIRE(back.rowOrder);
+  CHECK(back.rowOrder->matched());
+  CHECK(back.rowOrder->datasetIndices == std::vector<int64_t>{14, -1, -1});
+  // An order that is none of the three is refused, naming the key.
+  j["row_order"]["order"] = "sorted";
+  CHECK_THROWS_WITH(replayResultFromJson(j), Catch::Contains("order"));
+
+  SampleBisection s;
+  s.step = 4;
+  s.batchSize = 3;
+  s.reproduced = true;
+  s.rows = {1};
+  s.datasetIndices = std::vector<int64_t>{9};
+  s.rowOrder = replayer::RowOrder{"reordered", {14, 9, 3}, ""};
+  auto sb = sampleBisectionFromJson(json::parse(toJson(s).dump()));
+  REQUIRE(sb.rowOrder);
+  CHECK(sb.rowOrder->datasetIndices == s.rowOrder->datasetIndices);
+  auto older = toJson(s);
+  older.erase("row_order");
+  CHECK_FALSE(sampleBisectionFromJson(older).rowOrder);
+}
+
 TEST_CASE("a result without a key it needs is an error that names the key", "[investigate][json]") {
   auto j = toJson(sampleReplay());
   j.erase("batch_size");

@@ -152,6 +152,25 @@ TEST_CASE("invalid-data is confirmed when the failure needs the rows and goes aw
   CHECK(has(h, "dataset index 51 (the batch's index tensor)"));
   CHECK(has(h, "row 3 of steps/6/batch/image holds 64 NaN and 0 Inf values"));
   CHECK(h.rerun == "crashcap bisect samples crash.ccap");
+
+  // A collate function of the program's: the index follows the rows it matched, or is said to be
+  // in the sampler's order, unchecked, and why.
+  f.samples->rowOrder = replayer::RowOrder{"reordered", {9, 51, 4, 2}, ""};
+  h = judgeInvalidData(f);
+  CHECK(has(h, "dataset index 51 (the batch's index tensor, matched to the rows after the collate function reordered "
+               "the samples the sampler drew)"));
+  f.samples->rowOrder = replayer::RowOrder{"unchecked", {}, "rows 1, 3 each match several of the samples loaded again"};
+  h = judgeInvalidData(f);
+  CHECK(has(h, "dataset index 51 (the batch's index tensor; unchecked: the collate function is the program's, and it "
+               "may have put the samples in another order than the sampler drew them, since rows 1, 3 each match "
+               "several of the samples loaded again)"));
+  CHECK(h.verdict == V::Confirmed);  // the rows' values convict them, whichever sample they are
+  // The culprit row is one the match left open: no index, rather than the one drawn at its place.
+  f.samples->datasetIndices.reset();
+  f.samples->rowOrder = replayer::RowOrder{"partial", {9, -1, -1, 2}, "rows 1, 2 match several of the samples"};
+  h = judgeInvalidData(f);
+  CHECK(has(h, "no dataset index: the collate function reordered the samples the sampler drew, and rows 1, 2 match "
+               "several of the samples, so the rows are named by their place in the batch"));
 }
 
 RowFinding outOfDomain(int64_t row, const std::string& tensor, double value, IndexDomain domain, bool oneElement) {

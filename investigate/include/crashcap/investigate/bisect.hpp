@@ -109,6 +109,10 @@ struct SampleBisection {
   /// The rows that cause the failure: the triggers when there are, else the smallest failing set.
   const std::vector<int64_t>& culprits() const { return triggers.empty() ? rows : triggers; }
   std::optional<std::vector<int64_t>> datasetIndices;  ///< of culprits(), in their order
+  /// How the batch's rows were matched to the sampler's samples (the whole batch's replay's
+  /// RowOrder): the dataset indices above follow a collate function's reordering, or are in the
+  /// sampler's order, unchecked. nullopt: the loader keeps the sampler's order.
+  std::optional<replayer::RowOrder> rowOrder;
   int replays = 0;
   int replayBound = 0;                           ///< singleRowBound(batchSize)
   std::vector<int64_t> lostSteps;                ///< the recording lost these: the step cannot be reached
@@ -118,9 +122,13 @@ struct SampleBisection {
 SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner);
 
 /// The dataset indices of `rows` of step `step`'s batch, when the batch carried an index tensor
-/// (formats::kDatasetIndexName); nullopt otherwise.
+/// (formats::kDatasetIndexName); nullopt otherwise. The tensor holds them in the sampler's order;
+/// `order`, from a plain replay of the step, says which row holds which when a collate function
+/// reordered them (RowOrder::matched(); nullopt for a row it left open), and is otherwise the
+/// sampler's order.
 std::optional<std::vector<int64_t>> datasetIndices(const std::string& bundle, int64_t step,
-                                                   const std::vector<int64_t>& rows);
+                                                   const std::vector<int64_t>& rows,
+                                                   const std::optional<replayer::RowOrder>& order = std::nullopt);
 
 /// One replay under a changed setting or on another device.
 struct ConfigTrial {

@@ -253,8 +253,9 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
 /// other's and is the tensor's size there, that size is larger than in every earlier step the
 /// bundle holds, and the rows are padding, not sparse data: each row is non-zero in 90% of its own
 /// extent (a one-hot row is not). nullopt when no tensor shows one, or the batch has fewer than 3
-/// rows.
-std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step);
+/// rows. Its dataset index follows `order` (datasetIndices).
+std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step,
+                                         const std::optional<replayer::RowOrder>& order = std::nullopt);
 
 /// A culprit's value as the triage table and the report name it: "the value 53 at element 64 of
 /// steps/6/batch/1 (batch row 10 by its offsets, dataset index 150)"; `quote` wraps the tensor's

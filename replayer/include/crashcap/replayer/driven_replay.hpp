@@ -108,6 +108,12 @@ class DrivenReplay {
   /// The program loaded batchToLoad() again after the target step: `load.error` is what it raised
   /// ("" none), and the target step's error.
   void batchLoaded(BatchLoad load);
+  /// A plain replay of the whole batch, of a step whose batch holds the sampler's dataset indices:
+  /// those indices, in the sampler's order, for the program to find which row holds which sample
+  /// (RowOrder). Empty: not asked.
+  std::vector<int64_t> rowsToMatch() const;
+  /// What the program found (RowOrder); once the target step has ended.
+  void rowsMatched(RowOrder order);
   /// The verdict. Throws Error{Unsupported} when the program's loop stopped before the target.
   ReplayResult finish();
   /// A side of an ops bisection ends: the Reference side writes its op outputs and fills

@@ -170,6 +170,26 @@ struct BatchLoad {
   bool searched = false;
 };
 
+/// Which sample each row of the target step's batch is. The batch's `index` tensor holds the
+/// dataset indices in the order the sampler drew them, which is the rows' order unless the
+/// program's collate function reorders the samples (sorting them by length to pack sequences). A
+/// plain replay in the program loads the samples again, collates each alone and finds the row that
+/// holds it. Absent: the batch has no `index` tensor, the loader collates with default_collate
+/// (which keeps the order), or the replay was not a plain one of the whole batch.
+struct RowOrder {
+  /// "sampler": each row holds the sample the sampler drew at its place; "reordered": the collate
+  /// function put the samples in another order, and datasetIndices says which row holds which;
+  /// "partial": reordered, and some rows match several samples alike in every tensor compared
+  /// (`why`), whose datasetIndices are -1; "unchecked": the samples could not be matched to the
+  /// rows (`why`), so the rows are named in the sampler's order, which may not be theirs.
+  std::string order;
+  std::vector<int64_t> datasetIndices;  ///< of each row ("sampler", "reordered", "partial")
+  std::string why;                      ///< "partial", "unchecked": the reason
+  bool checked() const { return order == "sampler" || order == "reordered"; }
+  /// The rows were matched, all or some: datasetIndices names them, not the sampler's order.
+  bool matched() const { return checked() || order == "partial"; }
+};
+
 struct ReplayResult {
   Verdict verdict = Verdict::NotReproduced;
   int64_t step = -1;             ///< target
@@ -214,6 +234,8 @@ struct ReplayResult {
   /// A loading crash's replay: the batch that never came, loaded again after the target step. Its
   /// error, when it raised one, is the target step's `error` (the crash record's step too).
   std::optional<BatchLoad> batchLoad;
+  /// The target step's rows matched to the samples the sampler drew (RowOrder).
+  std::optional<RowOrder> rowOrder;
 };
 
 /// The errors name the same failure: their last lines (the exception's own, after any traceback)

@@ -51,6 +51,8 @@ std::optional<ProbedOp> probedOpFromJson(const nlohmann::json& j, const char* ke
 /// culprits_by, searched; null for none.
 nlohmann::json toJson(const std::optional<BatchLoad>& load);
 std::optional<BatchLoad> batchLoadFromJson(const nlohmann::json& j, const char* key);
+nlohmann::json toJson(const std::optional<RowOrder>& order);
+std::optional<RowOrder> rowOrderFromJson(const nlohmann::json& j, const char* key);
 
 /// A number as JSON: finite as is, NaN and infinities as "nan", "inf", "-inf".
 nlohmann::json number(double v);

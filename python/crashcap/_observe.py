@@ -26,8 +26,8 @@ recorded: several optimizers (kept together), gradient accumulation, a prefetchi
 loader iterated with gradients enabled (not recorded), no DataLoader (no steps: the crash, the
 environment and the last ops are still recorded). Several trainings in one process (folds,
 phases, in-process trials) are recorded one after another (Observer). The observer never changes what the training computes: it
-reads, copies and counts; an error of its own stops the recording with one warning, and the
-training goes on.
+reads, copies and counts; an error of its own is printed with its traceback and ends the
+recording there (Observer.stop), and the training goes on unrecorded.
 """
 
 import atexit
@@ -243,6 +243,7 @@ class Observer:
         self.training_loader_done = False  # the training loader's last iteration ran to its end
         self.rec = None
         self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
+        self.stopped_dir = None         # the recording stop() closed, until its training ends
         self.loaderless_backwards = 0   # backward() calls before any training began
         self.failed = None              # why the observer stopped (None while it runs)
         self.said = set()               # the warnings said (one each)
@@ -291,12 +292,19 @@ class Observer:
         if self.replay:
             return
         rec, self.rec = self.rec, None
-        if rec is not None:
-            try:
-                rec.warn(f"recording stopped after an error of crashcap's own ({self.failed})", _print=False)
-                rec.close()
-            except Exception:
-                pass
+        self.in_flight = None  # no step of this training is recorded from now on
+        if rec is None:
+            return
+        try:
+            rec.warn(f"recording stopped after an error of crashcap's own ({self.failed})", _print=False)
+        except Exception as e:
+            _say(f"could not note the stop in the recording: {type(e).__name__}: {e}")
+        try:
+            rec.close()
+        except Exception as e:
+            _say(f"could not close the recording: {type(e).__name__}: {e}")
+        if rec._native is not None:
+            self.stopped_dir = rec.recording_dir  # for end_training(remove=True): a clean recording
 
     def live(self, refs):
         return [o for o in (r() for r in refs) if o is not None]
@@ -484,8 +492,11 @@ class Observer:
         """Closes the recording of the training that ended; with `remove`, a clean one's recording
         is removed (the trials of a study in one process)."""
         rec, self.rec = self.rec, None
+        stopped, self.stopped_dir = self.stopped_dir, None
         self.training_loader = None
         if rec is None or rec._native is None:
+            if remove and stopped and os.path.isdir(stopped):  # closed clean by stop(): nothing crashed in it
+                shutil.rmtree(stopped, ignore_errors=True)
             return
         crashed = bool(rec.crash_bundle)
         directory = rec.recording_dir
@@ -690,14 +701,16 @@ def _guarded(fn):
     def run(*args, **kwargs):
         if _observer is None or not _observer.here():
             return None
-        try:
-            with _observer.lock:
+        with _observer.lock:  # the stop too: no other thread is in a seam while it closes the recording
+            if _observer.failed is not None:  # stopped while this thread waited for the lock
+                return None
+            try:
                 return fn(*args, **kwargs)
-        except _api.NonFiniteError:
-            raise
-        except Exception as e:
-            _observer.stop(e)
-            return None
+            except _api.NonFiniteError:
+                raise
+            except Exception as e:
+                _observer.stop(e)
+                return None
     return run
 
 

@@ -432,14 +432,16 @@ class Recorder:
         if self._closed:
             return
         self._closed = True
-        self._finish_step()
-        if self._native is not None:
-            self._native.close(self._durable_close)
-        _open.discard(self)
-        if _active is not None and _active() is self:
-            _active = None
-            if sys.excepthook is _guarded_excepthook:  # a hook installed after crashcap's stays
-                sys.excepthook = _previous_excepthook
+        try:
+            self._finish_step()
+            if self._native is not None:
+                self._native.close(self._durable_close)
+        finally:  # closed or not, this recorder takes no crash from now on
+            _open.discard(self)
+            if _active is not None and _active() is self:
+                _active = None
+                if sys.excepthook is _guarded_excepthook:  # a hook installed after crashcap's stays
+                    sys.excepthook = _previous_excepthook
 
     def __enter__(self):
         return self

@@ -53,13 +53,20 @@ def test_a_sparse_embedding_gradient_is_part_of_the_fingerprint_and_its_step_rep
         for step, (t, y) in enumerate(DataLoader(TensorDataset(tokens, labels), batch_size=8)):
             print("step", step, flush=True)
             loss = torch.nn.functional.cross_entropy(head(bags(t)), y)
-            sparse.zero_grad(); dense.zero_grad(); loss.backward(); sparse.step(); dense.step()
+            sparse.zero_grad(); dense.zero_grad(); loss.backward()
+            head_grads = [p.grad.flatten() for p in head.parameters()]
+            print("norms", step, torch.cat(head_grads).norm().item(),
+                  torch.cat([bags.weight.grad.coalesce().values().flatten()] + head_grads).norm().item())
+            sparse.step(); dense.step()
     """)
     assert "error of crashcap's own" not in r.stderr, r.stderr
     assert "step 8" in r.stdout and "step 9" not in r.stdout, r.stdout  # row 70 is in batch 8
     story = crashcap_json("inspect", bundle)
     assert story["crash_step"] == 8 and story["steps"]["completed"] == 8, story["steps"]
-    assert story["steps"]["last_grad_norm"] > 0, story["steps"]
+    # The last completed step's gradient norm is the whole gradient's, the sparse part counted.
+    head_only, whole = [float(v) for v in r.stdout.split("norms 7 ")[1].split()[:2]]
+    assert whole > head_only * 1.01, (head_only, whole)
+    assert abs(story["steps"]["last_grad_norm"] - whole) <= 1e-5 * whole, (story["steps"], whole)
     replay = crashcap_json("replay", bundle)
     assert replay["verdict"] == "reproduced-bitwise", replay
     assert all(s["grad_norm"] is not None for s in replay["steps"][:-1]), replay["steps"]

@@ -5,6 +5,7 @@ bundle and classification; the summary groups the crashes and names the paramete
 import json
 import os
 import subprocess
+import textwrap
 
 import optuna
 import pytest
@@ -128,3 +129,48 @@ def test_parallel_isolated_trials_are_refused_with_what_to_do_instead(tmp_path):
     stored = optuna.create_study(storage=f"sqlite:///{tmp_path / 's.db'}")
     with pytest.raises(ValueError, match="n_jobs=1"):
         crashcap_optuna.optimize(stored, objective, n_trials=2, directory=tmp_path, n_jobs=2)
+
+
+def test_an_in_process_trial_whose_recording_stopped_on_an_error_of_crashcaps_own_fails_with_no_bundle(tmp_path):
+    # Trial 0 breaks crashcap's batch flattening at its third batch and fails at its sixth: the
+    # recording stopped at the error is removed with the trial, the failure names no bundle and no
+    # step (none of crashcap's), and trial 1 is recorded again from its start.
+    (tmp_path / "study.py").write_text(textwrap.dedent("""
+        import optuna, torch
+        import crashcap._batch
+        import crashcap.optuna
+        from torch.utils.data import DataLoader, TensorDataset
+
+        flatten = crashcap._batch.flatten
+        def broken(*args, **kwargs):
+            raise KeyError("put in by the test")
+
+        def objective(trial):
+            crashcap._batch.flatten = flatten
+            torch.manual_seed(trial.number)
+            model = torch.nn.Linear(4, 2)
+            opt = torch.optim.SGD(model.parameters(), lr=trial.suggest_float("lr", 0.01, 0.1))
+            data = TensorDataset(torch.randn(32, 4), torch.arange(32) % 2)
+            for step, (x, y) in enumerate(DataLoader(data, batch_size=4)):
+                if trial.number == 0 and step == 2:
+                    crashcap._batch.flatten = broken
+                if trial.number == 0 and step == 5:
+                    raise RuntimeError("trial 0's own failure")
+                loss = torch.nn.functional.cross_entropy(model(x), y)
+                opt.zero_grad(); loss.backward(); opt.step()
+            return float(loss)
+
+        study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+        crashcap.optuna.optimize(study, objective, n_trials=2, directory="trials", isolate=False)
+        for t in study.trials:
+            print("TRIAL", t.number, t.state.name, repr(t.user_attrs.get("crashcap_bundle")),
+                  t.user_attrs.get("crashcap_step"))
+    """))
+    r = subprocess.run([PYTHON, "study.py"], cwd=tmp_path, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-5000:]
+    assert "stopped recording this training after an error of crashcap's own (KeyError" in r.stderr, r.stderr
+    assert "TRIAL 0 FAIL '' None" in r.stdout and "TRIAL 1 COMPLETE None None" in r.stdout, r.stdout
+    assert os.listdir(tmp_path / "trials" / "trial-0000") == ["runs.jsonl"], os.listdir(tmp_path / "trials" / "trial-0000")
+    assert os.listdir(tmp_path / "trials" / "trial-0001") == ["runs.jsonl"], os.listdir(tmp_path / "trials" / "trial-0001")
+    # Trial 1 was recorded (the stop was trial 0's only): its clean recording was removed with it.
+    assert "crashcap: recording training 1 of this process" in r.stderr, r.stderr

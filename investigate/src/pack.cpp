@@ -382,8 +382,12 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       cut = cutOf(rep.rows);
       if (rowDatasetIndices && std::any_of(rep.rows.begin(), rep.rows.end(), [&](int64_t r) {
             return rowDatasetIndices->at(static_cast<size_t>(r)) < 0;  // a row the match left open
-          }))
+          })) {
         rowDatasetIndices.reset();
+        rep.warnings.push_back(
+            "the collate function reordered the samples of the kept rows' batch, and a kept row matches several "
+            "of them: its index tensor keeps the sampler's order, which may not name the kept rows' own samples");
+      }
       // The index tensor holds the sampler's order; the pack's rows are named by the samples they
       // hold, in their order, so that the pack's own replay finds each at its place.
       const auto indexName = formats::batchTensorName(target, formats::kDatasetIndexName);

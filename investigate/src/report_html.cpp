@@ -248,10 +248,16 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
     } else {
       std::vector<int64_t> shown(culprits.begin(), culprits.begin() + std::min<size_t>(culprits.size(), 4));
       if (normal) shown.push_back(*normal);
-      std::vector<int64_t> indices;
+      std::vector<int64_t> indices;  // of each shown row; -1 not known
+      const auto* order = replay && replay->step == crashStep && replay->rowOrder && replay->rowOrder->matched()
+                              ? &*replay->rowOrder
+                              : nullptr;
       for (const auto& [name, t] : tensors)
         if (name == formats::kDatasetIndexName && t.scalar_type() == at::kLong)
-          for (int64_t r : shown) indices.push_back(t[r].item<int64_t>());
+          for (int64_t r : shown)  // the sampler's order, unless a collate function reordered the rows
+            indices.push_back(!order ? t[r].item<int64_t>()
+                              : r < static_cast<int64_t>(order->datasetIndices.size()) ? order->datasetIndices[static_cast<size_t>(r)]
+                                                                                        : -1);
       body += fmt::format("<p>Step {}'s batch of {}: {} ({}), beside row {}, a normal row of the same batch.</p>\n",
                           crashStep, batchSize, whose, fmt::join(culprits, ", "), normal ? std::to_string(*normal) : "-");
       body += "<table><tr><th>tensor</th><th>row</th><th>dataset index</th><th>NaN</th><th>Inf</th><th>finite min</th>"
@@ -272,7 +278,7 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
               "<tr class=\"{}\"><td><code>{}</code></td><td>{}{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td>"
               "<td>{}</td><td>{}</td></tr>",
               isCulprit ? "bad" : "", escape(name), r, isCulprit ? " (culprit)" : " (normal)",
-              i < indices.size() ? std::to_string(indices[i]) : "-", v.nan, v.inf, v.min ? numberText(*v.min) : "-",
+              i < indices.size() && indices[i] >= 0 ? std::to_string(indices[i]) : "-", v.nan, v.inf, v.min ? numberText(*v.min) : "-",
               v.max ? numberText(*v.max) : "-", v.mean ? numberText(*v.mean) : "-", picture);
         }
       }

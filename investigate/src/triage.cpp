@@ -434,7 +434,8 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
 }
 
 std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle, int64_t step,
-                                                      const std::vector<IndexDomain>& domains) {
+                                                      const std::vector<IndexDomain>& domains,
+                                                      const std::optional<replayer::RowOrder>& order) {
   std::vector<ConcatenatedValue> out;
   auto reader = formats::BundleReader::open(bundle);
   const auto records = formats::readRecords(*reader);
@@ -503,8 +504,11 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
               f.spansBy = spans->by;
               f.byOffsets = spans->offsets;
             }
-        if (f.row && indices && static_cast<uint64_t>(*f.row) < indices->numel())
+        if (f.row && order && order->matched()) {  // a collate function reordered the rows
+          if (auto own = datasetIndices(bundle, step, {*f.row}, order)) f.datasetIndex = own->front();
+        } else if (f.row && indices && static_cast<uint64_t>(*f.row) < indices->numel()) {
           f.datasetIndex = static_cast<int64_t>(indices->at(static_cast<uint64_t>(*f.row)));
+        }
         out.push_back(std::move(f));
         break;
       }
@@ -718,7 +722,7 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     }
     try {
       f.paddingRow = findPaddingRow(bundle, f.step(), f.replay ? f.replay->rowOrder : std::nullopt);
-      f.concatenatedValues = findConcatenatedValues(bundle, f.step(), domains);
+      f.concatenatedValues = findConcatenatedValues(bundle, f.step(), domains, f.replay ? f.replay->rowOrder : std::nullopt);
     } catch (const Error&) {
       // A batch tensor that cannot be read: the experiments above said what they could.
     }

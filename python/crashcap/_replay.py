@@ -227,12 +227,12 @@ class Driver:
             return
         self.session.end_step(loss)
         if self.current == self.session.target:
-            self._match_rows()
             if self.loader is not None:
                 # A loading crash: the batch after the target step is loaded here and now, not when
                 # the program would ask for it, so that nothing after the step runs (its update, a
                 # checkpoint it saves, a collective other ranks no longer join).
                 self._load_batch()
+            self._match_rows()  # after: the load draws the random numbers it drew when recording
             self._finish()
 
     def _load_batch(self):
@@ -259,10 +259,10 @@ class Driver:
             return
         try:
             found = match_rows(self.loader, indices, self._target_batch)
+            if found is not None:
+                self.session.rows_matched(*found)
         except Exception as e:  # crashcap's own: the rows stay unchecked, the replay's verdict stands
-            found = ("unchecked", [], f"crashcap could not match them: {type(e).__name__}: {e}")
-        if found is not None:
-            self.session.rows_matched(*found)
+            self.session.rows_matched("unchecked", [], f"crashcap could not match them: {type(e).__name__}: {e}")
 
     def fail(self, exc):
         if self.current is not None:
@@ -291,18 +291,20 @@ def match_rows(loader, indices, recorded):
     row, why) for DrivenReplay.rows_matched: "sampler", "reordered", "partial" (-1 for a row left
     open) or "unchecked".
 
-    Each sample is loaded again and collated alone. A tensor of the batch is compared when the
-    sample alone has it too, with one row where the batch has len(indices) (the same dimension):
-    the sample's row is compared with every row of the batch over the extent both have (a row
-    padded to the batch's longest sample keeps its own values first), NaN equal to NaN. When the
-    rows are the samples in some order, each row of a tensor that holds them matches a sample and
-    each sample a row; a tensor where one does not is left out: it holds the batch, not its
-    samples (a PackedSequence's sorted_indices), or the samples do not come back the same (a
-    random transform). The rows are the sampler's order when each sample matches at its own place
-    in every tensor kept; else each row is paired with the one sample every pairing the tensors
-    kept allow gives it (_held_samples): "reordered". Rows that match several samples alike in
-    every tensor kept are left open (-1) while the others are paired: "partial"; all of them, or
-    no pairing at all: "unchecked"."""
+    Each sample is loaded again and collated alone. A tensor of the batch is compared when each
+    sample alone has it too, with one row at a dimension where the batch has len(indices): a
+    sample's row is compared with a row of the batch over the extent both have (a row padded to
+    the batch's longest sample keeps its own values first), NaN equal to NaN. When each sample is
+    at its own row in every tensor compared, the order is the sampler's: another pairing those
+    tensors allow would only swap samples alike in all of them. Otherwise each sample is compared
+    with every row (up to _MATCH_BUDGET values). When the rows are the samples in some order,
+    each row of a tensor that holds them matches a sample and each sample a row; a tensor where
+    one does not is left out: it holds the batch, not its samples (a PackedSequence's
+    sorted_indices), or the samples do not come back the same (a random transform). The rows are
+    then paired with the samples as every pairing the tensors kept allow pairs them
+    (_held_samples): "sampler" or "reordered" when all are; "partial" when rows that match
+    several samples alike in every tensor kept are left open (-1); "unchecked" when none is, or
+    no pairing is possible."""
     if not may_reorder(loader):
         return None
     collate, n = loader.collate_fn, len(indices)
@@ -311,23 +313,40 @@ def match_rows(loader, indices, recorded):
         alone = [dict(_batch.flatten(collate([x]))[0]) for x in samples]
     except Exception as e:
         return "unchecked", [], f"loading the samples again and collating each alone raised {_error_text(e).splitlines()[-1]}"
-    together = None
+    compared = []  # (batch tensor, its samples' tensors alone, the dimension of its rows)
     for name, batch_tensor in recorded.items():
         if name == "index" or not isinstance(batch_tensor, torch.Tensor):
             continue
-        candidates = _tensor_candidates(batch_tensor, [a.get(name) for a in alone], n)
-        if candidates is None or not (bool(candidates.any(dim=0).all()) and bool(candidates.any(dim=1).all())):
-            continue  # not one row per sample, the batch's own, or samples that changed
+        alone_tensors = [a.get(name) for a in alone]
+        d = _row_dimension(batch_tensor, alone_tensors, n)
+        if d is not None:
+            compared.append((batch_tensor, [t.detach().cpu() for t in alone_tensors], d))
+    if not compared:
+        return "unchecked", [], "no tensor of the batch holds one row per sample as the collate function gives each alone"
+    # Each sample at its own row in every tensor: whatever other pairing those tensors allow pairs
+    # samples alike in all of them, so each row holds its sample's data. The common case, and n
+    # comparisons, not n*n.
+    if all(bool(_candidates(b, a, d, own_rows=True).all()) for b, a, d in compared):
+        return "sampler", list(indices), ""
+    elements = max(b.numel() // n for b, _, _ in compared) * n * n
+    if elements > _MATCH_BUDGET:
+        return "unchecked", [], (f"the samples are not each at their own row, and comparing every sample with every row "
+                                 f"({elements:.3g} values) is over crashcap's budget ({_MATCH_BUDGET:.3g})")
+    together = None
+    for b, a, d in compared:
+        candidates = _candidates(b, a, d)
+        if not (bool(candidates.any(dim=0).all()) and bool(candidates.any(dim=1).all())):
+            continue  # the batch's own (no sample alone has it at a row), or samples that changed
         together = candidates if together is None else together & candidates
     if together is None:
         return "unchecked", [], ("no tensor of the batch holds the samples as the collate function gives each alone (a "
                                  "random transform, or a collate function that changes the samples)")
-    if bool(together.diagonal().all()):
-        return "sampler", list(indices), ""
     held = _held_samples(together)
     if held is None:
         return "unchecked", [], ("the rows and the samples loaded again and collated alone cannot be paired in every "
                                  "tensor of the batch that holds them")
+    if held == list(range(n)):
+        return "sampler", list(indices), ""
     if all(i >= 0 for i in held):
         return "reordered", [indices[i] for i in held], ""
     several = [r for r, i in enumerate(held) if i < 0]
@@ -403,31 +422,41 @@ def _indexed_dataset(dataset):
     return dataset
 
 
-def _tensor_candidates(batch_tensor, alone, n):
-    """[sample, row] booleans: the row of `batch_tensor` holds sample i's tensor `alone[i]` (its
-    one row, over the extent both have); None when the tensor is not one row per sample."""
-    if any(a is None or not isinstance(a, torch.Tensor) for a in alone):
+# Most values match_rows compares (samples times rows times a row's values, of its largest tensor)
+# when the samples are not each at their own row.
+_MATCH_BUDGET = 2e9
+
+
+def _row_dimension(batch_tensor, alone, n):
+    """The dimension of `batch_tensor` that holds its n rows, one per sample, where each of the
+    samples' tensors `alone` (collated alone) has one; None when there is none."""
+    if any(not isinstance(a, torch.Tensor) or a.dim() != batch_tensor.dim() or a.dtype != batch_tensor.dtype
+           for a in alone):
         return None
-    dims = [d for d in range(batch_tensor.dim()) if batch_tensor.shape[d] == n]
-    first = alone[0]
-    dims = [d for d in dims if first.dim() == batch_tensor.dim() and first.shape[d] == 1]
-    if not dims:
-        return None
-    d = dims[0]
-    rows = batch_tensor.movedim(d, 0)
-    out = torch.zeros(n, n, dtype=torch.bool)
+    for d in range(batch_tensor.dim()):
+        if batch_tensor.shape[d] == n and all(a.shape[d] == 1 for a in alone):
+            return d
+    return None
+
+
+def _candidates(batch_tensor, alone, d, own_rows=False):
+    """[sample, row] booleans: row r of `batch_tensor` (along d) holds sample i's one row of
+    `alone[i]` over the extent both have, NaN equal to NaN; with `own_rows`, [sample] booleans of
+    each sample against its own row only."""
+    n = batch_tensor.shape[d]
+    rows = batch_tensor.detach().cpu().movedim(d, 0)
+    out = torch.zeros(n, n, dtype=torch.bool) if not own_rows else torch.zeros(n, dtype=torch.bool)
     for i, a in enumerate(alone):
-        if a.dim() != batch_tensor.dim() or a.shape[d] != 1 or a.dtype != batch_tensor.dtype:
-            return None
         a = a.movedim(d, 0)
-        r = rows
+        r = rows[i:i + 1] if own_rows else rows
         for k in range(1, a.dim()):
             extent = min(a.shape[k], r.shape[k])
             a, r = a.narrow(k, 0, extent), r.narrow(k, 0, extent)
         same = r == a
         if a.is_floating_point() or a.is_complex():
             same |= r.isnan() & a.isnan()
-        out[i] = same.reshape(n, -1).all(dim=1)
+        same = same.reshape(same.shape[0], -1).all(dim=1)
+        out[i] = same[0] if own_rows else same
     return out
 
 

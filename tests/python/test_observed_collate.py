@@ -232,14 +232,50 @@ def test_match_rows_says_when_loading_the_samples_again_raises():
 
 
 def test_match_rows_compares_nan_with_nan():
-    class WithNan(Sequences):
+    class OneNan(Sequences):
         def __getitem__(self, i):
-            x, y = super().__getitem__(i)
+            x = torch.ones(3)
             if i == 3:
                 x[0] = float("nan")
-            return x, y
+            return x, 0  # only the NaN tells sample 3 from the others
 
-    loader = DataLoader(WithNan(), batch_size=4, collate_fn=by_length)
-    indices = [17, 8, 26, 3]
+    loader = DataLoader(OneNan(), batch_size=4, collate_fn=lambda s: padded(s[::-1]))
+    order, rows, why = _replay.match_rows(loader, [17, 8, 26, 3], recorded(loader, [17, 8, 26, 3]))
+    assert (order, rows) == ("partial", [3, -1, -1, -1]), (order, rows, why)
+
+
+def test_match_rows_does_not_take_the_sampler_order_for_one_that_alike_samples_allow():
+    # A random transform changes x, so only the labels are compared; the collate sorts by label,
+    # stably, and then reverses each label's run: rows 0 and 1 hold label 0 in the other order.
+    def by_label_reversed(samples):
+        return padded(sorted(samples[::-1], key=lambda s: s[1]))
+
+    loader = DataLoader(Sequences(noise=True), batch_size=4, collate_fn=by_label_reversed)
+    indices = [0, 3, 1, 4]  # labels 0, 0, 1, 1; lengths 1, 4, 2, 5 (the lengths tell them apart)
     order, rows, _ = _replay.match_rows(loader, indices, recorded(loader, indices))
-    assert order in ("sampler", "reordered") and sorted(rows) == sorted(indices), (order, rows)
+    assert (order, rows) == ("reordered", [3, 0, 4, 1]), (order, rows)
+
+    def labels_only(samples):
+        return {"y": by_label_reversed(samples)["y"], "x": by_label_reversed(samples)["x"]}
+
+    class SameLength(Sequences):
+        def __getitem__(self, i):
+            return torch.rand(2), i % 3
+
+    loader = DataLoader(SameLength(), batch_size=4, collate_fn=labels_only)
+    indices = [0, 3, 1, 4]
+    order, rows, why = _replay.match_rows(loader, indices, recorded(loader, indices))
+    assert order == "unchecked" and "rows 0, 1, 2, 3 match several" in why, (order, rows, why)
+
+
+def test_match_rows_finds_the_rows_of_a_time_first_batch_as_long_as_it_is_wide():
+    def time_first(samples):
+        samples = sorted(samples, key=lambda s: -len(s[0]))
+        return torch.nn.utils.rnn.pad_sequence([s[0] for s in samples]), torch.tensor([s[1] for s in samples])
+
+    loader = DataLoader(Sequences(), batch_size=5, collate_fn=time_first)
+    indices = [5, 9, 12, 0, 23]  # lengths 1, 5, 3, 1, 4: [5, 5] padded, as long as the batch is wide
+    batch = recorded(loader, indices)
+    assert batch["0"].shape == (5, 5), batch["0"].shape
+    order, rows, _ = _replay.match_rows(loader, indices, batch)
+    assert (order, rows) == ("reordered", [9, 23, 12, 5, 0]), (order, rows)

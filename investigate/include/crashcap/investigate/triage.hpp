@@ -246,8 +246,10 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
 /// that step), the first of each tensor and domain, placed in the row whose span holds it when a
 /// batch tensor of lengths or offsets tells the spans (formats::raggedSpans: an EmbeddingBag's
 /// offsets, a CTC loss's target lengths).
+/// A row's dataset index follows `order` (datasetIndices).
 std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle, int64_t step,
-                                                      const std::vector<IndexDomain>& domains);
+                                                      const std::vector<IndexDomain>& domains,
+                                                      const std::optional<replayer::RowOrder>& order = std::nullopt);
 
 /// The PaddingRow of step `step`'s batch, when one row's extent along a dimension is above every
 /// other's and is the tensor's size there, that size is larger than in every earlier step the

@@ -72,7 +72,8 @@ class Driver:
         self.restored = False
         self._pending = None       # steps rec.steps() has still to yield
         self.loader = None         # the training's DataLoader, when the observer drives the replay
-        self._target_batch = None  # the target step's recorded batch tensors, by name
+        self._target_batch = None  # the target step's recorded batch tensors, by name, and
+        self._target_indices = []  # its index tensor's dataset indices (match_rows)
         self._previous_hook = sys.excepthook
         sys.excepthook = self._excepthook
         try:
@@ -144,9 +145,11 @@ class Driver:
             tensors, documents = self.rec._keyframe(step)
             self.session.write_keyframe(tensors, documents)
         batch, structure, lrs, generators = self.session.begin_step(step)
-        if step == self.session.target and may_reorder(self.loader) and self.session.rows_to_match():
-            # Its rows as recorded, for match_rows (the program may change its batch in place).
-            self._target_batch = {name: t.detach().cpu().clone() for name, t in batch}
+        if step == self.session.target and may_reorder(self.loader):
+            self._target_indices = self.session.rows_to_match()
+            if self._target_indices:
+                # Its rows as recorded, for match_rows (the program may change its batch in place).
+                self._target_batch = {name: t.detach().cpu().clone() for name, t in batch}
         self.current = step
         groups = self.rec.optimizer.param_groups
         for group, lr in zip(groups, lrs):
@@ -254,11 +257,8 @@ class Driver:
         loader's collate function may have reordered the samples the sampler drew (match_rows)."""
         if self.loader is None or self._target_batch is None:
             return
-        indices = self.session.rows_to_match()
-        if not indices:
-            return
         try:
-            found = match_rows(self.loader, indices, self._target_batch)
+            found = match_rows(self.loader, self._target_indices, self._target_batch)
             if found is not None:
                 self.session.rows_matched(*found)
         except Exception as e:  # crashcap's own: the rows stay unchecked, the replay's verdict stands

@@ -186,14 +186,34 @@ def restore_document(obj, document):
 
 
 def module_modes(model):
-    """JSON: the names of the modules in eval mode (a frozen batch norm in a training model)."""
-    return dumps({"eval": [name for name, m in model.named_modules() if not m.training]})
+    """JSON: the names of the modules in eval mode (a frozen batch norm in a training model), of
+    the parameters that take no gradient (a layer frozen by requires_grad_(False)), and of those
+    that hold a gradient tensor. A keyframe holds no gradient values (one is taken between steps),
+    but whether one exists changes the update: an optimizer skips a parameter whose gradient is
+    None, and updates one whose gradient is zero (a frozen layer after zero_grad(set_to_none=False)
+    goes on moving with its momentum)."""
+    parameters = list(model.named_parameters())
+    return dumps({"eval": [name for name, m in model.named_modules() if not m.training],
+                  "frozen": [name for name, p in parameters if not p.requires_grad],
+                  "grads": [name for name, p in parameters if p.grad is not None]})
 
 
 def restore_module_modes(model, document):
-    evaluating = set(json.loads(document).get("eval", []))
+    """Sets back what module_modes() kept; a gradient that existed comes back as zeros (the values
+    a step's backward adds to after zero_grad())."""
+    modes = json.loads(document)
+    evaluating = set(modes.get("eval", []))
     for name, m in model.named_modules():
         m.training = name not in evaluating
+    frozen, grads = modes.get("frozen"), modes.get("grads")  # absent in keyframes written before they were kept
+    for name, p in model.named_parameters():
+        if frozen is not None:
+            p.requires_grad_(name not in frozen)
+        if grads is not None:
+            if name not in grads:
+                p.grad = None
+            elif p.grad is None:
+                p.grad = torch.zeros_like(p)
 
 
 # ---- Python's generators ---------------------------------------------------------------------

@@ -465,17 +465,3 @@ struct Distributed {
   rendezvous @6 :Text;   # how the ranks found each other: "tcp://HOST:PORT", "file://PATH", "env://HOST:PORT"
   source @7 :Text;       # who said: "environment" (the launcher's variables), "torch.distributed", "c10d", "program"
 }
-
-# Record type 17. The training loop's own numbers at step `step`: the int, float and bool
-# variables of the program's frame that iterates the loader (a step counter, the epoch, an
-# enumerate count), as they stood at the first line of the loop's body, after the loop header
-# assigned its targets. A replay that starts at a keyframe sets them back at the same point of
-# each replayed step, so code that reads them (a warm-up from its own counter, a layer frozen at
-# step N) computes what it computed when recorded. Written by the Python recorder when the frame
-# holds any; at most one per step. No body.
-# Invariants: step >= 0; frame at most 4 KiB; values at most 64 KiB.
-struct LoopState {
-  step @0 :Int64;
-  frame @1 :Text;    # the loop's code: "FILE:FUNCTION:FIRSTLINE" (function "<module>" for a script's top level)
-  values @2 :Text;   # JSON object, variable name -> number or boolean (NaN, Infinity, -Infinity as Python's json writes them)
-}

@@ -535,27 +535,6 @@ DistributedData decodeDistributed(const std::vector<uint8_t>& meta, const Reader
   });
 }
 
-std::vector<uint8_t> encodeMeta(const LoopStateData& v) {
-  capnp::MallocMessageBuilder b;
-  auto r = b.initRoot<schema::LoopState>();
-  r.setStep(v.step);
-  r.setFrame(v.frame);
-  r.setValues(v.values);
-  return toBytes(b);
-}
-
-LoopStateData decodeLoopState(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
-  return decode<schema::LoopState>(meta, limits, "loop_state", [](auto r) {
-    LoopStateData v;
-    v.step = r.getStep();
-    v.frame = text(r.getFrame(), 4096, "loop frame");
-    v.values = text(r.getValues(), kMaxNoteTextBytes, "loop values");
-    if (v.step < 0)
-      throw Error(ErrorCode::Corrupt, fmt::format("loop_state record has step {}; must be >= 0", v.step));
-    return v;
-  });
-}
-
 const char* activityKindName(TraceActivityData::Kind kind) {
   switch (kind) {
     case TraceActivityData::Kind::Kernel: return "kernel";

@@ -304,11 +304,8 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   };
   auto keepRecord = [&](const formats::RecordEntry& r) {
     const auto type = static_cast<RecordType>(r.type);
-    if (type != RecordType::StepBegin && type != RecordType::StepEnd && type != RecordType::Keyframe &&
-        type != RecordType::LoopState)
-      return true;
+    if (type != RecordType::StepBegin && type != RecordType::StepEnd && type != RecordType::Keyframe) return true;
     auto raw = reader->readRecord(r.offset);
-    if (type == RecordType::LoopState) return keptSteps.count(formats::decodeLoopState(raw.meta, o.limits).step) > 0;
     if (type == RecordType::StepBegin) {
       const int64_t step = formats::decodeStepBegin(raw.meta, o.limits).step;
       return keptSteps.count(step) > 0 && !(cutBegin && step == target);

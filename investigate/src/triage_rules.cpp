@@ -597,6 +597,27 @@ Hypothesis judgeConfigDependent(const TriageFacts& f) {
   return h;
 }
 
+namespace {
+
+// The replay from the newest keyframe departed at step d; the step bisection replays from the
+// earliest one. When that matched the recording bit for bit through d, the same computation is
+// deterministic, and the departure comes from where the first replay started: state of the
+// program's that the newer keyframe does not hold. The earlier keyframe's step, or none.
+std::optional<int64_t> matchedFromEarlierKeyframe(const TriageFacts& f) {
+  const auto& r = *f.replay;
+  if (!r.divergedAt || !f.steps || f.steps->fromKeyframe < 0 || f.steps->fromKeyframe >= r.keyframe) return std::nullopt;
+  if (f.steps->divergedAt && *f.steps->divergedAt <= *r.divergedAt) return std::nullopt;
+  bool reached = false;
+  for (const auto& s : f.steps->steps) {
+    if (s.step > *r.divergedAt) break;
+    if (s.recorded && !s.bitwise) return std::nullopt;
+    if (s.step == *r.divergedAt) reached = s.recorded && s.bitwise;
+  }
+  return reached ? std::optional<int64_t>(f.steps->fromKeyframe) : std::nullopt;
+}
+
+}  // namespace
+
 Hypothesis judgeNondeterminism(const TriageFacts& f) {
   Hypothesis h{"nondeterminism", V::Inconclusive, {}, fmt::format("crashcap replay {}", f.bundle)};
   if (auto why = f.replayBlocked()) {
@@ -608,6 +629,15 @@ Hypothesis judgeNondeterminism(const TriageFacts& f) {
     h.verdict = V::Refuted;
     h.evidence.push_back(fmt::format("replay matched the recording bit for bit over {} steps", r.steps.size()));
   } else if (r.verdict == replayer::Verdict::Diverged) {
+    if (auto earlier = matchedFromEarlierKeyframe(f)) {
+      h.verdict = V::Refuted;
+      h.evidence.push_back(fmt::format(
+          "the replay from keyframe {} departs from the recording at step {}, but from keyframe {} (bisect steps) every "
+          "step through {} matches it bit for bit: the computation is deterministic, and the program keeps state "
+          "between steps that keyframe {} does not hold (an attribute of an object of its own, a tensor it keeps)",
+          r.keyframe, *r.divergedAt, *earlier, *r.divergedAt, r.keyframe));
+      return h;
+    }
     h.verdict = V::Confirmed;
     h.evidence.push_back(r.divergedAt ? fmt::format("replay departs from the recording at step {}", *r.divergedAt)
                                       : "replay departs from the recording");

@@ -56,8 +56,8 @@ class _Api:
     """crashcap's modules, imported on first use."""
 
     def __getattr__(self, name):
-        from . import _batch, _loop, _native, _recorder, _replay
-        self._batch, self._loop, self._native, self._recorder, self._replay = _batch, _loop, _native, _recorder, _replay
+        from . import _batch, _native, _recorder, _replay
+        self._batch, self._native, self._recorder, self._replay = _batch, _native, _recorder, _replay
         self.Recorder, self.NonFiniteError = _recorder.Recorder, _recorder.NonFiniteError
         return self.__dict__[name]
 
@@ -390,7 +390,6 @@ class Observer:
         self.step += 1
         self.rec._native.hold_keyframes(accumulating)
         self.rec.begin(step, batch, _extra=extra, _rows=rows)
-        _api._loop.keep_at_body(self.rec._native, step, sys._getframe())
 
     def _takes_over(self, ordinal, dataset):
         """Whether loader `ordinal`, made after the training loader, is the training's next one: it

@@ -13,7 +13,7 @@ import weakref
 
 import torch
 
-from . import _batch, _loop, _native, _observe, _state
+from . import _batch, _native, _observe, _state
 
 NonFiniteError = _native.NonFiniteError
 Error = _native.Error
@@ -320,7 +320,6 @@ class Recorder:
         for batch in loader:
             step = self._next_step
             self.begin(step, batch)
-            _loop.keep_at_body(self._native, step, sys._getframe())
             yield step, batch
             self._finish_step()
 

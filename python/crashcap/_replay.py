@@ -26,7 +26,7 @@ import traceback
 
 import torch
 
-from . import _batch, _loop, _native, _state
+from . import _batch, _native, _state
 
 _replaying = False
 
@@ -81,7 +81,6 @@ class Driver:
             self.session = _native.DrivenReplay(request["text"], list(model.named_parameters()),
                                                 list(model.named_buffers()))
             self._check_sources()
-            self._loop = _loop.Restorer(self.session)
         except Exception as e:
             self._refuse(e)
 
@@ -182,7 +181,6 @@ class Driver:
             except Exception as e:
                 self._refuse(e)
             self.session.start_probe()
-            self._loop.arm(step, sys._getframe())
             yield step, batch
         self._finish()
 

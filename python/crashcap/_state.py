@@ -188,32 +188,38 @@ def restore_document(obj, document):
 def module_modes(model):
     """JSON: the names of the modules in eval mode (a frozen batch norm in a training model), of
     the parameters that take no gradient (a layer frozen by requires_grad_(False)), and of those
-    that hold a gradient tensor. A keyframe holds no gradient values (one is taken between steps),
-    but whether one exists changes the update: an optimizer skips a parameter whose gradient is
-    None, and updates one whose gradient is zero (a frozen layer after zero_grad(set_to_none=False)
-    goes on moving with its momentum)."""
+    that hold a dense gradient tensor. A keyframe is taken between steps and holds no gradient
+    values, but whether one exists changes the update: an optimizer skips a parameter whose
+    gradient is None, and updates one whose gradient is zero (a frozen layer after
+    zero_grad(set_to_none=False) goes on moving with its momentum). A sparse gradient (an
+    Embedding's with sparse=True) is left as None: a dense zero one would make the next backward's
+    gradient dense."""
     parameters = list(model.named_parameters())
     return dumps({"eval": [name for name, m in model.named_modules() if not m.training],
                   "frozen": [name for name, p in parameters if not p.requires_grad],
-                  "grads": [name for name, p in parameters if p.grad is not None]})
+                  "grads": [name for name, p in parameters if p.grad is not None and p.grad.layout == torch.strided]})
 
 
 def restore_module_modes(model, document):
-    """Sets back what module_modes() kept; a gradient that existed comes back as zeros (the values
-    a step's backward adds to after zero_grad())."""
+    """Sets back what module_modes() kept: a dense gradient that existed comes back as zeros (what
+    a step's backward adds to after zero_grad()), any other gradient as None."""
     modes = json.loads(document)
     evaluating = set(modes.get("eval", []))
     for name, m in model.named_modules():
         m.training = name not in evaluating
-    frozen, grads = modes.get("frozen"), modes.get("grads")  # absent in keyframes written before they were kept
+    # Absent from keyframes written before they were kept: the parameters are then left as they are.
+    frozen = set(modes["frozen"]) if "frozen" in modes else None
+    grads = set(modes["grads"]) if "grads" in modes else None
     for name, p in model.named_parameters():
         if frozen is not None:
             p.requires_grad_(name not in frozen)
         if grads is not None:
             if name not in grads:
                 p.grad = None
-            elif p.grad is None:
+            elif p.grad is None or p.grad.layout != torch.strided:
                 p.grad = torch.zeros_like(p)
+            else:
+                p.grad.detach_().zero_()
 
 
 # ---- Python's generators ---------------------------------------------------------------------

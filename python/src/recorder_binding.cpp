@@ -204,7 +204,6 @@ void bindRecorder(py::module_& m) {
            },
            py::arg("step"), py::arg("batch"), py::arg("structure"), py::arg("rows") = -1,
            py::keep_alive<0, 1>())  // a step keeps its Recorder alive
-      .def("loop_state", &rec::Recorder::loopState, py::arg("step"), py::arg("frame"), py::arg("values"))
       .def("fail",
            [](rec::Recorder& r, std::string kind, std::string type, std::string error, std::vector<std::string> stack,
               std::string phase, std::vector<int64_t> loadingIndices, std::vector<int64_t> loadingDatasetIndices) {

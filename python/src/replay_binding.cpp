@@ -112,14 +112,7 @@ void bindReplay(py::module_& m) {
              return out;
            })
       .def("environment_fact", [](Session& s, const std::string& key) { return s.replay().environmentFact(key); })
-      .def("loop_state",
-           [](Session& s, int64_t step) -> py::object {
-             auto state = s.replay().loopState(step);
-             if (!state) return py::none();
-             return py::make_tuple(state->frame, state->values);
-           })
-      .def("note", [](Session& s, const std::string& text, bool changesSetup) { s.replay().note(text, changesSetup); },
-           py::arg("text"), py::arg("changes_setup") = true)
+      .def("note", [](Session& s, const std::string& text) { s.replay().note(text); })
       .def("read_tensor", [](Session& s, const std::string& name) { return s.replay().readTensor(name); })
       .def("read_text",
            [](Session& s, const std::string& name) {

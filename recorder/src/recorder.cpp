@@ -870,15 +870,6 @@ StepGuard Recorder::beginStep(int64_t step, const Batch& batch) { return beginSt
 
 void Recorder::holdKeyframes(bool held) { impl_->keyframesHeld = held; }
 
-void Recorder::loopState(int64_t step, std::string frame, std::string values) {
-  auto& m = *impl_;
-  if (!m.writer || m.forkedAway() || step != m.lastStep || step < 0) return;
-  if (frame.size() > 4096 || values.size() > formats::kMaxNoteTextBytes) return;  // what a reader would refuse
-  formats::LoopStateData state{step, std::move(frame), std::move(values)};
-  // Not woken for, like the step's end: the next step's batch wakes the writer.
-  m.writer->push({Impl::recordJob(state)}, detail::Lane::Step, /*wake=*/false);
-}
-
 StepGuard Recorder::beginStep(int64_t step, const Batch& batch, std::string structure, int64_t rows) {
   auto& m = *impl_;
   if (m.forkedAway()) {

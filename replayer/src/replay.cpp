@@ -1456,21 +1456,14 @@ std::vector<int64_t> DrivenReplay::steps() const { return impl_->run.steps(); }
 const formats::KeyframeData& DrivenReplay::keyframeRecord() const { return *impl_->run.keyframe; }
 const formats::StepProgramData& DrivenReplay::program() const { return *impl_->run.view.program; }
 
-void DrivenReplay::note(const std::string& text, bool changesSetup) {
+void DrivenReplay::note(const std::string& text) {
   impl_->run.result.notes.push_back(text);
-  if (changesSetup) impl_->run.result.sameSetup = false;
+  impl_->run.result.sameSetup = false;
 }
 
 std::string DrivenReplay::environmentFact(const std::string& key) const {
   auto env = impl_->run.reader->environment();
   return env ? env->fact(key) : "";
-}
-
-std::optional<formats::LoopStateData> DrivenReplay::loopState(int64_t step) const {
-  const auto& states = impl_->run.view.loopStates;
-  for (auto it = states.rbegin(); it != states.rend(); ++it)
-    if (it->step == step) return *it;
-  return std::nullopt;
 }
 
 at::Tensor DrivenReplay::readTensor(const std::string& name) const {

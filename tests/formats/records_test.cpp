@@ -158,36 +158,6 @@ TEST_CASE("a rank's distributed record round-trips, and the last one written hol
   CHECK(verifyBundle(path).ok());
 }
 
-TEST_CASE("loop states round-trip, one per step, and a negative step is damage", "[formats][records]") {
-  test::TempDir dir;
-  auto path = dir.file("r.ccap");
-  {
-    auto w = BundleWriter::create(path);
-    writeMetaRecord(*w, LoopStateData{3, "train.py:<module>:1", R"({"step": 3, "lr": 0.5, "warm": true})"});
-    writeMetaRecord(*w, LoopStateData{4, "train.py:<module>:1", R"({"step": 4, "lr": NaN, "warm": false})"});
-    w->seal();
-  }
-  auto v = readRecords(*BundleReader::open(path));
-  CHECK(v.problems.empty());
-  REQUIRE(v.loopStates.size() == 2);
-  CHECK(v.loopStates[0].step == 3);
-  CHECK(v.loopStates[0].frame == "train.py:<module>:1");
-  CHECK(v.loopStates[0].values == R"({"step": 3, "lr": 0.5, "warm": true})");
-  CHECK(v.loopStates[1].step == 4);
-  CHECK(verifyBundle(path).ok());
-
-  LoopStateData negative{-1, "train.py:<module>:1", "{}"};
-  try {
-    decodeLoopState(encodeMeta(negative));
-    FAIL("accepted step -1");
-  } catch (const Error& e) {
-    CHECK(e.code() == ErrorCode::Corrupt);
-    CHECK(e.message().find("step -1") != std::string::npos);
-  }
-  LoopStateData longFrame{0, std::string(5000, 'f'), "{}"};
-  CHECK_THROWS_AS(decodeLoopState(encodeMeta(longFrame)), Error);
-}
-
 TEST_CASE("a distributed record's rank must lie in its world", "[formats][records]") {
   auto with = [](int32_t rank, int32_t world, int32_t local) {
     DistributedData d;

@@ -890,6 +890,35 @@ TEST_CASE("nondeterminism is refuted by a bitwise replay or bitwise steps before
   CHECK(g.verdict == V::Confirmed);
   CHECK(g.evidence.at(0) == "replay departs from the recording at step 5");
 
+  // The step bisection, from an earlier keyframe, matched every step through 5: the departure
+  // comes from where the replay started (state the newer keyframe does not hold).
+  f.replay->keyframe = 4;
+  StepBisection fromStart;
+  fromStart.fromKeyframe = 0;
+  fromStart.target = 6;
+  for (int64_t s = 0; s <= 6; ++s) {
+    replayer::StepReplay step;
+    step.step = s;
+    step.recorded = step.bitwise = s < 6;
+    fromStart.steps.push_back(step);
+  }
+  f.steps = fromStart;
+  auto e = judgeNondeterminism(f);
+  CHECK(e.verdict == V::Refuted);
+  CHECK(e.evidence.at(0) == "the replay from keyframe 4 departs from the recording at step 5, but from keyframe 0 (bisect "
+                            "steps) every step through 5 matches it bit for bit: the computation is deterministic, and "
+                            "the program keeps state between steps that keyframe 4 does not hold (an attribute of an "
+                            "object of its own, a tensor it keeps)");
+  f.steps->steps[3].bitwise = false;  // it departed too, earlier: nondeterminism stays confirmed
+  CHECK(judgeNondeterminism(f).verdict == V::Confirmed);
+  f.steps->steps[3].bitwise = true;
+  f.steps->divergedAt = 5;
+  CHECK(judgeNondeterminism(f).verdict == V::Confirmed);
+  f.steps->divergedAt.reset();
+  f.steps->fromKeyframe = 4;  // from the same keyframe: no other start to compare with
+  CHECK(judgeNondeterminism(f).verdict == V::Confirmed);
+  f.steps.reset();
+
   f.replay->verdict = Verdict::Reproduced;
   f.replay->divergedAt.reset();
   auto k = judgeNondeterminism(f);

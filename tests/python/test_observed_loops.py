@@ -90,3 +90,41 @@ def test_a_program_that_changes_directory_before_it_trains_replays_from_where_it
     assert crashcap_json("inspect", bundle)["env"]["facts"]["process.cwd"] == str(tmp_path)
     replay = crashcap_json("replay", bundle, cwd=tmp_path / "data")
     assert replay["verdict"] == "reproduced-bitwise", replay
+
+
+def test_a_layer_frozen_before_the_keyframe_stays_frozen_and_keeps_moving_with_its_momentum_in_the_replay(tmp_path):
+    # The first layer is frozen at the program's step 30; torch 1.13's zero_grad() leaves its
+    # gradient a zero tensor, so SGD goes on moving it with its momentum. A replay from keyframe
+    # 60 never runs the freeze (the program's counter starts again at 0): the keyframe keeps which
+    # parameters are frozen and which hold a gradient, and the replay matches bit for bit.
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        x = torch.randn(16 * 40, 8)
+        y = x[:, :3].sum(1, keepdim=True)
+        x[30 * 16 + 3, 5] = float("nan")  # row 3 of step 70 (the second epoch's step 30)
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+        loader = DataLoader(TensorDataset(x, y), batch_size=16)
+        step, clean = 0, x.clone()
+        clean[30 * 16 + 3, 5] = 0.0
+        for epoch in range(3):
+            if epoch == 1:
+                loader = DataLoader(TensorDataset(x, y), batch_size=16)
+            else:
+                loader = DataLoader(TensorDataset(clean, y), batch_size=16)
+            for xb, yb in loader:
+                if step == 30:
+                    model[0].requires_grad_(False)
+                opt.zero_grad()
+                torch.nn.functional.mse_loss(model(xb), yb).backward()
+                opt.step()
+                step += 1
+    """))
+    r = crashcap("run", "--record", "--keyframe-every", 20, "--dir", tmp_path / "runs", "--", PYTHON, "train.py",
+                 cwd=tmp_path)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    replay, triage = replay_and_triage(only_bundle(tmp_path / "runs"))
+    assert replay["keyframe"] == 60 and replay["step"] == 70, replay
+    assert triage["culprit"]["dataset_indices"] == [30 * 16 + 3]

@@ -195,3 +195,35 @@ def test_a_schedulers_state_is_a_json_document_and_comes_back():
     sched2 = torch.optim.lr_scheduler.OneCycleLR(opt2, max_lr=1.0, total_steps=50)
     _state.restore_document(sched2, doc)
     assert sched2.last_epoch == sched.last_epoch and sched2.get_last_lr() == sched.get_last_lr()
+
+
+def test_a_keyframes_modes_keep_frozen_parameters_and_which_hold_a_dense_gradient():
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    model(torch.randn(2, 3)).sum().backward()
+    model[0].requires_grad_(False)
+    model[1].bias.grad = None
+    doc = _state.module_modes(model)
+    fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    fresh[1].weight.grad = torch.ones_like(fresh[1].weight)  # one left from before: zeroed
+    _state.restore_module_modes(fresh, doc)
+    assert [p.requires_grad for p in fresh.parameters()] == [False, False, True, True]
+    grads = [p.grad for p in fresh.parameters()]
+    assert grads[3] is None and all(g is not None and not g.any() for g in grads[:3])
+    # A keyframe written before these were kept leaves them as they are.
+    older = torch.nn.Linear(3, 4)
+    _state.restore_module_modes(older, json.dumps({"eval": []}))
+    assert older.weight.requires_grad and older.weight.grad is None
+
+
+def test_a_sparse_gradient_is_not_brought_back_dense():
+    # An Embedding(sparse=True) under SparseAdam: a dense zero gradient would make the next
+    # backward's dense, and SparseAdam refuse it.
+    embed = torch.nn.Embedding(10, 3, sparse=True)
+    embed(torch.tensor([1, 2])).sum().backward()
+    assert embed.weight.grad.is_sparse
+    doc = _state.module_modes(embed)
+    fresh = torch.nn.Embedding(10, 3, sparse=True)
+    _state.restore_module_modes(fresh, doc)
+    assert fresh.weight.grad is None
+    fresh(torch.tensor([3])).sum().backward()
+    torch.optim.SparseAdam(fresh.parameters()).step()  # sparse, as recorded

@@ -246,15 +246,6 @@ struct DistributedData {
   std::string source;        ///< "environment", "torch.distributed", "c10d", "program"
 };
 
-/// Type 17: the training loop's own numbers at one step (the Python recorder's): the int,
-/// float and bool variables of the frame that iterates the loader, at the first line of the
-/// loop's body. A replay sets them back at the same point of each step it replays.
-struct LoopStateData {
-  int64_t step = 0;
-  std::string frame;   ///< "FILE:FUNCTION:FIRSTLINE" of the loop's code
-  std::string values;  ///< JSON object: name -> number or boolean
-};
-
 /// One CUPTI activity, converted (recorder/cupti/). Names are resolved from the record's
 /// string table.
 struct TraceActivityData {
@@ -329,7 +320,6 @@ std::vector<uint8_t> encodeMeta(const CrashData& v);
 std::vector<uint8_t> encodeMeta(const RunStatusData& v);
 std::vector<uint8_t> encodeMeta(const SupervisionData& v);
 std::vector<uint8_t> encodeMeta(const DistributedData& v);
-std::vector<uint8_t> encodeMeta(const LoopStateData& v);
 std::vector<uint8_t> encodeMeta(const EnvironmentData& v);
 /// Interns names into the string table; a trace too large for one meta (1 MiB) loses its
 /// oldest activities, then its oldest launches, and counts them as dropped.
@@ -345,7 +335,6 @@ CrashData decodeCrash(const std::vector<uint8_t>& meta, const ReaderLimits& limi
 RunStatusData decodeRunStatus(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 SupervisionData decodeSupervision(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 DistributedData decodeDistributed(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
-LoopStateData decodeLoopState(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 KernelTraceData decodeKernelTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits = {});
 
 /// The record type each struct is written as: one overload per recorder row of the record table.

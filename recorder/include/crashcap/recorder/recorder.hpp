@@ -332,12 +332,6 @@ class Recorder {
   /// that comes due waits for the first step begun after the hold is lifted.
   void holdKeyframes(bool held);
 
-  /// The training loop's own numbers at step `step` (the Python recorder's: its step counter,
-  /// epoch, enumerate count, as JSON), written beside the step's records so that a replay can
-  /// set them back (formats LoopStateData). Ignored for a step other than the one begun last, and
-  /// when nothing is recording.
-  void loopState(int64_t step, std::string frame, std::string values);
-
   /// The exception that ended training: records it as the crash (with the step and phase of
   /// the failed step) and seals the crash bundle. Returns the bundle path ("" when it
   /// could not be sealed). Call from the handler that caught it.

@@ -68,13 +68,9 @@ class DrivenReplay {
   const formats::StepProgramData& program() const;
   /// A fact of the recording's environment record ("" when absent).
   std::string environmentFact(const std::string& key) const;
-  /// The training loop's own numbers recorded at `step` (the Python recorder's LoopState), or
-  /// none: the program sets them back at the same point of the replayed step.
-  std::optional<formats::LoopStateData> loopState(int64_t step) const;
   /// Something that differs from the recording (changed sources, another torch): said in the
-  /// result's notes, and the setup is no longer the recorded one (bits are not compared). With
-  /// `changesSetup` false, only said (what the replay set back to the recording's).
-  void note(const std::string& text, bool changesSetup = true);
+  /// result's notes, and the setup is no longer the recorded one (bits are not compared).
+  void note(const std::string& text);
   /// A tensor of the bundle as recorded, on the CPU.
   at::Tensor readTensor(const std::string& name) const;
 

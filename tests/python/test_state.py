@@ -4,6 +4,7 @@ import collections
 import dataclasses
 import json
 import random
+import sys
 
 import numpy
 import pytest
@@ -181,6 +182,37 @@ def test_python_and_numpy_generators_are_kept_and_restored_exactly():
     _state.restore_python_generator(states["python"])
     _state.restore_numpy_generator(states["numpy"])
     assert (random.random(), random.gauss(0, 1), numpy.random.rand(), numpy.random.standard_normal()) == want
+
+
+def test_each_steps_python_generator_state_is_the_state_then_however_it_moved():
+    # Read at every step, the state is given again as the last step's tensor when it has not
+    # moved; each way it can move (a draw, a cached Gaussian made and used, a seed, a setstate)
+    # must give the state of that moment.
+    generators = _state._Generators()
+    random.seed(1)
+
+    def kept():
+        tensor = dict(generators())["python"]
+        state = random.getstate()
+        random.seed(12345)
+        _state.restore_python_generator(tensor)
+        assert random.getstate() == state
+        return tensor
+
+    first = kept()
+    assert kept() is first  # unchanged: not built again
+    if sys.implementation.name == "cpython":
+        assert generators._python_words, "random's words are read in place on CPython"
+    moves = [random.random, lambda: random.gauss(0, 1), lambda: random.gauss(0, 1), lambda: random.seed(7),
+             lambda: random.setstate(first_state), lambda: random.getrandbits(64)]
+    first_state = random.getstate()
+    seen = [first]
+    for move in moves:
+        move()
+        seen.append(kept())
+        assert kept() is seen[-1]
+    states = [t.tolist() for t in seen]
+    assert all(a != b for a, b in zip(states, states[1:])), "every move was seen"
 
 
 def test_a_schedulers_state_is_a_json_document_and_comes_back():

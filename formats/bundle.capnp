@@ -189,6 +189,10 @@ struct StepEnd {
   gradNormMethod @6 :UInt8;     # how gradNorm was computed: 0 at::_foreach_norm and the norm of the
                                 # norms (LibTorch's), 1 blocked float32 sum of squares
                                 # (formats/torch/fingerprint.hpp)
+  updateLearningRates @7 :List(Float64);  # per parameter group, as the optimizer held them at
+                                # end(loss), for its update, when the program set them after the
+                                # step began (a warm-up computed from its own step counter); empty:
+                                # the begin's learningRates (and in bundles written before it)
 }
 
 # Record type 9. A keyframe: the full pre-step state of step `step`, whose tensors precede

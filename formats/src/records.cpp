@@ -152,6 +152,8 @@ std::vector<uint8_t> encodeMeta(const StepEndData& v) {
   r.setNonFinite(v.nonFinite);
   r.setDurationNs(v.durationNs);
   r.setGradNormMethod(static_cast<uint8_t>(v.gradNormMethod));
+  auto lrs = r.initUpdateLearningRates(v.updateLearningRates.size());
+  for (unsigned i = 0; i < v.updateLearningRates.size(); ++i) lrs.set(i, v.updateLearningRates[i]);
   return toBytes(b);
 }
 
@@ -358,8 +360,14 @@ StepEndData decodeStepEnd(const std::vector<uint8_t>& meta, const ReaderLimits& 
                               v.step, method),
                   "a newer crashcap wrote it: replay it with that version");
     v.gradNormMethod = static_cast<GradNormMethod>(method);
+    checkCount(r.getUpdateLearningRates(), "step_end update learning rates");
+    for (double lr : r.getUpdateLearningRates()) v.updateLearningRates.push_back(lr);
     return v;
   });
+}
+
+const std::vector<double>& updateLearningRates(const StepBeginData& begin, const StepEndData* end) {
+  return end && !end->updateLearningRates.empty() ? end->updateLearningRates : begin.learningRates;
 }
 
 KeyframeData decodeKeyframe(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {

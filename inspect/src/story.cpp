@@ -131,8 +131,13 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
   steps["last_loss"] = v.stepEnds.empty() ? json(nullptr) : number(v.stepEnds.back().loss);
   // The schedule moves the learning rates: the optimizer record has the first ones.
   steps["last_learning_rates"] = json::array();
-  if (!v.stepBegins.empty())
-    for (double lr : v.stepBegins.back().learningRates) steps["last_learning_rates"].push_back(number(lr));
+  if (!v.stepBegins.empty()) {  // the last step's update's, when its end(loss) kept them
+    const auto& last = v.stepBegins.back();
+    const formats::StepEndData* end = nullptr;
+    for (const auto& e : v.stepEnds)
+      if (e.step == last.step) end = &e;
+    for (double lr : formats::updateLearningRates(last, end)) steps["last_learning_rates"].push_back(number(lr));
+  }
   steps["last_grad_norm"] =
       v.stepEnds.empty() || !v.stepEnds.back().hasGradNorm ? json(nullptr) : number(v.stepEnds.back().gradNorm);
   // Steps the recorder lost (their records were dropped): replay cannot cross them.

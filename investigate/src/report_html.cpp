@@ -129,8 +129,13 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
 
   // The curves: one point per recorded step.
   std::map<int64_t, double> lr, weightNorm;
-  for (const auto& b : view.stepBegins)
-    if (!b.learningRates.empty()) lr[b.step] = b.learningRates[0];
+  std::map<int64_t, const formats::StepEndData*> endOf;
+  for (const auto& e : view.stepEnds) endOf.emplace(e.step, &e);
+  for (const auto& b : view.stepBegins) {  // the one the update used
+    auto e = endOf.find(b.step);
+    const auto& lrs = formats::updateLearningRates(b, e == endOf.end() ? nullptr : e->second);
+    if (!lrs.empty()) lr[b.step] = lrs[0];
+  }
   if (replay)
     for (const auto& s : replay->steps)
       if (s.weightNorm) weightNorm[s.step] = *s.weightNorm;

@@ -69,6 +69,7 @@ class Driver:
         self.rec = recorder
         self.session = None
         self.current = None        # the step in flight
+        self._update_lrs = []      # the recorded update's learning rates for the step in flight, when set after its batch
         self.restored = False
         self._pending = None       # steps rec.steps() has still to yield
         self.loader = None         # the training's DataLoader, when the observer drives the replay
@@ -144,7 +145,7 @@ class Driver:
             # engine writes it only when every step so far replayed bit for bit).
             tensors, documents = self.rec._keyframe(step)
             self.session.write_keyframe(tensors, documents)
-        batch, structure, lrs, generators = self.session.begin_step(step)
+        batch, structure, lrs, self._update_lrs, generators = self.session.begin_step(step)
         if step == self.session.target and may_reorder(self.loader):
             self._target_indices = self.session.rows_to_match()
             if self._target_indices:
@@ -228,6 +229,10 @@ class Driver:
     def end(self, loss):
         if self.current is None:
             return
+        # The learning rates the recorded update used, where the program set them after taking the
+        # batch: from its own counters, which count from the keyframe here, not from step 0.
+        for group, lr in zip(self.rec.optimizer.param_groups, self._update_lrs):
+            group["lr"] = lr
         self.session.end_step(loss)
         if self.current == self.session.target:
             if self.loader is not None:

@@ -123,7 +123,7 @@ void bindReplay(py::module_& m) {
       .def("begin_step",
            [](Session& s, int64_t step) {
              auto st = s.replay().beginStep(step);
-             return py::make_tuple(st.batch, st.structure, st.learningRates, st.generators);
+             return py::make_tuple(st.batch, st.structure, st.learningRates, st.updateLearningRates, st.generators);
            })
       .def_property_readonly("wants_keyframe", [](Session& s) { return s.replay().wantsKeyframe(); })
       .def(

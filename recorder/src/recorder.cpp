@@ -55,6 +55,13 @@ namespace {
 
 using detail::Job;
 
+/// The same numbers, a NaN the same as a NaN (a NaN learning rate is kept once, at the begin).
+bool sameNumbers(const std::vector<double>& a, const std::vector<double>& b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i)
+    if (!(a[i] == b[i] || (std::isnan(a[i]) && std::isnan(b[i])))) return false;
+  return true;
+}
 
 /// c10::Error's what() is the message followed by a C++ backtrace: keep them apart.
 void describeTorchException(const std::exception& e, formats::CrashData& crash) {
@@ -104,6 +111,9 @@ struct Recorder::Impl {
 
   int64_t lastStep = -1;
   int64_t lastKeyframe = -1;
+  /// The learning rates the last beginStep recorded, for end(loss) to see whether the program
+  /// set them after the batch (StepEndData::updateLearningRates).
+  std::vector<double> beginLearningRates;
   /// Each batch input's row dimension at the last step where it was not in doubt
   /// (formats::rowDimensions): a [T, B] input whose T is B at one step keeps dimension 1.
   std::map<std::string, int8_t> rowDimBefore;
@@ -533,6 +543,7 @@ struct Recorder::Impl {
     begin.timeNs = formats::unixTimeNs();
     begin.keyframe = lastKeyframe;
     begin.learningRates = learningRates();
+    beginLearningRates = begin.learningRates;
     std::vector<std::vector<int64_t>> shapes;
     std::vector<const std::string*> names;
     std::vector<int8_t> before;
@@ -1080,6 +1091,9 @@ void StepGuard::end(const at::Tensor& loss) {
   formats::StepEndData fp;
   fp.step = step_;
   fp.durationNs = formats::unixTimeNs() - m.stepStartNs;
+  // A program that sets the learning rate after taking the batch (a warm-up computed from its own
+  // step counter) updates with these, not the begin's: a replay sets them back here.
+  if (auto now = m.learningRates(); !sameNumbers(now, m.beginLearningRates)) fp.updateLearningRates = std::move(now);
   {
     at::NoGradGuard noGrad;
     at::DisableRecordFunctionGuard notAnOp;

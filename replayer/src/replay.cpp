@@ -826,7 +826,11 @@ struct Run {
       std::lock_guard<std::mutex> lock(gen->mutex());
       gen->set_state(formats::torch::readTensor(*reader, name));
     }
-    if (!begin.learningRates.empty()) r.learningRate = begin.learningRates[0];
+    {
+      auto e = ends.find(s);
+      const auto& lrs = formats::updateLearningRates(begin, e == ends.end() ? nullptr : e->second);
+      if (!lrs.empty()) r.learningRate = lrs[0];
+    }
     // The target's batch tensors cut to the rows asked for (replayer::cutBatch: each tensor's rows
     // along its row dimension, a sequence-first tensor's in dimension 1; a ragged batch's spans).
     std::map<std::string, at::Tensor> cut;
@@ -1236,6 +1240,9 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
       if (s < target) {
         if (view.optimizer->gradClipNorm > 0)
           torch::nn::utils::clip_grad_norm_(ordered, view.optimizer->gradClipNorm, view.optimizer->gradClipNormType);
+        if (auto e = run.ends.find(s); e != run.ends.end())
+          for (size_t g = 0; g < optimizer->param_groups().size() && g < e->second->updateLearningRates.size(); ++g)
+            optimizer->param_groups()[g].options().set_lr(e->second->updateLearningRates[g]);
         optimizer->step();
         Run::afterUpdate(r, ordered);
       }
@@ -1494,6 +1501,7 @@ DrivenReplay::Step DrivenReplay::beginStep(int64_t step) {
   if (step == m.run.target && !m.run.options.rows.empty())  // its per-row lists as its tensors were cut
     out.structure = cutStructure(begin.structure, m.run.result.batchSize, m.run.options.rows);
   out.learningRates = begin.learningRates;
+  if (auto e = m.run.ends.find(step); e != m.run.ends.end()) out.updateLearningRates = e->second->updateLearningRates;
   const std::string rngPrefix = formats::rngTensorName(step, "");
   for (const auto& full : begin.rng) {
     std::string device = full.substr(rngPrefix.size());

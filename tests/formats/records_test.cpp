@@ -25,6 +25,7 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   StepBeginData begin{7, {"steps/7/batch/image"}, {"steps/7/rng/cpu"}, {0.25}, 123, 5, 6};
   StepEndData end{7, std::nan(""), 3.5, true, true, 999};
   end.gradNormMethod = GradNormMethod::Blocked;
+  end.updateLearningRates = {0.5};
   KeyframeData kf{5, {"keyframes/5/parameters/w"}, {}, {"keyframes/5/optimizer/w/exp_avg"}, {{"w/step", 5}}};
   OpTraceData ops{{{41, "aten::div", "forward", 17, 7, 1234, {{"float32", {8, 1}}, {"scalar", {}}}}}, 42, 256};
   ops.collectives.push_back({11, "gloo:all_reduce", 7, 1235, {{"float32", {4096}}}, 100, 0});
@@ -71,6 +72,12 @@ TEST_CASE("recorder records round-trip through a bundle, sealed and unsealed", "
   CHECK(std::isnan(v.stepEnds[0].loss));
   CHECK(v.stepEnds[0].nonFinite);
   CHECK(v.stepEnds[0].gradNormMethod == GradNormMethod::Blocked);
+  CHECK(v.stepEnds[0].updateLearningRates == std::vector<double>{0.5});
+  // The update's learning rates are the end's when it kept them, else the begin's.
+  CHECK(updateLearningRates(v.stepBegins[0], &v.stepEnds[0]) == std::vector<double>{0.5});
+  CHECK(updateLearningRates(v.stepBegins[0], nullptr) == std::vector<double>{0.25});
+  StepEndData unchanged;
+  CHECK(updateLearningRates(v.stepBegins[0], &unchanged) == std::vector<double>{0.25});
   REQUIRE(v.keyframes.size() == 1);
   CHECK(v.keyframes[0].optimizerScalars.at(0).second == 5);
   REQUIRE(v.opTrace);

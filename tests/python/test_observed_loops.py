@@ -5,7 +5,16 @@ load: test_observed_loading.py)."""
 
 import textwrap
 
+import pytest
+
 from conftest import PYTHON, crashcap, crashcap_json, only_bundle, replay_and_triage, run_bare, run_recorded
+
+
+def record_written_program(tmp_path, *options):
+    """Record tmp_path/train.py, run from tmp_path, until its non-finite loss; return the bundle."""
+    r = crashcap("run", "--record", *options, "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    return only_bundle(tmp_path / "runs")
 
 
 def test_spawned_persistent_dataloader_workers_are_left_alone_and_the_training_replays(tmp_path):
@@ -84,9 +93,7 @@ def test_a_program_that_changes_directory_before_it_trains_replays_from_where_it
             torch.nn.functional.cross_entropy(model(xb), yb).backward()
             opt.step()
     """))
-    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
-    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
-    bundle = only_bundle(tmp_path / "runs")
+    bundle = record_written_program(tmp_path)
     assert crashcap_json("inspect", bundle)["env"]["facts"]["process.cwd"] == str(tmp_path)
     replay = crashcap_json("replay", bundle, cwd=tmp_path / "data")
     assert replay["verdict"] == "reproduced-bitwise", replay
@@ -122,9 +129,39 @@ def test_a_layer_frozen_before_the_keyframe_stays_frozen_and_keeps_moving_with_i
                 opt.step()
                 step += 1
     """))
-    r = crashcap("run", "--record", "--keyframe-every", 20, "--dir", tmp_path / "runs", "--", PYTHON, "train.py",
-                 cwd=tmp_path)
-    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
-    replay, triage = replay_and_triage(only_bundle(tmp_path / "runs"))
+    replay, triage = replay_and_triage(record_written_program(tmp_path, "--keyframe-every", 20))
     assert replay["keyframe"] == 60 and replay["step"] == 70, replay
     assert triage["culprit"]["dataset_indices"] == [30 * 16 + 3]
+
+
+def test_a_warm_up_set_from_the_programs_own_step_counter_replays_bit_for_bit_from_a_later_keyframe(tmp_path):
+    # The learning rate is set from the program's own counter after each batch is taken. A replay
+    # from keyframe 60 starts that counter at 0 and sets the first group's rate 61 times too small; the
+    # recorder keeps the rates end(loss) saw where they differ from the batch's, and the replay sets
+    # them back there, so every update uses the recorded rate. A second group follows its own rule.
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        x = torch.randn(16 * 100, 8)
+        y = x[:, :3].sum(1, keepdim=True)
+        x[70 * 16 + 5, 2] = float("nan")  # row 5 of step 70
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Linear(32, 1))
+        opt = torch.optim.Adam([{"params": model[0].parameters()}, {"params": model[2].parameters()}], lr=1e-3)
+        step = 0
+        for xb, yb in DataLoader(TensorDataset(x, y), batch_size=16):
+            opt.param_groups[0]["lr"] = 1e-2 * min(1.0, (step + 1) / 100)
+            opt.param_groups[1]["lr"] = 1e-2 / (1 + step) ** 0.5
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(model(xb), yb).backward()
+            opt.step()
+            step += 1
+    """))
+    bundle = record_written_program(tmp_path, "--keyframe-every", 20)
+    story = crashcap_json("inspect", bundle)
+    failed = story["steps"]["last"]
+    expected = [1e-2 * min(1.0, (failed + 1) / 100), 1e-2 / (1 + failed) ** 0.5]  # not the step before's
+    assert story["steps"]["last_learning_rates"] == pytest.approx(expected, rel=1e-12), story["steps"]
+    replay, triage = replay_and_triage(bundle)
+    assert failed == 70 and replay["keyframe"] == 60 and replay["step"] == 70, replay
+    assert triage["culprit"]["dataset_indices"] == [70 * 16 + 5]

@@ -118,7 +118,14 @@ struct StepEndData {
   bool nonFinite = false;
   int64_t durationNs = 0;
   GradNormMethod gradNormMethod = GradNormMethod::ForeachNorm;
+  /// Per parameter group, as the optimizer held them at end(loss), for the update, when the
+  /// program set them after beginStep; empty: the step's begin learningRates (see updateLearningRates()).
+  std::vector<double> updateLearningRates;
 };
+
+/// The learning rates a step's update used: those at its end(loss) when the program changed them
+/// after the step began, else those at its begin. `end` may be null (the step did not end).
+const std::vector<double>& updateLearningRates(const StepBeginData& begin, const StepEndData* end);
 
 /// Type 9: a full pre-step snapshot; its tensors precede this record.
 struct KeyframeData {

@@ -81,6 +81,9 @@ class DrivenReplay {
     NamedTensors batch;                  ///< by batch name, on the replay's device, rows chosen at the target
     std::string structure;               ///< StepBegin.structure
     std::vector<double> learningRates;   ///< per parameter group
+    /// Per group, those the recorded update used when the program set them after the batch
+    /// (formats::StepEndData::updateLearningRates), for end(loss) to set; empty: learningRates.
+    std::vector<double> updateLearningRates;
     std::vector<std::pair<std::string, std::string>> generators;  ///< (device, tensor name) beyond LibTorch's
   };
   /// Step `step` begins: LibTorch's generators are restored (the program restores the others);

@@ -19,6 +19,7 @@ namespace {
 struct Options {
   std::string bundle;
   int64_t step = -1;
+  int64_t keyframe = -1;               ///< -1: the newest before the step (or an earlier one, when it departs)
   std::string device;                  ///< "": the recorded device when here, else cpu
   std::string dtype;                   ///< "" | "float64"
   std::vector<std::string> settings;   ///< "NAME=VALUE"
@@ -79,6 +80,11 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
     std::cout << fmt::format("  not the recorded setup (recorded on {}; {}): only the failure is compared, not the bits\n",
                              r.recordedDevice.empty() ? "an unknown device" : r.recordedDevice,
                              settingsText(r.settings, r.recordedSettings));
+  if (r.skippedKeyframe)
+    std::cout << fmt::format("  note: the replay from keyframe {} departed from the recording at step {}, this one from "
+                             "keyframe {} did not: keyframe {} does not hold all the state the program keeps between "
+                             "steps (a model outside the optimizer, a counter of its own)\n",
+                             r.skippedKeyframe->step, r.skippedKeyframe->divergedAt, r.keyframe, r.skippedKeyframe->step);
   for (const auto& n : r.notes) std::cout << fmt::format("  note: {}\n", n);
   for (const auto& s : r.steps) {
     std::cout << fmt::format("  step {:<5} loss {:<14} grad norm {:<14} {}", s.step, s.hasLoss ? fmt::format("{:.7g}", s.loss) : "-",
@@ -153,6 +159,7 @@ int replay(const Options& o) {
   checkIntact(o.bundle, o.allowDamaged);
   replayer::ReplayOptions ro;
   ro.step = o.step;
+  ro.keyframe = o.keyframe;
   ro.instrument = !o.noInstrument;
   ro.device = o.device;
   ro.dtype = o.dtype;
@@ -177,6 +184,10 @@ Command replayCommand(CLI::App& root) {
                   "JOB.ccap:crash-....ccap")
       ->required();
   cmd->add_option("--step", o->step, "Step to reproduce (default: the crash's step)");
+  cmd->add_option("--keyframe", o->keyframe,
+                  "Start from the keyframe of this step (default: the newest before the step, or the earliest when "
+                  "the replay from the newest departs from the recording and the earliest's does not)")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", o->device, "Where to replay: cpu, cuda:K (default: the recorded device when here, else cpu)");
   cmd->add_option("--dtype", o->dtype, "float64: replay in double precision (the reference of bisect ops)")
       ->check(CLI::IsMember({"float64"}));
@@ -195,7 +206,10 @@ Command replayCommand(CLI::App& root) {
   cmd->footer(
       "Restores the newest keyframe before the step, replays the steps after it with the recorded batches,\n"
       "generator states and learning rates, compares each step's loss and gradient norm with the recording\n"
-      "bit for bit, and checks every op of the target step for NaN/Inf outputs.\n"
+      "bit for bit, and checks every op of the target step for NaN/Inf outputs. When that replay departs from\n"
+      "the recording, it is tried again from the earliest keyframe, which holds what the program keeps between\n"
+      "steps outside the model and optimizer (an EMA teacher, a counter of its own) as the program made it; the\n"
+      "replay that runs further as recorded is the answer, and a skipped keyframe is named (skipped_keyframe).\n"
       "Verdicts: reproduced-bitwise, reproduced (same error class, numbers differ), diverged (an earlier step\n"
       "departs from the recording: nondeterminism), not-reproduced. Bits are compared only in the recorded\n"
       "setup (device, dtype, settings); with --device, --dtype or --set only the failure is compared.\n"

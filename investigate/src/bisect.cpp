@@ -124,6 +124,21 @@ OpBisection bisectOps(const std::string& bundle, int64_t step, double tolerance)
   replayer::ReplayOptions ro;
   ro.step = step;
   auto c = investigate::compareWithReference(bundle, ro, tolerance);
+  // Compared from a keyframe that misses the program's state between steps, both sides start from
+  // a state the training never had: from the earlier keyframe a plain replay would take, when it
+  // runs further (investigate::replay).
+  if (auto earlier = keyframeToTryInstead(bundle, ro, c.replay)) {
+    ro.keyframe = *earlier;
+    try {
+      auto e = investigate::compareWithReference(bundle, ro, tolerance);
+      if (runsFurther(e.replay, c.replay)) {
+        e.replay.skippedKeyframe = replayer::ReplayResult::SkippedKeyframe{c.replay.keyframe, *c.replay.divergedAt};
+        c = std::move(e);
+      }
+    } catch (const Error&) {
+      // The earlier keyframe cannot be compared from: the first comparison stands.
+    }
+  }
   auto side = [](const replayer::ReplayResult& r) {
     return ReplaySide{r.verdict, r.device, r.dtype, lastLine(r.error), r.firstNonFiniteOp};
   };
@@ -253,6 +268,11 @@ std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std
   return args;
 }
 
+std::vector<std::string> keyframeArgs(const replayer::ReplayResult& r) {
+  if (!r.skippedKeyframe || r.keyframe < 0) return {};
+  return {"--keyframe", std::to_string(r.keyframe)};
+}
+
 std::optional<std::vector<int64_t>> datasetIndices(const std::string& bundle, int64_t step,
                                                    const std::vector<int64_t>& rows,
                                                    const std::optional<replayer::RowOrder>& order) {
@@ -329,12 +349,16 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
     throw Error(ErrorCode::Unsupported,
                 fmt::format("the replay of step {} gave no steps to compare ({}): its rows cannot be tested", base.step,
                             lastLine(base.error)));
+  // Every experiment starts from the keyframe the whole batch's replay settled on.
+  const auto from = keyframeArgs(base);
   auto test = [&](const std::vector<int64_t>& rows) {
-    auto e = runner.run(fmt::format("rows [{}]", joinRows(rows)),
-                        replayArgs(bundle, base.step, {"--rows", joinRows(rows)}));
+    std::vector<std::string> extra = {"--rows", joinRows(rows)};
+    extra.insert(extra.end(), from.begin(), from.end());
+    auto e = runner.run(fmt::format("rows [{}]", joinRows(rows)), replayArgs(bundle, base.step, extra));
     Trial t;
     t.seconds = e.seconds;
-    t.command = fmt::format("crashcap replay {} --step {} --rows {}", bundle, base.step, joinRows(rows));
+    t.command = fmt::format("crashcap replay {} --step {} --rows {}{}", bundle, base.step, joinRows(rows),
+                            from.empty() ? "" : " --keyframe " + from.back());
     // A replay that refused to run (the program cannot keep a subset of rows) says nothing about
     // the rows: the search stops with its reason instead of counting it as a pass.
     std::string why;
@@ -396,6 +420,12 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
   b.baseline.divergedAt = base.divergedAt;
   b.baseline.error = lastLine(base.error);
   b.baseline.command = baseline.command;
+  // Every trial starts from the keyframe the baseline settled on.
+  const auto from = keyframeArgs(base);
+  auto with = [&](std::vector<std::string> extra) {
+    extra.insert(extra.end(), from.begin(), from.end());
+    return replayArgs(bundle, step, extra);
+  };
   auto trial = [&](const Experiment& e) {
     ConfigTrial t;
     t.command = e.command;
@@ -423,7 +453,7 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
             ? std::vector<std::string>{"true", "false"}
             : std::vector<std::string>{formats::torch::flippedSetting(name, it->second)};
     for (const auto& flipped : values) {
-      ConfigTrial t = trial(runner.run(name + "=" + flipped, replayArgs(bundle, step, {"--set", name + "=" + flipped})));
+      ConfigTrial t = trial(runner.run(name + "=" + flipped, with({"--set", name + "=" + flipped})));
       t.setting = name;
       t.recorded = it->second;
       t.value = flipped;
@@ -434,7 +464,7 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
   }
   for (const auto& device : replayer::availableDevices()) {
     if (device == base.device) continue;
-    ConfigTrial t = trial(runner.run("device " + device, replayArgs(bundle, step, {"--device", device})));
+    ConfigTrial t = trial(runner.run("device " + device, with({"--device", device})));
     t.device = device;
     if (t.fails != b.baseline.fails && t.otherFailure.empty()) b.changesOutcome.push_back("device=" + device);
     b.devices.push_back(t);

@@ -373,8 +373,10 @@ std::string replayRoute(const std::string& bundle) {
   return "in-process";
 }
 
-replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayOptions& options) {
-  const std::string route = replayRoute(bundle);
+namespace {
+
+replayer::ReplayResult replayByRoute(const std::string& bundle, const std::string& route,
+                                     const replayer::ReplayOptions& options) {
   if (route == "in-process") return replayer::replay(bundle, options);
   if (route == "job") return askedRankReplay(replayJob(bundle, options));
   replayer::ReplayRequest request;
@@ -389,6 +391,50 @@ replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayO
   if (outcome.error) throw *outcome.error;
   if (!outcome.replay) throw Error(ErrorCode::Corrupt, "the program answered a replay request with no replay");
   return *outcome.replay;
+}
+
+}  // namespace
+
+std::optional<int64_t> keyframeToTryInstead(const std::string& bundle, const replayer::ReplayOptions& options,
+                                            const replayer::ReplayResult& r) {
+  if (!r.divergedAt || options.keyframe >= 0 || options.fromEarliestKeyframe || isJobRank(bundle)) return std::nullopt;
+  try {
+    auto view = formats::readRecords(*formats::BundleReader::open(bundle));
+    std::optional<int64_t> earliest;
+    for (const auto& k : view.keyframes)
+      if (k.step < r.keyframe && (!earliest || k.step < *earliest)) earliest = k.step;
+    return earliest;
+  } catch (const Error&) {
+    return std::nullopt;  // the replay that ran read it: nothing to try
+  }
+}
+
+bool runsFurther(const replayer::ReplayResult& earlier, const replayer::ReplayResult& newer) {
+  if (!newer.divergedAt || earlier.keyframe >= newer.keyframe) return false;
+  if (earlier.divergedAt && *earlier.divergedAt <= *newer.divergedAt) return false;
+  for (const auto& s : earlier.steps)
+    if (s.step == *newer.divergedAt) return s.recorded && s.bitwise;
+  return false;  // it never reached that step
+}
+
+replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayOptions& options) {
+  const std::string route = replayRoute(bundle);
+  auto r = replayByRoute(bundle, route, options);
+  const auto earlier = keyframeToTryInstead(bundle, options, r);
+  if (!earlier) return r;
+  replayer::ReplayOptions from = options;
+  from.keyframe = *earlier;
+  replayer::ReplayResult e;
+  try {
+    e = replayByRoute(bundle, route, from);
+  } catch (const Error&) {
+    return r;  // the earlier keyframe cannot be replayed (a lost step, a refusal): the first replay stands
+  } catch (const ProgramKilled&) {
+    return r;
+  }
+  if (!runsFurther(e, r)) return r;  // the departure is not the keyframe's
+  e.skippedKeyframe = replayer::ReplayResult::SkippedKeyframe{r.keyframe, *r.divergedAt};
+  return e;
 }
 
 replayer::ReferenceComparison compareWithReference(const std::string& bundle, const replayer::ReplayOptions& options,

@@ -690,8 +690,9 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     for (int64_t r = 0; r < batchSize; ++r)
       if (std::find(rows.begin(), rows.end(), r) == rows.end()) rest.push_back(r);
     if (!rows.empty() && !rest.empty()) {
-      f.withoutRows = run("without-rows", replayArgs(bundle, f.step(), {"--rows", fmt::format("{}", fmt::join(rest, ","))}),
-                          bundleReplayFromJson);
+      std::vector<std::string> extra = {"--rows", fmt::format("{}", fmt::join(rest, ","))};
+      for (auto& a : keyframeArgs(*f.replay)) extra.push_back(std::move(a));
+      f.withoutRows = run("without-rows", replayArgs(bundle, f.step(), extra), bundleReplayFromJson);
       if (!f.withoutRows) {
         f.withoutRowsOutcome = runner.log().back().outcome;
       } else if (f.withoutRows->steps.empty() && f.withoutRows->diedInStep && *f.withoutRows->diedInStep < f.step()) {

@@ -625,7 +625,16 @@ Hypothesis judgeNondeterminism(const TriageFacts& f) {
     return h;
   }
   const auto& r = *f.replay;
-  if (r.verdict == replayer::Verdict::ReproducedBitwise) {
+  if (r.verdict == replayer::Verdict::ReproducedBitwise && r.skippedKeyframe) {
+    h.verdict = V::Refuted;
+    h.evidence.push_back(fmt::format(
+        "the replay from keyframe {} departs from the recording at step {}, but from keyframe {} it matched the "
+        "recording bit for bit over {} steps: the computation is deterministic, and the program keeps state between "
+        "steps that keyframe {} does not hold (a model outside the optimizer, a counter of its own); every experiment "
+        "replays from keyframe {}",
+        r.skippedKeyframe->step, r.skippedKeyframe->divergedAt, r.keyframe, r.steps.size(), r.skippedKeyframe->step,
+        r.keyframe));
+  } else if (r.verdict == replayer::Verdict::ReproducedBitwise) {
     h.verdict = V::Refuted;
     h.evidence.push_back(fmt::format("replay matched the recording bit for bit over {} steps", r.steps.size()));
   } else if (r.verdict == replayer::Verdict::Diverged) {

@@ -327,7 +327,10 @@ json toJson(const ReplayResult& r) {
           {"keyframe_written", nullable(r.keyframeWritten)},
           {"keyframe_not_written", nullable(r.keyframeNotWritten)},
           {"batch_load", toJson(r.batchLoad)},
-          {"row_order", toJson(r.rowOrder)}};
+          {"row_order", toJson(r.rowOrder)},
+          {"skipped_keyframe", r.skippedKeyframe ? json{{"step", r.skippedKeyframe->step},
+                                                        {"diverged_at", r.skippedKeyframe->divergedAt}}
+                                                  : json(nullptr)}};
 }
 
 ReplayResult replayResultFromJson(const json& j) {
@@ -362,6 +365,10 @@ ReplayResult replayResultFromJson(const json& j) {
   r.keyframeNotWritten = optText(j, "keyframe_not_written");
   r.batchLoad = batchLoadFromJson(j, "batch_load");
   r.rowOrder = rowOrderFromJson(j, "row_order");
+  if (j.is_object() && j.contains("skipped_keyframe") && !j["skipped_keyframe"].is_null()) {  // absent before it existed
+    const auto& k = j["skipped_keyframe"];
+    r.skippedKeyframe = ReplayResult::SkippedKeyframe{integer(k, "step"), integer(k, "diverged_at")};
+  }
   return r;
 }
 

@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 
 #include "crashcap/investigate/bisect.hpp"
+#include "crashcap/investigate/replays.hpp"
 #include "test_support.hpp"
 
 namespace fs = std::filesystem;
@@ -122,6 +123,42 @@ TEST_CASE("culprit rows are named by the dataset index the row order matched the
   order = replayer::RowOrder{"partial", {14, -1, 3}, "row 1 matches several of the samples"};
   CHECK(investigate::datasetIndices("not-read.ccap", 4, {2}, order) == std::vector<int64_t>{3});
   CHECK_FALSE(investigate::datasetIndices("not-read.ccap", 4, {1, 2}, order));
+}
+
+TEST_CASE("a replay from an earlier keyframe replaces one that departed only when it runs that step as recorded",
+          "[investigate][bisect]") {
+  auto step = [](int64_t s, bool bitwise) {
+    replayer::StepReplay r;
+    r.step = s;
+    r.recorded = true;
+    r.bitwise = bitwise;
+    return r;
+  };
+  replayer::ReplayResult newer;
+  newer.keyframe = 60;
+  newer.divergedAt = 60;
+  replayer::ReplayResult earlier;
+  earlier.keyframe = 0;
+  for (int64_t s = 0; s <= 70; ++s) earlier.steps.push_back(step(s, true));
+  CHECK(investigate::runsFurther(earlier, newer));
+  // Nondeterminism departs from any keyframe: from the earlier one, no later than from the newer.
+  earlier.divergedAt = 60;
+  CHECK_FALSE(investigate::runsFurther(earlier, newer));
+  earlier.divergedAt = 12;
+  CHECK_FALSE(investigate::runsFurther(earlier, newer));
+  earlier.divergedAt = 65;  // past the step where the newer one departed: still the better replay
+  CHECK(investigate::runsFurther(earlier, newer));
+  earlier.divergedAt.reset();
+  earlier.steps[60].bitwise = false;  // a step without a verdict of its own still has to match
+  CHECK_FALSE(investigate::runsFurther(earlier, newer));
+  earlier.steps.resize(50);  // it never reached the step
+  CHECK_FALSE(investigate::runsFurther(earlier, newer));
+  newer.divergedAt.reset();  // the newer one did not depart: nothing to replace
+  CHECK_FALSE(investigate::runsFurther(earlier, newer));
+  // The experiments that follow start from the keyframe settled on only when one was skipped.
+  CHECK(investigate::keyframeArgs(newer).empty());
+  earlier.skippedKeyframe = replayer::ReplayResult::SkippedKeyframe{60, 60};
+  CHECK(investigate::keyframeArgs(earlier) == std::vector<std::string>{"--keyframe", "0"});
 }
 
 TEST_CASE("crashcap bisect samples names the corrupt row of a real crash", "[investigate][bisect][e2e]") {

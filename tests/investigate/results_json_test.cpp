@@ -123,6 +123,24 @@ TEST_CASE("a replay result reads back from its JSON, NaN and infinities included
   CHECK(back.recordedSettings == r.recordedSettings);
   CHECK(back.sameSetup == false);
   CHECK(back.recordedDevice == "cuda:0");
+  CHECK_FALSE(back.skippedKeyframe);
+  CHECK(j["skipped_keyframe"].is_null());
+}
+
+TEST_CASE("a replay that skipped a newer keyframe names it and where its replay departed, in JSON and back",
+          "[investigate][json]") {
+  auto r = sampleReplay();
+  r.keyframe = 0;
+  r.skippedKeyframe = replayer::ReplayResult::SkippedKeyframe{60, 61};
+  auto j = toJson(r);
+  CHECK(j["skipped_keyframe"] == json({{"step", 60}, {"diverged_at", 61}}));
+  auto back = replayResultFromJson(json::parse(j.dump()));
+  REQUIRE(back.skippedKeyframe);
+  CHECK(back.skippedKeyframe->step == 60);
+  CHECK(back.skippedKeyframe->divergedAt == 61);
+  CHECK(back.keyframe == 0);
+  j.erase("skipped_keyframe");  // a replay's JSON from before it existed
+  CHECK_FALSE(replayResultFromJson(j).skippedKeyframe);
 }
 
 TEST_CASE("sample, config, step and op bisections read back from their JSON", "[investigate][json]") {

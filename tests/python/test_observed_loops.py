@@ -165,3 +165,70 @@ def test_a_warm_up_set_from_the_programs_own_step_counter_replays_bit_for_bit_fr
     replay, triage = replay_and_triage(bundle)
     assert failed == 70 and replay["keyframe"] == 60 and replay["step"] == 70, replay
     assert triage["culprit"]["dataset_indices"] == [70 * 16 + 5]
+
+
+PROGRAM_STATE_OUTSIDE_KEYFRAMES = {
+    # A mean teacher: an EMA copy of the model that no optimizer holds gives the consistency target.
+    "mean-teacher": """
+        import copy
+        teacher = copy.deepcopy(model)
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        def extra_loss(out, xb, step):
+            with torch.no_grad():
+                target = teacher(xb + 0.05 * torch.randn_like(xb))
+            return 0.5 * torch.nn.functional.mse_loss(out, target)
+        def after_update(step):
+            with torch.no_grad():
+                for pt, ps in zip(teacher.parameters(), model.parameters()):
+                    pt.mul_(0.9).add_(ps, alpha=0.1)
+    """,
+    # A loss weight annealed from the program's own step counter.
+    "annealed-weight": """
+        def extra_loss(out, xb, step):
+            return min(1.0, step / 50) * out.pow(2).mean()
+        def after_update(step):
+            pass
+    """,
+}
+
+
+@pytest.mark.parametrize("state", sorted(PROGRAM_STATE_OUTSIDE_KEYFRAMES))
+def test_state_the_program_keeps_outside_the_keyframes_replays_bit_for_bit_from_the_earliest_keyframe(tmp_path, state):
+    # Keyframe 60 holds the model and the optimizer, not the program's teacher or its counter: the
+    # replay from it departs at step 60. The replay is tried again from keyframe 0, where the program
+    # makes that state again as it did, and that one is the answer, naming keyframe 60 as skipped;
+    # triage's experiments start from keyframe 0 too.
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        x = torch.randn(16 * 100, 8)
+        y = x[:, :3].sum(1, keepdim=True)
+        x[70 * 16 + 9, 4] = float("nan")  # row 9 of step 70
+        model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.Tanh(), torch.nn.Dropout(0.1),
+                                    torch.nn.Linear(32, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=0.02, momentum=0.9)
+    """) + textwrap.dedent(PROGRAM_STATE_OUTSIDE_KEYFRAMES[state]) + textwrap.dedent("""
+        step = 0
+        for xb, yb in DataLoader(TensorDataset(x, y), batch_size=16):
+            out = model(xb)
+            loss = torch.nn.functional.mse_loss(out, yb) + extra_loss(out, xb, step)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            after_update(step)
+            step += 1
+    """))
+    bundle = record_written_program(tmp_path, "--keyframe-every", 20)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise" and replay["step"] == 70, replay
+    assert replay["keyframe"] == 0 and replay["skipped_keyframe"] == {"step": 60, "diverged_at": 60}, replay
+    asked = crashcap_json("replay", bundle, "--keyframe", 60)  # the newer keyframe, asked for: no fallback
+    assert asked["verdict"] == "diverged" and asked["diverged_at"] == 60 and asked["skipped_keyframe"] is None, asked
+    triage = crashcap_json("triage", bundle)
+    hypotheses = {h["id"]: h for h in triage["hypotheses"]}
+    assert hypotheses["invalid-data"]["verdict"] == "confirmed", triage
+    assert hypotheses["nondeterminism"]["verdict"] == "refuted", triage
+    assert "keyframe 60 does not hold" in " ".join(hypotheses["nondeterminism"]["evidence"]), triage
+    assert triage["culprit"]["step"] == 70 and triage["culprit"]["dataset_indices"] == [70 * 16 + 9], triage

@@ -171,4 +171,9 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
 /// The replay arguments every child experiment of a step shares.
 std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra);
 
+/// `--keyframe K` when `r` started from an earlier keyframe than the newest because the newest's
+/// replay departed (ReplayResult::skippedKeyframe), else nothing: the experiments that follow
+/// start where it did instead of finding that out again each.
+std::vector<std::string> keyframeArgs(const replayer::ReplayResult& r);
+
 }  // namespace crashcap::investigate

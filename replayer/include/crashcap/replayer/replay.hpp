@@ -236,6 +236,15 @@ struct ReplayResult {
   std::optional<BatchLoad> batchLoad;
   /// The target step's rows matched to the samples the sampler drew (RowOrder).
   std::optional<RowOrder> rowOrder;
+  /// The newer keyframe this replay was tried from first and gave up (investigate::replay): its
+  /// replay departed from the recording at `divergedAt`, where this one, from an earlier keyframe,
+  /// ran on as recorded. That keyframe does not hold all the state the program keeps between
+  /// steps (a model outside the optimizer, a counter of its own).
+  struct SkippedKeyframe {
+    int64_t step = -1;
+    int64_t divergedAt = -1;
+  };
+  std::optional<SkippedKeyframe> skippedKeyframe;
 };
 
 /// The errors name the same failure: their last lines (the exception's own, after any traceback)

@@ -70,7 +70,8 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
   if (!b.cutsFail.empty()) {
     std::cout << fmt::format(
         "step {}: every part of the batch tried fails another way ({}; {} replays): the step cannot run on part of its "
-        "batch (state carried from step to step with the batch's size does this, a recurrent hidden state), so no row "
+        "batch (a tensor of the program's sized for the whole batch does this: a recurrent hidden state carried from "
+        "step to step, a target made as torch.ones(batch_size, 1)), so no row "
         "can be told from another by leaving rows out\n",
         b.step, b.cutsFail, b.replays);
     for (const auto& [rows, t] : b.trials)
@@ -80,6 +81,10 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
       }
     return;
   }
+  if (!b.filledBecause.empty())
+    std::cout << fmt::format("cut to fewer rows, step {} fails another way ({}): each experiment fed a batch of the "
+                             "whole {} rows, those it left out replaced by copies of those it kept\n",
+                             b.step, b.filledBecause, b.batchSize);
   const auto& culprits = b.culprits();
   std::string indices = b.datasetIndices ? fmt::format(", dataset index {}", joinRows(*b.datasetIndices)) : "";
   if (b.datasetIndices && b.rowOrder && (b.rowOrder->order == "reordered" || b.rowOrder->order == "partial"))
@@ -102,7 +107,12 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
   else  // the search for the smallest set, then one replay of the whole batch without each of its rows
     std::cout << fmt::format(" ({} replays, {} of them the whole batch without each row of the smallest set)\n",
                              b.replays, b.rows.size());
-  std::cout << fmt::format("rerun: crashcap replay {} --step {} --rows {}\n", bundle, b.step, joinRows(b.rows));
+  // The experiment that kept just those rows, as it ran (filled to the batch's size, from the
+  // keyframe the search settled on).
+  std::string rerun = fmt::format("crashcap replay {} --step {} --rows {}", bundle, b.step, joinRows(b.rows));
+  for (const auto& [rows, t] : b.trials)
+    if (rows == b.rows && !t.command.empty()) rerun = t.command;
+  std::cout << "rerun: " << rerun << "\n";
 }
 
 void printOps(const investigate::OpBisection& b) {

@@ -196,8 +196,8 @@ Command replayCommand(CLI::App& root) {
   addAllowDamaged(cmd, o->allowDamaged);
   addAllowChangedSource(cmd);
   cmd->add_option("--rows", o->rows,
-                  "Keep only these samples of the step's batch, by row: e.g. 0,3 (an experiment); of a job's rank, "
-                  "that rank's batch only");
+                  "Keep only these samples of the step's batch, by row: e.g. 0,3 (an experiment); a row may repeat "
+                  "(3,5,3,5: a batch of the same size made of rows 3 and 5); of a job's rank, that rank's batch only");
   cmd->add_flag("--no-instrument", o->noInstrument, "Skip the per-op NaN/Inf checks (faster)");
   cmd->add_option("--timeout", o->timeout,
                   "Stop a replay that runs in the recorded program, or in a job's ranks, after SECONDS and say so "

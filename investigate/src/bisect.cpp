@@ -268,6 +268,14 @@ std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std
   return args;
 }
 
+std::vector<int64_t> filledRows(const std::vector<int64_t>& rows, int64_t batchSize) {
+  std::vector<int64_t> out;
+  if (rows.empty()) return out;
+  out.reserve(static_cast<size_t>(std::max<int64_t>(batchSize, 0)));
+  for (int64_t i = 0; i < batchSize; ++i) out.push_back(rows[static_cast<size_t>(i) % rows.size()]);
+  return out;
+}
+
 std::vector<std::string> keyframeArgs(const replayer::ReplayResult& r) {
   if (!r.skippedKeyframe || r.keyframe < 0) return {};
   return {"--keyframe", std::to_string(r.keyframe)};
@@ -389,6 +397,23 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
     return t;
   };
   auto search = searchRows(base.batchSize, test);
+  if (!search.cutsFail.empty()) {
+    // The step cannot run on fewer rows (a target the program makes for the whole batch, a hidden
+    // state of the batch's size). Test the rows in batches of the whole size instead: the rows an
+    // experiment leaves out are replaced by copies of those it keeps, in turn. A NaN copied stays
+    // a NaN; a batch of the clean rows copied is clean.
+    auto filled = searchRows(base.batchSize, [&](const std::vector<int64_t>& rows) {
+      return test(filledRows(rows, base.batchSize));
+    });
+    search.replays += filled.replays;
+    for (auto& t : filled.log) search.log.push_back(std::move(t));
+    if (filled.reproduced && filled.cutsFail.empty()) {
+      b.filledBecause = search.cutsFail;
+      filled.replays = search.replays;
+      filled.log = std::move(search.log);
+      search = std::move(filled);
+    }
+  }
   b.reproduced = search.reproduced;
   b.rows = search.rows;
   b.triggers = search.triggers;

@@ -167,6 +167,7 @@ json toJson(const SampleBisection& b) {
           {"replay_bound_single_row", b.replayBound},
           {"lost_steps", b.lostSteps},
           {"cuts_fail", nullable(b.cutsFail)},
+          {"filled_because", nullable(b.filledBecause)},
           {"experiments", trials}};
 }
 
@@ -183,6 +184,7 @@ SampleBisection sampleBisectionFromJson(const json& j) {
   b.replayBound = static_cast<int>(integer(j, "replay_bound_single_row"));
   b.lostSteps = integers(at(j, "lost_steps"), "lost_steps");
   if (j.contains("cuts_fail")) b.cutsFail = optText(j, "cuts_fail");
+  if (j.contains("filled_because")) b.filledBecause = optText(j, "filled_because");  // absent before it existed
   const json& trials = at(j, "experiments");
   if (!trials.is_array()) bad("experiments", "an array");
   for (const auto& e : trials) b.trials.emplace_back(integers(at(e, "rows"), "rows"), trialFrom(e));

@@ -690,6 +690,8 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     for (int64_t r = 0; r < batchSize; ++r)
       if (std::find(rows.begin(), rows.end(), r) == rows.end()) rest.push_back(r);
     if (!rows.empty() && !rest.empty()) {
+      // A step that cannot run on fewer rows: the rest copied in turn to the batch's size.
+      if (!f.samples->filledBecause.empty()) rest = filledRows(rest, batchSize);
       std::vector<std::string> extra = {"--rows", fmt::format("{}", fmt::join(rest, ","))};
       for (auto& a : keyframeArgs(*f.replay)) extra.push_back(std::move(a));
       f.withoutRows = run("without-rows", replayArgs(bundle, f.step(), extra), bundleReplayFromJson);

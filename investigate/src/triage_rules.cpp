@@ -260,6 +260,11 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   } else if (f.rowsTrigger()) {
     // The rows trigger the failure; they are invalid data only when they hold an invalid value.
     h.evidence.push_back(triggerText(f));
+    if (!f.samples->filledBecause.empty())
+      h.evidence.push_back(fmt::format(
+          "cut to fewer rows the step fails another way ({}), so every experiment fed a batch of the whole {} rows, "
+          "those it left out replaced by copies of those it kept",
+          f.samples->filledBecause, f.samples->batchSize));
     if (f.samples->datasetIndices)
       h.evidence.push_back(fmt::format("dataset index {} ({}batch's {} tensor{})", joinRows(*f.samples->datasetIndices),
                                        f.job ? whose : "the ", formats::kDatasetIndexName,
@@ -309,8 +314,9 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   } else if (f.samples && f.samples->reproduced && !f.samples->cutsFail.empty()) {
     h.evidence.push_back(fmt::format(
         "every part of {}step {}'s batch that sample bisection tried fails another way ({}): the step cannot run on "
-        "part of its batch (state carried from step to step with the batch's size does this, a recurrent hidden "
-        "state), so no row can be tested by leaving it out",
+        "part of its batch (a tensor of the program's sized for the whole batch does this: a recurrent hidden state "
+        "carried from step to step, a target made as torch.ones(batch_size, 1)), so no row can be tested by leaving "
+        "it out",
         whose, f.step(), f.samples->cutsFail));
     for (const auto& r : f.untestedRowFindings)
       h.evidence.push_back(fmt::format("in the batch as recorded, {} (not tested)", rowFindingText(r)));

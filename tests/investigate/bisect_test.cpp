@@ -161,6 +161,13 @@ TEST_CASE("a replay from an earlier keyframe replaces one that departed only whe
   CHECK(investigate::keyframeArgs(earlier) == std::vector<std::string>{"--keyframe", "0"});
 }
 
+TEST_CASE("a batch filled to its whole size repeats the kept rows in turn", "[investigate][bisect]") {
+  CHECK(investigate::filledRows({3, 5}, 5) == std::vector<int64_t>{3, 5, 3, 5, 3});
+  CHECK(investigate::filledRows({7}, 3) == std::vector<int64_t>{7, 7, 7});
+  CHECK(investigate::filledRows({0, 1, 2, 3}, 4) == std::vector<int64_t>{0, 1, 2, 3});  // the whole batch, as it is
+  CHECK(investigate::filledRows({}, 4).empty());
+}
+
 TEST_CASE("crashcap bisect samples names the corrupt row of a real crash", "[investigate][bisect][e2e]") {
   struct Case {
     std::string sample, fault;

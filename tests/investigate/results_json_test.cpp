@@ -183,6 +183,14 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   auto old = sampleBisectionFromJson(older);
   CHECK(old.cutsFail.empty());
   CHECK(old.trials[0].second.otherFailure.empty());
+  // Searched again in batches of the whole size: why, read back; absent from older results.
+  s.cutsFail.clear();
+  s.filledBecause = "ValueError: Target size (torch.Size([32, 1])) must be the same as input size";
+  CHECK(sampleBisectionFromJson(toJson(s)).filledBecause == s.filledBecause);
+  CHECK(toJson(sb)["filled_because"].is_null());
+  auto beforeFilling = toJson(s);
+  beforeFilling.erase("filled_because");
+  CHECK(sampleBisectionFromJson(beforeFilling).filledBecause.empty());
 
   ConfigBisection c;
   c.step = 6;

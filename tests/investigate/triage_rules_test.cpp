@@ -428,10 +428,31 @@ TEST_CASE("invalid-data is inconclusive when no part of the batch can run, and n
   CHECK(h.verdict == V::Inconclusive);
   CHECK(h.evidence.at(0) ==
         "every part of step 6's batch that sample bisection tried fails another way (RuntimeError: Expected hidden size "
-        "(1, 4, 16), got [1, 8, 16]): the step cannot run on part of its batch (state carried from step to step with "
-        "the batch's size does this, a recurrent hidden state), so no row can be tested by leaving it out");
+        "(1, 4, 16), got [1, 8, 16]): the step cannot run on part of its batch (a tensor of the program's sized for the "
+        "whole batch does this: a recurrent hidden state carried from step to step, a target made as "
+        "torch.ones(batch_size, 1)), so no row can be tested by leaving it out");
   CHECK(has(h, "in the batch as recorded, row 3 of steps/6/batch/0 holds 1 NaN and 0 Inf values (not tested)"));
-  CHECK_FALSE(has(h, "the whole batch"));
+  CHECK_FALSE(has(h, ", the whole batch: no replay"));  // not the search's end taken for a finding
+}
+
+TEST_CASE("invalid-data is confirmed from rows tested in batches of the whole size, and says why they were",
+          "[investigate][triage]") {
+  // Cut to fewer rows the step failed another way; searched again with the rows left out replaced
+  // by copies of those kept, it fails with row 3 copied and passes with the others in its place.
+  auto f = reproducedAt6();
+  f.samples = samplesFound({3}, 15);
+  f.samples->filledBecause = "RuntimeError: Expected hidden size (1, 4, 16), got [1, 8, 16]";
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.rowFindings = {nanRow(3, "steps/6/batch/0", 1)};
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(h.evidence.at(0) == "step 6 fails with batch row [3] alone and passes without it (16 replays)");
+  CHECK(h.evidence.at(1) ==
+        "cut to fewer rows the step fails another way (RuntimeError: Expected hidden size (1, 4, 16), got [1, 8, 16]), "
+        "so every experiment fed a batch of the whole 8 rows, those it left out replaced by copies of those it kept");
+  CHECK(f.culpritRows() == std::vector<int64_t>{3});
+  f.samples->filledBecause.clear();  // rows cut as usual: nothing to explain
+  CHECK_FALSE(has(judgeInvalidData(f), "replaced by copies"));
 }
 
 /// Step 6 raised in aten::embedding_bag (a table of 50 rows, 79 tokens), and element 64 of its

@@ -100,9 +100,11 @@ def test_a_label_past_a_lookup_table_is_named_by_the_index_the_error_calls_out_o
                           "size 5") for e in invalid["evidence"]), invalid
 
 
-def test_a_hidden_state_carried_between_batches_leaves_the_rows_untested_and_says_why(tmp_path):
+def test_a_hidden_state_carried_between_batches_has_its_rows_tested_in_batches_of_the_whole_size(tmp_path):
     # Truncated backpropagation through time: the GRU's state goes from one batch to the next, so a
     # replay that keeps part of a batch fails on the state's size. Sample 43 (step 5, row 3) holds a NaN.
+    # The rows are searched again in batches of all 8 rows, those left out replaced by copies of
+    # those kept: row 3 copied fails, the other rows copied into its place pass.
     bundle = record_program(tmp_path, """
         import torch
         from torch.utils.data import DataLoader, TensorDataset
@@ -119,13 +121,15 @@ def test_a_hidden_state_carried_between_batches_leaves_the_rows_untested_and_say
             opt.zero_grad(); loss.backward(); opt.step()
     """)
     samples = crashcap_json("bisect", "samples", bundle)
-    assert samples["cuts_fail"].startswith("RuntimeError: Expected hidden size"), samples
-    assert samples["replays"] <= 8, samples  # the batch, 6 parts, the batch less a row: not a search to every row
+    assert samples["filled_because"].startswith("RuntimeError: Expected hidden size"), samples
+    assert samples["cuts_fail"] is None and samples["rows"] == [3] and samples["dataset_indices"] == [43], samples
+    assert len(samples["experiments"]) == samples["replays"], samples
+    kept_row_3 = [e for e in samples["experiments"] if e["rows"] == [3]]
+    assert kept_row_3 and kept_row_3[-1]["command"].endswith("--rows " + ",".join(["3"] * 8)), kept_row_3
     triage = crashcap_json("triage", bundle)
     invalid = next(h for h in triage["hypotheses"] if h["id"] == "invalid-data")
-    assert invalid["verdict"] == "inconclusive", invalid
-    assert "fails another way (RuntimeError: Expected hidden size" in invalid["evidence"][0], invalid
-    assert any("row 3 of steps/5/batch/0 holds 1 NaN" in e and e.endswith("(not tested)")
-               for e in invalid["evidence"]), invalid
-    assert triage["culprit"]["rows"] is None, triage["culprit"]  # no row singled out
+    assert invalid["verdict"] == "confirmed", invalid
+    assert any(e.startswith("cut to fewer rows the step fails another way (RuntimeError: Expected hidden size")
+               and e.endswith("those it left out replaced by copies of those it kept") for e in invalid["evidence"]), invalid
+    assert triage["culprit"]["rows"] == [3] and triage["culprit"]["dataset_indices"] == [43], triage["culprit"]
 

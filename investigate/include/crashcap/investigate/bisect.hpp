@@ -118,6 +118,11 @@ struct SampleBisection {
   std::vector<int64_t> lostSteps;                ///< the recording lost these: the step cannot be reached
   std::vector<std::pair<std::vector<int64_t>, Trial>> trials;
   std::string cutsFail;                          ///< RowSearch::cutsFail
+  /// Cut to fewer rows, the step failed this other way (the first search's RowSearch::cutsFail),
+  /// so the rows were searched again in batches of the whole size (filledRows): `rows` and
+  /// `triggers` come from that search, and `trials` holds both. "": each experiment kept only
+  /// its rows.
+  std::string filledBecause;
 };
 SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner);
 
@@ -170,6 +175,10 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
 
 /// The replay arguments every child experiment of a step shares.
 std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra);
+
+/// `rows` repeated in turn to `batchSize` rows ({3, 5} in 5: {3, 5, 3, 5, 3}): a batch of the whole
+/// size made of the kept rows only, for a step that cannot run on fewer.
+std::vector<int64_t> filledRows(const std::vector<int64_t>& rows, int64_t batchSize);
 
 /// `--keyframe K` when `r` started from an earlier keyframe than the newest because the newest's
 /// replay departed (ReplayResult::skippedKeyframe), else nothing: the experiments that follow

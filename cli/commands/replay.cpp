@@ -185,8 +185,9 @@ Command replayCommand(CLI::App& root) {
       ->required();
   cmd->add_option("--step", o->step, "Step to reproduce (default: the crash's step)");
   cmd->add_option("--keyframe", o->keyframe,
-                  "Start from the keyframe of this step (default: the newest before the step, or the earliest when "
-                  "the replay from the newest departs from the recording and the earliest's does not)")
+                  "Start from the keyframe of this step (default: the newest at or before the step; for a program that "
+                  "replays itself, the earliest when the replay from the newest departs from the recording and the "
+                  "earliest's does not; a job's ranks keep the one they all hold)")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--device", o->device, "Where to replay: cpu, cuda:K (default: the recorded device when here, else cpu)");
   cmd->add_option("--dtype", o->dtype, "float64: replay in double precision (the reference of bisect ops)")

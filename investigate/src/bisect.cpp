@@ -135,8 +135,9 @@ OpBisection bisectOps(const std::string& bundle, int64_t step, double tolerance)
         e.replay.skippedKeyframe = replayer::ReplayResult::SkippedKeyframe{c.replay.keyframe, *c.replay.divergedAt};
         c = std::move(e);
       }
-    } catch (const Error&) {
-      // The earlier keyframe cannot be compared from: the first comparison stands.
+    } catch (const std::exception&) {
+      // The earlier keyframe cannot be compared from (an error, a program killed on the way): the
+      // first comparison stands.
     }
   }
   auto side = [](const replayer::ReplayResult& r) {
@@ -402,12 +403,30 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
     // state of the batch's size). Test the rows in batches of the whole size instead: the rows an
     // experiment leaves out are replaced by copies of those it keeps, in turn. A NaN copied stays
     // a NaN; a batch of the clean rows copied is clean.
-    auto filled = searchRows(base.batchSize, [&](const std::vector<int64_t>& rows) {
-      return test(filledRows(rows, base.batchSize));
-    });
+    // A control guards against a step that fails on any batch of few distinct rows (a
+    // normalisation by the batch's spread, which is 0 there): as many rows, none of the culprits,
+    // filled the same way, must pass.
+    RowSearch filled;
+    bool controlPasses = false;
+    try {
+      filled = searchRows(base.batchSize, [&](const std::vector<int64_t>& rows) {
+        return test(filledRows(rows, base.batchSize));
+      });
+      std::vector<int64_t> control;
+      for (int64_t r = 0; r < base.batchSize && control.size() < filled.rows.size(); ++r)
+        if (std::find(filled.rows.begin(), filled.rows.end(), r) == filled.rows.end()) control.push_back(r);
+      if (filled.reproduced && filled.cutsFail.empty() && control.size() == filled.rows.size()) {
+        Trial t = test(filledRows(control, base.batchSize));
+        filled.replays++;
+        controlPasses = t.passes;
+        filled.log.emplace_back(control, std::move(t));
+      }
+    } catch (const Error&) {
+      // A filled batch the program refused: the first search's end stands.
+    }
     search.replays += filled.replays;
     for (auto& t : filled.log) search.log.push_back(std::move(t));
-    if (filled.reproduced && filled.cutsFail.empty()) {
+    if (filled.reproduced && filled.cutsFail.empty() && controlPasses) {
       b.filledBecause = search.cutsFail;
       filled.replays = search.replays;
       filled.log = std::move(search.log);

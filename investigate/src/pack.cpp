@@ -361,11 +361,16 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       rep.rowReplays = b.replays;
       if (b.rowOrder && (b.rowOrder->order == "reordered" || b.rowOrder->order == "partial"))
         rowDatasetIndices = b.rowOrder->datasetIndices;
-      if (b.reproduced && !b.rows.empty() && static_cast<int64_t>(b.rows.size()) < rep.batchSize) {
+      if (b.reproduced && !b.rows.empty() && static_cast<int64_t>(b.rows.size()) < rep.batchSize &&
+          b.filledBecause.empty()) {
         rep.rows = b.rows;
       } else {
         rep.warnings.push_back(
-            !b.cutsFail.empty()
+            !b.filledBecause.empty()
+                ? fmt::format("--rows culprit: step {} cannot run on fewer rows ({}); its culprit rows [{}] were found "
+                              "in batches of the whole size: all kept",
+                              target, b.filledBecause, fmt::join(b.culprits(), ","))
+            : !b.cutsFail.empty()
                 ? fmt::format("--rows culprit: step {} cannot run on part of its batch (every part tried fails another "
                               "way: {}): all kept",
                               target, b.cutsFail)

@@ -397,7 +397,14 @@ replayer::ReplayResult replayByRoute(const std::string& bundle, const std::strin
 
 std::optional<int64_t> keyframeToTryInstead(const std::string& bundle, const replayer::ReplayOptions& options,
                                             const replayer::ReplayResult& r) {
-  if (!r.divergedAt || options.keyframe >= 0 || options.fromEarliestKeyframe || isJobRank(bundle)) return std::nullopt;
+  if (!r.divergedAt || options.keyframe >= 0 || options.fromEarliestKeyframe) return std::nullopt;
+  // A TorchScript step program keeps no state between steps that its keyframe does not hold: a
+  // departure there is the computation's own. A job's ranks replay from the keyframe they all hold.
+  try {
+    if (replayRoute(bundle) != "program") return std::nullopt;
+  } catch (const Error&) {
+    return std::nullopt;
+  }
   try {
     auto view = formats::readRecords(*formats::BundleReader::open(bundle));
     std::optional<int64_t> earliest;
@@ -411,7 +418,7 @@ std::optional<int64_t> keyframeToTryInstead(const std::string& bundle, const rep
 
 bool runsFurther(const replayer::ReplayResult& earlier, const replayer::ReplayResult& newer) {
   if (!newer.divergedAt || earlier.keyframe >= newer.keyframe) return false;
-  if (earlier.divergedAt && *earlier.divergedAt <= *newer.divergedAt) return false;
+  if (earlier.divergedAt) return false;  // it departs too: nothing says the newer keyframe was the cause
   for (const auto& s : earlier.steps)
     if (s.step == *newer.divergedAt) return s.recorded && s.bitwise;
   return false;  // it never reached that step
@@ -427,9 +434,9 @@ replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayO
   replayer::ReplayResult e;
   try {
     e = replayByRoute(bundle, route, from);
-  } catch (const Error&) {
-    return r;  // the earlier keyframe cannot be replayed (a lost step, a refusal): the first replay stands
-  } catch (const ProgramKilled&) {
+  } catch (const std::exception&) {
+    // The earlier keyframe cannot be replayed (a lost step, a refusal, a program killed on the
+    // way, a state that no longer fits): the first replay stands.
     return r;
   }
   if (!runsFurther(e, r)) return r;  // the departure is not the keyframe's

@@ -683,7 +683,9 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
   if (f.reproduced() && !f.replay->batchLoad && (!f.replay->steps.empty() || f.replay->diedInStep == f.replay->step)) {
     const int64_t batchSize = f.replay->batchSize;
     f.samples = run("bisect-samples", {"bisect", "samples", bundle, "--json", "--timeout", timeout},
-                    sampleBisectionFromJson, 2 * std::log2(batchSize + 1) + 3 + 3);  // + a smallest set's rows each
+                    sampleBisectionFromJson,
+                    // + a smallest set's rows each; a second search in full-size batches may follow, with its control
+                    2 * (2 * std::log2(batchSize + 1) + 3 + 3) + 1);
     if (!f.samples) f.samplesOutcome = runner.log().back().outcome;
     const auto rows = f.culpritRows();
     std::vector<int64_t> rest;

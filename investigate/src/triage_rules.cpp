@@ -637,9 +637,10 @@ Hypothesis judgeNondeterminism(const TriageFacts& f) {
         "the replay from keyframe {} departs from the recording at step {}, but from keyframe {} it matched the "
         "recording bit for bit over {} steps: the computation is deterministic, and the program keeps state between "
         "steps that keyframe {} does not hold (a model outside the optimizer, a counter of its own); every experiment "
-        "replays from keyframe {}",
+        "replays from keyframe {} (a nondeterminism too rare to show twice would look the same: `crashcap replay {} "
+        "--keyframe {}` replays from the skipped one again)",
         r.skippedKeyframe->step, r.skippedKeyframe->divergedAt, r.keyframe, r.steps.size(), r.skippedKeyframe->step,
-        r.keyframe));
+        r.keyframe, f.bundle, r.skippedKeyframe->step));
   } else if (r.verdict == replayer::Verdict::ReproducedBitwise) {
     h.verdict = V::Refuted;
     h.evidence.push_back(fmt::format("replay matched the recording bit for bit over {} steps", r.steps.size()));

@@ -146,8 +146,8 @@ TEST_CASE("a replay from an earlier keyframe replaces one that departed only whe
   CHECK_FALSE(investigate::runsFurther(earlier, newer));
   earlier.divergedAt = 12;
   CHECK_FALSE(investigate::runsFurther(earlier, newer));
-  earlier.divergedAt = 65;  // past the step where the newer one departed: still the better replay
-  CHECK(investigate::runsFurther(earlier, newer));
+  earlier.divergedAt = 65;  // later, but departing too: nothing says the newer keyframe was the cause
+  CHECK_FALSE(investigate::runsFurther(earlier, newer));
   earlier.divergedAt.reset();
   earlier.steps[60].bitwise = false;  // a step without a verdict of its own still has to match
   CHECK_FALSE(investigate::runsFurther(earlier, newer));

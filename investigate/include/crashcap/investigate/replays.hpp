@@ -60,19 +60,20 @@ void setReplayTimeout(double seconds);
 /// the program keeps between steps: a model outside the optimizer (an EMA teacher, a target
 /// network), a counter of its own. The earliest keyframe holds that state as the program made it,
 /// since a program started again makes it again up to there. When no keyframe was asked for, the
-/// replay is tried again from the earliest one; when that runs on as recorded past the step where
-/// the first departed (runsFurther), it is the result, with the newer keyframe named in
-/// ReplayResult::skippedKeyframe. A job's ranks keep the keyframe they all hold.
+/// replay is tried again from the earliest one; when that runs the step where the first departed
+/// as recorded and departs nowhere (runsFurther), it is the result, with the newer keyframe named
+/// in ReplayResult::skippedKeyframe (keyframeToTryInstead says when it is tried).
 replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayOptions& options);
 
 /// The keyframe to try instead of the one `r`, a replay with `options`, started from: the earliest
-/// in the bundle before it, when `r` departed from the recording and `options` asked for no
-/// keyframe (and the bundle is not a job's rank). nullopt otherwise.
+/// in the bundle before it, when `r` departed from the recording, `options` asked for no keyframe,
+/// and the bundle replays in its own program (replayRoute "program": a TorchScript step program
+/// keeps no state of its own, a job's ranks keep the keyframe they all hold). nullopt otherwise.
 std::optional<int64_t> keyframeToTryInstead(const std::string& bundle, const replayer::ReplayOptions& options,
                                             const replayer::ReplayResult& r);
 
 /// `earlier`, a replay from an earlier keyframe than `newer`'s, ran the step where `newer` departed
-/// from the recording bit for bit as recorded, and departs nowhere before it.
+/// from the recording bit for bit as recorded, and departs nowhere.
 bool runsFurther(const replayer::ReplayResult& earlier, const replayer::ReplayResult& newer);
 
 /// One rank's replay within its job's.

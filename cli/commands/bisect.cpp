@@ -20,6 +20,7 @@ struct Options {
   std::string what;                    ///< steps | ops | samples | config
   std::string bundle;
   int64_t step = -1;
+  int64_t keyframe = -1;               ///< ops, samples, config: -1 = the one the first replay settles on
   double timeout = 300;
   double tolerance = 1e-3;             ///< ops: normalised error allowed against float64
   bool json = false;
@@ -162,19 +163,24 @@ int bisect(const Options& o) {
   eo.allowDamaged = o.allowDamaged;
   eo.timeoutSeconds = o.timeout;
   eo.progress = !o.json;
+  if (o.what == "steps" && o.keyframe >= 0)
+    throw Error(ErrorCode::InvalidArgument,
+                "bisect steps replays the retained history from the earliest keyframe: --keyframe is for ops, "
+                "samples and config",
+                fmt::format("crashcap bisect steps {}", o.bundle));
   if (o.what == "steps") {
     auto b = investigate::bisectSteps(o.bundle, o.step);
     o.json ? printJson(investigate::toJson(b)) : printSteps(b);
   } else if (o.what == "ops") {
-    auto b = investigate::bisectOps(o.bundle, o.step, o.tolerance);
+    auto b = investigate::bisectOps(o.bundle, o.step, o.tolerance, o.keyframe);
     o.json ? printJson(investigate::toJson(b)) : printOps(b);
   } else if (o.what == "samples") {
     investigate::ExperimentRunner runner(eo);
-    auto b = investigate::bisectSamples(o.bundle, o.step, runner);
+    auto b = investigate::bisectSamples(o.bundle, o.step, runner, o.keyframe);
     o.json ? printJson(investigate::toJson(b)) : printSamples(o.bundle, b);
   } else if (o.what == "config") {
     investigate::ExperimentRunner runner(eo);
-    auto b = investigate::bisectConfig(o.bundle, o.step, runner);
+    auto b = investigate::bisectConfig(o.bundle, o.step, runner, o.keyframe);
     o.json ? printJson(investigate::toJson(b)) : printConfig(b);
   } else {
     throw Error(ErrorCode::InvalidArgument, fmt::format("bisect {}: unknown", o.what), "bisect steps|ops|samples|config BUNDLE");
@@ -194,6 +200,10 @@ Command bisectCommand(CLI::App& root) {
                   "JOB.ccap:crash-....ccap")
       ->required();
   cmd->add_option("--step", o->step, "Step to bisect (default: the crash's step)");
+  cmd->add_option("--keyframe", o->keyframe,
+                  "ops, samples, config: start every replay from the keyframe of this step (default: the one the "
+                  "first replay settles on, as crashcap replay chooses it: a replay that departs from the newest "
+                  "keyframe is tried from the earliest)");
   cmd->add_option("--timeout", o->timeout, "Seconds per experiment before it is killed")->capture_default_str();
   cmd->add_option("--tolerance", o->tolerance, "ops: error allowed against float64, relative to the largest value")
       ->capture_default_str();

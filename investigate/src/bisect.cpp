@@ -120,26 +120,17 @@ StepBisection bisectSteps(const std::string& bundle, int64_t step) {
   return b;
 }
 
-OpBisection bisectOps(const std::string& bundle, int64_t step, double tolerance) {
+OpBisection bisectOps(const std::string& bundle, int64_t step, double tolerance, int64_t keyframe) {
   replayer::ReplayOptions ro;
   ro.step = step;
-  auto c = investigate::compareWithReference(bundle, ro, tolerance);
+  ro.keyframe = keyframe;
   // Compared from a keyframe that misses the program's state between steps, both sides start from
   // a state the training never had: from the earlier keyframe a plain replay would take, when it
   // runs further (investigate::replay).
-  if (auto earlier = keyframeToTryInstead(bundle, ro, c.replay)) {
-    ro.keyframe = *earlier;
-    try {
-      auto e = investigate::compareWithReference(bundle, ro, tolerance);
-      if (runsFurther(e.replay, c.replay)) {
-        e.replay.skippedKeyframe = replayer::ReplayResult::SkippedKeyframe{c.replay.keyframe, *c.replay.divergedAt};
-        c = std::move(e);
-      }
-    } catch (const std::exception&) {
-      // The earlier keyframe cannot be compared from (an error, a program killed on the way): the
-      // first comparison stands.
-    }
-  }
+  auto compare = [&](const replayer::ReplayOptions& o) { return investigate::compareWithReference(bundle, o, tolerance); };
+  const auto c = fromEarlierKeyframeIfItRunsFurther(
+      bundle, ro, compare(ro), compare,
+      [](replayer::ReferenceComparison& x) -> replayer::ReplayResult& { return x.replay; });
   auto side = [](const replayer::ReplayResult& r) {
     return ReplaySide{r.verdict, r.device, r.dtype, lastLine(r.error), r.firstNonFiniteOp};
   };
@@ -277,8 +268,8 @@ std::vector<int64_t> filledRows(const std::vector<int64_t>& rows, int64_t batchS
   return out;
 }
 
-std::vector<std::string> keyframeArgs(const replayer::ReplayResult& r) {
-  if (!r.skippedKeyframe || r.keyframe < 0) return {};
+std::vector<std::string> keyframeArgs(const replayer::ReplayResult& r, bool asked) {
+  if ((!r.skippedKeyframe && !asked) || r.keyframe < 0) return {};
   return {"--keyframe", std::to_string(r.keyframe)};
 }
 
@@ -310,7 +301,7 @@ std::optional<std::vector<int64_t>> datasetIndices(const std::string& bundle, in
   return out;
 }
 
-SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner) {
+SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner, int64_t keyframe) {
   if (isJobRank(bundle)) {
     // Each experiment replays the whole job with this rank's rows cut. A rank that failed only
     // because a peer did fails with any of its rows: the search would name an innocent row.
@@ -342,6 +333,7 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   // The whole-batch replay, from this process, tells the step and the batch size.
   replayer::ReplayOptions first;
   first.step = step;
+  first.keyframe = keyframe;
   first.instrument = false;
   auto base = investigate::replay(bundle, first);
   SampleBisection b;
@@ -359,7 +351,7 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
                 fmt::format("the replay of step {} gave no steps to compare ({}): its rows cannot be tested", base.step,
                             lastLine(base.error)));
   // Every experiment starts from the keyframe the whole batch's replay settled on.
-  const auto from = keyframeArgs(base);
+  const auto from = keyframeArgs(base, keyframe >= 0);
   auto test = [&](const std::vector<int64_t>& rows) {
     std::vector<std::string> extra = {"--rows", joinRows(rows)};
     extra.insert(extra.end(), from.begin(), from.end());
@@ -443,8 +435,10 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   return b;
 }
 
-ConfigBisection bisectConfig(const std::string& bundle, int64_t step, ExperimentRunner& runner) {
-  auto baseline = runner.run("as recorded", replayArgs(bundle, step, {}));
+ConfigBisection bisectConfig(const std::string& bundle, int64_t step, ExperimentRunner& runner, int64_t keyframe) {
+  std::vector<std::string> asked;
+  if (keyframe >= 0) asked = {"--keyframe", std::to_string(keyframe)};
+  auto baseline = runner.run("as recorded", replayArgs(bundle, step, asked));
   if (!baseline.output)
     throw Error(ErrorCode::Unsupported,
                 fmt::format("the replay under the recorded settings did not finish: {}", baseline.outcome),
@@ -465,7 +459,7 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
   b.baseline.error = lastLine(base.error);
   b.baseline.command = baseline.command;
   // Every trial starts from the keyframe the baseline settled on.
-  const auto from = keyframeArgs(base);
+  const auto from = keyframeArgs(base, keyframe >= 0);
   auto with = [&](std::vector<std::string> extra) {
     extra.insert(extra.end(), from.begin(), from.end());
     return replayArgs(bundle, step, extra);

@@ -426,22 +426,9 @@ bool runsFurther(const replayer::ReplayResult& earlier, const replayer::ReplayRe
 
 replayer::ReplayResult replay(const std::string& bundle, const replayer::ReplayOptions& options) {
   const std::string route = replayRoute(bundle);
-  auto r = replayByRoute(bundle, route, options);
-  const auto earlier = keyframeToTryInstead(bundle, options, r);
-  if (!earlier) return r;
-  replayer::ReplayOptions from = options;
-  from.keyframe = *earlier;
-  replayer::ReplayResult e;
-  try {
-    e = replayByRoute(bundle, route, from);
-  } catch (const std::exception&) {
-    // The earlier keyframe cannot be replayed (a lost step, a refusal, a program killed on the
-    // way, a state that no longer fits): the first replay stands.
-    return r;
-  }
-  if (!runsFurther(e, r)) return r;  // the departure is not the keyframe's
-  e.skippedKeyframe = replayer::ReplayResult::SkippedKeyframe{r.keyframe, *r.divergedAt};
-  return e;
+  auto run = [&](const replayer::ReplayOptions& o) { return replayByRoute(bundle, route, o); };
+  return fromEarlierKeyframeIfItRunsFurther(bundle, options, run(options), run,
+                                            [](replayer::ReplayResult& r) -> replayer::ReplayResult& { return r; });
 }
 
 replayer::ReferenceComparison compareWithReference(const std::string& bundle, const replayer::ReplayOptions& options,

@@ -676,13 +676,20 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       f.replayOutcome = e.outcome;
     }
   }
+  // The bisections start from the keyframe the replay settled on (an earlier one, when the newest
+  // misses state the program keeps) instead of finding it again each.
+  auto withKeyframe = [&](std::vector<std::string> args) {
+    if (f.replay)
+      for (auto& a : keyframeArgs(*f.replay)) args.push_back(std::move(a));
+    return args;
+  };
   f.steps = run("bisect-steps", {"bisect", "steps", bundle, "--json"}, stepBisectionFromJson);
   // A program killed or hung again answered with no steps: its batch can be tested only when it
   // died in the failing step itself (its rows are cut there). A batch that failed to load is not
   // the recorded one: the replay that loaded it again named its samples that fail.
   if (f.reproduced() && !f.replay->batchLoad && (!f.replay->steps.empty() || f.replay->diedInStep == f.replay->step)) {
     const int64_t batchSize = f.replay->batchSize;
-    f.samples = run("bisect-samples", {"bisect", "samples", bundle, "--json", "--timeout", timeout},
+    f.samples = run("bisect-samples", withKeyframe({"bisect", "samples", bundle, "--json", "--timeout", timeout}),
                     sampleBisectionFromJson,
                     // + a smallest set's rows each; a second search in full-size batches may follow, with its control
                     2 * (2 * std::log2(batchSize + 1) + 3 + 3) + 1);
@@ -735,8 +742,10 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
   // Ops and settings are tested at the failing step: pointless when replay cannot reach it. A batch
   // that failed to load failed in no op of the step (whose float64 replay loads nothing after it).
   if (!f.replayBlocked()) {
-    if (!(f.replay && f.replay->batchLoad)) f.ops = run("bisect-ops", {"bisect", "ops", bundle, "--json"}, opBisectionFromJson);
-    f.config = run("bisect-config", {"bisect", "config", bundle, "--json", "--timeout", timeout}, configBisectionFromJson,
+    if (!(f.replay && f.replay->batchLoad))
+      f.ops = run("bisect-ops", withKeyframe({"bisect", "ops", bundle, "--json"}), opBisectionFromJson);
+    f.config = run("bisect-config", withKeyframe({"bisect", "config", bundle, "--json", "--timeout", timeout}),
+                   configBisectionFromJson,
                    formats::torch::settingNames().size() + replayer::availableDevices().size() + 1);
   }
   t.hypotheses = judge(f);

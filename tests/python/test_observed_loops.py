@@ -232,3 +232,13 @@ def test_state_the_program_keeps_outside_the_keyframes_replays_bit_for_bit_from_
     assert hypotheses["nondeterminism"]["verdict"] == "refuted", triage
     assert "keyframe 60 does not hold" in " ".join(hypotheses["nondeterminism"]["evidence"]), triage
     assert triage["culprit"]["step"] == 70 and triage["culprit"]["dataset_indices"] == [70 * 16 + 9], triage
+    # Each bisection is told the keyframe the replay settled on, so none replays from keyframe 60 again.
+    commands = {e["name"]: e["command"] for e in triage["experiments"]}
+    for name in ("bisect-samples", "bisect-ops", "bisect-config"):
+        assert commands[name].endswith("--keyframe 0"), commands
+    assert "--keyframe" not in commands["bisect-steps"], commands
+    samples = crashcap_json("bisect", "samples", bundle, "--keyframe", 0)
+    assert samples["rows"] == [9] and samples["replays"] <= samples["replay_bound_single_row"], samples
+    assert all(t["command"].endswith("--keyframe 0") for t in samples["experiments"]), samples
+    refused = crashcap("bisect", "steps", bundle, "--keyframe", 0)
+    assert refused.returncode != 0 and "--keyframe is for ops, samples and config" in refused.stderr, refused

@@ -54,7 +54,9 @@ struct OpBisection {
   /// widened weights; a step before the target departed): it says nothing about precision.
   bool referenceFailedOtherwise() const { return !reference.error.empty() && !failsInFloat64(); }
 };
-OpBisection bisectOps(const std::string& bundle, int64_t step = -1, double tolerance = 1e-3);
+/// `keyframe` >= 0: both sides start from that keyframe (crashcap replay --keyframe), and no other
+/// is tried; -1: from the one investigate::replay settles on.
+OpBisection bisectOps(const std::string& bundle, int64_t step = -1, double tolerance = 1e-3, int64_t keyframe = -1);
 
 /// One experiment of a row or setting search.
 struct Trial {
@@ -124,7 +126,9 @@ struct SampleBisection {
   /// its rows.
   std::string filledBecause;
 };
-SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner);
+/// `keyframe` >= 0: every replay starts from that keyframe; -1: from the one the whole batch's
+/// replay settles on (investigate::replay).
+SampleBisection bisectSamples(const std::string& bundle, int64_t step, ExperimentRunner& runner, int64_t keyframe = -1);
 
 /// The dataset indices of `rows` of step `step`'s batch, when the batch carried an index tensor
 /// (formats::kDatasetIndexName); nullopt otherwise. The tensor holds them in the sampler's order;
@@ -171,7 +175,8 @@ struct ConfigBisection {
   std::vector<std::string> changesOutcome;       ///< "cudnn.benchmark=false", "device=cuda:0"
   std::vector<Experiment> experiments;
 };
-ConfigBisection bisectConfig(const std::string& bundle, int64_t step, ExperimentRunner& runner);
+/// `keyframe` >= 0: every replay starts from that keyframe; -1: from the one the baseline settles on.
+ConfigBisection bisectConfig(const std::string& bundle, int64_t step, ExperimentRunner& runner, int64_t keyframe = -1);
 
 /// The replay arguments every child experiment of a step shares.
 std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra);
@@ -181,8 +186,8 @@ std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std
 std::vector<int64_t> filledRows(const std::vector<int64_t>& rows, int64_t batchSize);
 
 /// `--keyframe K` when `r` started from an earlier keyframe than the newest because the newest's
-/// replay departed (ReplayResult::skippedKeyframe), else nothing: the experiments that follow
-/// start where it did instead of finding that out again each.
-std::vector<std::string> keyframeArgs(const replayer::ReplayResult& r);
+/// replay departed (ReplayResult::skippedKeyframe), or when `asked` (its keyframe was given), else
+/// nothing: the experiments that follow start where it did instead of finding that out again each.
+std::vector<std::string> keyframeArgs(const replayer::ReplayResult& r, bool asked = false);
 
 }  // namespace crashcap::investigate

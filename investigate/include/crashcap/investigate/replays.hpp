@@ -76,6 +76,29 @@ std::optional<int64_t> keyframeToTryInstead(const std::string& bundle, const rep
 /// from the recording bit for bit as recorded, and departs nowhere.
 bool runsFurther(const replayer::ReplayResult& earlier, const replayer::ReplayResult& newer);
 
+/// `first`, a result of `run(options)`, or the same run from the keyframe keyframeToTryInstead
+/// names when its replay runsFurther than `first`'s (ReplayResult::skippedKeyframe then names the
+/// keyframe given up). `replayOf` gives a result's replay. The run from the earlier keyframe may
+/// fail any way (a lost step, a refusal, a program killed on the way): `first` then stands.
+template <class Result, class Run, class ReplayOf>
+Result fromEarlierKeyframeIfItRunsFurther(const std::string& bundle, const replayer::ReplayOptions& options,
+                                          Result first, Run&& run, ReplayOf&& replayOf) {
+  const replayer::ReplayResult& r = replayOf(first);
+  const auto earlier = keyframeToTryInstead(bundle, options, r);
+  if (!earlier) return first;
+  replayer::ReplayOptions from = options;
+  from.keyframe = *earlier;
+  try {
+    Result second = run(from);
+    replayer::ReplayResult& e = replayOf(second);
+    if (!runsFurther(e, r)) return first;  // the departure is not the keyframe's
+    e.skippedKeyframe = replayer::ReplayResult::SkippedKeyframe{r.keyframe, *r.divergedAt};
+    return second;
+  } catch (const std::exception&) {
+    return first;
+  }
+}
+
 /// One rank's replay within its job's.
 struct RankReplay {
   int rank = 0;

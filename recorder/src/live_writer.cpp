@@ -30,9 +30,10 @@ namespace crashcap::recorder::detail {
 constexpr double kRecorderMinSavings = 0.15;
 /// How long the idle writer sleeps before it looks for a crash a signal handler requested (the
 /// handler cannot wake it) and for records pushed without waking it. Each wake-up of an idle
-/// thread costs some 40 us of processor time on a virtual machine, taken from a training that
-/// uses every core: at 20 ms that was 2 ms a second, at 250 ms it is a tenth of it. A fatal
-/// signal's bundle is sealed up to this much later (the dying thread waits for it).
+/// thread costs 40 us of processor time or more on a virtual machine, taken from a training that
+/// uses every core: at 20 ms the polls cost the writer about a sixth of its time in a training
+/// (docs/PERFORMANCE.md, "A fifteenth look"). A fatal signal's bundle is sealed up to this much
+/// later (the dying thread waits for it).
 constexpr auto kIdlePoll = std::chrono::milliseconds(250);
 namespace fs = std::filesystem;
 using crashcap::Error;

@@ -109,8 +109,9 @@ class LiveWriter {
   /// a lane that is empty takes anything) they are dropped and counted, a step they begin is
   /// remembered as lost, and false is returned. Never blocks on I/O. With `wake` false the
   /// writer thread is not woken for them: they go with the next push that wakes it, or within
-  /// the writer's idle poll (kIdlePoll, 250 ms) (a small record whose wake-up, a system call and an interrupt on
-  /// the writer's core, would cost the training more than the record is worth waiting for).
+  /// the writer's idle poll of 250 ms (a small record whose wake-up, a system call and an
+  /// interrupt on the writer's core, would cost the training more than the record is worth
+  /// waiting for).
   bool push(std::vector<Job> jobs, Lane lane = Lane::Step, bool wake = true);
   /// The newest step whose step_begin record (and so its batch) reached the OS; -1 none.
   int64_t writtenThrough() const { return writtenThrough_.load(std::memory_order_acquire); }

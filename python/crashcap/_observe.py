@@ -56,8 +56,9 @@ class _Api:
     """crashcap's modules, imported on first use."""
 
     def __getattr__(self, name):
-        from . import _batch, _native, _recorder, _replay
+        from . import _batch, _native, _recorder, _replay, _state
         self._batch, self._native, self._recorder, self._replay = _batch, _native, _recorder, _replay
+        self._state = _state
         self.Recorder, self.NonFiniteError = _recorder.Recorder, _recorder.NonFiniteError
         return self.__dict__[name]
 
@@ -844,6 +845,16 @@ def install(policy=None, replay=False):
                 _refuse_replay("internal", f"crashcap could not drive the replay: {type(e).__name__}: {e}")
             if steps is not None:
                 return steps
+        if (not _observer.replay and _observer.here() and torch.is_grad_enabled() and ordinal is not None
+                and self.num_workers > 0):
+            # The training's recording may begin at this loader's first batch, after its workers
+            # are forked: what it reads of the program's modules is read now, before the fork.
+            try:
+                with _observer.lock:
+                    if _observer.begins_training():
+                        _api._state.read_program_sources_early()
+            except Exception:  # the recording reads them again when it begins
+                pass
         return loader_iter(self)
 
     dl.DataLoader.__iter__ = DataLoader_iter

@@ -276,7 +276,7 @@ class Recorder:
         self._native = _native.Recorder(directory or "", policy)
         _observe.quiet_dataloader_workers()
         self._native.set_model(list(state.named_parameters()), list(state.named_buffers()))
-        self._native.set_foreign(_state.program_sources(), kind, groups, self._learning_rates,
+        self._native.set_foreign(_state.program_sources(early=_observed), kind, groups, self._learning_rates,
                                  _state.python_generators, self._keyframe, _state.program_facts() +
                                  (list(_facts) if _observed else [("python.capture", "api")]),
                                  _stack_here,

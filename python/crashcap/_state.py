@@ -12,6 +12,7 @@
 
 import hashlib
 import io
+import itertools
 import json
 import math
 import os
@@ -531,12 +532,39 @@ def _under(path, root):
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-def program_sources():
+# (how many modules were imported then, program_sources() then): read before a DataLoader started
+# its worker processes, for the recording that begins at its first batch.
+_sources_read_early = None
+
+
+def read_program_sources_early():
+    """Reads program_sources() now, for a recording about to begin (program_sources(early=True)
+    takes it, with what was imported since). A DataLoader forks its workers when its iteration starts, and the recording begins
+    at the first batch, after the fork: every page the reading then writes to (each module's
+    reference count, of some thousand modules) is copied for this process alone first, which made
+    the same reading 13 times as costly (docs/PERFORMANCE.md, "A fifteenth look")."""
+    global _sources_read_early
+    _sources_read_early = (len(sys.modules), program_sources())
+
+
+def program_sources(early=False):
     """[(path, sha256, bytes, contents or None)] of the program's own source files: the main
     script and the modules it imported from its own directory, the working directory or a
     PYTHONPATH entry, not from installed packages, the standard library or elsewhere (the
     system's sitecustomize). A file is installed when its path, as imported or resolved, lies under
-    a site or standard-library directory."""
+    a site or standard-library directory. `early`: what read_program_sources_early() read (taken
+    once), with the files of the modules imported since."""
+    global _sources_read_early
+    prior, modules = [], None
+    if early:
+        read, _sources_read_early = _sources_read_early, None
+        if read is not None and len(sys.modules) >= read[0]:
+            # sys.modules keeps the order of import: the modules imported since are its last
+            # entries, reached from its end without touching the others.
+            count, prior = read
+            modules = list(itertools.islice(reversed(sys.modules.values()), len(sys.modules) - count))
+    if modules is None:
+        modules = list(sys.modules.values())
     cwd = os.path.realpath(os.getcwd())
     installed = _installed_roots()
     files = []
@@ -547,7 +575,7 @@ def program_sources():
     own = {cwd} | {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
     if main_file:
         own.add(os.path.dirname(os.path.realpath(main_file)))
-    for module in list(sys.modules.values()):
+    for module in modules:
         # From the module's namespace: getattr would call a module's __getattr__ (lazy imports,
         # deprecation warnings), and some entries of sys.modules are not modules at all.
         f = vars(module).get("__file__") if isinstance(module, types.ModuleType) else None
@@ -556,7 +584,9 @@ def program_sources():
     # Most of the ~1000 modules a torch program has imported live under an installed root by their
     # path as given: skipped without resolving it (realpath costs a system call per component).
     installed_prefixes = tuple(r.rstrip(os.sep) + os.sep for r in installed)
-    seen, out, kept = set(), [], 0
+    out = list(prior)
+    seen = {os.path.normpath(os.path.join(cwd, path)) for path, *_ in prior}
+    kept = sum(len(data) for *_, data in prior if data is not None)
     for f in files:
         if f.startswith(installed_prefixes):
             continue

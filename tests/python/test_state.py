@@ -2,6 +2,7 @@
 
 import collections
 import dataclasses
+import importlib
 import json
 import random
 import sys
@@ -259,3 +260,24 @@ def test_a_sparse_gradient_is_not_brought_back_dense():
     assert fresh.weight.grad is None
     fresh(torch.tensor([3])).sum().backward()
     torch.optim.SparseAdam(fresh.parameters()).step()  # sparse, as recorded
+
+
+def test_the_program_sources_read_before_a_fork_take_in_what_was_imported_since(tmp_path, monkeypatch):
+    # The observer reads them before a DataLoader forks its workers; the recording that begins at
+    # the first batch takes that reading, with the files of the modules imported after it.
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    (tmp_path / "own_before_fork.py").write_text("X = 1\n")
+    (tmp_path / "own_after_fork.py").write_text("Y = 2\n")
+    importlib.import_module("own_before_fork")
+    _state.read_program_sources_early()
+    importlib.import_module("own_after_fork")
+    early = _state.program_sources(early=True)
+    paths = [path for path, *_ in early]
+    assert "own_before_fork.py" in paths and "own_after_fork.py" in paths, paths
+    assert len(paths) == len(set(paths)), paths
+    assert sorted(early) == sorted(_state.program_sources()), "the same as one reading now"
+    again = _state.program_sources(early=True)  # taken once: read anew
+    assert sorted(again) == sorted(early)
+    for name in ("own_before_fork", "own_after_fork"):
+        sys.modules.pop(name, None)

@@ -852,8 +852,8 @@ def install(policy=None, replay=False):
             try:
                 with _observer.lock:
                     if _observer.begins_training():
-                        _api._state.read_program_sources_early()
-            except Exception:  # the recording reads them again when it begins
+                        _api._state.prepare_before_fork()
+            except Exception:  # the recording does it when it begins
                 pass
         return loader_iter(self)
 

@@ -537,14 +537,18 @@ def _under(path, root):
 _sources_read_early = None
 
 
-def read_program_sources_early():
-    """Reads program_sources() now, for a recording about to begin (program_sources(early=True)
-    takes it, with what was imported since). A DataLoader forks its workers when its iteration starts, and the recording begins
-    at the first batch, after the fork: every page the reading then writes to (each module's
-    reference count, of some thousand modules) is copied for this process alone first, which made
-    the same reading 13 times as costly (docs/PERFORMANCE.md, "A fifteenth look")."""
+def prepare_before_fork():
+    """Does now what the first step of a recording about to begin would do after a DataLoader
+    forked its workers (the iteration that forks them starts before the first batch): every page
+    of the process a step writes to after a fork is copied for this process alone first, so a
+    first step that touches many objects pays for each. It reads program_sources() (a reference
+    count written in each of some thousand modules: 25 ms after the fork, 2 ms before it;
+    program_sources(early=True) takes the reading, with what was imported since), and makes the
+    readers of the Python generators' states (imports, views), whose states are read again at the
+    step (docs/PERFORMANCE.md, "A fifteenth look")."""
     global _sources_read_early
     _sources_read_early = (len(sys.modules), program_sources())
+    python_generators()
 
 
 def program_sources(early=False):
@@ -552,7 +556,7 @@ def program_sources(early=False):
     script and the modules it imported from its own directory, the working directory or a
     PYTHONPATH entry, not from installed packages, the standard library or elsewhere (the
     system's sitecustomize). A file is installed when its path, as imported or resolved, lies under
-    a site or standard-library directory. `early`: what read_program_sources_early() read (taken
+    a site or standard-library directory. `early`: what prepare_before_fork() read (taken
     once), with the files of the modules imported since."""
     global _sources_read_early
     prior, modules = [], None

@@ -270,7 +270,7 @@ def test_the_program_sources_read_before_a_fork_take_in_what_was_imported_since(
     (tmp_path / "own_before_fork.py").write_text("X = 1\n")
     (tmp_path / "own_after_fork.py").write_text("Y = 2\n")
     importlib.import_module("own_before_fork")
-    _state.read_program_sources_early()
+    _state.prepare_before_fork()
     importlib.import_module("own_after_fork")
     early = _state.program_sources(early=True)
     paths = [path for path, *_ in early]

@@ -2,8 +2,9 @@
 """Where the training thread's time goes in a recorded run: the Python sample
 (samples/python/train.py) run as `crashcap run --record` runs it, with each of the recorder's calls
 on the training thread timed by the thread's own processor time (time.thread_time_ns), per call.
-The first call of each is the first step's (the model found, the first keyframe): the medians are
-the steady state, the totals include it.
+The first call of each is the first step's (the model found, the first keyframe), except the
+generator states', whose first is the observer's before the DataLoader forks its workers
+(crashcap._state.prepare_before_fork): the medians are the steady state, the totals include it.
 
     PYTHONPATH=build/python build/bin/crashcap run --record -- \\
         /usr/bin/python3 bench/recorder_calls.py [--steps N] [--json]

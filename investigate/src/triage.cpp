@@ -676,8 +676,8 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       f.replayOutcome = e.outcome;
     }
   }
-  // The bisections start from the keyframe the replay settled on (an earlier one, when the newest
-  // misses state the program keeps) instead of finding it again each.
+  // When the replay gave up the newest keyframe (it misses state the program keeps), the
+  // bisections start from the one it settled on instead of finding it again each.
   auto withKeyframe = [&](std::vector<std::string> args) {
     if (f.replay)
       for (auto& a : keyframeArgs(*f.replay)) args.push_back(std::move(a));

@@ -846,7 +846,7 @@ def install(policy=None, replay=False):
             if steps is not None:
                 return steps
         if (not _observer.replay and _observer.here() and torch.is_grad_enabled() and ordinal is not None
-                and self.num_workers > 0):
+                and self.num_workers > 0 and not _api._recorder._user_recorder_made):
             # The training's recording may begin at this loader's first batch, after its workers
             # are forked: what it reads of the program's modules is read now, before the fork.
             try:

@@ -12,7 +12,6 @@
 
 import hashlib
 import io
-import itertools
 import json
 import math
 import os
@@ -532,8 +531,8 @@ def _under(path, root):
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 
 
-# (how many modules were imported then, program_sources() then): read before a DataLoader started
-# its worker processes, for the recording that begins at its first batch.
+# (where the reading was made, the newest entry of sys.modules then, program_sources() then): read
+# before a DataLoader started its worker processes, for the recording that begins at its first batch.
 _sources_read_early = None
 
 
@@ -547,8 +546,30 @@ def prepare_before_fork():
     readers of the Python generators' states (imports, views), whose states are read again at the
     step (docs/PERFORMANCE.md, "A fifteenth look")."""
     global _sources_read_early
-    _sources_read_early = (len(sys.modules), program_sources())
+    newest = next(reversed(sys.modules.items()), None)
+    _sources_read_early = (_sources_context(), newest, program_sources())
     python_generators()
+
+
+def _sources_context():
+    """What program_sources() depends on besides the modules: the directory, PYTHONPATH, the main script."""
+    main = sys.modules.get("__main__")
+    return os.getcwd(), os.environ.get("PYTHONPATH", ""), getattr(main, "__file__", None) if main is not None else None
+
+
+def _imported_since(newest):
+    """The modules imported after `newest` ((name, module), the last entry of sys.modules then), in
+    the order of import: sys.modules keeps that order, so they are its last entries, reached from its
+    end without touching the ones before. None when `newest` is no longer there as it was."""
+    if newest is None:
+        return None
+    since = []
+    for name, module in reversed(sys.modules.items()):
+        if name == newest[0] and module is newest[1]:
+            since.reverse()
+            return since
+        since.append(module)
+    return None
 
 
 def program_sources(early=False):
@@ -556,17 +577,17 @@ def program_sources(early=False):
     script and the modules it imported from its own directory, the working directory or a
     PYTHONPATH entry, not from installed packages, the standard library or elsewhere (the
     system's sitecustomize). A file is installed when its path, as imported or resolved, lies under
-    a site or standard-library directory. `early`: what prepare_before_fork() read (taken
-    once), with the files of the modules imported since."""
+    a site or standard-library directory. `early`: what prepare_before_fork() read (taken once),
+    with the files of the modules imported since; read anew when the directory, PYTHONPATH or the
+    main script changed, or the modules imported then are not all there."""
     global _sources_read_early
     prior, modules = [], None
     if early:
         read, _sources_read_early = _sources_read_early, None
-        if read is not None and len(sys.modules) >= read[0]:
-            # sys.modules keeps the order of import: the modules imported since are its last
-            # entries, reached from its end without touching the others.
-            count, prior = read
-            modules = list(itertools.islice(reversed(sys.modules.values()), len(sys.modules) - count))
+        if read is not None and read[0] == _sources_context():
+            modules = _imported_since(read[1])
+            if modules is not None:
+                prior = read[2]
     if modules is None:
         modules = list(sys.modules.values())
     cwd = os.path.realpath(os.getcwd())

@@ -267,17 +267,34 @@ def test_the_program_sources_read_before_a_fork_take_in_what_was_imported_since(
     # the first batch takes that reading, with the files of the modules imported after it.
     monkeypatch.chdir(tmp_path)
     monkeypatch.syspath_prepend(str(tmp_path))
-    (tmp_path / "own_before_fork.py").write_text("X = 1\n")
-    (tmp_path / "own_after_fork.py").write_text("Y = 2\n")
-    importlib.import_module("own_before_fork")
-    _state.prepare_before_fork()
-    importlib.import_module("own_after_fork")
-    early = _state.program_sources(early=True)
-    paths = [path for path, *_ in early]
-    assert "own_before_fork.py" in paths and "own_after_fork.py" in paths, paths
-    assert len(paths) == len(set(paths)), paths
-    assert sorted(early) == sorted(_state.program_sources()), "the same as one reading now"
-    again = _state.program_sources(early=True)  # taken once: read anew
-    assert sorted(again) == sorted(early)
-    for name in ("own_before_fork", "own_after_fork"):
-        sys.modules.pop(name, None)
+    before, after = tmp_path / "own_before_fork.py", tmp_path / "own_after_fork.py"
+    before.write_text("X = 1\n")
+    after.write_text("Y = 2\n")
+    try:
+        importlib.import_module("own_before_fork")
+        _state.prepare_before_fork()
+        read_then = {path: sha for path, sha, *_ in _state._sources_read_early[2]}
+        before.write_text("X = 10\n")  # changed after the reading: the early reading still holds X = 1
+        importlib.import_module("own_after_fork")
+        early = _state.program_sources(early=True)
+        assert _state._sources_read_early is None, "taken once"
+        shas = {path: sha for path, sha, *_ in early}
+        assert len(shas) == len(early), early
+        assert shas["own_before_fork.py"] == read_then["own_before_fork.py"], "the early reading, not a new one"
+        assert "own_after_fork.py" in shas and "own_after_fork.py" not in read_then
+        now = {path: sha for path, sha, *_ in _state.program_sources()}
+        assert now["own_before_fork.py"] != shas["own_before_fork.py"] and set(now) == set(shas)
+        # The module that was newest at the reading is gone: the reading cannot say what came
+        # after it, and everything is read anew.
+        _state.prepare_before_fork()
+        newest = _state._sources_read_early[1]
+        del sys.modules[newest[0]]
+        try:
+            anew = {path: sha for path, sha, *_ in _state.program_sources(early=True)}
+        finally:
+            sys.modules[newest[0]] = newest[1]
+        assert anew["own_before_fork.py"] == now["own_before_fork.py"]
+    finally:
+        _state._sources_read_early = None
+        for name in ("own_before_fork", "own_after_fork"):
+            sys.modules.pop(name, None)

@@ -590,14 +590,13 @@ def program_sources(early=False):
                 prior = read[2]
     if modules is None:
         modules = list(sys.modules.values())
-    cwd = os.path.realpath(os.getcwd())
+    start, pythonpath, main_file = _sources_context()
+    cwd = os.path.realpath(start)
     installed = _installed_roots()
     files = []
-    main = sys.modules.get("__main__")
-    main_file = getattr(main, "__file__", None) if main is not None else None
     if main_file:
         files.append(main_file)
-    own = {cwd} | {os.path.realpath(p) for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p}
+    own = {cwd} | {os.path.realpath(p) for p in pythonpath.split(os.pathsep) if p}
     if main_file:
         own.add(os.path.dirname(os.path.realpath(main_file)))
     for module in modules:

@@ -74,7 +74,7 @@ std::string tensorRole(const std::string& name) {
 /// A fixed set of threads, each with its own zstd context, running chunk encodings.
 class EncodePool {
  public:
-  explicit EncodePool(unsigned threads) {
+  EncodePool(unsigned threads, bool forkPrivate) : forkPrivate_(forkPrivate) {
     for (unsigned i = 0; i < threads; ++i) workers_.emplace_back([this] { loop(); });
   }
   ~EncodePool() {
@@ -85,8 +85,8 @@ class EncodePool {
     cv_.notify_all();
     for (auto& t : workers_) t.join();
   }
-  std::future<void> submit(std::function<void(detail::Compressor&, std::vector<uint8_t>&)> job) {
-    auto task = std::make_shared<std::packaged_task<void(detail::Compressor&, std::vector<uint8_t>&)>>(std::move(job));
+  std::future<void> submit(std::function<void(detail::Compressor&, detail::WorkBuffer&)> job) {
+    auto task = std::make_shared<std::packaged_task<void(detail::Compressor&, detail::WorkBuffer&)>>(std::move(job));
     auto fut = task->get_future();
     {
       std::lock_guard<std::mutex> lock(mu_);
@@ -98,10 +98,10 @@ class EncodePool {
 
  private:
   void loop() {
-    detail::Compressor compressor;
-    std::vector<uint8_t> scratch;
+    detail::Compressor compressor(forkPrivate_);
+    detail::WorkBuffer scratch(forkPrivate_);
     for (;;) {
-      std::shared_ptr<std::packaged_task<void(detail::Compressor&, std::vector<uint8_t>&)>> task;
+      std::shared_ptr<std::packaged_task<void(detail::Compressor&, detail::WorkBuffer&)>> task;
       {
         std::unique_lock<std::mutex> lock(mu_);
         cv_.wait(lock, [this] { return stop_ || !queue_.empty(); });
@@ -114,12 +114,30 @@ class EncodePool {
   }
   std::mutex mu_;
   std::condition_variable cv_;
-  std::deque<std::shared_ptr<std::packaged_task<void(detail::Compressor&, std::vector<uint8_t>&)>>> queue_;
+  std::deque<std::shared_ptr<std::packaged_task<void(detail::Compressor&, detail::WorkBuffer&)>>> queue_;
+  bool forkPrivate_;
   std::vector<std::thread> workers_;
   bool stop_ = false;
 };
 
 }  // namespace
+
+struct EncodeMemory::Parts {
+  explicit Parts(bool fp) : forkPrivate(fp), compressor(fp), scratch(fp), encoded(fp) {}
+  bool forkPrivate;
+  detail::Compressor compressor;
+  detail::WorkBuffer scratch;
+  detail::EncodedBody encoded;
+  std::vector<std::unique_ptr<detail::EncodedBody>> spareBodies;
+};
+
+EncodeMemory::EncodeMemory(bool forkPrivate) : parts_(std::make_unique<Parts>(forkPrivate)) {}
+
+EncodeMemory::~EncodeMemory() = default;
+
+std::shared_ptr<EncodeMemory> EncodeMemory::create(bool forkPrivate) {
+  return std::shared_ptr<EncodeMemory>(new EncodeMemory(forkPrivate));
+}
 
 struct BundleWriter::Impl {
   WriterOptions options;
@@ -135,14 +153,17 @@ struct BundleWriter::Impl {
   std::vector<TensorInfo> tensors;
   std::unordered_set<std::string> names;
   uint64_t nextTensorId = 1;
-  detail::Compressor compressor;
-  std::vector<uint8_t> scratch;
+  std::shared_ptr<EncodeMemory> memory;
+  detail::Compressor& compressor;
+  detail::WorkBuffer& scratch;
   /// The encoded chunk or body, reused: a compressed chunk is as large as the chunk, and a fresh
   /// buffer per chunk would be mapped and unmapped each time (page faults, and TLB shootdowns on
   /// every core the process runs on).
-  detail::EncodedBody encoded;
-  std::vector<std::unique_ptr<detail::EncodedBody>> spareBodies;  ///< the same, for the encode pool's chunks
+  detail::EncodedBody& encoded;
+  std::vector<std::unique_ptr<detail::EncodedBody>>& spareBodies;  ///< the same, for the encode pool's chunks
   std::unique_ptr<EncodePool> pool;
+
+  explicit Impl(std::shared_ptr<EncodeMemory> m);
   /// Tensor roles whose last compression saved too little: how many times each was stored raw
   /// since (WriterOptions::rawRetryEvery).
   std::unordered_map<std::string, uint32_t> rawRoles;
@@ -178,7 +199,7 @@ struct BundleWriter::Impl {
     checkWritable();
     const uint16_t type = h.type;
     const uint64_t rawLength = h.rawLength;
-    const detail::EncodedBody body{h.codec(), 0, {}, static_cast<const uint8_t*>(bodyData), h.bodyLength};
+    const detail::EncodedBody body(h.codec(), 0, static_cast<const uint8_t*>(bodyData), h.bodyLength);
     uint8_t head[kRecordHeaderSize];
     encodeRecordHeader(h, head);
     const void* parts[3] = {head, meta.data(), body.data};
@@ -218,6 +239,13 @@ struct BundleWriter::Impl {
   }
 };
 
+BundleWriter::Impl::Impl(std::shared_ptr<EncodeMemory> m)
+    : memory(m ? std::move(m) : EncodeMemory::create(false)),
+      compressor(memory->parts().compressor),
+      scratch(memory->parts().scratch),
+      encoded(memory->parts().encoded),
+      spareBodies(memory->parts().spareBodies) {}
+
 BundleWriter::BundleWriter(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 BundleWriter::~BundleWriter() = default;
 
@@ -233,13 +261,14 @@ std::unique_ptr<BundleWriter> BundleWriter::create(const std::string& path, cons
   if (options.producer.size() > 1024)
     throw Error(ErrorCode::InvalidArgument,
                 fmt::format("producer name is {} bytes; at most 1024", options.producer.size()));
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Impl>(options.encodeMemory);
   impl->options = options;
   impl->nextTensorId = std::max<uint64_t>(1, options.firstTensorId);
   impl->file = detail::File::create(path, options.overwrite);
   impl->header.recordingId = newRecordingId();
   impl->header.createdNs = unixTimeNs();
-  if (options.compressionThreads > 0) impl->pool = std::make_unique<EncodePool>(options.compressionThreads);
+  if (options.compressionThreads > 0)
+    impl->pool = std::make_unique<EncodePool>(options.compressionThreads, impl->memory->parts().forkPrivate);
   uint8_t head[kFileHeaderSize];
   encodeFileHeader(impl->header, head);
   const void* parts[1] = {head};
@@ -355,7 +384,7 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
       while (next < count && next - done < window) {
         std::unique_ptr<detail::EncodedBody> body;
         if (m.spareBodies.empty()) {
-          body = std::make_unique<detail::EncodedBody>();
+          body = std::make_unique<detail::EncodedBody>(m.memory->parts().forkPrivate);
         } else {
           body = std::move(m.spareBodies.back());
           m.spareBodies.pop_back();
@@ -364,7 +393,7 @@ uint64_t BundleWriter::writeTensor(const std::string& name, DType dtype, const s
         const uint8_t* in = src + next * chunk;
         uint64_t len = chunkLen(next);
         const int tried = chunkLevel(next);  // by the chunks written so far
-        inflight.push_back({m.pool->submit([=](detail::Compressor& c, std::vector<uint8_t>& scratch) {
+        inflight.push_back({m.pool->submit([=](detail::Compressor& c, detail::WorkBuffer& scratch) {
                               detail::encodeBody(c, in, len, tried, shuffle, minSavings, scratch, *out);
                             }),
                             std::move(body), tried});
@@ -433,7 +462,7 @@ uint64_t BundleWriter::writeRecord(uint16_t type, const std::vector<uint8_t>& me
 
 std::unique_ptr<BundleWriter> BundleWriter::createCopy(const std::string& path, const FileHeader& header,
                                                       const WriterOptions& options) {
-  auto impl = std::make_unique<Impl>();
+  auto impl = std::make_unique<Impl>(options.encodeMemory);
   impl->options = options;
   impl->file = detail::File::create(path, options.overwrite);
   impl->header = header;

@@ -1,11 +1,20 @@
+// ZSTD_createCCtx_advanced: a context whose workspace comes from WorkMemory.
+#define ZSTD_STATIC_LINKING_ONLY
 #include "codec.hpp"
 
 #include "crashcap/formats/error.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <unordered_map>
 #include <utility>
 
 namespace crashcap::formats::detail {
@@ -48,19 +57,86 @@ void unshuffleBytes(const uint8_t* in, uint8_t* out, size_t n, size_t k) {
   }
 }
 
-Compressor::Compressor() : ctx_(ZSTD_createCCtx()) {
+void* WorkMemory::allocate(size_t n, bool forkPrivate) {
+  n = std::max<size_t>(n, 1);
+  if (!forkPrivate || n < kForkPrivateBytes) return std::malloc(n);
+  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return nullptr;
+  // Best effort: without it a child shares the pages, which costs time, never correctness.
+  (void)::madvise(p, n, MADV_DONTFORK);
+  return p;
+}
+
+void WorkMemory::release(void* p, size_t n, bool forkPrivate, pid_t owner) {
+  if (!p) return;
+  if (!forkPrivate || std::max<size_t>(n, 1) < kForkPrivateBytes) std::free(p);
+  else if (::getpid() == owner) ::munmap(p, n);  // a forked child does not have the block
+}
+
+WorkBuffer::WorkBuffer(bool forkPrivate) : forkPrivate_(forkPrivate), owner_(::getpid()) {}
+
+WorkBuffer::~WorkBuffer() { WorkMemory::release(data_, capacity_, forkPrivate_, owner_); }
+
+uint8_t* WorkBuffer::reserve(size_t n) {
+  if (n <= capacity_ && data_) return data_;
+  // Grown by half again at least, so that a buffer that meets slowly growing sizes settles.
+  const size_t grown = std::max(n, capacity_ + capacity_ / 2);
+  void* p = WorkMemory::allocate(grown, forkPrivate_);
+  if (!p) throw std::bad_alloc();
+  WorkMemory::release(data_, capacity_, forkPrivate_, owner_);
+  data_ = static_cast<uint8_t*>(p);
+  capacity_ = grown;
+  return data_;
+}
+
+struct Compressor::Blocks {
+  bool forkPrivate = false;
+  pid_t owner = ::getpid();
+  std::mutex mu;
+  std::unordered_map<void*, size_t> sizes;
+
+  static void* allocate(void* self, size_t n) {
+    auto* b = static_cast<Blocks*>(self);
+    void* p = WorkMemory::allocate(n, b->forkPrivate);
+    if (p) {
+      std::lock_guard<std::mutex> lk(b->mu);
+      b->sizes[p] = n;
+    }
+    return p;
+  }
+  static void release(void* self, void* p) {
+    if (!p) return;
+    auto* b = static_cast<Blocks*>(self);
+    size_t n = 0;
+    {
+      std::lock_guard<std::mutex> lk(b->mu);
+      auto it = b->sizes.find(p);
+      if (it == b->sizes.end()) return;
+      n = it->second;
+      b->sizes.erase(it);
+    }
+    WorkMemory::release(p, n, b->forkPrivate, b->owner);
+  }
+};
+
+Compressor::Compressor(bool forkPrivate) : blocks_(std::make_unique<Blocks>()) {
+  blocks_->forkPrivate = forkPrivate;
+  ctx_ = forkPrivate ? ZSTD_createCCtx_advanced(ZSTD_customMem{&Blocks::allocate, &Blocks::release, blocks_.get()})
+                     : ZSTD_createCCtx();
   if (!ctx_) throw std::bad_alloc();
   ZSTD_CCtx_setParameter(ctx_, ZSTD_c_checksumFlag, 1);
   ZSTD_CCtx_setParameter(ctx_, ZSTD_c_contentSizeFlag, 1);
 }
 
-Compressor::~Compressor() { ZSTD_freeCCtx(ctx_); }
+Compressor::~Compressor() {
+  // In a forked child the workspace's blocks are not there to free (zstd reads its own header).
+  if (!blocks_->forkPrivate || ::getpid() == blocks_->owner) ZSTD_freeCCtx(ctx_);
+}
 
-size_t Compressor::compress(const void* in, size_t size, int level, std::vector<uint8_t>& out) {
+size_t Compressor::compress(const void* in, size_t size, int level, WorkBuffer& out) {
   ZSTD_CCtx_setParameter(ctx_, ZSTD_c_compressionLevel, level);
-  // Grown, never shrunk: the buffer is reused, and resizing it each time would zero it each time.
-  if (out.size() < ZSTD_compressBound(size)) out.resize(ZSTD_compressBound(size));
-  size_t n = ZSTD_compress2(ctx_, out.data(), out.size(), in, size);
+  out.reserve(ZSTD_compressBound(size));
+  size_t n = ZSTD_compress2(ctx_, out.data(), out.capacity(), in, size);
   if (ZSTD_isError(n))
     throw Error(ErrorCode::Internal, fmt::format("zstd compression of {} bytes at level {} failed: {}", size, level,
                                                  ZSTD_getErrorName(n)));
@@ -115,7 +191,7 @@ std::string Decompressor::decompress(const void* in, size_t size, void* out, siz
 }
 
 void encodeBody(Compressor& c, const uint8_t* in, size_t size, int level, size_t shuffleElement, double minSavings,
-                std::vector<uint8_t>& scratch, EncodedBody& out) {
+                WorkBuffer& scratch, EncodedBody& out) {
   out.codec = Codec::None;
   out.shuffle = 0;
   out.data = in;
@@ -123,8 +199,7 @@ void encodeBody(Compressor& c, const uint8_t* in, size_t size, int level, size_t
   if (level <= 0 || size == 0) return;
   const uint8_t* src = in;
   if (shuffleElement > 1 && size % shuffleElement == 0) {
-    if (scratch.size() < size) scratch.resize(size);
-    shuffleBytes(in, scratch.data(), size, shuffleElement);
+    shuffleBytes(in, scratch.reserve(size), size, shuffleElement);
     src = scratch.data();
   } else {
     shuffleElement = 0;

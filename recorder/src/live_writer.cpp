@@ -196,6 +196,7 @@ void LiveWriter::startRecording() {
   formats::WriterOptions wo;
   wo.zstdLevel = options_.zstdLevel;
   wo.producer = "crashcap recorder";
+  wo.encodeMemory = encodeMemory_;
   run_ = formats::BundleWriter::create((fs::path(dir) / kRunFileName).string(), wo);
   for (auto& r : runRecords_) writeRun(r);
   run_->sync();
@@ -465,6 +466,7 @@ void LiveWriter::startSegment(unsigned compressionThreads) {
   wo.durability.syncEveryBytes = options_.syncEveryBytes;
   wo.producer = "crashcap recorder";
   wo.firstTensorId = (segmentIndex_ << 32) + 1;  // unique across the segments sealing merges
+  wo.encodeMemory = encodeMemory_;
   try {
     segment_ = formats::BundleWriter::create(path, wo);
     std::lock_guard<std::mutex> lk(statsMu_);

@@ -232,6 +232,10 @@ class LiveWriter {
   std::string recording_;
   std::unique_ptr<formats::BundleWriter> run_;
   std::unique_ptr<formats::BundleWriter> segment_;
+  /// What run.ccap's and the segments' writers encode with, one after the other on the writer
+  /// thread: kept for the whole recording, and out of the children the training forks (a
+  /// DataLoader's workers, each epoch), whose next write to it would otherwise copy each page.
+  std::shared_ptr<formats::EncodeMemory> encodeMemory_ = formats::EncodeMemory::create(true);
   bool segmentBroken_ = false;
   /// run.ccap holds records not yet synced: the writer syncs before the next job that is not
   /// a run record (the first step hands over several: environment, program, identity).

@@ -2,6 +2,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstring>
+#include <fstream>
+#include <sstream>
 
 #include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
@@ -20,6 +22,18 @@ std::vector<uint8_t> patternFor(DType dtype, uint64_t numel, uint64_t seed) {
   if (dtype == DType::Bool)
     for (auto& b : bytes) b &= 1;
   return bytes;
+}
+
+/// Bytes of this process's mappings the kernel leaves out of a fork (smaps VmFlags "dc").
+uint64_t bytesNotForked() {
+  std::ifstream smaps("/proc/self/smaps");
+  uint64_t total = 0, size = 0;
+  std::string line;
+  while (std::getline(smaps, line)) {
+    if (line.rfind("Size:", 0) == 0) size = std::stoull(line.substr(5)) * 1024;
+    if (line.rfind("VmFlags:", 0) == 0 && (" " + line.substr(8) + " ").find(" dc ") != std::string::npos) total += size;
+  }
+  return total;
 }
 
 }  // namespace
@@ -165,6 +179,59 @@ TEST_CASE("compression threads write the same tensors as the calling thread", "[
     CHECK(std::memcmp(back.data(), data.data(), back.size()) == 0);
     CHECK(reader->get("w").chunkRecords.size() == 12);
   }
+}
+
+TEST_CASE("writers that take turns with one fork-private encode memory write what writers of their own do",
+          "[formats][codec]") {
+  TempDir dir;
+  std::vector<float> smooth(300000);
+  for (size_t i = 0; i < smooth.size(); ++i) smooth[i] = float(i % 100) * 0.25f;
+  auto noise = test::randomBytes(500000, 11);
+  auto write = [&](const std::string& path, const std::shared_ptr<EncodeMemory>& memory, unsigned threads) {
+    WriterOptions options;
+    options.encodeMemory = memory;
+    options.compressionThreads = threads;
+    options.chunkBytes = 256 << 10;
+    auto writer = BundleWriter::create(path, options);
+    writer->writeTensor("smooth", DType::Float32, {int64_t(smooth.size())}, smooth.data(), smooth.size() * 4);
+    writer->writeTensor("noise", DType::UInt8, {int64_t(noise.size())}, noise.data(), noise.size());
+    writer->writeNote("k", std::string(60000, 'x'));
+    writer->seal();
+  };
+  const uint64_t before = bytesNotForked();
+  auto memory = EncodeMemory::create(true);
+  // Two writers open at once, writing in turns, as the recorder's run file and segment do.
+  WriterOptions shared;
+  shared.encodeMemory = memory;
+  auto first = BundleWriter::create(dir.file("a.ccap"), shared);
+  auto second = BundleWriter::create(dir.file("b.ccap"), shared);
+  first->writeTensor("smooth", DType::Float32, {int64_t(smooth.size())}, smooth.data(), smooth.size() * 4);
+  second->writeTensor("noise", DType::UInt8, {int64_t(noise.size())}, noise.data(), noise.size());
+  first->writeTensor("noise", DType::UInt8, {int64_t(noise.size())}, noise.data(), noise.size());
+  second->writeTensor("smooth", DType::Float32, {int64_t(smooth.size())}, smooth.data(), smooth.size() * 4);
+  first->seal();
+  second->seal();
+  // Its blocks (the zstd workspace, the shuffled and compressed chunk) stay out of forks.
+  CHECK(bytesNotForked() >= before + 2 * smooth.size() * 4);
+  write(dir.file("threads.ccap"), memory, 2);
+  write(dir.file("own.ccap"), nullptr, 0);
+  for (const char* name : {"a.ccap", "b.ccap", "threads.ccap", "own.ccap"}) {
+    INFO(name);
+    auto reader = BundleReader::open(dir.file(name));
+    CHECK(reader->get("smooth").storedBytes < smooth.size() * 4 / 4);
+    CHECK(reader->get("noise").storedBytes == noise.size());
+    auto back = reader->readTensor(reader->get("smooth"));
+    CHECK(std::memcmp(back.data(), smooth.data(), back.size()) == 0);
+    back = reader->readTensor(reader->get("noise"));
+    CHECK(std::memcmp(back.data(), noise.data(), back.size()) == 0);
+  }
+  const uint64_t withMemory = bytesNotForked();
+  memory.reset();
+  shared.encodeMemory.reset();
+  CHECK(bytesNotForked() == withMemory);  // the writers still hold it
+  first.reset();
+  second.reset();
+  CHECK(bytesNotForked() < withMemory);  // released with the last writer
 }
 
 TEST_CASE("notes and recording info survive a round trip", "[formats][roundtrip]") {

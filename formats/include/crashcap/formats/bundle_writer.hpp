@@ -21,6 +21,29 @@ struct Durability {
   bool syncOnSeal = true;
 };
 
+/// What a writer encodes with: its zstd context and the buffers a body is shuffled and compressed
+/// into, grown to the largest body and kept. A writer makes its own unless given one; a producer
+/// that writes file after file (the recorder's segments) keeps one for all of them, so that each
+/// file does not allocate and first-touch them again. Writers that share one take turns: no two
+/// write at the same time.
+class EncodeMemory {
+ public:
+  /// forkPrivate: its large blocks are left out of the children the process forks
+  /// (MADV_DONTFORK), so that writing after a fork copies none of them. A forked child must never
+  /// write with it (the recorder does nothing in a forked child).
+  static std::shared_ptr<EncodeMemory> create(bool forkPrivate);
+  ~EncodeMemory();
+  EncodeMemory(const EncodeMemory&) = delete;
+  EncodeMemory& operator=(const EncodeMemory&) = delete;
+
+  struct Parts;
+  Parts& parts() { return *parts_; }
+
+ private:
+  explicit EncodeMemory(bool forkPrivate);
+  std::unique_ptr<Parts> parts_;
+};
+
 struct WriterOptions {
   int zstdLevel = 1;                      ///< 1..19; 0 stores every body raw
   uint64_t chunkBytes = 4ull << 20;       ///< tensor chunk size; 4 KiB..64 MiB
@@ -40,6 +63,8 @@ struct WriterOptions {
   /// Id of the first tensor written. Files that are later merged into one bundle (the
   /// recorder's segments) use disjoint ranges so their tensor ids stay unique.
   uint64_t firstTensorId = 1;
+  /// What the writer encodes with; null: its own, not fork-private.
+  std::shared_ptr<EncodeMemory> encodeMemory;
 };
 
 /// Counters for tests, benchmarks and `info`.

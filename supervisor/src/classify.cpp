@@ -50,6 +50,9 @@ const std::vector<Pattern>& gpuPatterns() {
       {"ncclUnhandledCudaError", "nccl-error"},
       {"Watchdog caught collective operation timeout", "nccl-error"},
       {"non-finite loss at step", "nonfinite-loss"},
+      // A finite loss whose gradients are not (a saturated tanh, an overflow in backward): the
+      // same stop of the recorder's, the same class.
+      {"non-finite gradient norm at step", "nonfinite-loss"},
       // torch/cuda/__init__.py: CUDA used in a process forked after CUDA was initialised (a
       // DataLoader worker, a logger's fork). The fix is the start method, not the data.
       {"Cannot re-initialize CUDA in forked subprocess", "cuda-forked-subprocess"},

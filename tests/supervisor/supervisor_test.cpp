@@ -100,6 +100,9 @@ TEST_CASE("classification: the earliest GPU error decides, from the messages rea
        "dataloader-worker-died", "DataLoader worker (pid(s) 4242) exited unexpectedly"},
       {"crashcap-sample-seg: training failed at step 6: non-finite loss at step 6: nan\n", "nonfinite-loss",
        "non-finite loss at step 6"},
+      {"Traceback (most recent call last):\n  File \"train.py\", line 40, in <module>\n    loss.backward()\n"
+       "crashcap.NonFiniteError: non-finite gradient norm at step 8: -nan (loss 0.6931)\n",
+       "nonfinite-loss", "non-finite gradient norm at step 8"},
       {"Traceback (most recent call last):\n  File \"train.py\", line 3, in <module>\n    raise ValueError(\"bad config\")\n"
        "ValueError: bad config\n",
        "python-exception", "ValueError: bad config"},

@@ -89,7 +89,8 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
   for (const auto& s : r.steps) {
     std::cout << fmt::format("  step {:<5} loss {:<14} grad norm {:<14} {}", s.step, s.hasLoss ? fmt::format("{:.7g}", s.loss) : "-",
                              s.hasGradNorm ? fmt::format("{:.7g}", s.gradNorm) : "-",
-                             !s.recorded  ? "(no recorded fingerprint)"
+                             s.untrained  ? "(trained on none of its batch, as recorded)"
+                             : !s.recorded  ? "(no recorded fingerprint)"
                              : s.bitwise ? "= recording, bit for bit"
                                          : fmt::format("!= recording ({:.7g}, {:.7g})", s.recordedLoss, s.recordedGradNorm));
     if (!s.error.empty()) std::cout << "  error: " << lastLine(s.error);

@@ -34,6 +34,7 @@ import atexit
 import collections
 import functools
 import gc
+import itertools
 import json
 import math
 import operator
@@ -257,6 +258,7 @@ class Observer:
     def _reset_steps(self):
         self.step = 0                   # the next step's index
         self.in_flight = None           # the step in flight
+        self.in_flight_from = None      # (the iteration its batch came from, whether it was the first batch of it)
         self.ended = False              # its loss was fingerprinted
         self.backwards = 0              # backward() calls of the step in flight
         self.updates = 0                # optimizer steps of the step in flight
@@ -340,8 +342,10 @@ class Observer:
         that no training has claimed, and none is under way or the one under way is over."""
         return (self.training < 0 or self.training_over) and bool(self._new_optimizers())
 
-    def on_batch(self, ordinal, indices, batch, dataset=None):
-        """A batch the loader `ordinal` (over `dataset`) yielded: a step when it is the training loader's."""
+    def on_batch(self, ordinal, indices, batch, dataset=None, iteration=None):
+        """A batch the loader `ordinal` (over `dataset`) yielded: a step when it is the training loader's.
+        `iteration`: (the iteration it came from, a number per iterator and epoch; whether it is the
+        iteration's first batch)."""
         if self.replay or not torch.is_grad_enabled():
             return
         if self.capture_only and self._new_optimizers() or self.begins_training():
@@ -368,10 +372,17 @@ class Observer:
         accumulating = self.in_flight is not None and self.backwards > 0 and self.updates == 0
         if self.in_flight is not None:
             if self.backwards == 0:
-                self.warn("prefetch", f"DataLoader #{ordinal} gave a batch before step {self.in_flight} ran backward(): "
-                          f"a loop that draws a batch ahead (a prefetcher) computes each step on the batch drawn "
-                          f"before it, so the recorded batch of a step may be its successor's; replay and triage "
-                          f"then name the wrong rows")
+                # The step in flight trained on none of its batch. A program that leaves its loop
+                # (`break`: the batch it drew last is left unused) or skips a batch in it does that,
+                # and replays it alike. A loop that draws a batch ahead (a prefetcher) does it too,
+                # at the first batch of each iteration: the only case said.
+                came, first = self.in_flight_from or (None, False)
+                if first and iteration is not None and iteration[0] == came:
+                    self.warn("prefetch", f"DataLoader #{ordinal} gave a second batch before step {self.in_flight}, "
+                              f"the first of its iteration, ran backward(): a loop that draws a batch ahead (a "
+                              f"prefetcher) computes each step on the batch drawn before it, so the recorded batch of a "
+                              f"step may be its successor's; replay and triage then name the wrong rows (a loop that "
+                              f"skips its first batch does the same, and is recorded right)")
             elif self.updates == 0:
                 self.warn("accumulation", f"step {self.in_flight} ran backward() without an optimizer step: gradient "
                           f"accumulation? Each batch is recorded as a step, and keyframes wait for the step after "
@@ -388,6 +399,7 @@ class Observer:
             extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)  # made only when kept
         step = self.step
         self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
+        self.in_flight_from = iteration
         self.step += 1
         self.rec._native.hold_keyframes(accumulating)
         self.rec.begin(step, batch, _extra=extra, _rows=rows)
@@ -780,12 +792,18 @@ def _dataset_indices(index):
     return out if out and len(out) == len(items) else None
 
 
+_iterations = itertools.count()  # a number for each iteration of a loader: per iterator, and per epoch of one
+
+
 @_guarded
 def _seen_batch(iterator, batch):
     if _api._recorder._user_recorder_made:
         return  # the program records itself
+    iteration = getattr(iterator, "_crashcap_iteration", None)
+    first = getattr(iterator, "_crashcap_first", False)
+    iterator._crashcap_first = False
     _observer.on_batch(getattr(iterator, "_crashcap_loader", -1), _indices_of(iterator, _take_index(iterator)), batch,
-                       getattr(iterator, "_dataset", None))
+                       getattr(iterator, "_dataset", None), None if iteration is None else (iteration, first))
 
 
 @_guarded
@@ -866,6 +884,7 @@ def install(policy=None, replay=False):
     def Iter_init(self, loader, *args, **kwargs):
         self._crashcap_loader = getattr(loader, "_crashcap_ordinal", -1)
         self._crashcap_indices = collections.deque()
+        self._crashcap_iteration, self._crashcap_first = next(_iterations), True
         iter_init(self, loader, *args, **kwargs)
 
     @functools.wraps(next_index)
@@ -881,6 +900,7 @@ def install(policy=None, replay=False):
         queue = getattr(self, "_crashcap_indices", None)
         if queue is not None:
             queue.clear()  # a persistent worker pool starting another epoch
+            self._crashcap_iteration, self._crashcap_first = next(_iterations), True
         return reset(self, *args, **kwargs)
 
     @functools.wraps(next_)

@@ -945,7 +945,8 @@ struct Run {
     if (stopBefore <= target) return refuse("the recording lost a step before the target");
     for (const auto& r : result.steps) {
       if (!r.error.empty()) return refuse(fmt::format("step {} failed in the replay: {}", r.step, lastLine(r.error)));
-      if (!r.recorded) return refuse(fmt::format("step {} has no recorded fingerprint to check the replay against", r.step));
+      if (!r.recorded && !r.untrained)
+        return refuse(fmt::format("step {} has no recorded fingerprint to check the replay against", r.step));
       if (!r.bitwise) return refuse(fmt::format("step {} did not replay bit for bit", r.step));
     }
     if (result.steps.empty() || result.steps.back().step + 1 != target ||
@@ -1429,6 +1430,8 @@ struct DrivenReplay::Impl {
     if (!current) return;
     scope.reset();
     if (ended && current->error.empty() && current->step < run.target) Run::afterUpdate(*current, ordered);
+    if (!ended && current->error.empty() && !current->recorded && current->step < run.target)
+      current->untrained = current->bitwise = true;
     run.endStep(*current, probe);
     current.reset();
     ended = false;

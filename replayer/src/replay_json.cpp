@@ -155,6 +155,7 @@ json stepJson(const StepReplay& s) {
           {"recorded_loss", s.recorded ? number(s.recordedLoss) : json(nullptr)},
           {"recorded_grad_norm", s.recorded ? number(s.recordedGradNorm) : json(nullptr)},
           {"bitwise", s.bitwise},
+          {"untrained", s.untrained},
           {"error", nullable(s.error)},
           {"lr", number(s.learningRate)},
           {"weight_norm", s.weightNorm ? number(*s.weightNorm) : json(nullptr)},
@@ -178,6 +179,7 @@ StepReplay stepFrom(const json& j) {
     s.recordedGradNorm = optReal(j, "recorded_grad_norm").value_or(0);
   }
   s.bitwise = flag(j, "bitwise");
+  s.untrained = j.contains("untrained") && flag(j, "untrained");
   s.error = optText(j, "error");
   s.learningRate = real(j, "lr");
   s.weightNorm = optReal(j, "weight_norm");

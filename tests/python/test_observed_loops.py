@@ -66,6 +66,31 @@ def test_a_dataloader_made_anew_every_epoch_goes_on_recording_the_training_and_a
     assert triage["culprit"]["dataset_indices"] == [130]
 
 
+def test_batches_left_unused_by_break_or_skipped_by_continue_replay_bit_for_bit_and_are_not_taken_for_a_prefetcher(
+        tmp_path):
+    bare = run_bare(tmp_path, "shapes_of_loops.py", "--case", "short")
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "short")
+    assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
+    # Dataset index 77 is in epoch 1's first batch (the seeded shuffle): the sixth batch drawn.
+    (tmp_path / "nan").mkdir()
+    r, runs = run_recorded(tmp_path / "nan", "shapes_of_loops.py", "--case", "short", "--nan-index", 77)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert "draws a batch ahead" not in r.stderr, r.stderr
+    replay, triage = replay_and_triage(only_bundle(runs))
+    assert replay["step"] == 5, replay
+    # Epoch 0's batch 1 (skipped) and batch 4 (drawn, then the loop left): no fingerprint either
+    # side, and bit for bit.
+    assert [s["step"] for s in replay["steps"] if s["untrained"]] == [1, 4], replay["steps"]
+    assert all(s["bitwise"] for s in replay["steps"]), replay["steps"]
+    assert triage["culprit"]["dataset_indices"] == [77]
+
+
+def test_a_loop_that_draws_its_batches_one_ahead_is_said_to(tmp_path):
+    r, _ = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "prefetch")
+    assert r.returncode == 0, r.stderr
+    assert r.stderr.count("draws a batch ahead") == 1, r.stderr  # said once, for the whole run
+
+
 def test_a_sanity_backward_before_the_loop_is_not_a_training_without_a_dataloader(tmp_path):
     r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "warmup", "--nan-index", 130)
     assert "no DataLoader batch" not in r.stderr, r.stderr

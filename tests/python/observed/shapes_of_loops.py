@@ -10,6 +10,9 @@ each trains a small MLP and meets a NaN row (dataset index --nan-index) in --cas
   warmup       one backward() on a dummy batch before the loop (a sanity check)
   per-epoch    a DataLoader made anew at every epoch over a new subset of the data (the NaN row
                joins from epoch 1), and a validation loop in eval mode with gradients enabled
+  short        short epochs: the loop leaves the loader with `break` after 4 batches (the batch
+               drawn last goes unused) and skips one batch in its first epoch with `continue`
+  prefetch     a loop that draws each batch one ahead of the one it trains on
 """
 
 import argparse
@@ -75,9 +78,42 @@ def per_epoch(rows, nan_index, epochs=3):
         print(f"epoch {epoch}: loss {loss.item():.6f} validation {validation:.6f}", flush=True)
 
 
+def short_epochs(rows, epochs=4):
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loader = DataLoader(rows, batch_size=16, shuffle=True, num_workers=2)
+    for epoch in range(epochs):
+        for i, (x, y) in enumerate(loader):
+            if i == 4:
+                break
+            if epoch == 0 and i == 1:
+                continue
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            print(f"epoch {epoch} batch {i}: loss {loss.item():.6f}", flush=True)
+
+
+def prefetching(rows, epochs=2):
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    for epoch in range(epochs):
+        batches = iter(DataLoader(rows, batch_size=16, shuffle=True))
+        ahead = next(batches)
+        for following in batches:
+            (x, y), ahead = ahead, following
+            loss = F.cross_entropy(model(x), y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print(f"epoch {epoch}: loss {loss.item():.6f}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup", "per-epoch"])
+    p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup", "per-epoch",
+                                                      "short", "prefetch"])
     p.add_argument("--nan-index", type=int, default=-1)
     a = p.parse_args()
     torch.manual_seed(0)
@@ -101,6 +137,10 @@ def main():
         train(DataLoader(rows, batch_size=16, shuffle=True), 3)
     elif a.case == "per-epoch":
         per_epoch(rows, a.nan_index)
+    elif a.case == "short":
+        short_epochs(rows)
+    elif a.case == "prefetch":
+        prefetching(rows)
 
 
 if __name__ == "__main__":

@@ -119,6 +119,10 @@ struct StepReplay {
   double recordedLoss = 0, recordedGradNorm = 0;
   uint8_t recordedGradNormMethod = 0;   ///< formats::GradNormMethod of the recorded norm
   bool bitwise = false;          ///< loss and gradient norm equal the recording bit for bit
+  /// The program drew the step's batch and trained on none of it, here as when it was recorded
+  /// (it left its loop with `break`, or skipped the batch): no fingerprint on either side, and
+  /// nothing that differs, so it counts as bit for bit.
+  bool untrained = false;
   std::string error;             ///< the step threw
   double learningRate = 0;       ///< of the first parameter group
   /// Total 2-norm of the weights after this step's update; only for a step before the target

@@ -95,14 +95,23 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
                            b.rowOrder->why);
   else if (!b.datasetIndices && b.rowOrder && b.rowOrder->order == "partial")
     indices = fmt::format(" (no dataset index: the collate function reordered the samples, and {})", b.rowOrder->why);
-  if (b.triggers.empty())
+  if (!b.otherSets.empty()) {
+    std::string sets = fmt::format("[{}]", joinRows(b.triggers.empty() ? b.rows : b.triggers));
+    for (const auto& set : b.otherSets) sets += fmt::format(", then without those [{}]", joinRows(set));
+    std::cout << fmt::format("step {}: batch rows [{}] of {}{} fail on their own: rows {}", b.step, joinRows(culprits),
+                             b.batchSize, indices, sets);
+  } else if (b.triggers.empty()) {
     std::cout << fmt::format("step {}: the failure needs batch row{} [{}] of {}{}", b.step, b.rows.size() == 1 ? "" : "s",
                              joinRows(b.rows), b.batchSize, indices);
-  else
+  } else {
     std::cout << fmt::format("step {}: batch row{} [{}] of {}{} trigger{} the failure (the whole batch passes without "
                              "{}); the smallest set that fails is rows [{}], the others only let the step run",
                              b.step, culprits.size() == 1 ? "" : "s", joinRows(culprits), b.batchSize, indices,
                              culprits.size() == 1 ? "s" : "", culprits.size() == 1 ? "it" : "them", joinRows(b.rows));
+  }
+  if (b.restFails)
+    std::cout << fmt::format("; the batch without rows [{}] still fails: more rows fail on their own (not searched)",
+                             joinRows(culprits));
   if (b.triggers.empty())
     std::cout << fmt::format(" ({} replays; a single culprit row takes at most {})\n", b.replays, b.replayBound);
   else  // the search for the smallest set, then one replay of the whole batch without each of its rows

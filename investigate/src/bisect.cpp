@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <set>
 #include <cmath>
 
 #include "crashcap/formats/bundle_reader.hpp"
@@ -152,7 +153,7 @@ bool OpBisection::failsInFloat64() const {
 }
 
 int singleRowBound(int64_t batchSize) {
-  return 2 * static_cast<int>(std::ceil(std::log2(std::max<int64_t>(batchSize, 2)))) + 2;
+  return 2 * static_cast<int>(std::ceil(std::log2(std::max<int64_t>(batchSize, 2)))) + 3;
 }
 
 RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vector<int64_t>&)>& test) {
@@ -176,64 +177,69 @@ RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vec
     result.log.emplace_back(rows, std::move(t));
     return result.log.back().second.fails;
   };
-  std::vector<int64_t> current(batchSize);
-  for (int64_t i = 0; i < batchSize; ++i) current[i] = i;
-  if (!run(current)) return result;
+  std::vector<int64_t> all(batchSize);
+  for (int64_t i = 0; i < batchSize; ++i) all[i] = i;
+  if (!run(all)) return result;
   result.reproduced = true;
-  size_t n = 2;
-  while (current.size() >= 2) {
-    // Split into n nearly equal parts.
-    std::vector<std::vector<int64_t>> parts;
-    size_t start = 0;
-    for (size_t k = 0; k < n; ++k) {
-      size_t end = start + (current.size() - start) / (n - k);
-      parts.emplace_back(current.begin() + start, current.begin() + end);
-      start = end;
-    }
-    bool reduced = false;
-    for (const auto& p : parts) {
-      if (cutsFailing >= kCutsFailTrials) break;
-      if (!p.empty() && run(p)) {
-        current = p;
-        n = 2;
-        reduced = true;
-        break;
+  // ddmin from `current` (a set that fails) down to a 1-minimal one.
+  auto minimize = [&](std::vector<int64_t> current) {
+    size_t n = 2;
+    while (current.size() >= 2) {
+      // Split into n nearly equal parts.
+      std::vector<std::vector<int64_t>> parts;
+      size_t start = 0;
+      for (size_t k = 0; k < n; ++k) {
+        size_t end = start + (current.size() - start) / (n - k);
+        parts.emplace_back(current.begin() + start, current.begin() + end);
+        start = end;
       }
-    }
-    if (!reduced && n > 2) {
-      // Complements: with two parts they equal the parts, already tested.
+      bool reduced = false;
       for (const auto& p : parts) {
-        std::vector<int64_t> complement;
-        std::set_difference(current.begin(), current.end(), p.begin(), p.end(), std::back_inserter(complement));
         if (cutsFailing >= kCutsFailTrials) break;
-        if (!complement.empty() && run(complement)) {
-          current = complement;
-          n = std::max<size_t>(n - 1, 2);
+        if (!p.empty() && run(p)) {
+          current = p;
+          n = 2;
           reduced = true;
           break;
         }
       }
-    }
-    if (cutsFailing >= kCutsFailTrials) {
-      // Every part tried fails the same other way. The largest cut, the batch without one row,
-      // tells a step that cannot run on part of its batch at all (it fails the same way again)
-      // from one that needs more rows than the parts had (a top-k over the batch).
-      std::vector<int64_t> largest(current.begin() + 1, current.end());
-      if (run(largest)) {
-        current = std::move(largest);
-        n = 2;
-        continue;
+      if (!reduced && n > 2) {
+        // Complements: with two parts they equal the parts, already tested.
+        for (const auto& p : parts) {
+          std::vector<int64_t> complement;
+          std::set_difference(current.begin(), current.end(), p.begin(), p.end(), std::back_inserter(complement));
+          if (cutsFailing >= kCutsFailTrials) break;
+          if (!complement.empty() && run(complement)) {
+            current = complement;
+            n = std::max<size_t>(n - 1, 2);
+            reduced = true;
+            break;
+          }
+        }
       }
-      if (cutsFailing > kCutsFailTrials) {
-        result.cutsFail = cutsError;
-        break;
+      if (cutsFailing >= kCutsFailTrials) {
+        // Every part tried fails the same other way. The largest cut, the batch without one row,
+        // tells a step that cannot run on part of its batch at all (it fails the same way again)
+        // from one that needs more rows than the parts had (a top-k over the batch).
+        std::vector<int64_t> largest(current.begin() + 1, current.end());
+        if (run(largest)) {
+          current = std::move(largest);
+          n = 2;
+          continue;
+        }
+        if (cutsFailing > kCutsFailTrials) {
+          result.cutsFail = cutsError;
+          break;
+        }
+      }
+      if (!reduced) {
+        if (n >= current.size()) break;
+        n = std::min(2 * n, current.size());
       }
     }
-    if (!reduced) {
-      if (n >= current.size()) break;
-      n = std::min(2 * n, current.size());
-    }
-  }
+    return current;
+  };
+  std::vector<int64_t> current = minimize(all);
   result.rows = current;
   if (!result.cutsFail.empty()) return result;
   if (current.size() > 1)
@@ -245,7 +251,36 @@ RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vec
       if (result.log.back().second.passes) result.triggers.push_back(row);
     }
   if (result.triggers.size() == current.size()) result.triggers.clear();  // every row is needed alike
+  // Rows that fail without those (RowSearch::otherSets).
+  std::set<int64_t> named(current.begin(), current.end());
+  if (!result.triggers.empty()) named = std::set<int64_t>(result.triggers.begin(), result.triggers.end());
+  for (size_t k = 0;; ++k) {
+    std::vector<int64_t> rest;
+    for (int64_t i : all)
+      if (!named.count(i)) rest.push_back(i);
+    if (rest.empty() || !run(rest)) break;  // it passes (or fails another way) without them
+    if (k == kOtherSets) {
+      result.restFails = true;
+      break;
+    }
+    auto more = minimize(rest);
+    if (!result.cutsFail.empty()) {  // what is left cannot run on fewer rows: the first set stands
+      result.cutsFail.clear();
+      result.restFails = true;
+      break;
+    }
+    named.insert(more.begin(), more.end());
+    result.otherSets.push_back(std::move(more));
+  }
   return result;
+}
+
+std::vector<int64_t> SampleBisection::culprits() const {
+  std::vector<int64_t> out = triggers.empty() ? rows : triggers;
+  for (const auto& set : otherSets) out.insert(out.end(), set.begin(), set.end());
+  std::sort(out.begin(), out.end());
+  out.erase(std::unique(out.begin(), out.end()), out.end());
+  return out;
 }
 
 std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra) {
@@ -428,6 +463,8 @@ SampleBisection bisectSamples(const std::string& bundle, int64_t step, Experimen
   b.reproduced = search.reproduced;
   b.rows = search.rows;
   b.triggers = search.triggers;
+  b.otherSets = search.otherSets;
+  b.restFails = search.restFails;
   b.replays = search.replays;
   b.trials = std::move(search.log);
   b.cutsFail = search.cutsFail;

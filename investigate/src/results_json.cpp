@@ -161,6 +161,9 @@ json toJson(const SampleBisection& b) {
           {"reproduced", b.reproduced},
           {"rows", b.rows},
           {"triggers", b.triggers},
+          {"other_sets", b.otherSets},
+          {"rest_fails", b.restFails},
+          {"culprits", b.culprits()},
           {"dataset_indices", nullable(b.datasetIndices)},
           {"row_order", replayer::toJson(b.rowOrder)},
           {"replays", b.replays},
@@ -178,6 +181,9 @@ SampleBisection sampleBisectionFromJson(const json& j) {
   b.reproduced = flag(j, "reproduced");
   b.rows = integers(at(j, "rows"), "rows");
   if (j.contains("triggers")) b.triggers = integers(j["triggers"], "triggers");
+  if (j.contains("other_sets"))
+    for (const auto& set : j["other_sets"]) b.otherSets.push_back(integers(set, "other_sets"));
+  b.restFails = j.contains("rest_fails") && flag(j, "rest_fails");
   if (!at(j, "dataset_indices").is_null()) b.datasetIndices = integers(j["dataset_indices"], "dataset_indices");
   b.rowOrder = replayer::rowOrderFromJson(j, "row_order");
   b.replays = static_cast<int>(integer(j, "replays"));

@@ -135,6 +135,17 @@ std::string paddingRowText(const PaddingRow& p) {
 /// "step 6 fails with rank 2's batch row [3] alone, every other rank's whole batch, and passes ...".
 std::string triggerText(const TriageFacts& f) {
   const auto rows = f.culpritRows();
+  if (!f.samples->otherSets.empty()) {
+    // Several sets, each failing without the ones before it: "with batch row [9] alone, and
+    // without it with row [15] alone".
+    std::string sets = fmt::format("[{}]", joinRows(f.samples->triggers.empty() ? f.samples->rows : f.samples->triggers));
+    for (const auto& set : f.samples->otherSets) sets += fmt::format(", [{}]", joinRows(set));
+    return fmt::format("step {} fails with each of {}batch rows {} alone{} (each found without the ones before it) "
+                       "and passes without rows [{}] ({} replays{})",
+                       f.step(), f.job ? fmt::format("rank {}'s ", f.job->rank) : "", sets,
+                       f.job ? ", every other rank feeding its whole batch," : "", joinRows(rows), f.samples->replays + 1,
+                       f.job ? fmt::format(" of all {} ranks", f.job->worldSize) : "");
+  }
   if (!f.samples->triggers.empty())  // alone they fail another way: others let the step run
     return fmt::format("step {} fails with {}batch rows [{}]{} and passes without row{} [{}] ({} replays{})", f.step(),
                        f.job ? fmt::format("rank {}'s ", f.job->rank) : "", joinRows(f.samples->rows),

@@ -18,9 +18,10 @@ namespace {
 bool has(const std::vector<int64_t>& rows, int64_t r) { return std::find(rows.begin(), rows.end(), r) != rows.end(); }
 }  // namespace
 
-TEST_CASE("one culprit row is found in at most 2*ceil(log2 B)+2 replays wherever it is", "[investigate][bisect]") {
+TEST_CASE("one culprit row is found in at most 2*ceil(log2 B)+3 replays wherever it is", "[investigate][bisect]") {
   for (int64_t batch : {1, 2, 3, 5, 8, 13, 32, 100}) {
-    int bound = 2 * static_cast<int>(std::ceil(std::log2(std::max<int64_t>(batch, 2)))) + 2;
+    int bound = 2 * static_cast<int>(std::ceil(std::log2(std::max<int64_t>(batch, 2)))) + 3;
+    CHECK(investigate::singleRowBound(batch) == bound);
     for (int64_t culprit = 0; culprit < batch; ++culprit) {
       auto b = investigate::searchRows(batch, [&](const std::vector<int64_t>& rows) {
         return investigate::Trial{has(rows, culprit), "", 0, ""};
@@ -28,6 +29,8 @@ TEST_CASE("one culprit row is found in at most 2*ceil(log2 B)+2 replays wherever
       INFO("batch " << batch << " culprit " << culprit);
       CHECK(b.reproduced);
       CHECK(b.rows == std::vector<int64_t>{culprit});
+      CHECK(b.otherSets.empty());
+      CHECK(!b.restFails);
       CHECK(b.replays <= bound);
     }
   }
@@ -68,6 +71,42 @@ TEST_CASE("a row that triggers the failure but cannot fail alone (a batch norm n
   s.rows = b.rows;
   s.triggers = b.triggers;
   CHECK(s.culprits() == std::vector<int64_t>{5});
+}
+
+TEST_CASE("rows that each fail on their own are all found: the batch without the first set still fails",
+          "[investigate][bisect]") {
+  // One sample drawn twice (rows 9 and 15), or two corrupt samples: any set holding one fails.
+  auto twice = investigate::searchRows(16, [](const std::vector<int64_t>& rows) {
+    const bool fails = has(rows, 9) || has(rows, 15);
+    return investigate::Trial{fails, "", 0, "", !fails};
+  });
+  CHECK(twice.rows.size() == 1);
+  REQUIRE(twice.otherSets.size() == 1);
+  CHECK(!twice.restFails);
+  investigate::SampleBisection s;
+  s.rows = twice.rows;
+  s.otherSets = twice.otherSets;
+  CHECK(s.culprits() == std::vector<int64_t>{9, 15});
+  // More than kOtherSets + 1 rows failing alone: the search stops, and says the rest still fails.
+  auto many = investigate::searchRows(32, [](const std::vector<int64_t>& rows) {
+    bool fails = false;
+    for (int64_t r : {1, 6, 11, 20, 27, 30}) fails = fails || has(rows, r);
+    return investigate::Trial{fails, "", 0, "", !fails};
+  });
+  CHECK(many.otherSets.size() == investigate::kOtherSets);
+  CHECK(many.restFails);
+  // A set that needs a second row to run (a batch norm), beside an independent culprit: both found.
+  auto mixed = investigate::searchRows(16, [](const std::vector<int64_t>& rows) {
+    const bool fails = (has(rows, 5) && rows.size() >= 2) || has(rows, 12);
+    return investigate::Trial{fails, "", 0, "", !fails};
+  });
+  s = {};
+  s.rows = mixed.rows;
+  s.triggers = mixed.triggers;
+  s.otherSets = mixed.otherSets;
+  CHECK(has(s.culprits(), 5));
+  CHECK(has(s.culprits(), 12));
+  CHECK(!mixed.restFails);
 }
 
 TEST_CASE("a batch no part of which can run (every part fails one other way) stops the search and says so",

@@ -89,15 +89,24 @@ struct RowSearch {
   /// size), so no row can be told from another. The search stops there; rows is the whole batch.
   /// "" otherwise.
   std::string cutsFail;
+  /// Rows that fail without `rows` (or its triggers): two corrupt samples, one sample the sampler
+  /// drew twice. After the first set, the batch without every row named so far is tried, and while
+  /// it fails as recorded, the smallest failing set of what is left is searched the same way (its
+  /// rows all named: no triggers are told apart in it), up to kOtherSets sets.
+  std::vector<std::vector<int64_t>> otherSets;
+  /// The batch without every row named still failed after kOtherSets more sets: not all were searched.
+  bool restFails = false;
 };
+inline constexpr size_t kOtherSets = 3;
 /// Zeller's ddmin over the rows 0..batchSize-1: the smallest set of rows that still fails. For a
-/// single culprit row it halves: at most 2*ceil(log2 B) + 2 experiments. A set of several rows is
+/// single culprit row it halves: at most 2*ceil(log2 B) + 2 experiments, and one more for the
+/// batch without it (RowSearch::otherSets). A set of several rows is
 /// then tested row by row against the whole batch (one experiment each) for its triggers. When the
 /// first kCutsFailTrials parts all fail another way with one error, and so does the batch without
 /// one row, it stops (RowSearch::cutsFail).
 inline constexpr int kCutsFailTrials = 6;
 RowSearch searchRows(int64_t batchSize, const std::function<Trial(const std::vector<int64_t>&)>& test);
-/// 2*ceil(log2 max(B, 2)) + 2: the experiments a single culprit row costs at most.
+/// 2*ceil(log2 max(B, 2)) + 3: the experiments a single culprit row costs at most.
 int singleRowBound(int64_t batchSize);
 
 /// `bisect samples`: the samples of the failing step's batch that the failure needs, named by
@@ -108,8 +117,11 @@ struct SampleBisection {
   bool reproduced = false;                       ///< the whole batch fails
   std::vector<int64_t> rows;                     ///< the smallest set that fails (RowSearch::rows)
   std::vector<int64_t> triggers;                 ///< RowSearch::triggers
-  /// The rows that cause the failure: the triggers when there are, else the smallest failing set.
-  const std::vector<int64_t>& culprits() const { return triggers.empty() ? rows : triggers; }
+  std::vector<std::vector<int64_t>> otherSets;   ///< RowSearch::otherSets
+  bool restFails = false;                        ///< RowSearch::restFails
+  /// The rows that cause the failure: the triggers when there are, else the smallest failing set;
+  /// and the rows of the other sets that fail without them, in row order.
+  std::vector<int64_t> culprits() const;
   std::optional<std::vector<int64_t>> datasetIndices;  ///< of culprits(), in their order
   /// How the batch's rows were matched to the sampler's samples (the whole batch's replay's
   /// RowOrder): the dataset indices above follow a collate function's reordering, or are in the

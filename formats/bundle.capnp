@@ -176,6 +176,9 @@ struct StepBegin {
   rowDims @8 :List(Int8);       # per batch tensor (parallel to batch): the dimension holding the
                                 # batch's rows (samples), -1 none; empty in bundles written before
                                 # it (readers take dimension 0 where it equals the first tensor's)
+  accumulating @9 :Bool;        # the step begins with gradients that earlier steps accumulated (a
+                                # backward since the last optimizer update): a keyframe here would
+                                # not hold them (Recorder::holdKeyframes); false when not known
 }
 
 # Record type 8. A step ended normally (the guard's end(loss) ran). No body.

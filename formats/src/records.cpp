@@ -139,6 +139,7 @@ std::vector<uint8_t> encodeMeta(const StepBeginData& v) {
   r.setStructure(v.structure);
   auto dims = r.initRowDims(v.rowDims.size());
   for (unsigned i = 0; i < v.rowDims.size(); ++i) dims.set(i, v.rowDims[i]);
+  r.setAccumulating(v.accumulating);
   return toBytes(b);
 }
 
@@ -340,6 +341,7 @@ StepBeginData decodeStepBegin(const std::vector<uint8_t>& meta, const ReaderLimi
                     fmt::format("step_begin of step {} names row dimension {}: expected -1 or more", v.step, d));
       v.rowDims.push_back(d);
     }
+    v.accumulating = r.getAccumulating();
     return v;
   });
 }

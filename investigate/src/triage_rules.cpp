@@ -157,8 +157,13 @@ std::string triggerText(const TriageFacts& f) {
                      f.samples->replays + 1, f.job ? fmt::format(" of all {} ranks", f.job->worldSize) : "");
 }
 
-/// "the recorded error came after step 1's update, between steps (...)"
-std::string betweenStepsText(const TriageFacts& f) {
+/// "the recorded error came after step 1's update, between steps (...)", or after its backward().
+std::string outsideReplayText(const TriageFacts& f) {
+  if (f.crashPhase == "optimizer")
+    return fmt::format("the recorded error came in step {} after its backward() (in the optimizer's update, or in what "
+                       "the loop runs before it: gradient clipping, logging, a file it writes), and step {} replays "
+                       "clean up to its backward()",
+                       f.step(), f.step());
   return fmt::format("the recorded error came after step {}'s update, between steps (in what the loop runs after "
                      "optimizer.step(): a scheduler, a validation pass, a checkpoint, logging), and step {} replays "
                      "clean",
@@ -192,8 +197,8 @@ std::vector<int64_t> TriageFacts::culpritRows() const {
   return samples && samples->reproduced && samples->cutsFail.empty() ? samples->culprits() : std::vector<int64_t>{};
 }
 
-bool TriageFacts::failedBetweenSteps() const {
-  return crashPhase == "between-steps" && replay && !replayer::showsFailure(*replay) && replay->error.empty() &&
+bool TriageFacts::failedOutsideReplay() const {
+  return (crashPhase == "between-steps" || crashPhase == "optimizer") && replay && !replayer::showsFailure(*replay) && replay->error.empty() &&
          !replay->divergedAt;
 }
 
@@ -248,8 +253,8 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   const std::string whose = f.job ? fmt::format("rank {}'s ", f.job->rank) : "";  // the rows' batch, in a job
   if (auto why = f.replayBlocked()) {
     h.evidence.push_back(*why);
-  } else if (f.failedBetweenSteps()) {
-    h.evidence.push_back(betweenStepsText(f) + ": the batches the steps consumed are not where it failed");
+  } else if (f.failedOutsideReplay()) {
+    h.evidence.push_back(outsideReplayText(f) + ": the batches the steps consumed are not where it failed");
   } else if (!f.reproduced()) {
     h.evidence.push_back("the crash does not reproduce on replay, so its data cannot be tested");
   } else if (const auto& load = f.replay->batchLoad) {
@@ -682,13 +687,13 @@ Hypothesis judgeNondeterminism(const TriageFacts& f) {
       h.evidence.push_back(fmt::format("the {} replayed step{} with a recorded fingerprint matched it bit for bit, and the "
                                        "failure came back (verdict {}: its error's text differs)",
                                        compared, compared == 1 ? "" : "s", replayer::verdictName(r.verdict)));
-    } else if (same && compared > 0 && f.failedBetweenSteps()) {
+    } else if (same && compared > 0 && f.failedOutsideReplay()) {
       // What runs between steps is not replayed: a race there, or a device's asynchronous error
       // from the step's kernels surfacing at the first sync after it, is not tested either way.
       h.evidence.push_back(fmt::format("the {} replayed step{} with a recorded fingerprint matched it bit for bit; {}, "
                                        "which a replay does not run: a cause there (or a device's asynchronous error "
                                        "surfacing at its first sync) is not tested",
-                                       compared, compared == 1 ? "" : "s", betweenStepsText(f)));
+                                       compared, compared == 1 ? "" : "s", outsideReplayText(f)));
     } else if (same && compared > 0) {
       h.evidence.push_back(fmt::format("the {} replayed step{} with a recorded fingerprint matched it bit for bit, but the "
                                        "failing step ran clean here (verdict {}): a cause outside the step's "

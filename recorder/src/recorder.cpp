@@ -542,6 +542,7 @@ struct Recorder::Impl {
     begin.previousStep = previousStep;
     begin.timeNs = formats::unixTimeNs();
     begin.keyframe = lastKeyframe;
+    begin.accumulating = keyframesHeld;
     begin.learningRates = learningRates();
     beginLearningRates = begin.learningRates;
     std::vector<std::vector<int64_t>> shapes;

@@ -939,6 +939,10 @@ struct Run {
     if (options.keyframeOut.empty() || result.keyframeWritten || !result.keyframeNotWritten.empty()) return;
     auto refuse = [&](std::string why) { result.keyframeNotWritten = std::move(why); };
     if (keyframe->step == target) return refuse(fmt::format("the bundle already has a keyframe at step {}", target));
+    if (auto b = begins.find(target); b != begins.end() && b->second->accumulating)
+      return refuse(fmt::format("step {} begins with the gradients the steps before it accumulated (no optimizer update "
+                                "since their backward), and a keyframe holds no gradients",
+                                target));
     if (!result.sameSetup || wide)
       return refuse("the replay does not run as recorded (device, dtype, settings or torch differ), so its state is "
                     "not the recording's to the bit");
@@ -1054,6 +1058,13 @@ struct Run {
                     "sampler of other keys, or a recording made before crashcap kept them)"
                   : "this replay did not load it again (it ran some rows of the step, or a program that loads no "
                     "batches of its own)"));
+        else if (view.crash->phase == "optimizer" && last.error.empty())
+          result.notes.push_back(fmt::format(
+              "the recorded error came in step {} after its backward(): in the optimizer's update, or in what the "
+              "loop runs between backward() and the update (gradient clipping, logging, a file it writes), which a "
+              "replay, ending the failing step at its backward(), does not run. Its traceback (crashcap inspect) "
+              "says where",
+              target));
         else if (view.crash->phase == "between-steps")
           result.notes.push_back(fmt::format(
               "the recorded error came after step {}'s update, between steps: in what the loop runs after "

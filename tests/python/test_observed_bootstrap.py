@@ -127,14 +127,21 @@ def test_gradient_accumulation_is_one_warning_and_changes_nothing(tmp_path):
     # A keyframe holds no gradients: one due between two updates waits for the step after the next
     # update, so a replay never starts without the gradients accumulated before it.
     (tmp_path / "nan").mkdir()
-    r, runs = run_recorded(tmp_path / "nan", "mlp_loader.py", "--accumulate", 2, "--epochs", 2, "--nan-index", 100,
+    r, runs = run_recorded(tmp_path / "nan", "mlp_loader.py", "--accumulate", 2, "--epochs", 2, "--nan-index", 40,
                            "--fault-epoch", 1, options=("--keyframe-every", 3))
     assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
     bundle = only_bundle(runs)
-    keyframes = crashcap_json("inspect", bundle)["keyframes"]
+    story = crashcap_json("inspect", bundle)
+    keyframes = story["keyframes"]
     assert len(keyframes) > 1 and all(k % 2 == 0 for k in keyframes), keyframes  # updates end the odd steps
     replay = crashcap_json("replay", bundle)
     assert replay["verdict"] == "reproduced-bitwise", replay
+    # The crash's step (13) begins with step 12's gradients: pack writes no keyframe there, and
+    # keeps the one before it with the steps after it.
+    assert story["crash"]["step"] == 13, story["crash"]
+    packed = crashcap_json("pack", bundle, "-o", tmp_path / "packed.ccap")
+    assert packed["keyframe_step"] == 12 and any("accumulated" in w for w in packed["warnings"]), packed
+    assert crashcap_json("replay", tmp_path / "packed.ccap")["verdict"] == "reproduced-bitwise"
 
 
 def test_a_clean_run_leaves_no_recording_unless_kept_and_a_kept_one_seals_whole(tmp_path):

@@ -74,6 +74,9 @@ struct StepBeginData {
   /// Per batch tensor (parallel to `batch`): the dimension that holds the batch's rows (its
   /// samples), -1 none. Empty in a bundle written before it: rowDimensionsOf falls back.
   std::vector<int8_t> rowDims;
+  /// The step begins with gradients earlier steps accumulated (no optimizer update since their
+  /// backward): a keyframe at it would not hold them. False when not known.
+  bool accumulating = false;
 };
 
 /// The row dimension of each of a step's batch tensors, given their shapes, for the recorder.

@@ -168,9 +168,11 @@ struct TriageFacts {
   std::vector<replayer::UnalignableTarget> unalignableRows() const;
   /// The failing step: the replayed one, else the recorded crash's (-1 unknown).
   int64_t step() const { return replay ? replay->step : crashStep; }
-  /// The recorded error came after the step's update, in the loop's own code between steps (a
-  /// validation pass, a checkpoint), and the replay of the step ran clean: no step holds it.
-  bool failedBetweenSteps() const;
+  /// The recorded error came where a replay does not run, and the replay of the step ran clean:
+  /// after the step's update, in the loop's own code between steps (a validation pass, a
+  /// checkpoint), or after the step's backward() (phase optimizer: the update, gradient clipping,
+  /// logging), where a replay ends the failing step.
+  bool failedOutsideReplay() const;
   /// Why replay could not test the failing step at all (it did not run, or the recording lost a
   /// step on the way), as evidence; nullopt when it could. A rule that needs the failing step
   /// says this instead of reading an absence of failure as a finding.

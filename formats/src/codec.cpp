@@ -3,8 +3,8 @@
 #include "codec.hpp"
 
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/fork_private.hpp"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <fmt/format.h>
@@ -60,17 +60,13 @@ void unshuffleBytes(const uint8_t* in, uint8_t* out, size_t n, size_t k) {
 void* WorkMemory::allocate(size_t n, bool forkPrivate) {
   n = std::max<size_t>(n, 1);
   if (!forkPrivate || n < kForkPrivateBytes) return std::malloc(n);
-  void* p = ::mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  // Best effort: without it a child shares the pages, which costs time, never correctness.
-  (void)::madvise(p, n, MADV_DONTFORK);
-  return p;
+  return mapForkPrivate(n);
 }
 
 void WorkMemory::release(void* p, size_t n, bool forkPrivate, pid_t owner) {
   if (!p) return;
   if (!forkPrivate || std::max<size_t>(n, 1) < kForkPrivateBytes) std::free(p);
-  else if (::getpid() == owner) ::munmap(p, n);  // a forked child does not have the block
+  else unmapForkPrivate(p, n, owner);
 }
 
 WorkBuffer::WorkBuffer(bool forkPrivate) : forkPrivate_(forkPrivate), owner_(::getpid()) {}

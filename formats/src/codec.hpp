@@ -18,12 +18,10 @@ void shuffleBytes(const uint8_t* in, uint8_t* out, size_t n, size_t k);
 /// Inverse of shuffleBytes.
 void unshuffleBytes(const uint8_t* in, uint8_t* out, size_t n, size_t k);
 
-/// Memory to encode in. Fork-private memory keeps its blocks of kForkPrivateBytes and more out of
-/// the children the process forks (MADV_DONTFORK): a process that forks again and again (a
-/// DataLoader starts its workers at every epoch) shares every other page with each child, and its
-/// next write to such a page copies it first, with a TLB shootdown of each core the process runs
-/// on. A forked child does not have these blocks: only a writer whose owner never encodes in a
-/// forked child (the recorder stops in one) asks for them, and a child never releases them.
+/// Memory to encode in. Fork-private memory maps its blocks of kForkPrivateBytes and more with
+/// mapForkPrivate (fork_private.hpp), out of the children the process forks. A forked child does
+/// not have these blocks: only a writer whose owner never encodes in a forked child (the recorder
+/// stops in one) asks for them, and a child never releases them.
 struct WorkMemory {
   static constexpr size_t kForkPrivateBytes = 64 << 10;
   /// Allocates `n` bytes (at least one); nullptr when the system has none.

@@ -1,12 +1,13 @@
 #include "host_pool.hpp"
 
-#include <sys/mman.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <iterator>
 #include <vector>
+
+#include "crashcap/formats/fork_private.hpp"
 
 namespace crashcap::recorder::detail {
 
@@ -15,18 +16,14 @@ void* HostPool::allocate(uint64_t bytes) {
     void* p = nullptr;
     return ::posix_memalign(&p, 64, bytes) == 0 ? p : nullptr;
   }
-  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (p == MAP_FAILED) return nullptr;
-  // Best effort: without it a child shares the pages, which costs time, never correctness.
-  (void)::madvise(p, bytes, MADV_DONTFORK);
-  return p;
+  return formats::mapForkPrivate(bytes);
 }
 
 HostPool::HostPool(uint64_t idleLimit) : idleLimit_(idleLimit), ownerPid_(::getpid()) {}
 
 void HostPool::release(void* p, uint64_t bytes) const {
   if (bytes < kPrivateBytes) std::free(p);
-  else if (::getpid() == ownerPid_) ::munmap(p, bytes);
+  else formats::unmapForkPrivate(p, bytes, ownerPid_);
 }
 
 std::shared_ptr<HostPool> HostPool::create(uint64_t idleLimit) {

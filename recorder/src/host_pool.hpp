@@ -8,7 +8,7 @@
 // length still finds one); idle buffers beyond the limit go, least recently returned first.
 //
 // Buffers of kPrivateBytes and more are mapped on their own and withheld from child processes
-// (MADV_DONTFORK). A training forks: a DataLoader starts its workers anew every epoch. Pages a
+// (formats::mapForkPrivate). A training forks: a DataLoader starts its workers anew every epoch. Pages a
 // child shares are copied on the parent's next write to them (a page fault and a 4 KiB copy
 // each), and the recorder rewrites its buffers every step; a child never reads them (only the
 // writer thread, which a child does not have, does).

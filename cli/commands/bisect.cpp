@@ -150,6 +150,9 @@ void printConfig(const investigate::ConfigBisection& b) {
   const bool baseFails = b.baseline.fails;
   std::cout << fmt::format("step {} under the recorded settings on {}: {}\n", b.step, b.baseline.device,
                            baseFails ? "fails" : "passes");
+  if (b.flipsAtTarget)
+    std::cout << fmt::format("each setting below is changed for step {} alone; the steps before it run as recorded\n",
+                             b.step);
   std::cout << fmt::format("  {:<48} {:<10} {}\n", "change", "outcome", "rerun");
   auto row = [&](const std::string& change, const investigate::ConfigTrial& t) {
     std::string outcome = t.fails ? "fails" : !t.otherFailure.empty() ? "breaks" : t.outcome == "ok" ? "passes" : t.outcome;
@@ -227,7 +230,9 @@ Command bisectCommand(CLI::App& root) {
               "  their row in the batch and, when the batch carried an `index` tensor, their dataset index.\n"
               "config: the step under the recorded settings, then with each of cudnn.enabled, cudnn.benchmark,\n"
               "  cudnn.deterministic, cudnn.allow_tf32, cuda.matmul.allow_tf32, torch.deterministic_algorithms,\n"
-              "  torch.autocast, torch.threads flipped, and on each other device here.\n"
+              "  torch.autocast, torch.threads flipped for the failing step alone (replay --set-at-target: the\n"
+              "  steps before it run as recorded, so only the step's own computation changes), and on each other\n"
+              "  device here (from the keyframe on).\n"
               "Experiments of samples and config are `crashcap replay` child processes with a timeout, so a crash\n"
               "or hang is a result, not the end. A setModel recording replays in its own program (see replay --help).");
   return {cmd, [o] { return endingLikeTheProgram([&] { return onBundleOrJobArchive(o->bundle, [&] { return bisect(*o); }); }); }, &o->json};

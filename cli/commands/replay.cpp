@@ -23,6 +23,7 @@ struct Options {
   std::string device;                  ///< "": the recorded device when here, else cpu
   std::string dtype;                   ///< "" | "float64"
   std::vector<std::string> settings;   ///< "NAME=VALUE"
+  bool settingsAtTarget = false;
   std::string rows;                    ///< "0,3,5": keep only these rows of the target step's batch
   bool noInstrument = false;
   bool json = false;
@@ -79,7 +80,8 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
   if (!r.sameSetup && !r.steps.empty())
     std::cout << fmt::format("  not the recorded setup (recorded on {}; {}): only the failure is compared, not the bits\n",
                              r.recordedDevice.empty() ? "an unknown device" : r.recordedDevice,
-                             settingsText(r.settings, r.recordedSettings));
+                             settingsText(r.settings, r.recordedSettings) +
+                                 (r.settingsAtTarget ? fmt::format(" at step {} alone", r.step) : ""));
   if (r.skippedKeyframe)
     std::cout << fmt::format("  note: the replay from keyframe {} departed from the recording at step {}, this one from "
                              "keyframe {} did not: keyframe {} does not hold all the state the program keeps between "
@@ -165,6 +167,10 @@ int replay(const Options& o) {
   ro.device = o.device;
   ro.dtype = o.dtype;
   ro.settings = parseSettings(o.settings);
+  ro.settingsAtTarget = o.settingsAtTarget;
+  if (o.settingsAtTarget && o.settings.empty())
+    throw Error(ErrorCode::InvalidArgument, "--set-at-target changes nothing without a --set",
+                "e.g. --set torch.autocast=true --set-at-target");
   if (!o.rows.empty()) ro.rows = parseRows(o.rows);
   investigate::setReplayTimeout(o.timeout);
   if (investigate::isJobRank(o.bundle)) return replayJob(o, ro);
@@ -194,6 +200,9 @@ Command replayCommand(CLI::App& root) {
   cmd->add_option("--dtype", o->dtype, "float64: replay in double precision (the reference of bisect ops)")
       ->check(CLI::IsMember({"float64"}));
   cmd->add_option("--set", o->settings, "SETTING=VALUE instead of the recorded value, e.g. cudnn.benchmark=false (repeatable)");
+  cmd->add_flag("--set-at-target", o->settingsAtTarget,
+                "Change the --set settings for the target step alone: the steps before it run as recorded, so it starts "
+                "from the recording's state (what bisect config does)");
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
   addAllowDamaged(cmd, o->allowDamaged);
   addAllowChangedSource(cmd);
@@ -215,6 +224,8 @@ Command replayCommand(CLI::App& root) {
       "Verdicts: reproduced-bitwise, reproduced (same error class, numbers differ), diverged (an earlier step\n"
       "departs from the recording: nondeterminism), not-reproduced. Bits are compared only in the recorded\n"
       "setup (device, dtype, settings); with --device, --dtype or --set only the failure is compared.\n"
+      "--set changes a setting from the keyframe on (what the training would have done under it); with\n"
+      "--set-at-target, for the target step alone, from the state the recorded setup gives it.\n"
       "A TorchScript recording (setProgram) replays inside crashcap. A setModel recording replays inside its own\n"
       "program: crashcap runs the recorded command line again, in the recorded directory, in replay mode, where\n"
       "the Recorder runs the step function given to setStep and ends the program before its training loop.\n"

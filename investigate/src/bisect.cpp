@@ -519,6 +519,7 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
     }
     return t;
   };
+  b.flipsAtTarget = true;
   for (const auto& name : formats::torch::settingNames()) {
     auto it = base.recordedSettings.find(name);
     if (it == base.recordedSettings.end()) continue;  // an older recording without it
@@ -528,7 +529,10 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
             ? std::vector<std::string>{"true", "false"}
             : std::vector<std::string>{formats::torch::flippedSetting(name, it->second)};
     for (const auto& flipped : values) {
-      ConfigTrial t = trial(runner.run(name + "=" + flipped, with({"--set", name + "=" + flipped})));
+      // The setting changes for the failing step alone: a flip from the keyframe on would change
+      // every step before it too (autocast, threads), and the failing step would start from
+      // weights the training never had, so a failure that goes away could have gone with them.
+      ConfigTrial t = trial(runner.run(name + "=" + flipped, with({"--set", name + "=" + flipped, "--set-at-target"})));
       t.setting = name;
       t.recorded = it->second;
       t.value = flipped;

@@ -212,6 +212,7 @@ json toJson(const ConfigBisection& b) {
             {"diverged_at", nullable(b.baseline.divergedAt)},
             {"command", b.baseline.command}}},
           {"flips", flips},
+          {"flips_at_target", b.flipsAtTarget},
           {"devices", devices},
           {"changes_outcome", b.changesOutcome},
           {"experiments", experimentLogJson(b.experiments)}};
@@ -229,6 +230,7 @@ ConfigBisection configBisectionFromJson(const json& j) {
   b.baseline.command = text(base, "command");
   b.baseline.divergedAt = optInteger(base, "diverged_at");
   b.flips = configTrialsFrom(j, "flips");
+  b.flipsAtTarget = j.is_object() && j.value("flips_at_target", false);  // absent before it existed
   b.devices = configTrialsFrom(j, "devices");
   b.changesOutcome = strings(j, "changes_outcome");
   return b;

@@ -36,8 +36,11 @@ std::optional<std::string> settingChange(const ConfigBisection& c) {
     if (f.fails != c.baseline.fails && f.otherFailure.empty())
       changes.push_back(fmt::format("{}={} (recorded {})", f.setting, f.value, f.recorded));
   if (changes.empty()) return std::nullopt;
-  return fmt::format("the step {} as recorded and {} with {}", describe(c.baseline.fails), describe(!c.baseline.fails),
-                     fmt::join(changes, "; "));
+  return fmt::format("the step {} as recorded and {} with {}{}", describe(c.baseline.fails), describe(!c.baseline.fails),
+                     fmt::join(changes, "; "),
+                     c.flipsAtTarget ? fmt::format(", changed for step {} alone from the state the recorded settings give it",
+                                                   c.step)
+                                     : "");
 }
 
 std::string rowFindingText(const RowFinding& r) {

@@ -709,7 +709,10 @@ struct Run {
       if (env && !env->fact(name).empty()) result.recordedSettings[name] = env->fact(name);
     result.settings = result.recordedSettings;
     for (const auto& [name, value] : options.settings) result.settings[name] = value;
-    for (const auto& [name, value] : result.settings) formats::torch::applySetting(name, value);
+    // At the target alone: the steps before it run as recorded, beginStep changes the settings.
+    result.settingsAtTarget = options.settingsAtTarget && result.settings != result.recordedSettings;
+    for (const auto& [name, value] : result.settingsAtTarget ? result.recordedSettings : result.settings)
+      formats::torch::applySetting(name, value);
     result.threads = at::get_num_threads();
     torch::jit::setGraphExecutorOptimize(env && env->fact("torch.jit.graph_executor_optimize") == "true");
     result.sameSetup = !wide && !wideAtTarget && result.settings == result.recordedSettings &&
@@ -815,6 +818,10 @@ struct Run {
       r.recordedLoss = e->second->loss;
       r.recordedGradNorm = e->second->gradNorm;
       r.recordedGradNormMethod = static_cast<uint8_t>(e->second->gradNormMethod);
+    }
+    if (s == target && result.settingsAtTarget) {
+      for (const auto& [name, value] : result.settings) formats::torch::applySetting(name, value);
+      result.threads = at::get_num_threads();
     }
     testing::setFaultStep(s);
     for (const auto& name : begin.rng) {

@@ -323,6 +323,7 @@ json toJson(const ReplayResult& r) {
           {"recorded_device", nullable(r.recordedDevice)},
           {"dtype", r.dtype},
           {"settings", r.settings},
+          {"settings_at_target", r.settingsAtTarget},
           {"recorded_settings", r.recordedSettings},
           {"same_setup", r.sameSetup},
           {"threads", r.threads},
@@ -360,6 +361,7 @@ ReplayResult replayResultFromJson(const json& j) {
   r.recordedDevice = optText(j, "recorded_device");
   r.dtype = text(j, "dtype");
   r.settings = stringMap(j, "settings");
+  r.settingsAtTarget = j.is_object() && j.value("settings_at_target", false);  // absent before it existed
   r.recordedSettings = stringMap(j, "recorded_settings");
   r.sameSetup = flag(j, "same_setup");
   r.threads = static_cast<int>(integer(j, "threads"));
@@ -377,6 +379,7 @@ ReplayResult replayResultFromJson(const json& j) {
 json toJson(const ReplayOptions& o) {
   return {{"step", o.step},         {"instrument", o.instrument}, {"device", o.device},
           {"dtype", o.dtype},       {"settings", o.settings},     {"rows", o.rows},
+          {"settings_at_target", o.settingsAtTarget},
           {"from_earliest_keyframe", o.fromEarliestKeyframe}, {"allow_changed_sources", o.allowChangedSources},
           {"keyframe_out", o.keyframeOut}, {"keyframe", o.keyframe},
           {"progress_path", o.progressPath}};
@@ -389,6 +392,7 @@ ReplayOptions replayOptionsFromJson(const json& j) {
   o.device = text(j, "device");
   o.dtype = text(j, "dtype");
   o.settings = stringMap(j, "settings");
+  o.settingsAtTarget = j.is_object() && j.value("settings_at_target", false);  // absent before it existed
   o.rows = integers(at(j, "rows"), "rows");
   o.fromEarliestKeyframe = flag(j, "from_earliest_keyframe");
   o.allowChangedSources = j.is_object() && j.value("allow_changed_sources", false);  // absent before it existed

@@ -87,6 +87,7 @@ TEST_CASE("config-dependent: an op that fails only under cudnn.benchmark is foun
   const auto& h = hypothesis(j, "config-dependent");
   CHECK(h["verdict"] == "confirmed");
   CHECK(evidenceHas(h, "cudnn.benchmark=false (recorded true)"));
+  CHECK(evidenceHas(h, "changed for step 6 alone from the state the recorded settings give it"));
   CHECK(hypothesis(j, "device-specific")["verdict"] == "inconclusive");  // only the CPU here
   CHECK(hypothesis(j, "invalid-data")["verdict"] == "refuted");         // any row fails
   CHECK(hypothesis(j, "loss-numerics")["verdict"] == "inconclusive");   // the kernel under a setting
@@ -97,6 +98,53 @@ TEST_CASE("config-dependent: an op that fails only under cudnn.benchmark is foun
   auto clean = test::run({test::binPath("crashcap"), "replay", bundle, "--json"});
   REQUIRE(clean.exitCode == 0);
   CHECK(json::parse(clean.out)["verdict"] == "not-reproduced");
+}
+
+TEST_CASE("bisect config changes a setting for the failing step alone: the steps before it replay as recorded",
+          "[investigate][fault][e2e]") {
+  // Fails at step 6 under any setting; the keyframe is at step 4, so steps 4 and 5 come before.
+  const std::string spec = "op=aten::conv2d;step=6";
+  test::TempDir dir;
+  auto bundle = faultyRun(dir, spec);
+  auto replayWith = [&](std::vector<std::string> extra) {
+    std::vector<std::string> argv = {test::binPath("crashcap"), "replay", bundle, "--json", "--no-instrument"};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    auto r = runWithFault(spec, argv);
+    INFO(r.err);
+    REQUIRE(r.exitCode == 0);
+    return json::parse(r.out);
+  };
+  // Autocast changes every step's numbers. From the keyframe on, the steps before the failing one
+  // depart from the recording; at the target alone, they match it bit for bit and the target
+  // step itself runs under autocast.
+  auto throughout = replayWith({"--set", "torch.autocast=true"});
+  auto atTarget = replayWith({"--set", "torch.autocast=true", "--set-at-target"});
+  CHECK(throughout["settings_at_target"] == false);
+  CHECK(atTarget["settings_at_target"] == true);
+  CHECK(atTarget["settings"]["torch.autocast"] == "true");
+  CHECK(atTarget["recorded_settings"]["torch.autocast"] == "false");
+  CHECK(atTarget["same_setup"] == false);
+  REQUIRE(throughout["steps"].size() == 3);
+  REQUIRE(atTarget["steps"].size() == 3);
+  for (int i = 0; i < 2; ++i) {
+    INFO("step " << atTarget["steps"][i]["step"]);
+    CHECK(atTarget["steps"][i]["bitwise"] == true);
+    CHECK(throughout["steps"][i]["bitwise"] == false);
+  }
+  CHECK(atTarget["verdict"] == "reproduced");  // the injected fault still fires at step 6
+  const std::string usage = test::run({test::binPath("crashcap"), "replay", bundle, "--set-at-target"}).err;
+  CHECK(usage.find("--set-at-target changes nothing without a --set") != std::string::npos);
+
+  auto cfg = runWithFault(spec, {test::binPath("crashcap"), "bisect", "config", bundle, "--json"});
+  INFO(cfg.err);
+  REQUIRE(cfg.exitCode == 0);
+  auto c = json::parse(cfg.out);
+  CHECK(c["flips_at_target"] == true);
+  REQUIRE(c["flips"].size() == 8);
+  for (const auto& f : c["flips"]) CHECK(f["command"].get<std::string>().find("--set-at-target") != std::string::npos);
+  CHECK(c["changes_outcome"].empty());  // the fault ignores every setting
+  auto text = runWithFault(spec, {test::binPath("crashcap"), "bisect", "config", bundle});
+  CHECK(text.out.find("each setting below is changed for step 6 alone") != std::string::npos);
 }
 
 TEST_CASE("device-specific: an op that fails only on the CPU, with a second (fake) device to compare",

@@ -183,6 +183,10 @@ struct ConfigBisection {
     /// start from a state the training did not have.
     std::optional<int64_t> divergedAt;
   } baseline;
+  /// Each flip changed its setting for the failing step alone, from the state the recorded
+  /// settings give it (replay --set-at-target); false in results written before that. A device
+  /// trial runs on its device from the keyframe on.
+  bool flipsAtTarget = false;
   std::vector<ConfigTrial> flips, devices;
   std::vector<std::string> changesOutcome;       ///< "cudnn.benchmark=false", "device=cuda:0"
   std::vector<Experiment> experiments;

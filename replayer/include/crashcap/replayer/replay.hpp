@@ -45,6 +45,10 @@ struct ReplayOptions {
   /// Settings (formats/torch/settings.hpp names) that replace the recorded values, e.g.
   /// {"cudnn.benchmark", "false"}: the experiments of config bisection.
   std::map<std::string, std::string> settings;
+  /// The `settings` apply to the target step alone: the steps from the keyframe to it run with the
+  /// recorded values, so the target starts from the recording's state and only its own computation
+  /// changes (config bisection's trials). False: from the keyframe on.
+  bool settingsAtTarget = false;
   /// Keep only these rows of the target step's batch, each tensor cut along its row dimension
   /// (formats::batchRows): the experiment of a sample bisection. Empty: the whole batch.
   std::vector<int64_t> rows;
@@ -221,6 +225,9 @@ struct ReplayResult {
   std::string recordedDevice;    ///< where the recording ran ("" unknown)
   std::string dtype;             ///< "as-recorded" | "float64" | "float64 (target step)"
   std::map<std::string, std::string> settings;          ///< the settings replay ran under
+  /// `settings` ran at the target step alone; the steps before it ran with `recordedSettings`
+  /// (ReplayOptions::settingsAtTarget).
+  bool settingsAtTarget = false;
   std::map<std::string, std::string> recordedSettings;  ///< the recording's
   /// Device, dtype and settings equal the recording's, so fingerprints are compared bit for
   /// bit and a departure is `diverged`. Otherwise only the failure itself is compared.

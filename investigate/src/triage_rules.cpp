@@ -193,11 +193,23 @@ std::optional<std::string> TriageFacts::replayBlocked() const {
                        "failing step, which says nothing about the training",
                        replay->lostSteps.size() == 1 ? "" : "s", joinRows(replay->lostSteps), replay->keyframe,
                        replay->step);
+  // The batch that never arrived, which this replay could not load again (an IterableDataset's:
+  // no indices to load its samples by): the failure was in loading, and nothing was run that
+  // could bring it back. Not a finding that it does not reproduce.
+  if (loadingNotRepeated())
+    return fmt::format("the recorded error came from the DataLoader while it loaded the batch after step {}{}, and the "
+                       "replay could not load that batch again (crashcap replay says why): nothing that could bring "
+                       "the error back was run, and its traceback (crashcap inspect) is the evidence there is",
+                       replay->step, replay->recordedError.empty() ? "" : " (" + lastLine(replay->recordedError) + ")");
   return std::nullopt;
 }
 
 std::vector<int64_t> TriageFacts::culpritRows() const {
   return samples && samples->reproduced && samples->cutsFail.empty() ? samples->culprits() : std::vector<int64_t>{};
+}
+
+bool TriageFacts::loadingNotRepeated() const {
+  return crashPhase == "loading" && replay && replay->verdict == replayer::Verdict::NotReproduced && !replay->batchLoad;
 }
 
 bool TriageFacts::failedOutsideReplay() const {
@@ -371,16 +383,17 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
   // rank's first non-finite op.
   Hypothesis h{"loss-numerics", V::Inconclusive, {},
                (f.job ? "crashcap replay " : "crashcap bisect ops ") + f.bundle};
-  if (auto why = f.replayBlocked()) {
-    h.evidence.push_back(*why);
-    return h;
-  }
-  if (f.reproduced() && f.replay->batchLoad) {
+  // The recorded phase says so whether or not a replay loaded the batch again.
+  if (f.crashPhase == "loading") {
     h.verdict = V::Refuted;
     h.rerun = fmt::format("crashcap replay {} --json", f.bundle);
     h.evidence.push_back(fmt::format("the error came from the DataLoader loading the batch after step {}, not from an "
                                      "op of a step: no step computed a loss on that batch",
                                      f.step()));
+    return h;
+  }
+  if (auto why = f.replayBlocked()) {
+    h.evidence.push_back(*why);
     return h;
   }
   const auto* op = f.replay && f.replay->firstNonFiniteOp ? &*f.replay->firstNonFiniteOp : nullptr;
@@ -491,8 +504,9 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
 
 Hypothesis judgeOptimizerDivergence(const TriageFacts& f) {
   Hypothesis h{"optimizer-divergence", V::Inconclusive, {}, fmt::format("crashcap bisect steps {}", f.bundle)};
-  // The weights are judged up to the failing step: a replay that cannot reach it cannot say.
-  if (auto why = f.replayBlocked()) {
+  // The weights are judged up to the failing step: a replay that cannot reach it cannot say. One
+  // that reached it and could not load the batch after it has replayed every step up to it.
+  if (auto why = f.replayBlocked(); why && !f.loadingNotRepeated()) {
     h.evidence.push_back(*why);
     return h;
   }

@@ -1453,3 +1453,40 @@ TEST_CASE("a crash while loading the batch after a step is invalid data when tha
   CHECK(h.verdict == V::Inconclusive);
   CHECK_FALSE(findCulprit(f).datasetIndices);
 }
+
+TEST_CASE("a crash while loading a batch that the replay could not load again is not read as a failure that does not "
+          "reproduce",
+          "[investigate][triage]") {
+  // An IterableDataset's batch: the crash record holds no indices to load its samples by, so the
+  // replay ran the steps before it bit for bit and loaded nothing after them.
+  auto f = reproducedAt6();
+  f.crashStep = 6;
+  f.crashPhase = "loading";
+  f.replay->verdict = Verdict::NotReproduced;
+  f.replay->error.clear();
+  f.steps = stepsWith({3.0, 3.1, 3.0, 3.05}, {0.1, 0.1, 0.1, 0.1, 0.1});
+  REQUIRE(f.loadingNotRepeated());
+  const std::string blocked = "the replay could not load that batch again";
+  for (auto judge : {judgeInvalidData, judgeDeviceSpecific, judgeConfigDependent, judgeNondeterminism}) {
+    auto h = judge(f);
+    INFO(h.id);
+    CHECK(h.verdict == V::Inconclusive);
+    CHECK(has(h, blocked));
+    CHECK_FALSE(has(h, "does not reproduce"));
+    CHECK_FALSE(has(h, "ran clean"));
+  }
+  auto numerics = judgeLossNumerics(f);
+  CHECK(numerics.verdict == V::Refuted);
+  CHECK(has(numerics, "the error came from the DataLoader loading the batch after step 6, not from an op of a step"));
+  // The steps up to the failing one did replay: their weights still say what they say.
+  auto divergence = judgeOptimizerDivergence(f);
+  CHECK(divergence.verdict == V::Refuted);
+  CHECK_FALSE(has(divergence, blocked));
+
+  // A batch that was loaded again and raised nothing is a finding, not a block.
+  f.replay->batchLoad = replayer::BatchLoad{};
+  f.replay->batchLoad->indices = {1, 2};
+  CHECK_FALSE(f.loadingNotRepeated());
+  CHECK_FALSE(judgeInvalidData(f).evidence.empty());
+  CHECK_FALSE(has(judgeInvalidData(f), blocked));
+}

@@ -173,8 +173,12 @@ struct TriageFacts {
   /// checkpoint), or after the step's backward() (phase optimizer: the update, gradient clipping,
   /// logging), where a replay ends the failing step.
   bool failedOutsideReplay() const;
-  /// Why replay could not test the failing step at all (it did not run, or the recording lost a
-  /// step on the way), as evidence; nullopt when it could. A rule that needs the failing step
+  /// The recorded error came while the DataLoader loaded the batch after the step, and the replay
+  /// could not load that batch again (no indices to load its samples by: an IterableDataset).
+  bool loadingNotRepeated() const;
+  /// Why replay could not test the failing step at all (it did not run, the recording lost a
+  /// step on the way, or the failure came while loading a batch the replay could not load
+  /// again), as evidence; nullopt when it could. A rule that needs the failing step
   /// says this instead of reading an absence of failure as a finding.
   std::optional<std::string> replayBlocked() const;
 };

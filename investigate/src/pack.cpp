@@ -59,10 +59,12 @@ std::string stepsText(int64_t first, int64_t last) {
   return first == last ? fmt::format("step {}", first) : fmt::format("steps {}..{}", first, last);
 }
 
-std::string listText(const std::vector<int64_t>& values, size_t shown) {
+/// The first `shown` values, then how many there are in all when some are left out (unless `count`
+/// is false: the caller says it).
+std::string listText(const std::vector<int64_t>& values, size_t shown, bool count = true) {
   std::string s;
   for (size_t i = 0; i < values.size() && i < shown; ++i) s += (i ? ", " : "") + std::to_string(values[i]);
-  if (values.size() > shown) s += fmt::format(", ... ({} in all)", values.size());
+  if (values.size() > shown) s += count ? fmt::format(", ... ({} in all)", values.size()) : std::string(", ...");
   return s;
 }
 
@@ -464,8 +466,18 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     }
     if (!rep.datasetIndices.empty()) {
       std::set<int64_t> distinct;
-      for (const auto& [step, indices] : rep.datasetIndices) distinct.insert(indices.begin(), indices.end());
-      line += fmt::format(", dataset ind{} {}", distinct.size() == 1 ? "ex" : "ices", listText({distinct.begin(), distinct.end()}, 12));
+      size_t drawn = 0;
+      for (const auto& [step, indices] : rep.datasetIndices) {
+        distinct.insert(indices.begin(), indices.end());
+        drawn += indices.size();
+      }
+      const std::vector<int64_t> values(distinct.begin(), distinct.end());
+      // A sampler that draws with replacement repeats an index: the samples outnumber the indices.
+      if (distinct.size() < drawn)
+        line += fmt::format(", dataset ind{} {} ({} distinct among the {} drawn: the sampler drew some more than once)",
+                            distinct.size() == 1 ? "ex" : "ices", listText(values, 12, false), distinct.size(), drawn);
+      else
+        line += fmt::format(", dataset ind{} {}", distinct.size() == 1 ? "ex" : "ices", listText(values, 12));
     }
     rep.contents.push_back(line);
   } else {

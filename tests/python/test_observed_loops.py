@@ -85,6 +85,24 @@ def test_batches_left_unused_by_break_or_skipped_by_continue_replay_bit_for_bit_
     assert triage["culprit"]["dataset_indices"] == [77]
 
 
+def test_a_sample_drawn_twice_into_its_batch_is_named_once_by_triage_and_counted_as_such_by_pack(tmp_path):
+    # The sampler draws with replacement; dataset index 7 is in step 2's batch twice (the seeded draw).
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "replacement", "--nan-index", 7)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay, triage = replay_and_triage(bundle)
+    assert replay["step"] == 2, replay
+    # Each of the two rows fails alone: two sets, one dataset index.
+    assert triage["culprit"]["dataset_indices"] == [7, 7], triage["culprit"]
+    assert len(triage["culprit"]["rows"]) == 2, triage["culprit"]
+    packed = crashcap_json("pack", bundle, "-o", tmp_path / "packed.ccap")
+    samples = packed["contents"][0]
+    # The replay wrote a keyframe at step 2: the attachment holds that step's batch alone.
+    assert samples.startswith("16 training samples: the batch of step 2, dataset indices"), packed["contents"]
+    assert "distinct among the 16 drawn: the sampler drew some more than once" in samples, samples
+    assert "in all" not in samples, samples
+
+
 def test_a_loop_that_draws_its_batches_one_ahead_is_said_to(tmp_path):
     r, _ = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "prefetch")
     assert r.returncode == 0, r.stderr

@@ -13,6 +13,8 @@ each trains a small MLP and meets a NaN row (dataset index --nan-index) in --cas
   short        short epochs: the loop leaves the loader with `break` after 4 batches (the batch
                drawn last goes unused) and skips one batch in its first epoch with `continue`
   prefetch     a loop that draws each batch one ahead of the one it trains on
+  replacement  a WeightedRandomSampler that draws with replacement, the NaN row weighted so that
+               a batch holds it more than once
 """
 
 import argparse
@@ -113,7 +115,7 @@ def prefetching(rows, epochs=2):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup", "per-epoch",
-                                                      "short", "prefetch"])
+                                                      "short", "prefetch", "replacement"])
     p.add_argument("--nan-index", type=int, default=-1)
     a = p.parse_args()
     torch.manual_seed(0)
@@ -137,6 +139,13 @@ def main():
         train(DataLoader(rows, batch_size=16, shuffle=True), 3)
     elif a.case == "per-epoch":
         per_epoch(rows, a.nan_index)
+    elif a.case == "replacement":
+        weights = torch.ones(len(rows))
+        if a.nan_index >= 0:
+            weights[a.nan_index] = 8.0  # drawn about 0.75 times in a batch of 16, twice in some
+        sampler = torch.utils.data.WeightedRandomSampler(weights, num_samples=96, replacement=True,
+                                                         generator=torch.Generator().manual_seed(5))
+        train(DataLoader(rows, batch_size=16, sampler=sampler), 3)
     elif a.case == "short":
         short_epochs(rows)
     elif a.case == "prefetch":

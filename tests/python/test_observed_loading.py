@@ -63,6 +63,47 @@ def test_a_dataset_that_raises_in_a_worker_is_a_loading_failure_that_replay_load
     assert r.returncode != 0 and "the loading of the batch after step 3" in r.stderr, r.stderr
 
 
+def test_an_iterable_dataset_that_raises_is_a_loading_failure_triage_says_it_could_not_load_again(tmp_path):
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+        class Stream(IterableDataset):
+            def __iter__(self):
+                info = get_worker_info()
+                for k in range(info.id, 96, info.num_workers):
+                    if k == 37:
+                        raise ValueError(f"corrupt record {k}")
+                    yield torch.full((4,), float(k) / 96), k % 3
+
+        model = torch.nn.Linear(4, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for x, y in DataLoader(Stream(), batch_size=8, num_workers=2):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+    """))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "python-exception" in r.stderr, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    assert crashcap_json("inspect", bundle)["crash"]["phase"] == "loading"
+    # No sampler indices to load the batch again by: the replay runs the steps and says so.
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "not-reproduced" and replay["batch_load"] is None, replay
+    assert all(s["bitwise"] for s in replay["steps"]), replay["steps"]
+    triage = crashcap_json("triage", bundle)
+    hypotheses = {h["id"]: h for h in triage["hypotheses"]}
+    for name in ("invalid-data", "config-dependent", "nondeterminism"):
+        h = hypotheses[name]
+        assert h["verdict"] == "inconclusive", h
+        assert any("could not load that batch again" in e and "ValueError: corrupt record 37" in e
+                   for e in h["evidence"]), h
+        assert not any("does not reproduce" in e or "ran clean" in e for e in h["evidence"]), h
+    assert hypotheses["loss-numerics"]["verdict"] == "refuted", hypotheses["loss-numerics"]
+    # Settings and ops could not bear on a batch that never came: those experiments did not run.
+    assert {e["name"] for e in triage["experiments"]} & {"bisect-config", "bisect-ops"} == set(), triage["experiments"]
+
+
 def test_a_sample_of_another_shape_that_fails_the_collate_of_a_subset_is_named_by_its_dataset_index(tmp_path):
     # Every sample loads, and each collates alone: the batch fails only together, in default_collate,
     # which stacks one tensor of 5 values among tensors of 4. The loader is made anew each epoch over

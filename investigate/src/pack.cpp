@@ -235,7 +235,14 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     }
     if (rep.replay) {
       const auto& r = *rep.replay;
-      if (!replayer::showsFailure(r))
+      if (!replayer::showsFailure(r) && view.crash && view.crash->phase == "loading" && !r.batchLoad && r.error.empty() &&
+          r.verdict == replayer::Verdict::NotReproduced)
+        rep.warnings.push_back(fmt::format(
+            "the crash came while the DataLoader loaded the batch after step {}, which a replay cannot load again "
+            "(crashcap replay says why): packed anyway; the attachment replays the steps before it, and the crash's "
+            "error text and stack are what it holds of the failure",
+            r.step));
+      else if (!replayer::showsFailure(r))
         rep.warnings.push_back(fmt::format(
             "the crash does not reproduce from this bundle here (replay verdict {}{}): packed anyway; the attachment "
             "replays no better than the bundle",
@@ -467,13 +474,16 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     if (!rep.datasetIndices.empty()) {
       std::set<int64_t> distinct;
       size_t drawn = 0;
+      bool repeatedInABatch = false;
       for (const auto& [step, indices] : rep.datasetIndices) {
         distinct.insert(indices.begin(), indices.end());
         drawn += indices.size();
+        repeatedInABatch = repeatedInABatch || std::set<int64_t>(indices.begin(), indices.end()).size() < indices.size();
       }
       const std::vector<int64_t> values(distinct.begin(), distinct.end());
-      // A sampler that draws with replacement repeats an index: the samples outnumber the indices.
-      if (distinct.size() < drawn)
+      // A sampler that draws with replacement repeats an index within a batch: the samples
+      // outnumber the indices. (Across batches, a new epoch repeats them all.)
+      if (repeatedInABatch)
         line += fmt::format(", dataset ind{} {} ({} distinct among the {} drawn: the sampler drew some more than once)",
                             distinct.size() == 1 ? "ex" : "ices", listText(values, 12, false), distinct.size(), drawn);
       else

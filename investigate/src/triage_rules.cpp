@@ -209,7 +209,8 @@ std::vector<int64_t> TriageFacts::culpritRows() const {
 }
 
 bool TriageFacts::loadingNotRepeated() const {
-  return crashPhase == "loading" && replay && replay->verdict == replayer::Verdict::NotReproduced && !replay->batchLoad;
+  return crashPhase == "loading" && replay && replay->verdict == replayer::Verdict::NotReproduced && !replay->batchLoad &&
+         replay->error.empty();  // an error of the step's own is a finding, not a block
 }
 
 bool TriageFacts::failedOutsideReplay() const {

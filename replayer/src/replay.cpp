@@ -820,7 +820,13 @@ struct Run {
       r.recordedGradNormMethod = static_cast<uint8_t>(e->second->gradNormMethod);
     }
     if (s == target && result.settingsAtTarget) {
-      for (const auto& [name, value] : result.settings) formats::torch::applySetting(name, value);
+      for (const auto& [name, value] : result.settings) {
+        formats::torch::applySetting(name, value);
+        // A LibTorch whose thread pool is already running may keep its size (only a warning).
+        if (value != formats::torch::kSetThroughPrecisionApi && formats::torch::currentSetting(name) != value)
+          result.notes.push_back(fmt::format("{}={} did not take at step {}: this process kept {}", name, value, s,
+                                             formats::torch::currentSetting(name)));
+      }
       result.threads = at::get_num_threads();
     }
     testing::setFaultStep(s);

@@ -145,6 +145,18 @@ TEST_CASE("bisect config changes a setting for the failing step alone: the steps
   CHECK(c["changes_outcome"].empty());  // the fault ignores every setting
   auto text = runWithFault(spec, {test::binPath("crashcap"), "bisect", "config", bundle});
   CHECK(text.out.find("each setting below is changed for step 6 alone") != std::string::npos);
+
+  // A setting of the thread's own (autocast) that the failure needs: recorded on, the fault fires
+  // only under it, and turning it off for step 6 alone is what makes the step run clean.
+  const std::string underAutocast = "op=aten::conv2d;step=6;when=torch.autocast=true";
+  test::TempDir dir2;
+  auto recordedOn = faultyRun(dir2, underAutocast, {"--set", "torch.autocast=true"});
+  auto cfg2 = runWithFault(underAutocast, {test::binPath("crashcap"), "bisect", "config", recordedOn, "--json"});
+  INFO(cfg2.err);
+  REQUIRE(cfg2.exitCode == 0);
+  auto c2 = json::parse(cfg2.out);
+  CHECK(c2["baseline"]["fails"] == true);
+  CHECK(c2["changes_outcome"] == json::array({"torch.autocast=false"}));
 }
 
 TEST_CASE("device-specific: an op that fails only on the CPU, with a second (fake) device to compare",

@@ -1483,6 +1483,12 @@ TEST_CASE("a crash while loading a batch that the replay could not load again is
   CHECK(divergence.verdict == V::Refuted);
   CHECK_FALSE(has(divergence, blocked));
 
+  // An error of the replayed steps' own is a finding, not a block.
+  f.replay->error = "RuntimeError: mat1 and mat2 shapes cannot be multiplied";
+  CHECK_FALSE(f.loadingNotRepeated());
+  CHECK_FALSE(f.replayBlocked());
+  f.replay->error.clear();
+
   // A batch that was loaded again and raised nothing is a finding, not a block.
   f.replay->batchLoad = replayer::BatchLoad{};
   f.replay->batchLoad->indices = {1, 2};

@@ -174,7 +174,8 @@ struct TriageFacts {
   /// logging), where a replay ends the failing step.
   bool failedOutsideReplay() const;
   /// The recorded error came while the DataLoader loaded the batch after the step, and the replay
-  /// could not load that batch again (no indices to load its samples by: an IterableDataset).
+  /// could not load that batch again (no indices to load its samples by: an IterableDataset),
+  /// after the steps before it replayed without an error of their own.
   bool loadingNotRepeated() const;
   /// Why replay could not test the failing step at all (it did not run, the recording lost a
   /// step on the way, or the failure came while loading a batch the replay could not load

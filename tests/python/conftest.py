@@ -79,3 +79,10 @@ def replay_and_triage(bundle):
     triage = crashcap_json("triage", bundle)
     assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
     return replay, triage
+
+
+def record_written_program(tmp_path, *options):
+    """Record tmp_path/train.py, run from tmp_path, until its non-finite loss; return the bundle."""
+    r = crashcap("run", "--record", *options, "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    return only_bundle(tmp_path / "runs")

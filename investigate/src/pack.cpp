@@ -235,8 +235,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     }
     if (rep.replay) {
       const auto& r = *rep.replay;
-      if (!replayer::showsFailure(r) && view.crash && view.crash->phase == "loading" && !r.batchLoad && r.error.empty() &&
-          r.verdict == replayer::Verdict::NotReproduced)
+      if (view.crash && replayer::loadNotRepeated(r, view.crash->phase))
         rep.warnings.push_back(fmt::format(
             "the crash came while the DataLoader loaded the batch after step {}, which a replay cannot load again "
             "(crashcap replay says why): packed anyway; the attachment replays the steps before it, and the crash's "

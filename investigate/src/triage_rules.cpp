@@ -209,8 +209,7 @@ std::vector<int64_t> TriageFacts::culpritRows() const {
 }
 
 bool TriageFacts::loadingNotRepeated() const {
-  return crashPhase == "loading" && replay && replay->verdict == replayer::Verdict::NotReproduced && !replay->batchLoad &&
-         replay->error.empty();  // an error of the step's own is a finding, not a block
+  return replay && replayer::loadNotRepeated(*replay, crashPhase);
 }
 
 bool TriageFacts::failedOutsideReplay() const {

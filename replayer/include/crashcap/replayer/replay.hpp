@@ -9,6 +9,7 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "crashcap/formats/error.hpp"
@@ -269,6 +270,14 @@ bool sameFailure(const std::string& replayed, const std::string& recorded);
 /// recording but shows no failure: what a replay of a bundle whose failing step was lost (a
 /// SIGKILL before the writer had it) gives. Every investigation's "the step fails" is this.
 inline bool showsFailure(const ReplayResult& r) { return reproduces(r.verdict) && !r.error.empty(); }
+
+/// A crash while the DataLoader loaded the batch after the target step (`crashPhase` "loading")
+/// that this replay could not load again (an IterableDataset's batch: no indices to load its
+/// samples by): nothing that could bring the error back ran, so "not reproduced" is no finding.
+/// An error of the replayed step's own is a finding, and does not count.
+inline bool loadNotRepeated(const ReplayResult& r, std::string_view crashPhase) {
+  return crashPhase == "loading" && r.verdict == Verdict::NotReproduced && !r.batchLoad && r.error.empty();
+}
 
 /// Replays `bundle`. Throws crashcap::Error (NotFound: no such step or keyframe; Unsupported:
 /// the bundle has no step program, or the device is not available here).

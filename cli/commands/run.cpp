@@ -166,7 +166,7 @@ Command runCommand(CLI::App& root) {
                   "With --record: a keyframe (weights and optimizer state) every N steps (default: chosen from what a "
                   "keyframe costs, at least every 50 steps; docs/RECORDING.md)")
       ->check(CLI::PositiveNumber);
-  cmd->add_flag("--no-trace", o->noTrace, "Do not inject the kernel tracer (libcrashcap_inject.so via CUDA_INJECTION64_PATH)");
+  cmd->add_flag("--no-trace", o->noTrace, "Do not inject the kernel tracer (libcrashcap_inject.so via CUDA_INJECTION64_PATH): it costs some µs per CUDA launch, which a training of many small kernels feels (docs/RUN.md)");
   cmd->prefix_command();  // without --, the first word that is not an option starts the command
   cmd->footer("Everything after the options (or after --) is the command. Its output passes through; crashcap's\n"
               "lines go to stderr. Exit status: the command's (128+N when signal N ended it).\n"

@@ -89,6 +89,13 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) 
   in->path = crashcap::cupti::traceFilePath(dir, static_cast<uint32_t>(::getpid()));
   crashcap::cupti::TracerOptions options;
   options.probeDriver = false;  // the driver is calling us from inside cuInit
+  // For measuring the parts' cost: a comma list of api-callbacks, api-activity, kernel-activity.
+  if (const char* out = std::getenv("CRASHCAP_TRACE_LEAVE_OUT")) {
+    const std::string o = std::string(",") + out + ",";
+    options.apiCallbacks = o.find(",api-callbacks,") == std::string::npos;
+    options.apiActivity = o.find(",api-activity,") == std::string::npos;
+    options.kernelActivity = o.find(",kernel-activity,") == std::string::npos;
+  }
   options.onStickyError = [in] {
     in->poisoned.store(true);
     writeTrace(true);

@@ -14,6 +14,7 @@
 #include <optional>
 #include <thread>
 #include <unordered_map>
+#include <vector>
 
 #if CRASHCAP_HAVE_CUPTI
 #include <cuda.h>
@@ -227,14 +228,17 @@ class CuptiTracer final : public KernelTracer {
     auto unknown = [&](CUptiResult r) { return r == CUPTI_ERROR_UNKNOWN ? " (no usable CUDA device?)" : ""; };
     if (r != CUPTI_SUCCESS) return fmt::format("cuptiSubscribe: {}{}", api.describe(r), unknown(r));
     subscribed_ = true;
-    api.enableDomain(1, subscriber_, CUPTI_CB_DOMAIN_RUNTIME_API);
-    api.enableDomain(1, subscriber_, CUPTI_CB_DOMAIN_DRIVER_API);
+    if (options_.apiCallbacks) {
+      api.enableDomain(1, subscriber_, CUPTI_CB_DOMAIN_RUNTIME_API);
+      api.enableDomain(1, subscriber_, CUPTI_CB_DOMAIN_DRIVER_API);
+    }
     r = api.activityRegisterCallbacks(&CuptiTracer::onBufferRequested, &CuptiTracer::onBufferCompleted);
     if (r != CUPTI_SUCCESS) return fmt::format("cuptiActivityRegisterCallbacks: {}", api.describe(r));
-    for (CUpti_ActivityKind kind :
-         {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET,
-          CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER, CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION,
-          CUPTI_ACTIVITY_KIND_OVERHEAD}) {
+    std::vector<CUpti_ActivityKind> kinds{CUPTI_ACTIVITY_KIND_EXTERNAL_CORRELATION, CUPTI_ACTIVITY_KIND_OVERHEAD};
+    if (options_.kernelActivity)
+      kinds.insert(kinds.end(), {CUPTI_ACTIVITY_KIND_CONCURRENT_KERNEL, CUPTI_ACTIVITY_KIND_MEMCPY, CUPTI_ACTIVITY_KIND_MEMSET});
+    if (options_.apiActivity) kinds.insert(kinds.end(), {CUPTI_ACTIVITY_KIND_RUNTIME, CUPTI_ACTIVITY_KIND_DRIVER});
+    for (CUpti_ActivityKind kind : kinds) {
       r = api.activityEnable(kind);
       if (r != CUPTI_SUCCESS)
         return fmt::format("cuptiActivityEnable({}): {}{}", static_cast<int>(kind), api.describe(r), unknown(r));

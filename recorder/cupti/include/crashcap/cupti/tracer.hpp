@@ -27,6 +27,12 @@ struct TracerOptions {
   /// within cuInit, and calling cuInit again from there could deadlock; the probe then runs
   /// only when libcuda is not loaded at all (nothing to recurse into).
   bool probeDriver = true;
+  /// The tracer's parts, each of which costs every CUDA call something; all on by default. For
+  /// measuring what each costs (bench/gpu_tracer.py), `crashcap run` takes them from
+  /// CRASHCAP_TRACE_LEAVE_OUT (docs/RUN.md).
+  bool apiCallbacks = true;   ///< CUPTI's callbacks on every runtime and driver call: launches, errors
+  bool apiActivity = true;    ///< an activity record of every runtime and driver call (the time line)
+  bool kernelActivity = true; ///< kernels', copies' and sets' GPU times
 };
 
 class KernelTracer {

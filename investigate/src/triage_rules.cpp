@@ -266,6 +266,13 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   const auto rows = f.culpritRows();
   const bool withoutRowsFails = f.withoutRows && replayer::showsFailure(*f.withoutRows);
   const std::string whose = f.job ? fmt::format("rank {}'s ", f.job->rank) : "";  // the rows' batch, in a job
+  // What rows hold where none could be tested by leaving it out.
+  auto addUntested = [&] {
+    for (const auto& r : f.untestedRowFindings)
+      h.evidence.push_back(fmt::format("in the batch as recorded, {} (not tested)", rowFindingText(r)));
+    if (f.untestedFindingsLeftOut)
+      h.evidence.push_back(fmt::format("and {} more such rows", f.untestedFindingsLeftOut));
+  };
   if (auto why = f.replayBlocked()) {
     h.evidence.push_back(*why);
   } else if (f.failedOutsideReplay()) {
@@ -349,10 +356,7 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
         "carried from step to step, a target made as torch.ones(batch_size, 1)), so no row can be tested by leaving "
         "it out",
         whose, f.step(), f.samples->cutsFail));
-    for (const auto& r : f.untestedRowFindings)
-      h.evidence.push_back(fmt::format("in the batch as recorded, {} (not tested)", rowFindingText(r)));
-    if (f.untestedFindingsLeftOut)
-      h.evidence.push_back(fmt::format("and {} more such rows", f.untestedFindingsLeftOut));
+    addUntested();
   } else if (!f.samples && !f.concatenatedValues.empty()) {
     // Its rows could not be cut (the samples are concatenated, and no lengths or offsets tell
     // their spans), but a value is outside the domain of an op: invalid data when that op is the
@@ -365,10 +369,12 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     h.evidence.push_back(fmt::format(
         "the batch holds its samples concatenated, so no row could be cut and tested{}",
         f.samplesOutcome.empty() ? "" : fmt::format(" (sample bisection: {})", f.samplesOutcome)));
+    addUntested();
   } else {
     h.evidence.push_back(f.samplesOutcome.empty()
                              ? std::string("sample bisection did not isolate rows")
                              : fmt::format("sample bisection did not finish ({})", f.samplesOutcome));
+    addUntested();
   }
   // Targets a CTC loss cannot align, where no rows were tested: named by their place in the loss's batch.
   if (h.verdict != V::Confirmed && f.unalignableRows().empty() && f.replay && f.replay->firstNonFiniteOp)

@@ -435,6 +435,24 @@ TEST_CASE("invalid-data is inconclusive when no part of the batch can run, and n
   CHECK_FALSE(has(h, ", the whole batch: no replay"));  // not the search's end taken for a finding
 }
 
+TEST_CASE("invalid-data names what a row holds, untested, when sample bisection could not cut the batch at all",
+          "[investigate][triage]") {
+  // A PackedSequence: its data holds the samples concatenated with no offsets per row, so the
+  // search could not run; the labels, one per row, still show the index the error names.
+  auto f = reproducedAt6();
+  f.samplesOutcome = "failed: step 6's batch cannot be cut to some of its 8 rows";
+  REQUIRE_FALSE(f.samples);
+  RowFinding label = nanRow(5, "steps/6/batch/1", 1);
+  f.untestedRowFindings = {label};
+  f.untestedFindingsLeftOut = 2;
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);  // nothing was tested by leaving the row out
+  CHECK(h.evidence.at(0) == "sample bisection did not finish (failed: step 6's batch cannot be cut to some of its 8 rows)");
+  CHECK(h.evidence.at(1) == "in the batch as recorded, row 5 of steps/6/batch/1 holds 1 NaN and 0 Inf values (not tested)");
+  CHECK(h.evidence.at(2) == "and 2 more such rows");
+  CHECK(f.culpritRows().empty());
+}
+
 TEST_CASE("invalid-data is confirmed from rows tested in batches of the whole size, and says why they were",
           "[investigate][triage]") {
   // Cut to fewer rows the step failed another way; searched again with the rows left out replaced

@@ -10,7 +10,7 @@ JSON, so interpreter start-up and CUDA initialisation do not dilute the ratio.
 
 The driver runs the training bare (`python3 gpu_tracer.py --child`) and under `crashcap run`
 (`crashcap run --dir D -- python3 gpu_tracer.py --child`, the tracer on as `crashcap run` has it
-by default), interleaved, the order alternated each round. Each round's ratio is wrapped loop
+by default), interleaved, in an order shuffled each round (seeded: the same each time). Each round's ratio is wrapped loop
 time over bare loop time; the report is the median over rounds with its min, max and 95%
 interval (bench/ratios.py). A wrapped run must also leave no bundle and exit 0.
 
@@ -20,6 +20,7 @@ interval (bench/ratios.py). A wrapped run must also leave no bundle and exit 0.
 import argparse
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -89,6 +90,8 @@ def main():
     a = ap.parse_args()
     train = [sys.executable, os.path.abspath(__file__), "--child", "--steps", str(a.steps), "--warmup",
              str(a.warmup), "--batch", str(a.batch)]
+    if a.rounds < 1 or a.steps < 1 or a.warmup < 0:
+        ap.error("--rounds and --steps must be at least 1, --warmup at least 0")
     if a.child:
         return child(a.steps, a.warmup, a.batch)
     if not a.crashcap:
@@ -106,8 +109,11 @@ def main():
         name, sep, parts = v.partition("=")
         if not sep or not name:
             ap.error(f"--variant {v!r}: expected NAME=PARTS")
+        if name in ("bare", "tracer") or name in (c[0] for c in configs):
+            ap.error(f"--variant {v!r}: the name {name!r} is taken")
         configs.append((name, parts))
     rows = []
+    shuffle = random.Random(1)
     with tempfile.TemporaryDirectory(prefix="crashcap-gpu-tracer-") as tmp:
         for r in range(a.rounds):
             order = [("bare", train, None)]
@@ -115,8 +121,7 @@ def main():
                 d = os.path.join(tmp, f"r{r}-{name}")
                 flags = ["--no-trace"] if parts == "none" else []
                 order.append((name, [a.crashcap, "run", "--dir", d] + flags + ["--"] + train, (d, parts)))
-            k = r % len(order)
-            order = order[k:] + order[:k]  # each configuration takes each place in turn
+            shuffle.shuffle(order)  # no configuration always follows another
             got = {}
             for name, cmd, wrapped in order:
                 env = dict(os.environ)

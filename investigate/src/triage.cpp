@@ -717,8 +717,8 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     if (!rows.empty()) {
       f.rowFindings = findRowOddities(bundle, f.step(), rows, domains);
     } else if (f.samples ? !f.samples->cutsFail.empty() : !f.samplesOutcome.empty()) {
-      // No part of the batch can run, or the search could not run at all (a batch that cannot be
-      // cut to some of its rows: a PackedSequence, samples concatenated), so no row was tested:
+      // No part of the batch can run, or the search gave no result (a batch that cannot be cut to
+      // some of its rows: a PackedSequence; a timeout), so no row was tested:
       // what each row holds is still worth saying, where it needs no other rows to judge it
       // (NaN/Inf, the index the error names).
       std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(batchSize, 0)));
@@ -726,9 +726,13 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       std::vector<IndexDomain> raised;
       for (const auto& d : domains)
         if (d.raisedValue) raised.push_back(d);
-      for (auto& finding : findRowOddities(bundle, f.step(), all, raised))
-        if (finding.kind == RowFinding::Kind::NonFinite || finding.kind == RowFinding::Kind::OutOfDomain)
-          f.untestedRowFindings.push_back(std::move(finding));
+      try {
+        for (auto& finding : findRowOddities(bundle, f.step(), all, raised))
+          if (finding.kind == RowFinding::Kind::NonFinite || finding.kind == RowFinding::Kind::OutOfDomain)
+            f.untestedRowFindings.push_back(std::move(finding));
+      } catch (const Error&) {
+        // A batch tensor that cannot be read (a damaged bundle): the experiments said what they could.
+      }
       if (f.untestedRowFindings.size() > kListedUntestedFindings) {
         f.untestedFindingsLeftOut = f.untestedRowFindings.size() - kListedUntestedFindings;
         f.untestedRowFindings.resize(kListedUntestedFindings);

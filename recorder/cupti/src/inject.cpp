@@ -90,11 +90,35 @@ extern "C" __attribute__((visibility("default"))) int InitializeInjection(void) 
   crashcap::cupti::TracerOptions options;
   options.probeDriver = false;  // the driver is calling us from inside cuInit
   // For measuring the parts' cost: a comma list of api-callbacks, api-activity, kernel-activity.
-  if (const char* out = std::getenv("CRASHCAP_TRACE_LEAVE_OUT")) {
-    const std::string o = std::string(",") + out + ",";
-    options.apiCallbacks = o.find(",api-callbacks,") == std::string::npos;
-    options.apiActivity = o.find(",api-activity,") == std::string::npos;
-    options.kernelActivity = o.find(",kernel-activity,") == std::string::npos;
+  // A name it does not know is said, not ignored: a measurement must not run the full tracer
+  // under another name.
+  if (const char* out = std::getenv("CRASHCAP_TRACE_LEAVE_OUT"); out && *out) {
+    std::string list = out, left;
+    for (size_t at = 0; at <= list.size();) {
+      size_t end = list.find(',', at);
+      if (end == std::string::npos) end = list.size();
+      std::string part = list.substr(at, end - at);
+      part.erase(0, part.find_first_not_of(" \t"));
+      part.erase(part.find_last_not_of(" \t") + 1);
+      at = end + 1;
+      if (part.empty()) continue;
+      bool* flag = part == "api-callbacks"     ? &options.apiCallbacks
+                   : part == "api-activity"    ? &options.apiActivity
+                   : part == "kernel-activity" ? &options.kernelActivity
+                                               : nullptr;
+      if (!flag) {
+        std::fprintf(stderr, "crashcap: CRASHCAP_TRACE_LEAVE_OUT: unknown part '%s' (api-callbacks, api-activity, "
+                             "kernel-activity); tracing with every part\n", part.c_str());
+        options = crashcap::cupti::TracerOptions{};
+        options.probeDriver = false;
+        break;
+      }
+      *flag = false;
+      left += (left.empty() ? "" : ", ") + part;
+    }
+    if (!left.empty())
+      std::fprintf(stderr, "crashcap: kernel trace without %s (CRASHCAP_TRACE_LEAVE_OUT: for measuring its cost; "
+                           "without api-callbacks no CUDA error is seen)\n", left.c_str());
   }
   options.onStickyError = [in] {
     in->poisoned.store(true);

@@ -145,9 +145,9 @@ struct TriageFacts {
   std::optional<OpBisection> ops;
   std::optional<ConfigBisection> config;
   std::vector<RowFinding> rowFindings;               ///< of the culprit rows
-  /// Where no part of the batch could run (SampleBisection::cutsFail), or the search could not
-  /// cut the batch at all (samplesOutcome): the NaN/Inf and the index the error names in any row
-  /// of the recorded batch, none of them tested by leaving rows out.
+  /// Where no part of the batch could run (SampleBisection::cutsFail), or the search gave no result
+  /// (samplesOutcome: a batch it cannot cut, a timeout): the NaN/Inf and the index the error names
+  /// in any row of the recorded batch, none of them tested by leaving rows out.
   std::vector<RowFinding> untestedRowFindings;
   size_t untestedFindingsLeftOut = 0;               ///< beyond kListedUntestedFindings
   std::optional<PaddingRow> paddingRow;              ///< of the failing step's batch

@@ -718,9 +718,9 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       f.rowFindings = findRowOddities(bundle, f.step(), rows, domains);
     } else if (f.samples ? !f.samples->cutsFail.empty() : !f.samplesOutcome.empty()) {
       // No part of the batch can run, or the search gave no result (a batch that cannot be cut to
-      // some of its rows: a PackedSequence; a timeout), so no row was tested:
-      // what each row holds is still worth saying, where it needs no other rows to judge it
-      // (NaN/Inf, the index the error names).
+      // some of its rows: a PackedSequence; a timeout), so no row was tested: what each row holds
+      // is still worth saying, where it needs no other rows to judge it (NaN/Inf, the index the
+      // error names).
       std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(batchSize, 0)));
       for (int64_t r = 0; r < batchSize; ++r) all[static_cast<size_t>(r)] = r;
       std::vector<IndexDomain> raised;

@@ -156,6 +156,9 @@ const formats::StepBeginData* stepBeginOf(const formats::BundleRecords& records,
 }  // namespace
 
 std::string IndexDomain::describe() const {
+  if (raisedValue && ignoreIndex)
+    return fmt::format("the step's error says target {} is out of bounds, and the loss ({}) sees {} classes (logits [{}])",
+                       *raisedValue, op, size, fmt::join(sourceShape, ","));
   if (raisedValue)
     return fmt::format("the step's error says index {} is out of bounds for dimension {} with size {}", *raisedValue,
                        raisedDim, size);
@@ -167,9 +170,11 @@ std::string IndexDomain::describe() const {
                      fmt::join(sourceShape, ","), fmt::join(indexShape, ","));
 }
 
-std::optional<IndexDomain> domainOfError(const std::string& error) {
-  // "index 9 is out of bounds for dimension 1 with size 4", possibly after an op's name.
-  static const std::regex pattern(R"(index (-?[0-9]+) is out of bounds for dimension (-?[0-9]+) with size ([0-9]+))");
+std::optional<IndexDomain> domainOfError(const std::string& error, const std::vector<IndexDomain>& traced) {
+  // "index 9 is out of bounds for dimension 1 with size 4", possibly after an op's name; a
+  // classification loss's "Target 9 is out of bounds." (nll_loss, and cross_entropy through it).
+  static const std::regex pattern(
+      R"(index (-?[0-9]+) is out of bounds for dimension (-?[0-9]+) with size ([0-9]+)|Target (-?[0-9]+) is out of bounds)");
   // The last such sentence: an error text may carry earlier, chained ones before it.
   std::smatch m;
   bool found = false;
@@ -179,6 +184,16 @@ std::optional<IndexDomain> domainOfError(const std::string& error) {
   }
   if (!found) return std::nullopt;
   try {
+    if (m[4].matched) {
+      // The loss's wording has no size: the loss that raised is the newest one the trace holds.
+      const auto loss = std::find_if(traced.begin(), traced.end(),
+                                     [](const IndexDomain& d) { return d.ignoreIndex && !d.raisedValue; });
+      if (loss == traced.end()) return std::nullopt;
+      IndexDomain d = *loss;
+      d.raisedValue = std::stoll(m[4].str());
+      d.indexShape.clear();  // judged by the value it names, as the other errors' domains
+      return d;
+    }
     IndexDomain d;
     d.raisedValue = std::stoll(m[1].str());
     d.raisedDim = std::stoll(m[2].str());
@@ -206,7 +221,7 @@ std::vector<IndexDomain> findIndexDomains(const std::string& bundle) {
   }
   // The error's own domain first: it is the check that failed.
   if (records.crash)
-    if (auto d = domainOfError(records.crash->error)) out.insert(out.begin(), *d);
+    if (auto d = domainOfError(records.crash->error, out)) out.insert(out.begin(), *d);
   return out;
 }
 
@@ -269,28 +284,40 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   // A domain read from the error has no index shape: it applies to the tensors whose culprit rows
   // hold the value the error names and nothing else outside it (ids of a larger table that happen
   // to include the value are not what the error indexed with; with every row a culprit, the other
-  // rows tell nothing).
-  auto holdsRaised = [&](const Loaded& l, const IndexDomain& d) {
+  // rows tell nothing). A loss's target may also hold its ignore_index, which the trace does not
+  // keep: one negative value the tensor's rows share is taken for it, as below.
+  auto raisedIn = [&](const Loaded& l, const IndexDomain& d) -> std::optional<IndexDomain> {
     const double value = static_cast<double>(*d.raisedValue);
     bool holds = false;
-    for (int64_t r : rows) {
-      if (r < 0 || r >= batch) continue;
+    std::set<double> negatives;
+    for (int64_t r = 0; r < batch; ++r) {
       const auto& row = l.rowTensors[static_cast<size_t>(r)];
       for (uint64_t i = 0; i < row.numel(); ++i) {
         const double v = row.at(i);
-        if (v == value)
-          holds = true;
-        else if (v < 0 || v >= static_cast<double>(d.size))
-          return false;
+        if (v == value) {
+          holds = holds || isCulprit(r);
+        } else if (d.ignoreIndex && v < 0) {
+          negatives.insert(v);
+        } else if (isCulprit(r) && (v < 0 || v >= static_cast<double>(d.size))) {
+          return std::nullopt;
+        }
       }
     }
-    return holds;
+    if (!holds || negatives.size() > 1) return std::nullopt;
+    IndexDomain applied = d;
+    if (!negatives.empty()) applied.ignoreIndex = static_cast<int64_t>(*negatives.begin());
+    return applied;
   };
   for (IndexDomain d : domains) {
+    if (d.raisedValue) {
+      for (auto& l : loaded)
+        if (l.integer)
+          if (auto applied = raisedIn(l, d); applied && othersFit(l, *applied)) l.applicable.push_back(*applied);
+      continue;
+    }
     std::vector<Loaded*> candidates;
     for (auto& l : loaded)
-      if (l.integer && (d.raisedValue ? holdsRaised(l, d)
-                                      : d.indexShape == l.t.shape || elements(d.indexShape) == elements(l.t.shape)))
+      if (l.integer && (d.indexShape == l.t.shape || elements(d.indexShape) == elements(l.t.shape)))
         candidates.push_back(&l);
     if (!d.ignoreIndex) {
       for (Loaded* l : candidates)
@@ -479,7 +506,8 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
         bool fits = true;
         for (uint64_t i = 0; i < n && fits; ++i) {
           const double v = t->at(i);
-          fits = v == static_cast<double>(*d.raisedValue) || (v >= 0 && v < static_cast<double>(d.size));
+          fits = v == static_cast<double>(*d.raisedValue) || (v >= 0 && v < static_cast<double>(d.size)) ||
+                 (d.ignoreIndex && v < 0);  // a loss's ignore_index, as below
         }
         if (!fits) continue;
       }
@@ -728,8 +756,11 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
         if (d.raisedValue) raised.push_back(d);
       try {
         for (auto& finding : findRowOddities(bundle, f.step(), all, raised))
-          if (finding.kind == RowFinding::Kind::NonFinite || finding.kind == RowFinding::Kind::OutOfDomain)
+          if (finding.kind == RowFinding::Kind::NonFinite || finding.kind == RowFinding::Kind::OutOfDomain) {
+            if (auto index = datasetIndices(bundle, f.step(), {finding.row}, f.replay ? f.replay->rowOrder : std::nullopt))
+              finding.datasetIndex = index->front();
             f.untestedRowFindings.push_back(std::move(finding));
+          }
       } catch (const Error&) {
         // A batch tensor that cannot be read (a damaged bundle): the experiments said what they could.
       }

@@ -269,7 +269,8 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   // What rows hold where none could be tested by leaving it out.
   auto addUntested = [&] {
     for (const auto& r : f.untestedRowFindings)
-      h.evidence.push_back(fmt::format("in the batch as recorded, {} (not tested)", rowFindingText(r)));
+      h.evidence.push_back(fmt::format("in the batch as recorded, {} (not tested{})", rowFindingText(r),
+                                       r.datasetIndex ? fmt::format("; dataset index {}", *r.datasetIndex) : ""));
     if (f.untestedFindingsLeftOut)
       h.evidence.push_back(fmt::format("and {} more such rows", f.untestedFindingsLeftOut));
   };

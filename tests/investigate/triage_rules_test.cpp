@@ -443,13 +443,17 @@ TEST_CASE("invalid-data names what a row holds, untested, when sample bisection 
   f.samplesOutcome = "failed: step 6's batch cannot be cut to some of its 8 rows";
   REQUIRE_FALSE(f.samples);
   RowFinding label = nanRow(5, "steps/6/batch/1", 1);
-  f.untestedRowFindings = {label};
+  RowFinding indexed = nanRow(2, "steps/6/batch/1", 1);
+  indexed.datasetIndex = 233;  // the batch carried its dataset indices
+  f.untestedRowFindings = {label, indexed};
   f.untestedFindingsLeftOut = 2;
   auto h = judgeInvalidData(f);
   CHECK(h.verdict == V::Inconclusive);  // nothing was tested by leaving the row out
   CHECK(h.evidence.at(0) == "sample bisection did not finish (failed: step 6's batch cannot be cut to some of its 8 rows)");
   CHECK(h.evidence.at(1) == "in the batch as recorded, row 5 of steps/6/batch/1 holds 1 NaN and 0 Inf values (not tested)");
-  CHECK(h.evidence.at(2) == "and 2 more such rows");
+  CHECK(h.evidence.at(2) ==
+        "in the batch as recorded, row 2 of steps/6/batch/1 holds 1 NaN and 0 Inf values (not tested; dataset index 233)");
+  CHECK(h.evidence.at(3) == "and 2 more such rows");
   CHECK(f.culpritRows().empty());
 }
 
@@ -1140,7 +1144,6 @@ TEST_CASE("a gather's or a scatter's index domain is read from the op trace, and
   CHECK(negative->raisedValue == -3);
   CHECK(negative->size == 4);
   CHECK_FALSE(domainOfError("IndexError: index out of range in self"));
-  CHECK_FALSE(domainOfError("IndexError: Target 9 is out of bounds."));
   CHECK_FALSE(domainOfError("index 99999999999999999999 is out of bounds for dimension 0 with size 5"));
 
   test::TempDir dir;
@@ -1222,6 +1225,66 @@ TEST_CASE("an error's index domain judges only a tensor whose culprit row holds 
   REQUIRE(all.size() == 1);
   CHECK(all[0].tensor == "steps/6/batch/label");
   CHECK(all[0].row == 3);
+}
+
+TEST_CASE("a loss's 'Target N is out of bounds' takes its classes from the loss in the trace and judges every row",
+          "[investigate][triage]") {
+  // The loss's wording names no size: without a loss in the trace it names no domain.
+  CHECK_FALSE(domainOfError("IndexError: Target 9 is out of bounds."));
+  const std::vector<IndexDomain> traced = {{"aten::embedding", 50, {6, 3}, {50, 8}, std::nullopt},
+                                           {"aten::cross_entropy_loss", 5, {6}, {6, 5}, -100},
+                                           {"aten::nll_loss", 3, {6}, {6, 3}, -100}};
+  // The newest loss is the one that raised; an embedding beside it is no loss.
+  auto d = domainOfError("IndexError: Target 9 is out of bounds.", traced);
+  REQUIRE(d);
+  CHECK(d->raisedValue == 9);
+  CHECK(d->size == 5);
+  CHECK(d->op == "aten::cross_entropy_loss");
+  CHECK(d->ignoreIndex == -100);
+  CHECK(d->indexShape.empty());
+  CHECK(d->describe() ==
+        "the step's error says target 9 is out of bounds, and the loss (aten::cross_entropy_loss) sees 5 classes "
+        "(logits [6,5])");
+  CHECK(domainOfError("Target -3 is out of bounds.", traced)->raisedValue == -3);
+  CHECK_FALSE(domainOfError("Target 99999999999999999999 is out of bounds.", traced));
+
+  test::TempDir dir;
+  const std::string bundle = dir.file("batch.ccap");
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    writeInts(*w, "label", {0, 4, -1, 9, 1, 3});  // row 3 holds 9; row 2 the program's ignore_index, -1
+    writeInts(*w, "length", {3, 9, 5, 2, 7, 4});  // row 1 holds 9 too, but row 3 does not
+    formats::StepBeginData begin;
+    begin.step = 6;
+    for (const char* name : {"label", "length"}) begin.batch.push_back(formats::batchTensorName(6, name));
+    begin.rowDims = {0, 0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  // Every row at once (a batch that cannot be cut): the label row, and the -1 is no finding.
+  auto all = findRowOddities(bundle, 6, {0, 1, 2, 3, 4, 5}, {*d});
+  REQUIRE(all.size() == 1);
+  CHECK(all[0].tensor == "steps/6/batch/label");
+  CHECK(all[0].row == 3);
+  CHECK(all[0].value == 9);
+  CHECK(all[0].domain->ignoreIndex == -1);
+  // The culprit row alone, the others judged by the same domain.
+  auto one = findRowOddities(bundle, 6, {3}, {*d});
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].tensor == "steps/6/batch/label");
+  // Two different negative values are not one ignore_index: no domain applies.
+  const std::string two = dir.file("two.ccap");
+  {
+    auto w = formats::BundleWriter::create(two);
+    writeInts(*w, "label", {0, -2, -1, 9, 1, 3});
+    formats::StepBeginData begin;
+    begin.step = 6;
+    begin.batch = {formats::batchTensorName(6, "label")};
+    begin.rowDims = {0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  CHECK(findRowOddities(two, 6, {0, 1, 2, 3, 4, 5}, {*d}).empty());
 }
 
 TEST_CASE("a loss's ignore_index is the negative padding the working rows share, not only PyTorch's default",

@@ -46,8 +46,9 @@ struct IndexDomain {
   /// values: PyTorch's default, -100, unless the batch's rows that work share one other negative
   /// value, which is then the program's); none for an embedding.
   std::optional<int64_t> ignoreIndex;
-  /// Read from the step's error: the index value it names and the dimension it indexed. Such a
-  /// domain has no index shape, so it applies only to a tensor whose culprit rows hold that value.
+  /// Read from the step's error: the index value it names and the dimension it indexed (-1 for a
+  /// loss's target, whose wording names none). Such a domain has no index shape, so it applies
+  /// only to a tensor whose culprit rows hold that value.
   std::optional<int64_t> raisedValue{};
   int64_t raisedDim = -1;
   /// "the embedding has 32 rows (table [32,8])", "the loss sees 10 classes (logits [32,10])".
@@ -58,8 +59,11 @@ struct IndexDomain {
 inline constexpr size_t kListedUntestedFindings = 8;
 
 /// The index domain the text of an error names, as PyTorch's index checks word it ("index 9 is out
-/// of bounds for dimension 1 with size 4": gather, scatter, advanced indexing); nullopt otherwise.
-std::optional<IndexDomain> domainOfError(const std::string& error);
+/// of bounds for dimension 1 with size 4": gather, scatter, advanced indexing), or a classification
+/// loss's ("Target 9 is out of bounds.": nll_loss, cross_entropy), whose wording has no size: that
+/// is the newest loss domain among `traced` (the op trace's, newest first), the loss that raised;
+/// nullopt otherwise.
+std::optional<IndexDomain> domainOfError(const std::string& error, const std::vector<IndexDomain>& traced = {});
 
 /// Something in one culprit row of one batch tensor, judged against the op's domain and the
 /// batch's other rows: ordinary values are never findings.
@@ -84,6 +88,8 @@ struct RowFinding {
   int64_t column = -1;                     ///< Outlier in one feature of a [rows, features] tensor
   std::optional<IndexDomain> domain;
   bool oneElement = false;                 ///< the row is a single value (a label), not a vector
+  /// The row's dataset index, set where no sample bisection names it (an untested finding).
+  std::optional<int64_t> datasetIndex;
   /// A value the training cannot have meant: non-finite, outside an op's domain, a far outlier.
   bool invalid() const { return kind != Kind::AllZeros && kind != Kind::LoneZero; }
 };

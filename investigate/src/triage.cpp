@@ -11,6 +11,7 @@
 #include <set>
 
 #include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/dtype.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/ragged_batch.hpp"
 #include "crashcap/formats/records.hpp"
@@ -272,6 +273,49 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
     }
     if (!(l.floating && rowDim == 0 && l.t.shape.size() == 2)) std::vector<uint8_t>().swap(l.t.bytes);
     loaded.push_back(std::move(l));
+  }
+  // A PackedSequence's data holds each row's time steps at the places its batch_sizes and
+  // sorted_indices tell (replayer::packedRowPositions): each row's are gathered and judged as a row
+  // of a tensor with rows is. Its integer data (token ids) is judged against the domains too.
+  for (const auto& packed : replayer::packedSequences(begin->structure)) {
+    auto name = [&](size_t k) { return formats::batchTensorName(step, packed.tensors[k]); };
+    const auto* info = packed.tensors[0].empty() ? nullptr : reader->find(name(0));
+    if (!info || packed.tensors[1].empty() || !reader->find(name(1))) continue;
+    auto longs = [&](size_t k) {
+      const auto t = inspect::loadTensor(*reader, name(k));
+      std::vector<int64_t> v;
+      for (uint64_t i = 0; i < t.numel(); ++i) v.push_back(static_cast<int64_t>(t.at(i)));
+      return v;
+    };
+    const bool sorted = !packed.tensors[2].empty() && reader->find(name(2));
+    const auto positions = replayer::packedRowPositions(longs(1), sorted ? longs(2) : std::vector<int64_t>{});
+    if (!positions || static_cast<int64_t>(positions->size()) != batch) continue;
+    Loaded l;
+    l.info = info;
+    l.rowDim = -1;  // no row dimension: no feature columns to judge
+    const auto data = inspect::loadTensor(*reader, info->name);
+    if (data.shape.empty()) continue;
+    l.t.dtype = data.dtype;  // its shape for the domains an op's index input of that shape has; no bytes
+    l.t.shape = data.shape;
+    l.floating = formats::isFloating(data.dtype) || formats::isComplex(data.dtype);
+    l.integer = !l.floating && data.dtype != formats::DType::Bool;
+    const uint64_t stride = data.shape[0] > 0 ? data.numel() / static_cast<uint64_t>(data.shape[0]) : 0;
+    const size_t rowBytes = stride * formats::elementSize(data.dtype);
+    for (const auto& at : *positions) {
+      inspect::HostTensor row;
+      row.dtype = data.dtype;
+      row.shape = data.shape;
+      row.shape[0] = static_cast<int64_t>(at.size());
+      for (int64_t p : at) {
+        if (p < 0 || p >= data.shape[0]) break;
+        const auto* from = data.bytes.data() + static_cast<size_t>(p) * rowBytes;
+        row.bytes.insert(row.bytes.end(), from, from + rowBytes);
+      }
+      if (row.bytes.size() != at.size() * rowBytes) break;  // data shorter than its batch_sizes
+      l.stats.push_back(inspect::computeStats(row));
+      if (l.integer) l.rowTensors.push_back(std::move(row));
+    }
+    if (static_cast<int64_t>(l.stats.size()) == batch) loaded.push_back(std::move(l));
   }
   // The domains that apply to each tensor: an op's index input of its shape (or element count,
   // when the program flattens it) that every other row of the batch fits. Two tables indexed by

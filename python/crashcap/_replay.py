@@ -315,12 +315,18 @@ def match_rows(loader, indices, recorded):
     collate, n = loader.collate_fn, len(indices)
     try:
         samples = _fetch(_indexed_dataset(loader.dataset), indices)
-        alone = [dict(_batch.flatten(collate([x]))[0]) for x in samples]
+        flat = [_batch.flatten(collate([x])) for x in samples]
+        alone = [dict(tensors) for tensors, _ in flat]
     except Exception as e:
         return "unchecked", [], f"loading the samples again and collating each alone raised {_error_text(e).splitlines()[-1]}"
+    # A PackedSequence's tensors have no row per sample, whatever their sizes: its data interleaves
+    # the rows' time steps, its batch_sizes counts rows per time step, its indices permute the rows.
+    packed = set()
+    for _, structure in flat[:1]:
+        _packed_tensors(json.loads(structure) if structure else None, packed)
     compared = []  # (batch tensor, its samples' tensors alone, the dimension of its rows)
     for name, batch_tensor in recorded.items():
-        if name == "index" or not isinstance(batch_tensor, torch.Tensor):
+        if name == "index" or name in packed or not isinstance(batch_tensor, torch.Tensor):
             continue
         alone_tensors = [a.get(name) for a in alone]
         d = _row_dimension(batch_tensor, alone_tensors, n)
@@ -360,6 +366,30 @@ def match_rows(loader, indices, recorded):
     if len(several) == n:
         return "unchecked", [], why
     return "partial", [indices[i] if i >= 0 else -1 for i in held], why
+
+
+def _packed_tensors(node, out):
+    """The names of the tensors under the PackedSequences of a batch's structure node, into `out`."""
+    if isinstance(node, dict):
+        if node.get("type") == "torch.nn.utils.rnn:PackedSequence":
+            _tensor_names(node, out)
+            return
+        for value in node.values():
+            _packed_tensors(value, out)
+    elif isinstance(node, list):
+        for value in node:
+            _packed_tensors(value, out)
+
+
+def _tensor_names(node, out):
+    if isinstance(node, dict):
+        if isinstance(node.get("tensor"), str):
+            out.add(node["tensor"])
+        for value in node.values():
+            _tensor_names(value, out)
+    elif isinstance(node, list):
+        for value in node:
+            _tensor_names(value, out)
 
 
 def _held_samples(candidates):

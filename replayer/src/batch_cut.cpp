@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <set>
 #include <utility>
 
 #include "crashcap/formats/dtype.hpp"
@@ -62,6 +63,71 @@ void refuseSampleLists(const formats::BundleReader& reader, const formats::StepB
   }
 }
 
+/// A PackedSequence's tensors cut to `rows` (of the batch, in that order; a row may repeat), into
+/// `out` by their bundle names: the kept rows packed anew, as pack_padded_sequence packs them. Row
+/// r's time step t is at data[sum(batch_sizes[:t]) + unsorted_indices[r]]; the kept rows are
+/// sorted by their place in the recorded order (so still longest first, and every row kept gives
+/// back the recorded tensors), and batch_sizes counts the kept rows each time step has. Throws
+/// Error(Unsupported) when its tensors do not fit one another (a PackedSequence built by hand), or
+/// when it has no sorted_indices (packed already sorted) and the kept rows are not in that order.
+void cutPacked(const formats::BundleReader& reader, int64_t step, int64_t count, const PackedParts& packed,
+               const std::vector<int64_t>& rows, std::map<std::string, at::Tensor>& out, const std::string& refusal,
+               const std::string& hint) {
+  auto name = [&](size_t k) { return formats::batchTensorName(step, packed.tensors[k]); };
+  auto refuse = [&](const std::string& why) {
+    throw Error(ErrorCode::Unsupported,
+                fmt::format("step {}'s batch cannot be cut to some of its {} rows: its PackedSequence '{}' {}; {}", step,
+                            count, packed.place, why, refusal),
+                hint);
+  };
+  if (packed.tensors[0].empty() || packed.tensors[1].empty() || !reader.find(name(0)) || !reader.find(name(1)))
+    refuse("lacks its data or its batch_sizes");
+  const at::Tensor data = formats::torch::readTensor(reader, name(0));
+  auto longs = [&](size_t k) {
+    const at::Tensor t = formats::torch::readTensor(reader, name(k)).to(at::kLong).contiguous();
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  };
+  const auto sizes = longs(1);
+  const bool sorted = !packed.tensors[2].empty() && reader.find(name(2));
+  const auto positions = packedRowPositions(sizes, sorted ? longs(2) : std::vector<int64_t>{});
+  int64_t total = 0;
+  for (int64_t n : sizes) total += n;
+  if (!positions) refuse("has batch_sizes or sorted_indices that do not fit one another");
+  if (static_cast<int64_t>(positions->size()) != count || data.dim() == 0 || data.size(0) != total)
+    refuse(fmt::format("packs {} rows in {} time steps ({} elements) beside a batch of {} rows and data of {}",
+                       positions->size(), sizes.size(), total, count, data.dim() ? data.size(0) : 0));
+  // The kept rows in packed order (a row's first position is its place); a repeated row after its first.
+  auto place = [&](size_t j) { return (*positions)[static_cast<size_t>(rows[j])].front(); };
+  std::vector<size_t> order(rows.size());
+  for (size_t j = 0; j < order.size(); ++j) order[j] = j;
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) { return place(a) < place(b); });
+  if (!sorted)
+    for (size_t i = 0; i < order.size(); ++i)
+      if (order[i] != i) refuse("was packed already sorted (no sorted_indices), and the rows kept are not in its order");
+  std::vector<int64_t> gather, keptSizes;
+  for (size_t t = 0; t < sizes.size(); ++t) {
+    int64_t n = 0;
+    for (size_t j : order)
+      if (const auto& at = (*positions)[static_cast<size_t>(rows[j])]; t < at.size()) {
+        gather.push_back(at[t]);
+        ++n;
+      }
+    if (n == 0) break;
+    keptSizes.push_back(n);
+  }
+  out[name(0)] = data.index_select(0, at::tensor(gather, at::kLong));
+  out[name(1)] = at::tensor(keptSizes, at::kLong).to(formats::torch::readTensor(reader, name(1)).scalar_type());
+  if (sorted) {
+    std::vector<int64_t> sortedIndices, unsortedIndices(order.size());
+    for (size_t i = 0; i < order.size(); ++i) {
+      sortedIndices.push_back(static_cast<int64_t>(order[i]));
+      unsortedIndices[order[i]] = static_cast<int64_t>(i);
+    }
+    out[name(2)] = at::tensor(sortedIndices, at::kLong);
+    if (!packed.tensors[3].empty() && reader.find(name(3))) out[name(3)] = at::tensor(unsortedIndices, at::kLong);
+  }
+}
+
 }  // namespace
 
 std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
@@ -69,14 +135,26 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
                                            const std::string& refusal, const std::string& hint) {
   const auto batchRows = formats::batchRows(begin, reader);
   refuseSampleLists(reader, begin, batchRows, refusal, hint);
+  // A PackedSequence's tensors are cut as one (cutPacked), never as rows or spans of their own.
+  std::map<std::string, at::Tensor> out;
+  std::set<std::string> packedNames;
+  for (const auto& packed : packedSequences(begin.structure)) {
+    cutPacked(reader, begin.step, batchRows.count, packed, rows, out, refusal, hint);
+    for (const auto& input : packed.tensors)
+      if (!input.empty()) packedNames.insert(formats::batchTensorName(begin.step, input));
+  }
   // Each concatenated tensor's spans, from the batch's tensors of one integer per row.
   std::map<std::string, formats::RaggedSpans> ragged;
-  if (const auto whole = formats::concatenatedBatchTensors(view.stepBegins, begin.step, reader); !whole.empty()) {
+  auto whole = formats::concatenatedBatchTensors(view.stepBegins, begin.step, reader);
+  whole.erase(std::remove_if(whole.begin(), whole.end(),
+                             [&](const formats::ConcatenatedTensor& c) { return packedNames.count(c.name) > 0; }),
+              whole.end());
+  if (!whole.empty()) {
     std::vector<std::pair<std::string, std::vector<int64_t>>> perRow;
     for (size_t i = 0; i < begin.batch.size(); ++i) {
       const auto& name = begin.batch[i];
       const auto* info = reader.find(name);
-      if (!info || batchRows.dims[i] != 0 || info->shape.size() != 1 ||
+      if (!info || packedNames.count(name) || batchRows.dims[i] != 0 || info->shape.size() != 1 ||
           name == formats::batchTensorName(begin.step, formats::kDatasetIndexName) || formats::isFloating(info->dtype) ||
           formats::isComplex(info->dtype) || info->dtype == formats::DType::Bool)
         continue;
@@ -102,10 +180,10 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
                       refusal,
                   hint);
   }
-  std::map<std::string, at::Tensor> out;
   const at::Tensor keep = at::tensor(rows, at::kLong);
   for (size_t i = 0; i < begin.batch.size(); ++i) {
     const auto& name = begin.batch[i];
+    if (packedNames.count(name)) continue;
     if (auto c = ragged.find(name); c != ragged.end()) {
       const at::Tensor t = formats::torch::readTensor(reader, name);
       std::vector<at::Tensor> parts;

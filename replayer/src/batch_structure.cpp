@@ -137,4 +137,51 @@ std::vector<SampleList> perSampleLists(const std::string& structure, int64_t cou
   return out;
 }
 
+std::vector<PackedParts> packedSequences(const std::string& structure) {
+  std::vector<PackedParts> out;
+  if (structure.empty()) return out;
+  const auto root = parsed(structure);
+  if (!root) return out;
+  walk<const nlohmann::json>(*root, "", [&](const nlohmann::json& node, const std::string& path) {
+    const auto type = node.find("type");
+    if (type == node.end() || !type->is_string() || *type != "torch.nn.utils.rnn:PackedSequence") return false;
+    PackedParts parts{path, {}};
+    if (const auto items = node.find("tuple"); items != node.end() && items->is_array())
+      for (size_t i = 0; i < items->size() && i < parts.tensors.size(); ++i)
+        if (const auto t = (*items)[i].find("tensor"); (*items)[i].is_object() && t != (*items)[i].end() && t->is_string())
+          parts.tensors[i] = t->get<std::string>();
+    out.push_back(std::move(parts));
+    return true;
+  });
+  return out;
+}
+
+std::optional<std::vector<std::vector<int64_t>>> packedRowPositions(const std::vector<int64_t>& batchSizes,
+                                                                    const std::vector<int64_t>& sortedIndices) {
+  const int64_t batch = batchSizes.empty() ? 0 : batchSizes.front();
+  for (size_t t = 0; t < batchSizes.size(); ++t)
+    if (batchSizes[t] <= 0 || (t > 0 && batchSizes[t] > batchSizes[t - 1])) return std::nullopt;
+  std::vector<int64_t> place(static_cast<size_t>(batch));
+  if (sortedIndices.empty()) {
+    for (int64_t r = 0; r < batch; ++r) place[static_cast<size_t>(r)] = r;
+  } else {
+    if (static_cast<int64_t>(sortedIndices.size()) != batch) return std::nullopt;
+    std::vector<bool> seen(place.size());
+    for (int64_t i = 0; i < batch; ++i) {
+      const int64_t r = sortedIndices[static_cast<size_t>(i)];
+      if (r < 0 || r >= batch || seen[static_cast<size_t>(r)]) return std::nullopt;
+      seen[static_cast<size_t>(r)] = true;
+      place[static_cast<size_t>(r)] = i;
+    }
+  }
+  std::vector<std::vector<int64_t>> out(place.size());
+  int64_t offset = 0;
+  for (int64_t n : batchSizes) {
+    for (size_t r = 0; r < place.size(); ++r)
+      if (place[r] < n) out[r].push_back(offset + place[r]);
+    offset += n;
+  }
+  return out;
+}
+
 }  // namespace crashcap::replayer

@@ -1227,6 +1227,56 @@ TEST_CASE("an error's index domain judges only a tensor whose culprit row holds 
   CHECK(all[0].row == 3);
 }
 
+TEST_CASE("a PackedSequence's rows are gathered from its data and judged as rows", "[investigate][triage]") {
+  // Step 6's batch: (PackedSequence of token ids, labels). Rows of lengths 2, 3, 1 packed longest
+  // first (rows 1, 0, 2): batch_sizes 3, 2, 1; data t0: row1 4, row0 7, row2 9; t1: row1 5,
+  // row0 60; t2: row1 6. Row 0's second token, 60, is past a 50-row embedding. And the same with
+  // float features [6, 2], a NaN in row 2's only step.
+  test::TempDir dir;
+  const std::string structure = R"({"tuple": [{"tuple": [{"tensor": "0/0"}, {"tensor": "0/1"}, {"tensor": "0/2"},
+      {"tensor": "0/3"}], "type": "torch.nn.utils.rnn:PackedSequence"}, {"tensor": "1"}]})";
+  auto write = [&](const std::string& path, bool features) {
+    auto w = formats::BundleWriter::create(path);
+    if (features) {
+      const std::vector<float> data = {1, 1, 2, 2, NAN, 3, 4, 4, 5, 5, 6, 6};
+      w->writeTensor(formats::batchTensorName(6, "0/0"), formats::DType::Float32, {6, 2}, data.data(),
+                     data.size() * sizeof(float));
+    } else {
+      writeInts(*w, "0/0", {4, 7, 9, 5, 60, 6});
+    }
+    writeInts(*w, "0/1", {3, 2, 1});
+    writeInts(*w, "0/2", {1, 0, 2});
+    writeInts(*w, "0/3", {1, 0, 2});
+    writeInts(*w, "1", {0, 1, 1});
+    formats::StepBeginData begin;
+    begin.step = 6;
+    for (const char* name : {"0/0", "0/1", "0/2", "0/3", "1"}) begin.batch.push_back(formats::batchTensorName(6, name));
+    begin.rowDims = {-1, 0, 0, 0, 0};  // batch_sizes has as many entries as rows here
+    begin.structure = structure;
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  };
+  const std::string tokens = dir.file("tokens.ccap");
+  write(tokens, false);
+  const std::vector<IndexDomain> embedding = {{"aten::embedding", 50, {6}, {50, 8}, std::nullopt}};
+  auto found = findRowOddities(tokens, 6, {0}, embedding);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].tensor == "steps/6/batch/0/0");
+  CHECK(found[0].row == 0);
+  CHECK(found[0].kind == RowFinding::Kind::OutOfDomain);
+  CHECK(found[0].value == 60);
+  CHECK(findRowOddities(tokens, 6, {1}, embedding).empty());  // row 1's tokens 4, 5, 6 fit
+  const std::string features = dir.file("features.ccap");
+  write(features, true);
+  found = findRowOddities(features, 6, {2}, {});
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].tensor == "steps/6/batch/0/0");
+  CHECK(found[0].row == 2);
+  CHECK(found[0].kind == RowFinding::Kind::NonFinite);
+  CHECK(found[0].nanCount == 1);
+  CHECK(findRowOddities(features, 6, {0}, {}).empty());
+}
+
 TEST_CASE("a loss's 'Target N is out of bounds' takes its classes from the loss in the trace and judges every row",
           "[investigate][triage]") {
   // The loss's wording names no size: without a loss in the trace it names no domain.

@@ -101,6 +101,53 @@ def test_an_empty_sequence_packed_by_length_is_named_with_its_length_of_zero(tmp
     assert f"row {row} of steps/{replay['step']}/batch/0 is all zeros" in text, evidence
 
 
+def test_a_packed_batch_is_cut_by_packing_the_rows_kept_anew_and_its_bad_label_is_named(tmp_path):
+    # The collate function returns a PackedSequence: its data interleaves the rows' time steps,
+    # sorted by length, and its batch_sizes (one per time step) can have as many entries as the
+    # batch has rows. A cut packs the kept rows anew, so sample bisection tests each row; the loss's
+    # error ("Target 3 is out of bounds.", which names no size) with the loss's classes from the op
+    # trace names the value.
+    r, runs = run_recorded(tmp_path, "packed_sequences.py", "--packed-batch", "--bad-label", 213)
+    assert r.returncode != 0 and "Target 3 is out of bounds." in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    step = replay["step"]
+    every = crashcap_json("replay", bundle, "--rows", ",".join(str(r) for r in range(10)))  # packed anew, as recorded
+    assert every["verdict"] == "reproduced-bitwise", every
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    assert triage["culprit"]["dataset_indices"] == [213], triage["culprit"]
+    (row,) = triage["culprit"]["rows"]
+    (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
+    assert (f"row {row} of steps/{step}/batch/1 is 3, outside 0..2: the step's error says target 3 is out of bounds, "
+            f"and the loss (aten::cross_entropy_loss) sees 3 classes (logits [10,3])") in evidence, evidence
+    labels = [int(x) for x in re.findall(r"-?\d+", crashcap_json("show", bundle, f"steps/{step}/batch/1")["text"])]
+    assert labels[row] == 3 and labels.count(3) == 1, labels
+    # The row alone fails as recorded; the rest run (the GRU takes every repacked batch).
+    alone = crashcap_json("replay", bundle, "--rows", row)
+    assert "Target 3 is out of bounds." in alone["error"], alone
+    rest = crashcap_json("replay", bundle, "--rows", ",".join(str(r) for r in range(10) if r != row))
+    assert rest["verdict"] == "not-reproduced" and not rest.get("error"), rest
+
+
+def test_a_nan_in_a_packed_batch_is_found_in_the_culprit_rows_time_steps(tmp_path):
+    # The PackedSequence's data has no row dimension: triage gathers each row's time steps from it
+    # by batch_sizes and sorted_indices, and names the NaN in the culprit row.
+    r, runs = run_recorded(tmp_path, "packed_sequences.py", "--packed-batch", "--nan-index", 131)
+    assert r.returncode != 0 and "non-finite loss" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    step = replay["step"]
+    triage = crashcap_json("triage", bundle)
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    assert triage["culprit"]["dataset_indices"] == [131], triage["culprit"]
+    (row,) = triage["culprit"]["rows"]
+    (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
+    assert f"row {row} of steps/{step}/batch/0/0 holds 1 NaN and 0 Inf values" in evidence, evidence
+
+
 @pytest.mark.parametrize("collate", ["lists", "tuples"])
 def test_a_list_of_each_samples_own_tensors_is_not_cut_and_says_so(tmp_path, collate):
     # Detection targets: a list of one dict of tensors per image beside the images stacked, or, as

@@ -1,12 +1,23 @@
-// cutStructure: a Python batch's per-row lists go with the rows its tensors are cut to.
+// cutStructure: a Python batch's per-row lists go with the rows its tensors are cut to; cutBatch: a
+// PackedSequence in it is packed anew from the rows kept.
 
 // LibTorch first: glog's CHECK must not replace Catch's.
+#include <ATen/ATen.h>
+
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
+#include "crashcap/formats/torch/tensor_bridge.hpp"
 #include "crashcap/replayer/batch_cut.hpp"
 #undef CHECK
 
 #include <catch2/catch.hpp>
+
+#include <filesystem>
 #include <nlohmann/json.hpp>
+
+#include "test_support.hpp"
 
 using crashcap::replayer::cutStructure;
 using nlohmann::json;
@@ -103,4 +114,134 @@ TEST_CASE("a batch structure's paths name dict keys as the recorder names its pa
   const auto lists = perRowLists(R"({"dict": [["a/b\u0001", {"value": [1, 2]}]]})", 0, 2);
   REQUIRE(lists.size() == 1);
   CHECK(lists[0].first == "list 'a_b_' of step 0's batch");
+}
+
+TEST_CASE("a batch structure's PackedSequences are found wherever they nest, with their tensors", "[replayer]") {
+  using crashcap::replayer::packedSequences;
+  // (PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices), labels): a collate
+  // function that packs the batch itself.
+  const std::string packed = R"({"tuple": [{"tuple": [{"tensor": "0/0"}, {"tensor": "0/1"}, {"tensor": "0/2"},
+      {"tensor": "0/3"}], "type": "torch.nn.utils.rnn:PackedSequence"}, {"tensor": "1"}]})";
+  auto found = packedSequences(packed);
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].place == "0");
+  CHECK(found[0].tensors == std::array<std::string, 4>{"0/0", "0/1", "0/2", "0/3"});
+  // Packed already sorted: no indices.
+  found = packedSequences(R"({"dict": [["text", {"tuple": [{"tensor": "text/0"}, {"tensor": "text/1"}, {"value": null},
+      {"value": null}], "type": "torch.nn.utils.rnn:PackedSequence"}]]})");
+  REQUIRE(found.size() == 1);
+  CHECK(found[0].place == "text");
+  CHECK(found[0].tensors == std::array<std::string, 4>{"text/0", "text/1", "", ""});
+  CHECK(packedSequences(R"({"tuple": [{"tensor": "0"}], "type": "torch.nn.utils.rnn:PackedSequence"})").at(0).place.empty());
+  // Another namedtuple, a plain tuple, a flat batch, text that is not JSON: none.
+  CHECK(packedSequences(R"({"tuple": [{"tensor": "0"}, {"tensor": "1"}], "type": "m:Pair"})").empty());
+  CHECK(packedSequences(R"({"tuple": [{"tensor": "0"}, {"tensor": "1"}]})").empty());
+  CHECK(packedSequences("").empty());
+  CHECK(packedSequences("{not json").empty());
+}
+
+namespace {
+
+/// A bundle whose step 3 batch is (PackedSequence, labels): rows of lengths 2, 4, 1, row r's value
+/// at time step t 10r + t, packed as pack_padded_sequence(enforce_sorted=False) packs them, and
+/// one label per row. Without `sortedIndices`, rows of lengths 4, 2, 1 packed already sorted.
+std::map<std::string, at::Tensor> cutPackedBatch(const std::string& path, const std::vector<int64_t>& rows,
+                                                 bool sortedIndices = true) {
+  namespace formats = crashcap::formats;
+  std::filesystem::remove(path);  // each cut from a bundle written anew
+  {
+    auto w = formats::BundleWriter::create(path);
+    auto name = [](const char* input) { return formats::batchTensorName(3, input); };
+    formats::StepBeginData begin;
+    begin.step = 3;
+    if (sortedIndices) {
+      // Longest first: rows 1, 0, 2. Time step 0: 10, 0, 20; 1: 11, 1; 2: 12; 3: 13.
+      formats::torch::writeTensor(*w, name("0/0"), at::tensor({10.f, 0.f, 20.f, 11.f, 1.f, 12.f, 13.f}).unsqueeze(1));
+      formats::torch::writeTensor(*w, name("0/1"), at::tensor(std::vector<int64_t>{3, 2, 1, 1}));
+      formats::torch::writeTensor(*w, name("0/2"), at::tensor(std::vector<int64_t>{1, 0, 2}));
+      formats::torch::writeTensor(*w, name("0/3"), at::tensor(std::vector<int64_t>{1, 0, 2}));
+      begin.batch = {name("0/0"), name("0/1"), name("0/2"), name("0/3"), name("1")};
+      begin.rowDims = {-1, -1, 0, 0, 0};
+      begin.structure = R"({"tuple": [{"tuple": [{"tensor": "0/0"}, {"tensor": "0/1"}, {"tensor": "0/2"},
+          {"tensor": "0/3"}], "type": "torch.nn.utils.rnn:PackedSequence"}, {"tensor": "1"}]})";
+    } else {
+      formats::torch::writeTensor(*w, name("0/0"), at::tensor({0.f, 10.f, 20.f, 1.f, 11.f, 2.f, 3.f}).unsqueeze(1));
+      formats::torch::writeTensor(*w, name("0/1"), at::tensor(std::vector<int64_t>{3, 2, 1, 1}));
+      begin.batch = {name("0/0"), name("0/1"), name("1")};
+      begin.rowDims = {-1, -1, 0};
+      begin.structure = R"({"tuple": [{"tuple": [{"tensor": "0/0"}, {"tensor": "0/1"}, {"value": null},
+          {"value": null}], "type": "torch.nn.utils.rnn:PackedSequence"}, {"tensor": "1"}]})";
+    }
+    formats::torch::writeTensor(*w, name("1"), at::tensor(std::vector<int64_t>{7, 8, 9}));
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  auto reader = formats::BundleReader::open(path);
+  const auto records = formats::readRecords(*reader);
+  return crashcap::replayer::cutBatch(*reader, records, records.stepBegins.at(0), rows, "refused", "");
+}
+
+std::vector<float> floats(const at::Tensor& t) {
+  auto c = t.contiguous().to(at::kFloat);
+  return {c.data_ptr<float>(), c.data_ptr<float>() + c.numel()};
+}
+std::vector<int64_t> longs(const at::Tensor& t) {
+  auto c = t.contiguous().to(at::kLong);
+  return {c.data_ptr<int64_t>(), c.data_ptr<int64_t>() + c.numel()};
+}
+
+}  // namespace
+
+TEST_CASE("a PackedSequence in a batch is cut to its rows by packing the kept rows anew", "[replayer]") {
+  crashcap::test::TempDir dir;
+  const std::string bundle = dir.file("packed.ccap");
+  // Rows 2 and 0 (lengths 1 and 2): row 0 is longer, so first in packed order.
+  auto cut = cutPackedBatch(bundle, {2, 0});
+  CHECK(floats(cut.at("steps/3/batch/0/0")) == std::vector<float>{0, 20, 1});
+  CHECK(longs(cut.at("steps/3/batch/0/1")) == std::vector<int64_t>{2, 1});
+  CHECK(longs(cut.at("steps/3/batch/0/2")) == std::vector<int64_t>{1, 0});  // packed place 0 holds kept row 1
+  CHECK(longs(cut.at("steps/3/batch/0/3")) == std::vector<int64_t>{1, 0});
+  CHECK(longs(cut.at("steps/3/batch/1")) == std::vector<int64_t>{9, 7});  // the labels, by row
+  // Every row, in order: the recorded tensors.
+  cut = cutPackedBatch(bundle, {0, 1, 2});
+  CHECK(floats(cut.at("steps/3/batch/0/0")) == std::vector<float>{10, 0, 20, 11, 1, 12, 13});
+  CHECK(longs(cut.at("steps/3/batch/0/1")) == std::vector<int64_t>{3, 2, 1, 1});
+  CHECK(longs(cut.at("steps/3/batch/0/2")) == std::vector<int64_t>{1, 0, 2});
+  CHECK(longs(cut.at("steps/3/batch/0/3")) == std::vector<int64_t>{1, 0, 2});
+  // A row repeated (a batch filled to its size with copies): each copy its own row.
+  cut = cutPackedBatch(bundle, {1, 1});
+  CHECK(floats(cut.at("steps/3/batch/0/0")) == std::vector<float>{10, 10, 11, 11, 12, 12, 13, 13});
+  CHECK(longs(cut.at("steps/3/batch/0/1")) == std::vector<int64_t>{2, 2, 2, 2});
+  CHECK(longs(cut.at("steps/3/batch/0/2")) == std::vector<int64_t>{0, 1});
+
+  // Packed already sorted (no indices): rows kept in that order are cut, others refused.
+  cut = cutPackedBatch(dir.file("sorted.ccap"), {0, 2}, false);
+  CHECK(floats(cut.at("steps/3/batch/0/0")) == std::vector<float>{0, 20, 1, 2, 3});
+  CHECK(longs(cut.at("steps/3/batch/0/1")) == std::vector<int64_t>{2, 1, 1, 1});
+  CHECK(cut.count("steps/3/batch/0/2") == 0);
+  try {
+    cutPackedBatch(dir.file("unsorted.ccap"), {2, 0}, false);
+    FAIL("a cut out of the packed order was not refused");
+  } catch (const crashcap::Error& e) {
+    CHECK(std::string(e.what()).find("its PackedSequence '0' was packed already sorted (no sorted_indices), and the "
+                                     "rows kept are not in its order; refused") != std::string::npos);
+  }
+}
+
+TEST_CASE("a PackedSequence's rows lie where its batch_sizes and sorted_indices put them", "[replayer]") {
+  using crashcap::replayer::packedRowPositions;
+  // Rows of lengths 2, 4, 1 packed longest first (rows 1, 0, 2): batch_sizes 3, 2, 1, 1.
+  auto at = packedRowPositions({3, 2, 1, 1}, {1, 0, 2});
+  REQUIRE(at);
+  CHECK(*at == std::vector<std::vector<int64_t>>{{1, 4}, {0, 3, 5, 6}, {2}});
+  // Packed already sorted: row r at place r.
+  at = packedRowPositions({2, 1}, {});
+  REQUIRE(at);
+  CHECK(*at == std::vector<std::vector<int64_t>>{{0, 2}, {1}});
+  // Sizes that grow or are not positive, indices that are no permutation of the rows: none.
+  CHECK_FALSE(packedRowPositions({2, 3}, {}));
+  CHECK_FALSE(packedRowPositions({2, 0}, {}));
+  CHECK_FALSE(packedRowPositions({3, 1}, {0, 0, 2}));
+  CHECK_FALSE(packedRowPositions({3, 1}, {0, 1}));
+  CHECK(packedRowPositions({}, {})->empty());
 }

@@ -23,10 +23,13 @@ namespace crashcap::replayer {
 /// concatenated (formats::concatenatedBatchTensors) keeps the kept rows' spans, told by the
 /// batch's lengths or offsets (formats::raggedSpans), tensors of one integer per row or, for
 /// lengths, Python lists of them in its structure (perRowLists); offsets are made anew for what is
-/// kept, so only a tensor can give them.
+/// kept, so only a tensor can give them. A PackedSequence in a Python batch (packedSequences) is
+/// packed anew from the kept rows, its four tensors as one.
 /// The batch's other tensors (a causal mask, position ids) are not in it: they stay whole.
 /// `rows` must each be within the batch. Throws Error(Unsupported) when a concatenated tensor's
-/// spans are not told, or the batch holds a list of each sample's own tensors (perSampleLists), with
+/// spans are not told, a PackedSequence's tensors do not fit one another (or it was packed sorted,
+/// without indices, and the rows are not in its order), or the batch holds a list of each sample's
+/// own tensors (perSampleLists), with
 /// `refusal` ("a replay that keeps some rows would ...") and `hint`.
 std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
                                            const formats::StepBeginData& begin, const std::vector<int64_t>& rows,

@@ -3,8 +3,10 @@
 // plain values kept in it as {"value": [...]}): the parts of it that belong to its rows.
 // Without LibTorch: triage reads it too.
 
+#include <array>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -37,5 +39,24 @@ struct SampleList {
 /// list of the batch's fields, or of crops that each hold every row. The caller tells them apart by
 /// the tensors' row dimensions: only each sample's own tensors have none.
 std::vector<SampleList> perSampleLists(const std::string& structure, int64_t count);
+
+/// A PackedSequence in a Python batch: a collate function that packs the batch itself.
+struct PackedParts {
+  std::string place;  ///< where it nests, "0" ("" the batch itself)
+  /// The input names of its data, batch_sizes, sorted_indices and unsorted_indices ("0/2"); ""
+  /// for one that is not a tensor (None: a batch packed already sorted).
+  std::array<std::string, 4> tensors;
+};
+/// A Python batch's PackedSequences, outermost first. Their tensors hold no rows a plain cut could
+/// select, whatever their sizes happen to be: the data interleaves the rows' time steps, sorted by
+/// length; batch_sizes counts rows per time step; the indices are permutations (cutPacked).
+std::vector<PackedParts> packedSequences(const std::string& structure);
+
+/// Where each row's time steps lie along a PackedSequence's data (dimension 0), in time order,
+/// from its batch_sizes and sorted_indices (empty: packed already sorted, row r at place r): row
+/// r's step t is at sum(batch_sizes[:t]) + its place, so its first is its place. nullopt when they
+/// do not fit one another (sizes that grow or are not positive, indices that are no permutation).
+std::optional<std::vector<std::vector<int64_t>>> packedRowPositions(const std::vector<int64_t>& batchSizes,
+                                                                    const std::vector<int64_t>& sortedIndices);
 
 }  // namespace crashcap::replayer

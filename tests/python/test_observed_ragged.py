@@ -110,13 +110,10 @@ def test_a_packed_batch_is_cut_by_packing_the_rows_kept_anew_and_its_bad_label_i
     r, runs = run_recorded(tmp_path, "packed_sequences.py", "--packed-batch", "--bad-label", 213)
     assert r.returncode != 0 and "Target 3 is out of bounds." in r.stderr, r.stderr
     bundle = only_bundle(runs)
-    replay = crashcap_json("replay", bundle)
-    assert replay["verdict"] == "reproduced-bitwise", replay
+    replay, triage = replay_and_triage(bundle)
     step = replay["step"]
     every = crashcap_json("replay", bundle, "--rows", ",".join(str(r) for r in range(10)))  # packed anew, as recorded
     assert every["verdict"] == "reproduced-bitwise", every
-    triage = crashcap_json("triage", bundle)
-    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
     assert triage["culprit"]["dataset_indices"] == [213], triage["culprit"]
     (row,) = triage["culprit"]["rows"]
     (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
@@ -136,16 +133,11 @@ def test_a_nan_in_a_packed_batch_is_found_in_the_culprit_rows_time_steps(tmp_pat
     # by batch_sizes and sorted_indices, and names the NaN in the culprit row.
     r, runs = run_recorded(tmp_path, "packed_sequences.py", "--packed-batch", "--nan-index", 131)
     assert r.returncode != 0 and "non-finite loss" in r.stderr, r.stderr
-    bundle = only_bundle(runs)
-    replay = crashcap_json("replay", bundle)
-    assert replay["verdict"] == "reproduced-bitwise", replay
-    step = replay["step"]
-    triage = crashcap_json("triage", bundle)
-    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
+    replay, triage = replay_and_triage(only_bundle(runs))
     assert triage["culprit"]["dataset_indices"] == [131], triage["culprit"]
     (row,) = triage["culprit"]["rows"]
     (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
-    assert f"row {row} of steps/{step}/batch/0/0 holds 1 NaN and 0 Inf values" in evidence, evidence
+    assert f"row {row} of steps/{replay['step']}/batch/0/0 holds 1 NaN and 0 Inf values" in evidence, evidence
 
 
 @pytest.mark.parametrize("collate", ["lists", "tuples"])

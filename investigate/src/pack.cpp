@@ -417,6 +417,17 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
         cutBegin = begin;
         cutBegin->structure = std::move(structure);
       }
+      // A PackedSequence's tensors were packed anew: whatever row dimension their recorded sizes
+      // happened to give them (batch_sizes as long as the batch), the cut ones have none, and the
+      // pack's batch counts its rows by the tensors that have them.
+      if (const auto packed = replayer::packedSequences(begin.structure);
+          !packed.empty() && begin.rowDims.size() == begin.batch.size()) {
+        if (!cutBegin) cutBegin = begin;
+        for (const auto& p : packed)
+          for (const auto& input : p.tensors)
+            for (size_t i = 0; i < cutBegin->batch.size(); ++i)
+              if (!input.empty() && cutBegin->batch[i] == formats::batchTensorName(target, input)) cutBegin->rowDims[i] = -1;
+      }
     }
   }
 

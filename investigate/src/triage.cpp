@@ -113,6 +113,15 @@ std::optional<double> firstOutside(const inspect::HostTensor& row, const IndexDo
   return std::nullopt;
 }
 
+/// The bundle names of the tensors of a batch's PackedSequences at `step`.
+std::set<std::string> packedTensorNames(const std::vector<replayer::PackedParts>& packed, int64_t step) {
+  std::set<std::string> out;
+  for (const auto& p : packed)
+    for (const auto& input : p.tensors)
+      if (!input.empty()) out.insert(formats::batchTensorName(step, input));
+  return out;
+}
+
 /// How many times every other row's largest magnitude a row must reach to be an outlier.
 constexpr double kOutlierFactor = 100;
 
@@ -253,11 +262,14 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
     bool floating = false, integer = false;
     std::vector<IndexDomain> applicable;
   };
+  // A PackedSequence's tensors hold no rows, whatever their sizes: its rows are gathered below.
+  const auto packedSequences = replayer::packedSequences(begin->structure);
+  const auto packedNames = packedTensorNames(packedSequences, step);
   std::vector<Loaded> loaded;
   for (size_t i = 0; i < begin->batch.size(); ++i) {
     const auto* info = reader->find(begin->batch[i]);
     const int rowDim = batchRows.dims[i];
-    if (!info || info->name == index || rowDim < 0 || batch == 0) continue;
+    if (!info || info->name == index || rowDim < 0 || batch == 0 || packedNames.count(info->name)) continue;
     Loaded l;
     l.info = info;
     l.rowDim = rowDim;
@@ -277,7 +289,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   // A PackedSequence's data holds each row's time steps at the places its batch_sizes and
   // sorted_indices tell (replayer::packedRowPositions): each row's are gathered and judged as a row
   // of a tensor with rows is. Its integer data (token ids) is judged against the domains too.
-  for (const auto& packed : replayer::packedSequences(begin->structure)) {
+  for (const auto& packed : packedSequences) {
     auto name = [&](size_t k) { return formats::batchTensorName(step, packed.tensors[k]); };
     const auto* info = packed.tensors[0].empty() ? nullptr : reader->find(name(0));
     if (!info || packed.tensors[1].empty() || !reader->find(name(1))) continue;
@@ -288,18 +300,22 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       return v;
     };
     const bool sorted = !packed.tensors[2].empty() && reader->find(name(2));
-    const auto positions = replayer::packedRowPositions(longs(1), sorted ? longs(2) : std::vector<int64_t>{});
+    const auto sizes = longs(1);
+    const auto positions = replayer::packedRowPositions(sizes, sorted ? longs(2) : std::vector<int64_t>{});
     if (!positions || static_cast<int64_t>(positions->size()) != batch) continue;
     Loaded l;
     l.info = info;
     l.rowDim = -1;  // no row dimension: no feature columns to judge
     const auto data = inspect::loadTensor(*reader, info->name);
-    if (data.shape.empty()) continue;
+    int64_t total = 0;
+    for (int64_t n : sizes) total += n;
+    if (data.shape.empty() || data.shape[0] != total) continue;  // data that does not fit its batch_sizes
     l.t.dtype = data.dtype;  // its shape for the domains an op's index input of that shape has; no bytes
     l.t.shape = data.shape;
     l.floating = formats::isFloating(data.dtype) || formats::isComplex(data.dtype);
     l.integer = !l.floating && data.dtype != formats::DType::Bool;
-    const uint64_t stride = data.shape[0] > 0 ? data.numel() / static_cast<uint64_t>(data.shape[0]) : 0;
+    uint64_t stride = 1;  // elements per time step
+    for (size_t d = 1; d < data.shape.size(); ++d) stride *= static_cast<uint64_t>(data.shape[d]);
     const size_t rowBytes = stride * formats::elementSize(data.dtype);
     for (const auto& at : *positions) {
       inspect::HostTensor row;
@@ -516,11 +532,15 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
   if (concatenated.empty()) return out;
   const auto batchRows = formats::batchRows(*begin, *reader);
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
+  // A PackedSequence's tensors are neither concatenated samples with spans nor lengths or offsets
+  // (its batch_sizes sums to its data's length): findRowOddities gathers its rows.
+  const auto packedNames = packedTensorNames(replayer::packedSequences(begin->structure), step);
   // Tensors of one integer per row: the candidates for lengths or offsets (formats::raggedSpans).
   std::vector<std::pair<std::string, std::vector<int64_t>>> perRow;
   for (size_t i = 0; i < begin->batch.size(); ++i) {
     const auto* info = reader->find(begin->batch[i]);
-    if (!info || info->name == index || batchRows.dims[i] != 0 || info->shape.size() != 1) continue;
+    if (!info || info->name == index || batchRows.dims[i] != 0 || info->shape.size() != 1 || packedNames.count(info->name))
+      continue;
     if (formats::isFloating(info->dtype) || formats::isComplex(info->dtype) || info->dtype == formats::DType::Bool) continue;
     const auto t = inspect::loadTensor(*reader, info->name);
     std::vector<int64_t> values;
@@ -533,7 +553,7 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
   for (const auto& c : concatenated) {
     const auto* info = reader->find(c.name);
     if (!info || c.shape.empty() || formats::isFloating(info->dtype) || formats::isComplex(info->dtype) ||
-        info->dtype == formats::DType::Bool)
+        info->dtype == formats::DType::Bool || packedNames.count(c.name))
       continue;
     // Where each row's samples lie in it, along dimension 0.
     const auto spans = c.shape[0] != (c.otherShape.empty() ? c.shape[0] : c.otherShape[0])
@@ -800,17 +820,21 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
         if (d.raisedValue) raised.push_back(d);
       try {
         for (auto& finding : findRowOddities(bundle, f.step(), all, raised))
-          if (finding.kind == RowFinding::Kind::NonFinite || finding.kind == RowFinding::Kind::OutOfDomain) {
-            if (auto index = datasetIndices(bundle, f.step(), {finding.row}, f.replay ? f.replay->rowOrder : std::nullopt))
-              finding.datasetIndex = index->front();
+          if (finding.kind == RowFinding::Kind::NonFinite || finding.kind == RowFinding::Kind::OutOfDomain)
             f.untestedRowFindings.push_back(std::move(finding));
-          }
       } catch (const Error&) {
         // A batch tensor that cannot be read (a damaged bundle): the experiments said what they could.
       }
       if (f.untestedRowFindings.size() > kListedUntestedFindings) {
         f.untestedFindingsLeftOut = f.untestedRowFindings.size() - kListedUntestedFindings;
         f.untestedRowFindings.resize(kListedUntestedFindings);
+      }
+      try {
+        for (auto& finding : f.untestedRowFindings)
+          if (auto index = datasetIndices(bundle, f.step(), {finding.row}, f.replay ? f.replay->rowOrder : std::nullopt))
+            finding.datasetIndex = index->front();
+      } catch (const Error&) {
+        // An index tensor that cannot be read: the rows are named by their place.
       }
     }
     try {

@@ -1275,6 +1275,23 @@ TEST_CASE("a PackedSequence's rows are gathered from its data and judged as rows
   CHECK(found[0].kind == RowFinding::Kind::NonFinite);
   CHECK(found[0].nanCount == 1);
   CHECK(findRowOddities(features, 6, {0}, {}).empty());
+  // Data that does not fit its batch_sizes (a PackedSequence built by hand, damage) is not gathered.
+  const std::string shorter = dir.file("shorter.ccap");
+  {
+    auto w = formats::BundleWriter::create(shorter);
+    writeInts(*w, "0/0", {4, 7, 9, 5});
+    writeInts(*w, "0/1", {3, 2, 1});
+    writeInts(*w, "0/2", {1, 0, 2});
+    formats::StepBeginData begin;
+    begin.step = 6;
+    for (const char* name : {"0/0", "0/1", "0/2"}) begin.batch.push_back(formats::batchTensorName(6, name));
+    begin.rowDims = {-1, 0, 0};
+    begin.structure = R"({"tuple": [{"tensor": "0/0"}, {"tensor": "0/1"}, {"tensor": "0/2"}, {"value": null}],
+        "type": "torch.nn.utils.rnn:PackedSequence"})";
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  CHECK(findRowOddities(shorter, 6, {0, 1, 2}, embedding).empty());
 }
 
 TEST_CASE("a loss's 'Target N is out of bounds' takes its classes from the loss in the trace and judges every row",

@@ -423,10 +423,9 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       if (const auto packed = replayer::packedSequences(begin.structure);
           !packed.empty() && begin.rowDims.size() == begin.batch.size()) {
         if (!cutBegin) cutBegin = begin;
-        for (const auto& p : packed)
-          for (const auto& input : p.tensors)
-            for (size_t i = 0; i < cutBegin->batch.size(); ++i)
-              if (!input.empty() && cutBegin->batch[i] == formats::batchTensorName(target, input)) cutBegin->rowDims[i] = -1;
+        const auto packedNames = replayer::packedTensorNames(packed, target);
+        for (size_t i = 0; i < cutBegin->batch.size(); ++i)
+          if (packedNames.count(cutBegin->batch[i])) cutBegin->rowDims[i] = -1;
       }
     }
   }

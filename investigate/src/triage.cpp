@@ -113,15 +113,6 @@ std::optional<double> firstOutside(const inspect::HostTensor& row, const IndexDo
   return std::nullopt;
 }
 
-/// The bundle names of the tensors of a batch's PackedSequences at `step`.
-std::set<std::string> packedTensorNames(const std::vector<replayer::PackedParts>& packed, int64_t step) {
-  std::set<std::string> out;
-  for (const auto& p : packed)
-    for (const auto& input : p.tensors)
-      if (!input.empty()) out.insert(formats::batchTensorName(step, input));
-  return out;
-}
-
 /// How many times every other row's largest magnitude a row must reach to be an outlier.
 constexpr double kOutlierFactor = 100;
 
@@ -264,7 +255,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   };
   // A PackedSequence's tensors hold no rows, whatever their sizes: its rows are gathered below.
   const auto packedSequences = replayer::packedSequences(begin->structure);
-  const auto packedNames = packedTensorNames(packedSequences, step);
+  const auto packedNames = replayer::packedTensorNames(packedSequences, step);
   std::vector<Loaded> loaded;
   for (size_t i = 0; i < begin->batch.size(); ++i) {
     const auto* info = reader->find(begin->batch[i]);
@@ -534,7 +525,7 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
   // A PackedSequence's tensors are neither concatenated samples with spans nor lengths or offsets
   // (its batch_sizes sums to its data's length): findRowOddities gathers its rows.
-  const auto packedNames = packedTensorNames(replayer::packedSequences(begin->structure), step);
+  const auto packedNames = replayer::packedTensorNames(replayer::packedSequences(begin->structure), step);
   // Tensors of one integer per row: the candidates for lengths or offsets (formats::raggedSpans).
   std::vector<std::pair<std::string, std::vector<int64_t>>> perRow;
   for (size_t i = 0; i < begin->batch.size(); ++i) {

@@ -137,12 +137,9 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
   refuseSampleLists(reader, begin, batchRows, refusal, hint);
   // A PackedSequence's tensors are cut as one (cutPacked), never as rows or spans of their own.
   std::map<std::string, at::Tensor> out;
-  std::set<std::string> packedNames;
-  for (const auto& packed : packedSequences(begin.structure)) {
-    cutPacked(reader, begin.step, batchRows.count, packed, rows, out, refusal, hint);
-    for (const auto& input : packed.tensors)
-      if (!input.empty()) packedNames.insert(formats::batchTensorName(begin.step, input));
-  }
+  const auto packedParts = packedSequences(begin.structure);
+  for (const auto& packed : packedParts) cutPacked(reader, begin.step, batchRows.count, packed, rows, out, refusal, hint);
+  const auto packedNames = packedTensorNames(packedParts, begin.step);
   // Each concatenated tensor's spans, from the batch's tensors of one integer per row.
   std::map<std::string, formats::RaggedSpans> ragged;
   auto whole = formats::concatenatedBatchTensors(view.stepBegins, begin.step, reader);

@@ -8,6 +8,7 @@
 #include <optional>
 
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/records.hpp"
 
 namespace crashcap::replayer {
 
@@ -153,6 +154,14 @@ std::vector<PackedParts> packedSequences(const std::string& structure) {
     out.push_back(std::move(parts));
     return true;
   });
+  return out;
+}
+
+std::set<std::string> packedTensorNames(const std::vector<PackedParts>& packed, int64_t step) {
+  std::set<std::string> out;
+  for (const auto& p : packed)
+    for (const auto& input : p.tensors)
+      if (!input.empty()) out.insert(formats::batchTensorName(step, input));
   return out;
 }
 

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <map>
 #include <optional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -51,6 +52,9 @@ struct PackedParts {
 /// select, whatever their sizes happen to be: the data interleaves the rows' time steps, sorted by
 /// length; batch_sizes counts rows per time step; the indices are permutations (cutPacked).
 std::vector<PackedParts> packedSequences(const std::string& structure);
+/// The bundle names of the tensors of `packed` (packedSequences of the batch of `step`): the
+/// tensors a cut, a row check or a pack treats as one PackedSequence, never as rows of their own.
+std::set<std::string> packedTensorNames(const std::vector<PackedParts>& packed, int64_t step);
 
 /// Where each row's time steps lie along a PackedSequence's data (dimension 0), in time order,
 /// from its batch_sizes and sorted_indices (empty: packed already sorted, row r at place r): row

@@ -247,6 +247,7 @@ class Observer:
         self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
         self.stopped_dir = None         # the recording stop() closed, until its training ends
         self.loaderless_backwards = 0   # backward() calls before any training began
+        self.batch_before_optimizer = False  # a DataLoader batch came before any optimizer was made
         self.failed = None              # why the observer stopped (None while it runs)
         self.said = set()               # the warnings said (one each)
         self.pending_warnings = []      # said before the recording began: kept in it when it does
@@ -356,6 +357,7 @@ class Observer:
             self.training_dataset = _weak(dataset)
         elif self.rec is None:
             if self.training < 0:
+                self.batch_before_optimizer = True
                 self.warn("no-optimizer", "a DataLoader batch came before any torch.optim optimizer was made, so there "
                           "is no model to record yet; recording begins at the first batch after one is made")
             return
@@ -584,7 +586,10 @@ class Observer:
         for text in self.pending_warnings:
             self.rec.warn(text, _print=False)  # said already
         self.pending_warnings = []
-        if self.rec._native is not None and not self.quiet:
+        # A training that made its optimizer after its loader's first batch (a lazy module sized by
+        # a forward pass) is recorded from its next batch on, as said; until then only its crash is
+        # kept, and that is no training "without a DataLoader" to announce.
+        if self.rec._native is not None and not self.quiet and not (ordinal is None and self.batch_before_optimizer):
             source = f"from DataLoader #{ordinal}" if ordinal is not None else "(its crash only: no DataLoader)"
             which = f"training {self.training} of this process" if self.training > 0 else "this training"
             _say(f"recording {which} {source}: model {words}, optimizer "
@@ -806,6 +811,27 @@ def _seen_batch(iterator, batch):
                        getattr(iterator, "_dataset", None), None if iteration is None else (iteration, first))
 
 
+def _replay_takes_over(iterator):
+    """In a replay, the recorded batches from this batch of a live iteration on, when the recording
+    began here: the optimizer was made after the iteration began (after a forward pass sized a lazy
+    module), so the recording began at the first batch after it (on_batch), not with the iteration."""
+    ordinal = getattr(iterator, "_crashcap_loader", None)
+    ref = getattr(iterator, "_crashcap_loader_ref", None)
+    loader = ref() if ref is not None else None
+    if (ordinal is None or ordinal < 0 or loader is None or not _observer.here() or not torch.is_grad_enabled()
+            or _api._recorder._user_recorder_made):
+        return None
+    try:
+        with _observer.lock:
+            if _observer.replay_steps is not None or not _observer.begins_training():
+                return None
+            steps = _observer.replay_iter(ordinal, loader)
+    except Exception as e:  # crashcap's own: the replay cannot go on, and says why
+        _refuse_replay("internal", f"crashcap could not drive the replay: {type(e).__name__}: {e}")
+    iterator._crashcap_replayed = steps
+    return steps
+
+
 @_guarded
 def _seen_end(iterator):
     _observer.loader_ended(getattr(iterator, "_crashcap_loader", -1))
@@ -883,6 +909,7 @@ def install(policy=None, replay=False):
     @functools.wraps(iter_init)
     def Iter_init(self, loader, *args, **kwargs):
         self._crashcap_loader = getattr(loader, "_crashcap_ordinal", -1)
+        self._crashcap_loader_ref = weakref.ref(loader)
         self._crashcap_indices = collections.deque()
         self._crashcap_iteration, self._crashcap_first = next(_iterations), True
         iter_init(self, loader, *args, **kwargs)
@@ -905,6 +932,11 @@ def install(policy=None, replay=False):
 
     @functools.wraps(next_)
     def Iter_next(self):
+        replayed = getattr(self, "_crashcap_replayed", None)
+        if replayed is None and _observer.replay:
+            replayed = _replay_takes_over(self)
+        if replayed is not None:
+            return next(replayed)
         try:
             batch = next_(self)
         except StopIteration:

@@ -43,6 +43,19 @@ def test_the_second_fold_of_a_cross_validation_is_recorded_anew_and_replays_afte
     assert triage["culprit"]["dataset_indices"] == [120]  # the index in the data, not in the fold's Subset
 
 
+def test_an_optimizer_made_in_the_loop_after_a_lazy_forward_is_recorded_from_the_next_batch_and_replays(tmp_path):
+    # The NaN row (dataset index 130) comes after the first batch in the loader's shuffled order.
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "lazy", "--nan-index", 130)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert "no model to record yet" in r.stderr, r.stderr
+    assert "no DataLoader" not in r.stderr, r.stderr  # the first batch's backward is no training without one
+    assert r.stderr.count("recording this training") == 1, r.stderr
+    # The replay takes the recorded batches over from the second batch of the first iteration, as
+    # the recording took them, and runs the first batch as the program does.
+    _, triage = replay_and_triage(only_bundle(runs))
+    assert triage["culprit"]["dataset_indices"] == [130]
+
+
 def test_a_dataloader_made_anew_every_epoch_goes_on_recording_the_training_and_a_validation_loader_does_not(tmp_path):
     bare = run_bare(tmp_path, "shapes_of_loops.py", "--case", "per-epoch")
     r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "per-epoch")

@@ -15,6 +15,8 @@ each trains a small MLP and meets a NaN row (dataset index --nan-index) in --cas
   prefetch     a loop that draws each batch one ahead of the one it trains on
   replacement  a WeightedRandomSampler that draws with replacement, the NaN row weighted so that
                a batch holds it more than once
+  lazy         a model of lazy modules, sized by the forward pass of the first batch, whose
+               optimizer is made only then, inside the loop
 """
 
 import argparse
@@ -112,10 +114,25 @@ def prefetching(rows, epochs=2):
         print(f"epoch {epoch}: loss {loss.item():.6f}", flush=True)
 
 
+def lazy_optimizer(loader, epochs=3):
+    model = nn.Sequential(nn.LazyLinear(32), nn.ReLU(), nn.Dropout(0.2), nn.LazyLinear(2))
+    optimizer = None
+    for epoch in range(epochs):
+        for x, y in loader:
+            out = model(x)
+            if optimizer is None:
+                optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+            loss = F.cross_entropy(out, y)
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        print(f"epoch {epoch}: loss {loss.item():.6f}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup", "per-epoch",
-                                                      "short", "prefetch", "replacement"])
+                                                      "short", "prefetch", "replacement", "lazy"])
     p.add_argument("--nan-index", type=int, default=-1)
     a = p.parse_args()
     torch.manual_seed(0)
@@ -150,6 +167,8 @@ def main():
         short_epochs(rows)
     elif a.case == "prefetch":
         prefetching(rows)
+    elif a.case == "lazy":
+        lazy_optimizer(DataLoader(rows, batch_size=16, shuffle=True, num_workers=2))
 
 
 if __name__ == "__main__":

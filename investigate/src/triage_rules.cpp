@@ -509,6 +509,40 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
   return h;
 }
 
+namespace {
+
+/// The largest weight norm of the steps before `step`.
+double levelMax(const std::vector<replayer::StepReplay>& steps, int64_t step) {
+  double out = 0;
+  for (const auto& s : steps)
+    if (s.step < step && s.weightNorm) out = std::max(out, *s.weightNorm);
+  return out;
+}
+
+/// The step whose update alone made the weights non-finite, when they had stayed within twice
+/// their first norm (`w0`) until then, and the step's loss and gradient norm are finite, its
+/// gradient norm at most 100 times the largest before it and its learning rate at most 10 times
+/// the first step's: what a diverging training does not do in one update.
+std::optional<replayer::StepReplay> nonFiniteFromOneUpdate(const std::vector<replayer::StepReplay>& steps, double w0) {
+  double gradMax = 0;
+  for (const auto& s : steps) {
+    if (!s.weightNorm) continue;
+    if (std::isfinite(*s.weightNorm) && s.weightsFinite) {
+      if (*s.weightNorm > 2 * w0) return std::nullopt;
+      if (s.hasGradNorm) gradMax = std::max(gradMax, s.gradNorm);
+      continue;
+    }
+    const double lr0 = steps.front().learningRate;
+    bool likeBefore = s.hasLoss && std::isfinite(s.loss) && s.hasGradNorm && std::isfinite(s.gradNorm) &&
+                      gradMax > 0 && s.gradNorm <= 100 * gradMax && lr0 > 0 && s.learningRate <= 10 * lr0;
+    if (likeBefore && s.step > steps.front().step) return s;
+    return std::nullopt;
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
 Hypothesis judgeOptimizerDivergence(const TriageFacts& f) {
   Hypothesis h{"optimizer-divergence", V::Inconclusive, {}, fmt::format("crashcap bisect steps {}", f.bundle)};
   // The weights are judged up to the failing step: a replay that cannot reach it cannot say. One
@@ -558,7 +592,22 @@ Hypothesis judgeOptimizerDivergence(const TriageFacts& f) {
     if (!(to > from) || !(from > 0)) continue;
     if (!jump || to / from >= jump->to / jump->from) jump = Jump{from, to, steps[i].step};
   }
-  if (!std::isfinite(*wMax) || *wMax > 100 * *w0) {
+  if (auto jumped = nonFiniteFromOneUpdate(steps, *w0)) {
+    // Weights that stayed level and went non-finite in one update, from a loss and gradients
+    // like the steps' before at a learning rate like theirs, did not run away: an update of
+    // that size cannot come from those gradients.
+    const auto& s = *jumped;
+    h.verdict = V::Refuted;
+    h.evidence.push_back(fmt::format("the weight norm stays within {:.4g}..{:.4g} up to step {}, then step {}'s update "
+                                     "alone makes the weights non-finite: no growth",
+                                     *wMin, levelMax(steps, s.step), s.step - 1, s.step));
+    h.evidence.push_back(fmt::format(
+        "step {}'s loss ({:.4g}) and gradient norm ({:.4g}) are finite and like the steps' before, at learning rate "
+        "{:.4g}: the update used values its step's fingerprint (taken at its first backward()) does not hold (a "
+        "later backward() in the step, gradients changed before the update) or the optimizer's own arithmetic made "
+        "them (an eps of 0); the step to look at is {}",
+        s.step, s.loss, s.gradNorm, s.learningRate, s.step));
+  } else if (!std::isfinite(*wMax) || *wMax > 100 * *w0) {
     h.verdict = V::Confirmed;
     h.evidence.push_back(fmt::format("the weight norm grows from {:.4g} to {:.4g} over steps {}..{} before step {} fails",
                                      *w0, *wMax, steps.front().step, target - 1, target));

@@ -818,6 +818,46 @@ TEST_CASE("optimizer-divergence is refuted when the weight norm stays within twi
   CHECK(has(judgeOptimizerDivergence(f), "the weight norm stays within 3.604..3.611 up to the failing step"));
 }
 
+TEST_CASE("optimizer-divergence is refuted when one update makes level weights non-finite from a step like the ones "
+          "before",
+          "[investigate][triage]") {
+  // A step that ran a second backward() with an Inf loss: its fingerprint (the first backward's
+  // loss and gradients) is like every step's before, and its update makes the weights NaN.
+  auto f = reproducedAt6();
+  f.steps = stepsWith({2.59, 2.6, 2.6, NAN}, {1e-3, 1e-3, 1e-3, 1e-3, 1e-3});
+  for (auto& s : f.steps->steps) {
+    s.hasLoss = s.hasGradNorm = true;
+    s.loss = 0.7;
+    s.gradNorm = s.step == 4 ? 0.8 : 0.5;
+  }
+  f.steps->steps.back().loss = NAN;  // the target, on the weights the update broke
+  auto h = judgeOptimizerDivergence(f);
+  CHECK(h.verdict == V::Refuted);
+  CHECK(h.evidence.at(0) == "the weight norm stays within 2.59..2.6 up to step 4, then step 5's update alone makes the "
+                            "weights non-finite: no growth");
+  CHECK(has(h, "step 5's loss (0.7) and gradient norm (0.5) are finite and like the steps' before, at learning rate "
+               "0.001: the update used values"));
+  CHECK(has(h, "the step to look at is 5"));
+
+  // Gradients far larger than before explode the update: that is a divergence.
+  auto exploding = f;
+  exploding.steps->steps[3].gradNorm = 1e30;
+  CHECK(judgeOptimizerDivergence(exploding).verdict == V::Confirmed);
+  // So is a learning rate that jumped.
+  auto lr = f;
+  lr.steps->steps[3].learningRate = 1e5;
+  CHECK(judgeOptimizerDivergence(lr).verdict == V::Confirmed);
+  // And weights that grew before they went non-finite.
+  auto grew = f;
+  grew.steps->steps[2].weightNorm = 40.0;
+  CHECK(judgeOptimizerDivergence(grew).verdict == V::Confirmed);
+  // A non-finite loss or gradient norm in that step is the step's own failure, not one the
+  // fingerprint missed: the weights running away is then what it led to.
+  auto lossNan = f;
+  lossNan.steps->steps[3].gradNorm = NAN;
+  CHECK(judgeOptimizerDivergence(lossNan).verdict == V::Confirmed);
+}
+
 TEST_CASE("optimizer-divergence is inconclusive on moderate growth, on no weight norm, and without the step history",
           "[investigate][triage]") {
   auto grows = reproducedAt6();

@@ -457,7 +457,9 @@ class Observer:
         if self.ended:
             if self.backwards == 2:
                 self.warn("backwards", f"step {self.in_flight} ran backward() more than once; the first one's loss is "
-                          f"the step's fingerprint")
+                          f"the step's fingerprint, and a later one's NaN/Inf loss is the step's failure as the "
+                          f"first one's would be")
+            self._later_backward(tensors)
             return
         if not isinstance(tensors, torch.Tensor) or tensors.numel() != 1:
             return
@@ -472,6 +474,38 @@ class Observer:
                                       f"non-finite loss at step {self.in_flight}: {value} (recorded; the training "
                                       f"went on: --nonfinite record)", _api._recorder._stack_here(), "forward")
         self.rec.end(tensors)  # a NonFiniteError here is the training's, not crashcap's
+
+    def _later_backward(self, loss):
+        """A backward() of the step after the one that ended it: a non-finite loss here fails the step
+        (a second loss backpropagated apart, a GAN's generator after its discriminator), as it would
+        at the first; else the update would carry it into the weights unrecorded."""
+        if not isinstance(loss, torch.Tensor) or loss.numel() != 1 or loss.device.type != "cpu":
+            return
+        if self.replay:
+            self.rec._replay.later_backward(loss)
+            return
+        value = float(loss.detach().reshape(()))
+        if math.isfinite(value) or self.sealed_nonfinite:
+            return
+        step = self.in_flight
+        text = f"non-finite loss at step {step}: {value} (its backward() #{self.backwards}; the first one's loss was finite)"
+        stack = _api._recorder._stack_here()
+        if self.keep_going:
+            self.sealed_nonfinite = True
+            self.rec._native.fail("nonfinite", "NonFiniteError", text + " (recorded; the training went on: "
+                                  "--nonfinite record)", stack, "forward")
+            return
+        text += " (crashcap stopped the step before optimizer.step(); --nonfinite record lets the training go on)"
+        self.sealed_nonfinite = True
+        self.rec._native.fail("nonfinite", "NonFiniteError", text, stack, "forward")
+        raise _api.NonFiniteError(text)  # the training's, as the first backward's would be
+
+    def before_optimizer_step(self, optimizer):
+        """In a replay, before an update: the target step, left open for its later backward() calls,
+        ends here, before the update changes the weights."""
+        replay = getattr(self.rec, "_replay", None) if self.rec is not None else None
+        if self.in_flight is not None and replay is not None:
+            replay.before_update()
 
     def on_optimizer_step(self, optimizer):
         if self.in_flight is not None:
@@ -633,6 +667,7 @@ class Observer:
                 f"than when it recorded"))
         self.training_loader = ordinal
         driver.loader = loader  # what a loading crash's replay loads the batch that never came with
+        driver.observed = True
         return self._replayed(self.rec.steps(None))
 
     def _replayed(self, steps):
@@ -1007,6 +1042,11 @@ def _on_optimizer_step(optimizer):
     _observer.on_optimizer_step(optimizer)
 
 
+@_guarded
+def _before_optimizer_step(optimizer):
+    _observer.before_optimizer_step(optimizer)
+
+
 _step_depth = threading.local()
 
 
@@ -1014,6 +1054,8 @@ def _observed_step(step):
     @functools.wraps(step)
     def observed(self, *args, **kwargs):
         depth = getattr(_step_depth, "n", 0)
+        if depth == 0 and _observer is not None and _observer.replay:
+            _before_optimizer_step(self)
         _step_depth.n = depth + 1
         try:
             result = step(self, *args, **kwargs)

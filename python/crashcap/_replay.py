@@ -73,6 +73,8 @@ class Driver:
         self.restored = False
         self._pending = None       # steps rec.steps() has still to yield
         self.loader = None         # the training's DataLoader, when the observer drives the replay
+        self.observed = False      # the observer drives it: it sees every backward() and update
+        self._open = False         # the target step waits for its later backward() calls (later_backward)
         self._target_batch = None  # the target step's recorded batch tensors, by name, and
         self._target_indices = []  # its index tensor's dataset indices (match_rows)
         self._previous_hook = sys.excepthook
@@ -233,15 +235,34 @@ class Driver:
         # batch: from its own counters, which count from the keyframe here, not from step 0.
         for group, lr in zip(self.rec.optimizer.param_groups, self._update_lrs):
             group["lr"] = lr
-        self.session.end_step(loss)
+        over = self.session.end_step(loss, self.observed)
         if self.current == self.session.target:
-            if self.loader is not None:
-                # A loading crash: the batch after the target step is loaded here and now, not when
-                # the program would ask for it, so that nothing after the step runs (its update, a
-                # checkpoint it saves, a collective other ranks no longer join).
-                self._load_batch()
-            self._match_rows()  # after: the load draws the random numbers it drew when recording
-            self._finish()
+            if not over:
+                self._open = True  # a recorded non-finite loss the first backward() did not give
+                return
+            self._target_over()
+
+    def later_backward(self, loss):
+        """A backward() of the target step after its first (the observer's): the step ends at the
+        first whose loss is non-finite."""
+        if self._open and self.session.later_backward(loss):
+            self._target_over()
+
+    def before_update(self):
+        """The program is about to update its weights: a target step still open ends here, before
+        the update, with no later loss that was non-finite."""
+        if self._open:
+            self._target_over()
+
+    def _target_over(self):
+        self._open = False
+        if self.loader is not None:
+            # A loading crash: the batch after the target step is loaded here and now, not when
+            # the program would ask for it, so that nothing after the step runs (its update, a
+            # checkpoint it saves, a collective other ranks no longer join).
+            self._load_batch()
+        self._match_rows()  # after: the load draws the random numbers it drew when recording
+        self._finish()
 
     def _load_batch(self):
         """Loads the batch the recording failed to load again as the program's loader loads it

@@ -134,7 +134,10 @@ void bindReplay(py::module_& m) {
           },
           py::arg("optimizer"), py::arg("documents"))
       .def("start_probe", [](Session& s) { s.replay().startProbe(); })
-      .def("end_step", [](Session& s, const at::Tensor& loss) { s.replay().endStep(loss); })
+      .def(
+          "end_step", [](Session& s, const at::Tensor& loss, bool later) { return s.replay().endStep(loss, later); },
+          py::arg("loss"), py::arg("later_backwards") = false)
+      .def("later_backward", [](Session& s, const at::Tensor& loss) { return s.replay().laterBackward(loss); })
       .def("step_failed", [](Session& s, const std::string& error) { s.replay().stepFailed(error); })
       .def("batch_to_load",
            [](Session& s) -> py::object {

@@ -518,7 +518,7 @@ at::Tensor lossOf(const c10::IValue& out) {
 std::optional<FirstFailure> firstFailure(const std::vector<StepReplay>& steps) {
   for (const auto& s : steps) {
     if (!s.error.empty()) return FirstFailure{s.step, "error"};
-    if (!std::isfinite(s.loss)) return FirstFailure{s.step, "loss"};
+    if (!std::isfinite(s.loss) || s.laterBackward) return FirstFailure{s.step, "loss"};
     if (s.hasGradNorm && !std::isfinite(s.gradNorm)) return FirstFailure{s.step, "grad_norm"};
     if (!s.weightsFinite) return FirstFailure{s.step, "weights"};
   }
@@ -1023,8 +1023,12 @@ struct Run {
                   fmt::format("the replay ended before step {}: the program's loop stopped after {}", target,
                               result.steps.empty() ? std::string("no step") : fmt::format("step {}", result.steps.back().step)));
     const StepReplay& last = result.steps.back();
-    bool replayNonFinite = last.error.empty() && (!std::isfinite(last.loss) || (last.hasGradNorm && !std::isfinite(last.gradNorm)));
+    bool replayNonFinite = last.error.empty() && (!std::isfinite(last.loss) || (last.hasGradNorm && !std::isfinite(last.gradNorm)) ||
+                                                  last.laterBackward);
     result.error = !last.error.empty() ? last.error
+                   : last.laterBackward ? fmt::format("non-finite loss at step {}: {} (its backward() #{}; the first one's loss "
+                                                      "{} was finite)",
+                                                      target, last.laterLoss, last.laterBackward, last.loss)
                    : replayNonFinite   ? (std::isfinite(last.loss) ? fmt::format("non-finite gradient norm at step {}: {} (loss {})",
                                                                                  target, last.gradNorm, last.loss)
                                                                      : fmt::format("non-finite loss at step {}: {}", target, last.loss))
@@ -1430,6 +1434,9 @@ struct DrivenReplay::Impl {
   std::vector<at::Tensor> ordered;
   std::optional<StepReplay> current;  ///< begun, not yet closed
   bool ended = false;                 ///< the current step reached endStep
+  /// The target step's backward() calls so far, once endStep left it open for its later ones
+  /// (laterBackward); 0 otherwise.
+  int32_t backwards = 0;
 
   Impl(const std::string& bundle, const ReplayOptions& options, Comparison c)
       : comparison(std::move(c)),
@@ -1459,6 +1466,7 @@ struct DrivenReplay::Impl {
     run.endStep(*current, probe);
     current.reset();
     ended = false;
+    backwards = 0;
   }
 };
 
@@ -1562,13 +1570,42 @@ void DrivenReplay::startProbe() {
   if (m.run.options.instrument || m.probe.capture || m.probe.reference) m.scope.emplace(m.probe);
 }
 
-void DrivenReplay::endStep(const at::Tensor& loss) {
+bool DrivenReplay::endStep(const at::Tensor& loss, bool laterBackwards) {
   auto& m = *impl_;
-  if (!m.current || m.ended) return;
-  m.scope.reset();
+  if (!m.current || m.ended) return true;
   Run::fingerprint(*m.current, loss, m.ordered);
   m.ended = true;
-  if (m.current->step == m.run.target) m.close();
+  const auto& crash = m.run.view.crash;
+  auto& r = *m.current;
+  if (laterBackwards && r.step == m.run.target && crash && crash->step == r.step && crash->kind == "nonfinite" &&
+      std::isfinite(r.loss) && (!r.hasGradNorm || std::isfinite(r.gradNorm))) {
+    // The recorded non-finite loss may have come from a later backward() of the step: it stays
+    // open, and the probe on, through the computation of the later losses. (Where the recorded
+    // first loss was the non-finite one and the replay departs from it, no later one fails
+    // either, and the step ends at its update with the verdict it would have had here.)
+    m.backwards = 1;
+    return false;
+  }
+  m.scope.reset();
+  if (r.step == m.run.target) m.close();
+  return true;
+}
+
+bool DrivenReplay::laterBackward(const at::Tensor& loss) {
+  auto& m = *impl_;
+  if (!m.current || !m.ended || m.backwards == 0) return true;
+  ++m.backwards;
+  double value = 0;
+  {
+    at::NoGradGuard noGrad;
+    at::Tensor l = loss.detach();
+    value = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
+  }
+  if (std::isfinite(value)) return false;
+  m.current->laterBackward = m.backwards;
+  m.current->laterLoss = value;
+  m.close();
+  return true;
 }
 
 void DrivenReplay::stepFailed(const std::string& error) {

@@ -159,7 +159,8 @@ json stepJson(const StepReplay& s) {
           {"error", nullable(s.error)},
           {"lr", number(s.learningRate)},
           {"weight_norm", s.weightNorm ? number(*s.weightNorm) : json(nullptr)},
-          {"weights_finite", s.weightsFinite}};
+          {"weights_finite", s.weightsFinite},
+          {"later_backward", s.laterBackward ? json{{"backward", s.laterBackward}, {"loss", number(s.laterLoss)}} : json(nullptr)}};
 }
 
 StepReplay stepFrom(const json& j) {
@@ -184,6 +185,10 @@ StepReplay stepFrom(const json& j) {
   s.learningRate = real(j, "lr");
   s.weightNorm = optReal(j, "weight_norm");
   s.weightsFinite = flag(j, "weights_finite");
+  if (j.contains("later_backward") && j["later_backward"].is_object()) {
+    s.laterBackward = static_cast<int32_t>(integer(j["later_backward"], "backward"));
+    s.laterLoss = real(j["later_backward"], "loss");
+  }
   return s;
 }
 

@@ -56,6 +56,26 @@ def test_an_optimizer_made_in_the_loop_after_a_lazy_forward_is_recorded_from_the
     assert triage["culprit"]["dataset_indices"] == [130]
 
 
+def test_a_second_backward_whose_loss_is_inf_fails_its_step_and_the_replay_runs_the_step_to_it(tmp_path):
+    bare = run_bare(tmp_path, "shapes_of_loops.py", "--case", "two-losses")
+    r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "two-losses")
+    assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
+    assert r.stderr.count("ran backward() more than once") == 1, r.stderr
+    # Dataset index 130's reconstruction target is Inf: the step's classification loss (its first
+    # backward, the fingerprint) is finite, its second loss is not. Unchecked, the update would
+    # carry it into the weights and every later loss would be NaN.
+    (tmp_path / "bad").mkdir()
+    r, runs = run_recorded(tmp_path / "bad", "shapes_of_loops.py", "--case", "two-losses", "--nan-index", 130)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert "its backward() #2; the first one's loss was finite" in r.stderr, r.stderr
+    # The replay runs the target step past its first backward, to the second, and stops there.
+    replay, triage = replay_and_triage(only_bundle(runs))
+    assert "backward() #2" in replay["error"], replay
+    target = [s for s in replay["steps"] if s["step"] == replay["step"]][0]
+    assert target["later_backward"]["backward"] == 2 and target["later_backward"]["loss"] == "inf", target
+    assert triage["culprit"]["dataset_indices"] == [130]
+
+
 def test_a_dataloader_made_anew_every_epoch_goes_on_recording_the_training_and_a_validation_loader_does_not(tmp_path):
     bare = run_bare(tmp_path, "shapes_of_loops.py", "--case", "per-epoch")
     r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "per-epoch")

@@ -17,6 +17,9 @@ each trains a small MLP and meets a NaN row (dataset index --nan-index) in --cas
                a batch holds it more than once
   lazy         a model of lazy modules, sized by the forward pass of the first batch, whose
                optimizer is made only then, inside the loop
+  two-losses   a classifier with a reconstruction head, whose two losses are backpropagated one
+               after the other (two backward() calls a step); the bad row's reconstruction target
+               is Inf, so only the second loss is non-finite
 """
 
 import argparse
@@ -40,6 +43,20 @@ class Rows(Dataset):
     def __getitem__(self, i):
         x = self.x[i] + 0.01 * torch.randn(6)
         return (torch.full_like(x, float("nan")) if i == self.nan_index else x), self.y[i]
+
+
+class WithTargets(Dataset):
+    """Rows with a reconstruction target each (the row itself); the bad row's is Inf."""
+
+    def __init__(self, n, bad_index):
+        self.rows, self.bad_index = Rows(n, -1), bad_index
+
+    def __len__(self):
+        return len(self.rows)
+
+    def __getitem__(self, i):
+        x, y = self.rows[i]
+        return x, y, (torch.full_like(x, float("inf")) if i == self.bad_index else x.clone())
 
 
 class Batches(IterableDataset):
@@ -129,10 +146,36 @@ def lazy_optimizer(loader, epochs=3):
         print(f"epoch {epoch}: loss {loss.item():.6f}", flush=True)
 
 
+class TwoHeads(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.trunk = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2))
+        self.classify, self.reconstruct = nn.Linear(32, 2), nn.Linear(32, 6)
+
+    def forward(self, x):
+        h = self.trunk(x)
+        return self.classify(h), self.reconstruct(h)
+
+
+def two_losses(loader, epochs=3):
+    model = TwoHeads()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for epoch in range(epochs):
+        for x, y, target in loader:
+            optimizer.zero_grad()
+            logits, reconstruction = model(x)
+            loss = F.cross_entropy(logits, y)
+            loss.backward(retain_graph=True)
+            F.mse_loss(reconstruction, target).backward()
+            optimizer.step()
+        print(f"epoch {epoch}: loss {loss.item():.6f}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup", "per-epoch",
-                                                      "short", "prefetch", "replacement", "lazy"])
+                                                      "short", "prefetch", "replacement", "lazy",
+                                                      "two-losses"])
     p.add_argument("--nan-index", type=int, default=-1)
     a = p.parse_args()
     torch.manual_seed(0)
@@ -169,6 +212,8 @@ def main():
         prefetching(rows)
     elif a.case == "lazy":
         lazy_optimizer(DataLoader(rows, batch_size=16, shuffle=True, num_workers=2))
+    elif a.case == "two-losses":
+        two_losses(DataLoader(WithTargets(160, a.nan_index), batch_size=16, shuffle=True, num_workers=2))
 
 
 if __name__ == "__main__":

@@ -101,7 +101,15 @@ class DrivenReplay {
   /// at the target, the op probe starts here, so that it sees the step's ops and no others.
   void startProbe();
   /// After the step's backward: its loss and gradient norm are compared with the recording's.
-  void endStep(const at::Tensor& loss);
+  /// True when the step is over. With `laterBackwards` (a program whose every backward() is
+  /// seen: crashcap's observer), the target step of a recording that failed with a non-finite
+  /// loss stays open when this first loss and gradient norm are finite: the recorded loss came
+  /// from a later backward(), which laterBackward() checks. The step ends there, or when the
+  /// program calls finish() (it reached its update without one).
+  bool endStep(const at::Tensor& loss, bool laterBackwards = false);
+  /// A later backward() of the step endStep left open: true when its loss is non-finite, which
+  /// ends the step (StepReplay::laterBackward).
+  bool laterBackward(const at::Tensor& loss);
   /// The step threw: `error` as the program would print it.
   void stepFailed(const std::string& error);
   /// The recording crashed while its DataLoader loaded the batch after the target step (phase

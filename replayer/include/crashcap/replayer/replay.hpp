@@ -134,6 +134,11 @@ struct StepReplay {
   /// that completed its optimizer step (the target stops before it, a step that threw has none).
   std::optional<double> weightNorm;
   bool weightsFinite = true;     ///< every weight finite after the update (steps before the target)
+  /// The target step of a driven replay whose recorded failure is a non-finite loss that its
+  /// first backward() did not see (DrivenReplay::endStep): the first later backward() whose loss
+  /// is non-finite, counted from 1 (2: the step's second), and its loss. 0: none was.
+  int32_t laterBackward = 0;
+  double laterLoss = 0;
 };
 
 /// The first replayed step that fails: it throws, or its loss, gradient norm or (after the

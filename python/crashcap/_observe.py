@@ -489,16 +489,12 @@ class Observer:
             return
         step = self.in_flight
         text = f"non-finite loss at step {step}: {value} (its backward() #{self.backwards}; the first one's loss was finite)"
-        stack = _api._recorder._stack_here()
-        if self.keep_going:
-            self.sealed_nonfinite = True
-            self.rec._native.fail("nonfinite", "NonFiniteError", text + " (recorded; the training went on: "
-                                  "--nonfinite record)", stack, "forward")
-            return
-        text += " (crashcap stopped the step before optimizer.step(); --nonfinite record lets the training go on)"
+        text += (" (recorded; the training went on: --nonfinite record)" if self.keep_going else
+                 " (crashcap stopped the step before optimizer.step(); --nonfinite record lets the training go on)")
         self.sealed_nonfinite = True
-        self.rec._native.fail("nonfinite", "NonFiniteError", text, stack, "forward")
-        raise _api.NonFiniteError(text)  # the training's, as the first backward's would be
+        self.rec._native.fail("nonfinite", "NonFiniteError", text, _api._recorder._stack_here(), "forward")
+        if not self.keep_going:
+            raise _api.NonFiniteError(text)  # the training's, as the first backward's would be
 
     def before_optimizer_step(self, optimizer):
         """In a replay, before an update: the target step, left open for its later backward() calls,

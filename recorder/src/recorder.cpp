@@ -1108,7 +1108,7 @@ void StepGuard::end(const at::Tensor& loss) {
     bool onCpu = l.device().is_cpu();
     for (const auto& g : grads) onCpu = onCpu && g.device().is_cpu();
     if (onCpu) {
-      fp.loss = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
+      fp.loss = formats::torch::lossValue(l);
       if (!grads.empty()) {
         const auto norm = formats::torch::gradientNorm(grads);
         fp.gradNorm = norm.value;

@@ -899,8 +899,7 @@ struct Run {
   /// The step's loss and gradient norm after backward, compared with the recording's.
   static void fingerprint(StepReplay& r, const at::Tensor& loss, const std::vector<at::Tensor>& ordered) {
     at::NoGradGuard noGrad;
-    at::Tensor l = loss.detach();
-    r.loss = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
+    r.loss = formats::torch::lossValue(loss);
     r.hasLoss = true;
     std::vector<at::Tensor> grads;
     for (const auto& p : ordered)
@@ -1595,12 +1594,7 @@ bool DrivenReplay::laterBackward(const at::Tensor& loss) {
   auto& m = *impl_;
   if (!m.current || !m.ended || m.backwards == 0) return true;
   ++m.backwards;
-  double value = 0;
-  {
-    at::NoGradGuard noGrad;
-    at::Tensor l = loss.detach();
-    value = l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
-  }
+  const double value = formats::torch::lossValue(loss);
   if (std::isfinite(value)) return false;
   m.current->laterBackward = m.backwards;
   m.current->laterLoss = value;

@@ -98,4 +98,10 @@ double gradientNorm(const std::vector<at::Tensor>& gradients, GradNormMethod met
   return method == GradNormMethod::Blocked && blockable(grads) ? blockedNorm(grads) : foreachNorm(grads);
 }
 
+double lossValue(const at::Tensor& loss) {
+  at::NoGradGuard noGrad;
+  const at::Tensor l = loss.detach();
+  return l.numel() == 1 ? l.item<double>() : l.sum().item<double>();
+}
+
 }  // namespace crashcap::formats::torch

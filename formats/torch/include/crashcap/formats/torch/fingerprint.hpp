@@ -1,6 +1,6 @@
 #pragma once
-// The gradient norm of a step's fingerprint (step_end.gradNorm), computed the same way by the
-// recorder and by the replayer, which compares the two bit for bit. Each step_end says which
+// The loss and gradient norm of a step's fingerprint (step_end.loss, step_end.gradNorm), computed
+// the same way by the recorder and by the replayer, which compares the two bit for bit. Each step_end says which
 // method made its norm, so a replay computes it the same way whichever crashcap recorded it.
 
 #include <ATen/ATen.h>
@@ -32,6 +32,11 @@ GradientNorm gradientNorm(const std::vector<at::Tensor>& grads);
 /// where no bits are compared) get LibTorch's norm in their own dtype, which a float32 copy could
 /// overflow.
 double gradientNorm(const std::vector<at::Tensor>& grads, GradNormMethod method);
+
+/// A step's loss as one number (step_end.loss): a one-element loss's value, a larger loss's sum
+/// (a per-sample loss given to backward() with a gradient). Reads the value, so on a device it
+/// waits for the step's kernels.
+double lossValue(const at::Tensor& loss);
 
 inline constexpr int64_t kGradNormBlock = 64 * 1024;
 

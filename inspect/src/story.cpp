@@ -353,10 +353,21 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
                        str(j["program"]["parameters"]), str(j["program"]["buffers"]));
   }
   if (!j["optimizer"].is_null()) {
+    // An option the groups set apart (an encoder's and a decoder's learning rates) is listed
+    // per group, in the groups' order: lr=0.001,0.003.
     std::string opts;
-    if (!j["optimizer"]["groups"].empty())
-      for (const auto& [k, val] : j["optimizer"]["groups"][0]["options"].items())
-        opts += fmt::format("{}{}={}", opts.empty() ? "" : " ", k, str(val));
+    const auto& groups = j["optimizer"]["groups"];
+    if (!groups.empty())
+      for (const auto& [k, val] : groups[0]["options"].items()) {
+        std::vector<std::string> values;
+        bool same = true;
+        for (const auto& g : groups) {
+          const auto& o = g["options"];
+          values.push_back(o.contains(k) ? str(o[k]) : "-");
+          same = same && o.contains(k) && o[k] == val;
+        }
+        opts += fmt::format("{}{}={}", opts.empty() ? "" : " ", k, same ? str(val) : fmt::format("{}", fmt::join(values, ",")));
+      }
     const auto& st = j["steps"];
     std::string now;
     if (!st["last_learning_rates"].empty()) {

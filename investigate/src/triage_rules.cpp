@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "crashcap/formats/records.hpp"
 #include "crashcap/investigate/triage.hpp"
@@ -254,6 +255,16 @@ std::string loadedBatchText(const TriageFacts& f) {
                      f.step(), load.indices.size());
 }
 
+/// The dtype an op's non-finite output has when it is narrower than float64 ("Float",
+/// "BFloat16"): in the float64 reference, the step itself narrowed the widened values before that
+/// op (a `.float()`, autocast, a tensor it makes in float32), so the op did not run in float64.
+/// nullopt when every non-finite output is float64.
+std::optional<std::string> narrowedDtype(const replayer::ProbedOp& op) {
+  for (const auto& out : op.outputs)
+    if (out.nanCount + out.infCount > 0 && out.dtype != "Double" && out.dtype != "ComplexDouble") return out.dtype;
+  return std::nullopt;
+}
+
 std::string loadCulpritText(const replayer::LoadCulprit& c, const std::string& by) {
   return fmt::format("dataset index {} (sample {} of the batch) fails {}: {}", c.datasetIndex, c.position, by,
                      lastLine(c.error));
@@ -466,7 +477,12 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
   }
   if (f.ops) {
     const auto& ref = f.ops->reference;
-    if (f.ops->failsInFloat64() && ref.firstNonFiniteOp)
+    if (f.ops->failsInFloat64() && ref.firstNonFiniteOp && narrowedDtype(*ref.firstNonFiniteOp))
+      h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too, but that op ran in {} there "
+                                       "(the step narrows the widened values itself: a .float(), autocast, tensors it "
+                                       "makes): it says nothing about float32 rounding or range",
+                                       ref.firstNonFiniteOp->name, *narrowedDtype(*ref.firstNonFiniteOp)));
+    else if (f.ops->failsInFloat64() && ref.firstNonFiniteOp)
       h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too: not float32 rounding or range",
                                        ref.firstNonFiniteOp->name));
     else if (f.ops->failsInFloat64())

@@ -97,3 +97,20 @@ TEST_CASE("inspect says a crash while loading the next batch came after the step
         std::string::npos);
   CHECK(text("c.ccap", "forward").find("CRASH      exception at step 3, phase forward") != std::string::npos);
 }
+
+TEST_CASE("inspect lists an option the parameter groups set apart per group", "[inspect][story]") {
+  test::TempDir dir;
+  const std::string path = dir.file("groups.ccap");
+  {
+    auto w = BundleWriter::create(path);
+    OptimizerSpecData o;
+    o.kind = "adam";
+    o.groups.push_back({{"encoder.weight"}, {{"lr", 0.001}, {"eps", 1e-8}}});
+    o.groups.push_back({{"decoder.weight"}, {{"lr", 0.003}, {"eps", 1e-8}}});
+    writeMetaRecord(*w, o);
+    w->seal();
+  }
+  const auto text = inspect::storyText(*BundleReader::open(path));
+  INFO(text);
+  CHECK(text.find("optimizer  adam (2 group(s)) eps=1e-08 lr=0.001,0.003 (as first recorded)") != std::string::npos);
+}

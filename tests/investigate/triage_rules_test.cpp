@@ -736,6 +736,7 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   ops.replay.error = "non-finite loss at step 6: nan";
   ops.reference.error = "non-finite loss at step 6: nan";
   ops.reference.firstNonFiniteOp = nonFiniteOp("aten::div", {});
+  ops.reference.firstNonFiniteOp->outputs[0].dtype = "Double";  // the reference ran it widened
   replayer::DepartingOp d;
   d.name = "aten::log";
   d.phase = "forward";
@@ -747,6 +748,15 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   CHECK(h.verdict == V::Confirmed);
   CHECK(has(h, "the float64 CPU replay goes non-finite at aten::div too"));
   CHECK(has(h, "first op departing from float64: aten::log (forward), error 0.5 over 3 elements"));
+
+  // The step narrowed the widened values itself before the op (a .float() after an autocast
+  // forward): the reference's non-finite op ran in float32 and proves nothing about its range.
+  auto narrowed = f;
+  narrowed.ops->reference.firstNonFiniteOp->outputs[0].dtype = "Float";
+  auto n = judgeLossNumerics(narrowed);
+  CHECK(has(n, "the float64 CPU replay goes non-finite at aten::div too, but that op ran in Float there"));
+  CHECK(has(n, "it says nothing about float32 rounding or range"));
+  CHECK_FALSE(has(n, "not float32 rounding or range"));
 
   f.ops->reference.error.clear();
   f.ops->reference.firstNonFiniteOp.reset();

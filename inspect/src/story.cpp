@@ -520,7 +520,9 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
       s += fmt::format("; {} keyframes finished uncompressed (the writer had fallen behind)",
                        str(j["keyframes_written_raw"]));
     if (j["keyframe_interval"].get<int64_t>() > 0)
-      s += fmt::format("; a keyframe every {} steps", str(j["keyframe_interval"]));
+      // The interval the recorder held at its end: an automatic cadence starts at its floor and
+      // may widen, so the keyframes listed above can lie closer together than this.
+      s += fmt::format("; keyframe interval {} steps at the end", str(j["keyframe_interval"]));
     if (j["buffer_pool_peak_bytes"].get<uint64_t>())
       s += fmt::format("; copies held at most {} of host memory", formatBytes(j["buffer_pool_peak_bytes"].get<uint64_t>()));
     s += "\n";

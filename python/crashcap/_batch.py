@@ -1,9 +1,9 @@
 """A batch as the recorder keeps it: flat named tensors plus the structure they nest in.
 
 A training's batch is a tensor, or tuples, lists and dicts of tensors (and of plain values:
-file names, ids). The recorder stores each tensor under a path name ("image", "0", "inputs/ids"; a
-namedtuple's parts by field, "pair/x") and the nesting as JSON (StepBegin.structure in the bundle),
-from which replay rebuilds a batch of the same shape: tuples stay tuples, dicts keep their key order.
+file names, ids). The recorder stores each tensor under a path name ("image", "0", "inputs/ids")
+and the nesting as JSON (StepBegin.structure in the bundle), from which replay rebuilds a batch of
+the same shape: tuples stay tuples, dicts keep their key order.
 
 Structure nodes:
   {"tensor": NAME}              a tensor, stored as steps/<step>/batch/NAME
@@ -58,7 +58,7 @@ def _typed(node, value, plain):
     return node
 
 
-def _walk(value, path, tensors, used, by_field):
+def _walk(value, path, tensors, used):
     """The structure node of `value`; its tensors appended to `tensors` under fresh names."""
     if isinstance(value, torch.Tensor):
         name = _name_for(path, used)
@@ -68,28 +68,24 @@ def _walk(value, path, tensors, used, by_field):
         items = []
         for key, sub in value.items():
             plain_key = key if isinstance(key, (str, int)) and not isinstance(key, bool) else str(key)
-            items.append([plain_key, _walk(sub, path + [_part(key)], tensors, used, by_field)])
+            items.append([plain_key, _walk(sub, path + [_part(key)], tensors, used)])
         return _typed({"dict": items}, value, dict)
     if isinstance(value, tuple):
-        # A namedtuple's parts are named by its fields (pair/history), a plain tuple's by position.
-        fields = getattr(type(value), "_fields", None) if by_field else None
-        if not (isinstance(fields, tuple) and len(fields) == len(value) and all(isinstance(f, str) for f in fields)):
-            fields = range(len(value))
-        node = {"tuple": [_walk(sub, path + [_part(f)], tensors, used, by_field) for f, sub in zip(fields, value)]}
+        node = {"tuple": [_walk(sub, path + [str(i)], tensors, used) for i, sub in enumerate(value)]}
         return _typed(node, value, tuple)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        fields = [[f.name, _walk(getattr(value, f.name), path + [_part(f.name)], tensors, used, by_field)]
+        fields = [[f.name, _walk(getattr(value, f.name), path + [_part(f.name)], tensors, used)]
                   for f in dataclasses.fields(value)]
         return _typed({"object": fields}, value, None)
     if _plain_object(value):
-        fields = [[k, _walk(v, path + [_part(k)], tensors, used, by_field)] for k, v in vars(value).items()]
+        fields = [[k, _walk(v, path + [_part(k)], tensors, used)] for k, v in vars(value).items()]
         return _typed({"object": fields}, value, None)
     if isinstance(value, list):
         # A list of plain values (file names, ids) is one value, not a node per element.
         if all(v is None or isinstance(v, (str, bool, int)) or (isinstance(v, float) and math.isfinite(v))
                for v in value):
             return {"value": value}
-        return {"list": [_walk(sub, path + [str(i)], tensors, used, by_field) for i, sub in enumerate(value)]}
+        return {"list": [_walk(sub, path + [str(i)], tensors, used) for i, sub in enumerate(value)]}
     if value is None or isinstance(value, (str, bool, int)):
         return {"value": value}
     if isinstance(value, float):
@@ -159,21 +155,19 @@ def opaque_parts(structure_node, path="batch"):
     return out
 
 
-def flatten(batch, extra=(), by_field=True):
+def flatten(batch, extra=()):
     """(tensors, structure): tensors as [(name, tensor)], structure as JSON text ("" when the
     batch is a flat dict of tensors with plain string keys, the C++ recorder's form).
 
     `extra`: [(name, tensor)] stored beside the batch's own tensors but not part of its
     structure (the dataset indices the loader's sampler drew), each only when its name is free;
-    replay rebuilds the batch without them. A callable in place of the tensor is called only then.
-    `by_field`: a namedtuple's parts named by field; False: by position, as a recording made before
-    names them (replay matches its batch to such a recording's names)."""
+    replay rebuilds the batch without them. A callable in place of the tensor is called only then."""
     # Module-level helpers, not nested closures: a recursive closure is a reference cycle, and
     # one that held the batch's tensors kept every step's batch (shared memory from the loader's
     # workers) alive until the garbage collector happened to run.
     tensors = []
     used = set()
-    root = _walk(batch, [], tensors, used, by_field)
+    root = _walk(batch, [], tensors, used)
     added = False
     for name, tensor in extra:
         if name not in used:
@@ -186,17 +180,6 @@ def flatten(batch, extra=(), by_field=True):
     if len(structure) > 60_000:
         # StepBegin.structure holds at most 64 KiB: keep the tensors, say what was dropped.
         structure = json.dumps({"opaque": f"a batch structure of {len(structure)} bytes (too large to keep)"})
-    return tensors, structure
-
-
-def flatten_like(batch, recorded):
-    """flatten(batch), its tensors named as the names in `recorded` are: by position where a
-    recording made before a namedtuple's parts were named by field has those names."""
-    tensors, structure = flatten(batch)
-    if any(name not in recorded for name, _ in tensors):
-        by_position = flatten(batch, by_field=False)
-        if all(name in recorded for name, _ in by_position[0]):
-            return by_position
     return tensors, structure
 
 

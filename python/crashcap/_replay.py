@@ -202,7 +202,7 @@ class Driver:
             self._restore()
             recorded, _ = self._begin(step)
             recorded = dict(recorded)
-            tensors, _ = _batch.flatten_like(batch, recorded)
+            tensors, _ = _batch.flatten(batch)
             with torch.no_grad():
                 for name, t in tensors:
                     src = recorded.get(name)
@@ -336,7 +336,7 @@ def match_rows(loader, indices, recorded):
     collate, n = loader.collate_fn, len(indices)
     try:
         samples = _fetch(_indexed_dataset(loader.dataset), indices)
-        flat = [_batch.flatten_like(collate([x]), recorded) for x in samples]
+        flat = [_batch.flatten(collate([x])) for x in samples]
         alone = [dict(tensors) for tensors, _ in flat]
     except Exception as e:
         return "unchecked", [], f"loading the samples again and collating each alone raised {_error_text(e).splitlines()[-1]}"

@@ -354,7 +354,8 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
   }
   if (!j["optimizer"].is_null()) {
     // An option the groups set apart (an encoder's and a decoder's learning rates) is listed
-    // per group, in the groups' order: lr=0.001,0.003.
+    // per group, in the groups' order, the first kListedGroups of them: lr=0.001|0.003.
+    constexpr size_t kListedGroups = 6;
     std::string opts;
     const auto& groups = j["optimizer"]["groups"];
     if (!groups.empty())
@@ -363,10 +364,12 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
         bool same = true;
         for (const auto& g : groups) {
           const auto& o = g["options"];
-          values.push_back(o.contains(k) ? str(o[k]) : "-");
+          if (values.size() < kListedGroups) values.push_back(o.contains(k) ? str(o[k]) : "-");
           same = same && o.contains(k) && o[k] == val;
         }
-        opts += fmt::format("{}{}={}", opts.empty() ? "" : " ", k, same ? str(val) : fmt::format("{}", fmt::join(values, ",")));
+        std::string listed = fmt::format("{}", fmt::join(values, "|"));
+        if (groups.size() > kListedGroups) listed += fmt::format("|... ({} groups)", groups.size());
+        opts += fmt::format("{}{}={}", opts.empty() ? "" : " ", k, same ? str(val) : listed);
       }
     const auto& st = j["steps"];
     std::string now;

@@ -265,6 +265,15 @@ std::optional<std::string> narrowedDtype(const replayer::ProbedOp& op) {
   return std::nullopt;
 }
 
+/// The op is the narrowing itself: finite float64 inputs only, a non-finite narrower output (a
+/// `.float()` of values beyond float32's range).
+bool narrowsPastRange(const replayer::ProbedOp& op) {
+  if (op.inputs.empty()) return false;
+  for (const auto& in : op.inputs)
+    if (in.dtype != "Double" || in.nanCount + in.infCount > 0) return false;
+  return true;
+}
+
 std::string loadCulpritText(const replayer::LoadCulprit& c, const std::string& by) {
   return fmt::format("dataset index {} (sample {} of the batch) fails {}: {}", c.datasetIndex, c.position, by,
                      lastLine(c.error));
@@ -477,7 +486,12 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
   }
   if (f.ops) {
     const auto& ref = f.ops->reference;
-    if (f.ops->failsInFloat64() && ref.firstNonFiniteOp && narrowedDtype(*ref.firstNonFiniteOp))
+    if (f.ops->failsInFloat64() && ref.firstNonFiniteOp && narrowedDtype(*ref.firstNonFiniteOp) &&
+        narrowsPastRange(*ref.firstNonFiniteOp))
+      h.evidence.push_back(fmt::format("the float64 CPU replay's values pass {}'s range where the step narrows them "
+                                       "itself ({}): the range of the narrower dtype is involved, not its rounding",
+                                       *narrowedDtype(*ref.firstNonFiniteOp), ref.firstNonFiniteOp->name));
+    else if (f.ops->failsInFloat64() && ref.firstNonFiniteOp && narrowedDtype(*ref.firstNonFiniteOp))
       h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too, but that op ran in {} there "
                                        "(the step narrows the widened values itself: a .float(), autocast, tensors it "
                                        "makes): it says nothing about float32 rounding or range",

@@ -112,5 +112,5 @@ TEST_CASE("inspect lists an option the parameter groups set apart per group", "[
   }
   const auto text = inspect::storyText(*BundleReader::open(path));
   INFO(text);
-  CHECK(text.find("optimizer  adam (2 group(s)) eps=1e-08 lr=0.001,0.003 (as first recorded)") != std::string::npos);
+  CHECK(text.find("optimizer  adam (2 group(s)) eps=1e-08 lr=0.001|0.003 (as first recorded)") != std::string::npos);
 }

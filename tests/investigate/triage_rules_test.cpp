@@ -757,6 +757,13 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   CHECK(has(n, "the float64 CPU replay goes non-finite at aten::div too, but that op ran in Float there"));
   CHECK(has(n, "it says nothing about float32 rounding or range"));
   CHECK_FALSE(has(n, "not float32 rounding or range"));
+  // The op is the narrowing itself, of finite float64 values past float32's range.
+  auto cast = narrowed;
+  cast.ops->reference.firstNonFiniteOp->name = "aten::_to_copy";
+  cast.ops->reference.firstNonFiniteOp->inputs = {stats(0, 0, -1e300, 1e300)};
+  cast.ops->reference.firstNonFiniteOp->inputs[0].dtype = "Double";
+  CHECK(has(judgeLossNumerics(cast), "the float64 CPU replay's values pass Float's range where the step narrows "
+                                     "them itself (aten::_to_copy): the range of the narrower dtype is involved"));
 
   f.ops->reference.error.clear();
   f.ops->reference.firstNonFiniteOp.reset();

@@ -486,16 +486,16 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
   }
   if (f.ops) {
     const auto& ref = f.ops->reference;
-    if (f.ops->failsInFloat64() && ref.firstNonFiniteOp && narrowedDtype(*ref.firstNonFiniteOp) &&
-        narrowsPastRange(*ref.firstNonFiniteOp))
+    const auto narrowed = ref.firstNonFiniteOp ? narrowedDtype(*ref.firstNonFiniteOp) : std::nullopt;
+    if (f.ops->failsInFloat64() && narrowed && narrowsPastRange(*ref.firstNonFiniteOp))
       h.evidence.push_back(fmt::format("the float64 CPU replay's values pass {}'s range where the step narrows them "
                                        "itself ({}): the range of the narrower dtype is involved, not its rounding",
-                                       *narrowedDtype(*ref.firstNonFiniteOp), ref.firstNonFiniteOp->name));
-    else if (f.ops->failsInFloat64() && ref.firstNonFiniteOp && narrowedDtype(*ref.firstNonFiniteOp))
+                                       *narrowed, ref.firstNonFiniteOp->name));
+    else if (f.ops->failsInFloat64() && narrowed)
       h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too, but that op ran in {} there "
                                        "(the step narrows the widened values itself: a .float(), autocast, tensors it "
                                        "makes): it says nothing about float32 rounding or range",
-                                       ref.firstNonFiniteOp->name, *narrowedDtype(*ref.firstNonFiniteOp)));
+                                       ref.firstNonFiniteOp->name, *narrowed));
     else if (f.ops->failsInFloat64() && ref.firstNonFiniteOp)
       h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too: not float32 rounding or range",
                                        ref.firstNonFiniteOp->name));

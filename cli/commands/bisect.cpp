@@ -127,11 +127,21 @@ void printSamples(const std::string& bundle, const investigate::SampleBisection&
 
 void printOps(const investigate::OpBisection& b) {
   const auto& nonFinite = b.replay.firstNonFiniteOp;
+  // A reference that fails the same way at an op the step itself ran narrow (a .float(),
+  // autocast) did not fail in float64: say which op and dtype.
+  std::string reference = b.reference.error.empty() ? "passes" : "fails another way: " + b.reference.error;
+  if (b.referenceFailsTheSameWay() && b.referenceNarrowsPastRange())
+    reference = fmt::format("fails the same way where the step narrows its float64 values past {}'s range itself, at "
+                            "{}: the range of {} is involved",
+                            *b.referenceNarrowedTo(), b.reference.firstNonFiniteOp->name, *b.referenceNarrowedTo());
+  else if (b.referenceFailsTheSameWay() && b.referenceNarrowedTo())
+    reference = fmt::format("fails the same way, but at {}, which ran in {} there: the step narrows the widened values "
+                            "itself, so this says nothing about float32 rounding or range",
+                            b.reference.firstNonFiniteOp->name, *b.referenceNarrowedTo());
+  else if (b.referenceFailsTheSameWay())
+    reference = "fails the same way";
   std::cout << fmt::format("step {} replayed as recorded ({}) and in float64 on the CPU ({})\n", b.step,
-                           b.replay.error.empty() ? "passes" : "fails",
-                           b.reference.error.empty() ? "passes"
-                           : b.failsInFloat64()      ? "fails the same way"
-                                                     : "fails another way: " + b.reference.error);
+                           b.replay.error.empty() ? "passes" : "fails", reference);
   if (nonFinite)
     std::cout << fmt::format("first op with a non-finite output: {} ({}, op #{})\n", nonFinite->name, nonFinite->phase,
                              nonFinite->index);

@@ -146,10 +146,24 @@ OpBisection bisectOps(const std::string& bundle, int64_t step, double tolerance,
   return b;
 }
 
-bool OpBisection::failsInFloat64() const {
+bool OpBisection::referenceFailsTheSameWay() const {
   if (reference.error.empty() || reference.verdict == replayer::Verdict::Diverged) return false;
   auto nonFinite = [](const std::string& e) { return e.rfind("non-finite", 0) == 0; };
   return (nonFinite(reference.error) && nonFinite(replay.error)) || reference.error == replay.error;
+}
+
+std::optional<std::string> OpBisection::referenceNarrowedTo() const {
+  if (!reference.firstNonFiniteOp) return std::nullopt;
+  for (const auto& out : reference.firstNonFiniteOp->outputs)
+    if (out.nanCount + out.infCount > 0 && out.dtype != "Double" && out.dtype != "ComplexDouble") return out.dtype;
+  return std::nullopt;
+}
+
+bool OpBisection::referenceNarrowsPastRange() const {
+  if (!referenceNarrowedTo() || reference.firstNonFiniteOp->inputs.empty()) return false;
+  for (const auto& in : reference.firstNonFiniteOp->inputs)
+    if (in.dtype != "Double" || in.nanCount + in.infCount > 0) return false;
+  return true;
 }
 
 int singleRowBound(int64_t batchSize) {

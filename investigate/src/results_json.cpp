@@ -133,7 +133,12 @@ json toJson(const OpBisection& b) {
           {"stopped_because", nullable(b.stoppedBecause)},
           {"replay", sideJson(b.replay)},
           {"reference", sideJson(b.reference)},
-          {"fails_in_float64", b.failsInFloat64()}};
+          {"fails_in_float64", b.failsInFloat64()},
+          {"reference_narrowed", b.referenceNarrowedTo()
+                                     ? json{{"dtype", *b.referenceNarrowedTo()},
+                                            {"op", b.reference.firstNonFiniteOp->name},
+                                            {"past_range", b.referenceNarrowsPastRange()}}
+                                     : json(nullptr)}};
 }
 
 OpBisection opBisectionFromJson(const json& j) {

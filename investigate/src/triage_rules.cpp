@@ -255,25 +255,6 @@ std::string loadedBatchText(const TriageFacts& f) {
                      f.step(), load.indices.size());
 }
 
-/// The dtype an op's non-finite output has when it is narrower than float64 ("Float",
-/// "BFloat16"): in the float64 reference, the step itself narrowed the widened values before that
-/// op (a `.float()`, autocast, a tensor it makes in float32), so the op did not run in float64.
-/// nullopt when every non-finite output is float64.
-std::optional<std::string> narrowedDtype(const replayer::ProbedOp& op) {
-  for (const auto& out : op.outputs)
-    if (out.nanCount + out.infCount > 0 && out.dtype != "Double" && out.dtype != "ComplexDouble") return out.dtype;
-  return std::nullopt;
-}
-
-/// The op is the narrowing itself: finite float64 inputs only, a non-finite narrower output (a
-/// `.float()` of values beyond float32's range).
-bool narrowsPastRange(const replayer::ProbedOp& op) {
-  if (op.inputs.empty()) return false;
-  for (const auto& in : op.inputs)
-    if (in.dtype != "Double" || in.nanCount + in.infCount > 0) return false;
-  return true;
-}
-
 std::string loadCulpritText(const replayer::LoadCulprit& c, const std::string& by) {
   return fmt::format("dataset index {} (sample {} of the batch) fails {}: {}", c.datasetIndex, c.position, by,
                      lastLine(c.error));
@@ -486,20 +467,21 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
   }
   if (f.ops) {
     const auto& ref = f.ops->reference;
-    const auto narrowed = ref.firstNonFiniteOp ? narrowedDtype(*ref.firstNonFiniteOp) : std::nullopt;
-    if (f.ops->failsInFloat64() && narrowed && narrowsPastRange(*ref.firstNonFiniteOp))
+    const bool same = f.ops->referenceFailsTheSameWay();
+    const auto narrowed = f.ops->referenceNarrowedTo();
+    if (same && narrowed && f.ops->referenceNarrowsPastRange())
       h.evidence.push_back(fmt::format("the float64 CPU replay's values pass {}'s range where the step narrows them "
                                        "itself ({}): the range of the narrower dtype is involved, not its rounding",
                                        *narrowed, ref.firstNonFiniteOp->name));
-    else if (f.ops->failsInFloat64() && narrowed)
+    else if (same && narrowed)
       h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too, but that op ran in {} there "
                                        "(the step narrows the widened values itself: a .float(), autocast, tensors it "
                                        "makes): it says nothing about float32 rounding or range",
                                        ref.firstNonFiniteOp->name, *narrowed));
-    else if (f.ops->failsInFloat64() && ref.firstNonFiniteOp)
+    else if (same && ref.firstNonFiniteOp)
       h.evidence.push_back(fmt::format("the float64 CPU replay goes non-finite at {} too: not float32 rounding or range",
                                        ref.firstNonFiniteOp->name));
-    else if (f.ops->failsInFloat64())
+    else if (same)
       h.evidence.push_back("the float64 CPU replay fails with the same error: not a matter of precision");
     else if (f.ops->referenceFailedOtherwise())
       h.evidence.push_back(fmt::format("the float64 CPU replay could not run the step ({}): it says nothing about "

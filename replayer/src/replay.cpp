@@ -186,7 +186,8 @@ bool drawsRandom(const char* name) {
 }
 
 /// Ops that move or re-view values without computing: a NaN they pass on was made elsewhere,
-/// so the first *computing* op is named instead (the one the user can act on).
+/// so the first *computing* op is named instead (the one the user can act on). A cast that makes
+/// infinities of finite values computes (castsPastRange).
 bool movesOnly(const char* name) {
   static const std::vector<std::string> names = {
       "aten::resolve_conj", "aten::resolve_neg", "aten::view",     "aten::reshape",   "aten::_reshape_alias",
@@ -226,6 +227,21 @@ struct OpCall : at::ObserverContext {
   bool outer = false;
   int unwinding = 0;  ///< std::uncaught_exceptions() as it began: more at its end, it raised
 };
+
+/// A cast the step calls itself (an outermost `aten::to`, a `.float()`) that makes non-finite
+/// values of finite ones: a narrowing of values past the narrower dtype's range (a `.float()` of
+/// 1e39). Unlike the other moves it computes, and its infinities are made there. The casts inside
+/// another op (a scalar argument converted to the op's dtype, autocast's) are that op's own.
+bool castsPastRange(const char* name, const OpCall* call, const at::RecordFunction& fn) {
+  if (!call || !call->outer || !name || (std::strcmp(name, "aten::to") != 0 && std::strcmp(name, "aten::_to_copy") != 0))
+    return false;
+  if (call->tensors.empty() ||
+      std::any_of(call->tensors.begin(), call->tensors.end(), [](const at::Tensor& t) { return nonFinite(t); }))
+    return false;
+  bool made = false;
+  eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) { made = made || nonFinite(t); });
+  return made;
+}
 
 /// The op was given an infinite scalar (masked_fill(mask, -inf), fill_(inf), full(..., -inf)): the
 /// infinities it writes are what the program asked for.
@@ -411,7 +427,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
         for (const auto& t : call->tensors) op.inputs.push_back(statsOf(t));
         gProbe->raising = std::move(op);
       }
-      if (!gProbe->found && !allocates(fn.name()) && !movesOnly(fn.name())) {
+      if (!gProbe->found && !allocates(fn.name()) && (!movesOnly(fn.name()) || castsPastRange(fn.name(), call, fn))) {
         bool bad = false;
         // A CTC loss's other outputs (its log_alpha) hold -inf in every call: only its loss counts.
         size_t judged = 0;

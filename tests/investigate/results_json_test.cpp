@@ -245,6 +245,7 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   ob.replay.error = "non-finite loss at step 6: nan";
   ob.reference.error = "non-finite loss at step 6: -nan";
   ob.reference.firstNonFiniteOp = sampleReplay().firstNonFiniteOp;
+  for (auto& out : ob.reference.firstNonFiniteOp->outputs) out.dtype = "Double";  // it ran widened
   ob.tolerance = 1e-3;
   auto obb = opBisectionFromJson(toJson(ob));
   CHECK(obb.failsInFloat64());
@@ -252,6 +253,19 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   CHECK_FALSE(obb.firstDeparting);
   REQUIRE(obb.reference.firstNonFiniteOp);
   CHECK(obb.reference.firstNonFiniteOp->name == "aten::div");
+  CHECK(toJson(ob)["reference_narrowed"].is_null());
+
+  // A reference whose first non-finite op ran narrow (the step's own .float() of values past
+  // float32's range) did not fail in float64, and its JSON says where it narrowed.
+  auto narrowed = ob;
+  auto& cast = *narrowed.reference.firstNonFiniteOp;
+  cast.name = "aten::_to_copy";
+  cast.inputs = {replayer::ValueStats{"Double", {4}, 0, 0, -1e300, 1e300}};
+  cast.outputs = {replayer::ValueStats{"Float", {4}, 0, 2, -1, 1}};
+  const auto nj = toJson(narrowed);
+  CHECK(nj["fails_in_float64"] == false);
+  CHECK(nj["reference_narrowed"] == nlohmann::json{{"dtype", "Float"}, {"op", "aten::_to_copy"}, {"past_range", true}});
+  CHECK(opBisectionFromJson(nj).referenceNarrowsPastRange());
 
   // A reference that broke on its own (a float32 tensor the step makes meets float64 weights)
   // says nothing about precision.

@@ -757,6 +757,11 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   CHECK(has(n, "the float64 CPU replay goes non-finite at aten::div too, but that op ran in Float there"));
   CHECK(has(n, "it says nothing about float32 rounding or range"));
   CHECK_FALSE(has(n, "not float32 rounding or range"));
+  CHECK(narrowed.ops->referenceFailsTheSameWay());
+  CHECK_FALSE(narrowed.ops->failsInFloat64());  // it went non-finite in Float, not in float64
+  CHECK(narrowed.ops->referenceNarrowedTo() == "Float");
+  CHECK_FALSE(narrowed.ops->referenceNarrowsPastRange());  // its inputs were not finite float64 values
+  CHECK_FALSE(narrowed.ops->referenceFailedOtherwise());
   // The op is the narrowing itself, of finite float64 values past float32's range.
   auto cast = narrowed;
   cast.ops->reference.firstNonFiniteOp->name = "aten::_to_copy";
@@ -764,6 +769,9 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   cast.ops->reference.firstNonFiniteOp->inputs[0].dtype = "Double";
   CHECK(has(judgeLossNumerics(cast), "the float64 CPU replay's values pass Float's range where the step narrows "
                                      "them itself (aten::_to_copy): the range of the narrower dtype is involved"));
+  CHECK(cast.ops->referenceNarrowsPastRange());
+  CHECK(f.ops->failsInFloat64());
+  CHECK_FALSE(f.ops->referenceNarrowedTo());
 
   f.ops->reference.error.clear();
   f.ops->reference.firstNonFiniteOp.reset();

@@ -5,7 +5,7 @@ are compared. Each case checks what the comparison must conclude, not only that 
 import os
 import textwrap
 
-from conftest import SAMPLE, TRAININGS, crashcap_json, only_bundle, run_python
+from conftest import SAMPLE, TRAININGS, crashcap, crashcap_json, only_bundle, run_python
 
 
 def sample_crash(tmp_path, fault, step):
@@ -150,3 +150,53 @@ def test_a_random_draw_that_float64_draws_differently_stops_the_comparison_and_i
     assert ops["replay"]["verdict"] == "reproduced-bitwise", ops
     assert ops["first_departing_op"] is None, ops["first_departing_op"]
     assert "aten::randn_like" in ops["stopped_because"] and "draws random numbers" in ops["stopped_because"], ops
+
+
+NARROWING_STEP = """
+    import torch, crashcap
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 4), torch.nn.Tanh())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    rec = crashcap.Recorder("runs", model=model, optimizer=opt, keyframe_every=3, quiet=True)
+    g = torch.Generator().manual_seed(2)
+    batches = [torch.randn(8, 5, generator=g) for _ in range(10)]
+    for step, x in rec.steps(batches):
+        {loss}
+        loss.backward()
+        rec.end(loss)
+        opt.step()
+        opt.zero_grad()
+"""
+
+
+def narrowing_ops(tmp_path, loss):
+    script = tmp_path / "narrowing.py"
+    script.write_text(textwrap.dedent(NARROWING_STEP).format(loss=loss))
+    r = run_python(str(script), cwd=tmp_path)
+    assert r.returncode != 0, r.stdout + r.stderr
+    ops = bisect_ops(only_bundle(tmp_path / "runs"))
+    assert ops["step"] == 7
+    return ops
+
+
+def test_a_step_that_narrows_float64_values_past_float32s_range_itself_is_no_float64_failure(tmp_path):
+    # The step casts to float32 itself: the reference's widened values (1e39, inside float64's
+    # range) overflow at that cast, so the reference fails the same way without failing in float64.
+    ops = narrowing_ops(tmp_path, "loss = (model(x) * (1e39 if step == 7 else 1.0)).float().pow(2).mean()")
+    assert ops["first_nonfinite_op"]["name"] == "aten::mul", ops["first_nonfinite_op"]  # float32 overflows there
+    assert ops["reference"]["first_nonfinite_op"]["name"] == "aten::to", ops["reference"]  # the cast, not a move
+    assert ops["reference_narrowed"] == {"dtype": "Float", "op": "aten::to", "past_range": True}, ops
+    assert ops["fails_in_float64"] is False, ops["reference"]
+    text = crashcap("bisect", "ops", only_bundle(tmp_path / "runs"))
+    assert "past Float's range itself, at aten::to: the range of Float is involved" in text.stdout, text.stdout
+
+
+def test_an_op_the_step_runs_in_float32_itself_fails_in_float32_in_the_reference_too(tmp_path):
+    # The step narrows the model's output to float32 itself before it overflows: the reference's
+    # multiplication runs on float32 values too, and its infinity says nothing about float64.
+    ops = narrowing_ops(tmp_path, "loss = (model(x).float() * (1e39 if step == 7 else 1.0)).pow(2).mean()")
+    assert ops["reference"]["first_nonfinite_op"]["name"] == "aten::mul", ops["reference"]
+    assert ops["reference_narrowed"] == {"dtype": "Float", "op": "aten::mul", "past_range": False}, ops
+    assert ops["fails_in_float64"] is False, ops["reference"]
+    text = crashcap("bisect", "ops", only_bundle(tmp_path / "runs"))
+    assert "fails the same way, but at aten::mul, which ran in Float there" in text.stdout, text.stdout

@@ -47,12 +47,23 @@ struct OpBisection {
   double tolerance = 0;
   uint64_t opsCompared = 0;
   std::string stoppedBecause;                    ///< "" or why the comparison stopped early
-  /// The float64 reference fails the way the replay does (both go non-finite, or both raise the
-  /// same error): the arithmetic itself, not float32 rounding or range.
-  bool failsInFloat64() const;
+  /// The float64 reference fails the way the replay does: both go non-finite, or both raise the
+  /// same error.
+  bool referenceFailsTheSameWay() const;
+  /// The dtype ("Float", "BFloat16") of the reference's first non-finite output when it is
+  /// narrower than float64: the step narrowed the widened values itself before or at that op (a
+  /// `.float()`, autocast, a tensor it makes in float32), so the op did not run in float64.
+  /// nullopt when the reference went non-finite in float64, or not at all.
+  std::optional<std::string> referenceNarrowedTo() const;
+  /// That op is the narrowing itself: finite float64 inputs only, a non-finite narrower output
+  /// (a `.float()` of values past float32's range). The narrower dtype's range is involved.
+  bool referenceNarrowsPastRange() const;
+  /// The reference fails the same way and its failure came in float64: the arithmetic itself, not
+  /// float32 rounding or range.
+  bool failsInFloat64() const { return referenceFailsTheSameWay() && !referenceNarrowedTo(); }
   /// The reference failed another way (a step that makes float32 tensors of its own meets the
   /// widened weights; a step before the target departed): it says nothing about precision.
-  bool referenceFailedOtherwise() const { return !reference.error.empty() && !failsInFloat64(); }
+  bool referenceFailedOtherwise() const { return !reference.error.empty() && !referenceFailsTheSameWay(); }
 };
 /// `keyframe` >= 0: both sides start from that keyframe (crashcap replay --keyframe), and no other
 /// is tried; -1: from the one investigate::replay settles on.

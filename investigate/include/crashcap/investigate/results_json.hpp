@@ -34,7 +34,8 @@ StepBisection stepBisectionFromJson(const nlohmann::json& j);
 
 /// `crashcap bisect ops --json`. Keys: kind "ops", step, first_nonfinite_op, first_departing_op,
 /// tolerance, ops_compared, stopped_because, replay, reference ({verdict, device, dtype, error,
-/// first_nonfinite_op}), fails_in_float64.
+/// first_nonfinite_op}), fails_in_float64, reference_narrowed (null, or {dtype, op, past_range}:
+/// the reference's first non-finite output was narrower than float64).
 nlohmann::json toJson(const OpBisection& b);
 OpBisection opBisectionFromJson(const nlohmann::json& j);
 

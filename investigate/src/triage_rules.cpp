@@ -103,6 +103,12 @@ std::string edgeCaseRowsText(const TriageFacts& f, const char* what) {
                      rows.size() == 1 ? "" : "s", joinRows(rows), rows.size() == 1 ? "s" : "", what);
 }
 
+/// The op was given a NaN or an infinity among its inputs.
+bool givenNonFinite(const replayer::ProbedOp& op) {
+  return std::any_of(op.inputs.begin(), op.inputs.end(),
+                     [](const replayer::ValueStats& in) { return in.nanCount + in.infCount > 0; });
+}
+
 /// The concatenated value outside the domain of the op that raised the replayed error, if any.
 const ConcatenatedValue* raisingOpValue(const TriageFacts& f) {
   if (!f.reproduced() || !f.replay->raisingOp) return nullptr;
@@ -821,9 +827,14 @@ Culprit findCulprit(const TriageFacts& f) {
     if (auto rows = f.culpritRows(); !rows.empty()) c.rows = rows;
     if (f.samples) c.datasetIndices = f.samples->datasetIndices;
   }
-  // An error names the op it came out of; a non-finite value the first op that made one.
-  if (const auto& op = f.replay ? (f.replay->raisingOp ? f.replay->raisingOp : f.replay->firstNonFiniteOp)
-                                : std::optional<replayer::ProbedOp>()) {
+  // An error names the op it came out of; a non-finite value the first op that made one. An error
+  // raised about a NaN or Inf it was given (multinomial of NaN probabilities) names the op that
+  // made it: the raising op only found it (the report still says where the error came out).
+  std::optional<replayer::ProbedOp> op;
+  if (f.replay) op = f.replay->raisingOp ? f.replay->raisingOp : f.replay->firstNonFiniteOp;
+  if (f.replay && f.replay->raisingOp && f.replay->firstNonFiniteOp && givenNonFinite(*f.replay->raisingOp))
+    op = f.replay->firstNonFiniteOp;
+  if (op) {
     c.op = op->name;
     c.phase = op->phase;
   }

@@ -234,6 +234,28 @@ TEST_CASE("rows that trigger the failure with values in range are not invalid da
   CHECK_FALSE(has(judgeLossNumerics(f), "legitimate edge case"));
 }
 
+TEST_CASE("an error raised about a NaN it was given names the op that made the NaN as the culprit's op",
+          "[investigate][triage]") {
+  // torch.multinomial of a softmax gone NaN: it raises "probability tensor contains either inf,
+  // nan or element < 0"; the NaN was made at the first non-finite op, which is the one to look at.
+  auto f = reproducedAt6();
+  f.replay->error = "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0";
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::addmm", {stats(1, 0, -2.0, 3.0), stats(0, 0, -0.5, 0.5)});
+  replayer::ProbedOp raising;
+  raising.name = "aten::multinomial";
+  raising.phase = "forward";
+  raising.inputs = {stats(16, 0, std::nullopt, std::nullopt)};
+  f.replay->raisingOp = raising;
+  CHECK(findCulprit(f).op == "aten::addmm");
+  // An error about finite inputs (a class index out of range) names the op it came out of.
+  f.replay->raisingOp->inputs = {stats(0, 0, -1.0, 1.0)};
+  CHECK(findCulprit(f).op == "aten::multinomial");
+  // Without a non-finite op before it, the raising op is all there is.
+  f.replay->raisingOp->inputs = {stats(16, 0, std::nullopt, std::nullopt)};
+  f.replay->firstNonFiniteOp.reset();
+  CHECK(findCulprit(f).op == "aten::multinomial");
+}
+
 TEST_CASE("a length of 0 among positive ones is a trait shown after the verdict, not invalid data", "[investigate][triage]") {
   auto f = reproducedAt6();
   f.samples = samplesFound({7});

@@ -1,7 +1,8 @@
 """`crashcap run --record` over unmodified trainings whose batches and models take more than a glance:
 a sequence-first batch is cut by its sample dimension (also when its time steps are as many as its
 samples), a model's deliberate infinities (a mask) are no finding while its in-place ops and a row
-masked whole are, and a crash in a validation pass falls between steps (tests/python/observed/)."""
+masked whole are, a crash in a validation pass falls between steps, and an error raised about a NaN
+names the op that made it (tests/python/observed/)."""
 
 from conftest import crashcap, crashcap_json, only_bundle, replay_and_triage, run_recorded, verdicts
 
@@ -117,3 +118,15 @@ def test_a_mask_s_deliberate_infinity_is_no_finding_an_in_place_op_shows_its_fir
     assert any(f"row {row} of steps/{replay['step']}/batch/length is 0, while the batch's other rows are 3.." in e
                for e in hypotheses["invalid-data"]["evidence"]), hypotheses["invalid-data"]
     assert triage["culprit"]["op"] == "aten::_softmax" and triage["culprit"]["dataset_indices"] == [37], triage["culprit"]
+
+
+def test_an_error_raised_about_a_nan_names_the_op_that_made_it_and_the_sample(tmp_path):
+    # torch.multinomial raises on the NaN probabilities a corrupt observation makes: the error
+    # comes out of the multinomial, the NaN out of the first linear layer, the sample is 277.
+    r, runs = run_recorded(tmp_path, "sampled_policy.py", "--nan-index", 277)
+    assert r.returncode != 0 and "probability tensor contains" in r.stderr, r.stderr
+    replay, triage = replay_and_triage(only_bundle(runs))
+    assert replay["raising_op"]["name"] == "aten::multinomial", replay["raising_op"]
+    assert replay["raising_op"]["inputs"][0]["nan_count"] > 0, replay["raising_op"]
+    culprit = triage["culprit"]
+    assert culprit["dataset_indices"] == [277] and culprit["op"] == "aten::addmm", culprit

@@ -130,13 +130,13 @@ void printOps(const investigate::OpBisection& b) {
   // A reference that fails the same way at an op the step itself ran narrow (a .float(),
   // autocast) did not fail in float64: say which op and dtype.
   std::string reference = b.reference.error.empty() ? "passes" : "fails another way: " + b.reference.error;
-  if (b.referenceFailsTheSameWay() && b.referenceNarrowsPastRange())
-    reference = fmt::format("fails the same way where the step narrows its float64 values past {}'s range itself, at "
-                            "{}: the range of {} is involved",
-                            *b.referenceNarrowedTo(), b.reference.firstNonFiniteOp->name, *b.referenceNarrowedTo());
-  else if (b.referenceFailsTheSameWay() && b.referenceNarrowedTo())
-    reference = fmt::format("fails the same way, but at {}, which ran in {} there: the step narrows the widened values "
-                            "itself, so this says nothing about float32 rounding or range",
+  if (b.referenceNarrowsPastRange())
+    reference = fmt::format("goes non-finite only at {}, where the step casts its float64 values to {} itself: they "
+                            "exceed {}'s range (not a float64 failure; that range is involved)",
+                            b.reference.firstNonFiniteOp->name, *b.referenceNarrowedTo(), *b.referenceNarrowedTo());
+  else if (b.referenceNarrowedTo())
+    reference = fmt::format("goes non-finite at {}, which ran in {} there: the step narrows the widened values itself, "
+                            "so this is not a float64 failure and says nothing about float32 rounding or range",
                             b.reference.firstNonFiniteOp->name, *b.referenceNarrowedTo());
   else if (b.referenceFailsTheSameWay())
     reference = "fails the same way";

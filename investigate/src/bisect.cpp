@@ -153,17 +153,19 @@ bool OpBisection::referenceFailsTheSameWay() const {
 }
 
 std::optional<std::string> OpBisection::referenceNarrowedTo() const {
-  if (!reference.firstNonFiniteOp) return std::nullopt;
+  if (!reference.firstNonFiniteOp || !referenceFailsTheSameWay()) return std::nullopt;
   for (const auto& out : reference.firstNonFiniteOp->outputs)
     if (out.nanCount + out.infCount > 0 && out.dtype != "Double" && out.dtype != "ComplexDouble") return out.dtype;
   return std::nullopt;
 }
 
 bool OpBisection::referenceNarrowsPastRange() const {
-  if (!referenceNarrowedTo() || reference.firstNonFiniteOp->inputs.empty()) return false;
-  for (const auto& in : reference.firstNonFiniteOp->inputs)
-    if (in.dtype != "Double" || in.nanCount + in.infCount > 0) return false;
-  return true;
+  const auto narrowed = referenceNarrowedTo();
+  if (!narrowed) return false;
+  const auto& op = *reference.firstNonFiniteOp;
+  if ((op.name != "aten::to" && op.name != "aten::_to_copy") || op.inputs.empty()) return false;
+  const auto& cast = op.inputs.front();  // the tensor cast; a to(other)'s other is not
+  return cast.dtype != *narrowed && cast.nanCount + cast.infCount == 0;
 }
 
 int singleRowBound(int64_t batchSize) {

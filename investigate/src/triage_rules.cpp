@@ -103,12 +103,6 @@ std::string edgeCaseRowsText(const TriageFacts& f, const char* what) {
                      rows.size() == 1 ? "" : "s", joinRows(rows), rows.size() == 1 ? "s" : "", what);
 }
 
-/// The op was given a NaN or an infinity among its inputs.
-bool givenNonFinite(const replayer::ProbedOp& op) {
-  return std::any_of(op.inputs.begin(), op.inputs.end(),
-                     [](const replayer::ValueStats& in) { return in.nanCount + in.infCount > 0; });
-}
-
 /// The concatenated value outside the domain of the op that raised the replayed error, if any.
 const ConcatenatedValue* raisingOpValue(const TriageFacts& f) {
   if (!f.reproduced() || !f.replay->raisingOp) return nullptr;
@@ -119,6 +113,21 @@ const ConcatenatedValue* raisingOpValue(const TriageFacts& f) {
                     [&](const replayer::ValueStats& in) { return in.shape == v.domain.indexShape; }))
       return &v;
   return nullptr;
+}
+
+/// The op that raised was given a NaN, or an infinity no mask wrote on purpose, that an op before it
+/// made (multinomial of probabilities gone NaN): the error is about a value the raising op only
+/// found. Not when a value outside its domain is its error (a label out of range), and not for an
+/// op that went non-finite inside it (its own max() of the NaN probabilities).
+bool raisedAboutNonFinite(const TriageFacts& f) {
+  if (!f.replay || !f.replay->raisingOp || !f.replay->firstNonFiniteOp) return false;
+  const auto& raising = *f.replay->raisingOp;
+  const auto& made = *f.replay->firstNonFiniteOp;
+  if (made.index >= raising.began) return false;
+  const bool given = std::any_of(raising.inputs.begin(), raising.inputs.end(), [&](const replayer::ValueStats& in) {
+    return in.nanCount > 0 || (in.infCount > 0 && !made.afterGivenInfinity);
+  });
+  return given && !raisingOpValue(f);
 }
 
 /// How the dataset indices named for rows were matched to them: "" in the sampler's order, which
@@ -827,13 +836,10 @@ Culprit findCulprit(const TriageFacts& f) {
     if (auto rows = f.culpritRows(); !rows.empty()) c.rows = rows;
     if (f.samples) c.datasetIndices = f.samples->datasetIndices;
   }
-  // An error names the op it came out of; a non-finite value the first op that made one. An error
-  // raised about a NaN or Inf it was given (multinomial of NaN probabilities) names the op that
-  // made it: the raising op only found it (the report still says where the error came out).
+  // An error names the op it came out of; a non-finite value the first op that made one.
   std::optional<replayer::ProbedOp> op;
   if (f.replay) op = f.replay->raisingOp ? f.replay->raisingOp : f.replay->firstNonFiniteOp;
-  if (f.replay && f.replay->raisingOp && f.replay->firstNonFiniteOp && givenNonFinite(*f.replay->raisingOp))
-    op = f.replay->firstNonFiniteOp;
+  if (raisedAboutNonFinite(f)) op = f.replay->firstNonFiniteOp;
   if (op) {
     c.op = op->name;
     c.phase = op->phase;

@@ -225,19 +225,19 @@ struct OpCall : at::ObserverContext {
   std::vector<UnalignableTarget> unalignable;  ///< a CTC loss's, told from its arguments as it began
   bool meantInfinity = false;                  ///< a CTC loss with zero_infinity
   bool outer = false;
+  uint64_t began = 0;  ///< the probe's op count as it began (ProbedOp::began)
   int unwinding = 0;  ///< std::uncaught_exceptions() as it began: more at its end, it raised
 };
 
-/// A cast the step calls itself (an outermost `aten::to`, a `.float()`) that makes non-finite
-/// values of finite ones: a narrowing of values past the narrower dtype's range (a `.float()` of
-/// 1e39). Unlike the other moves it computes, and its infinities are made there. The casts inside
-/// another op (a scalar argument converted to the op's dtype, autocast's) are that op's own.
+/// An outermost cast (`aten::to`: a `.float()` the step calls, or one autograd calls for a cast's
+/// gradient) that makes non-finite values of finite ones: a narrowing of values past the narrower
+/// dtype's range (a `.float()` of 1e39). Unlike the other moves it computes, and its infinities
+/// are made there. The casts inside another op (a scalar argument converted to the op's dtype,
+/// autocast's) are that op's own; a copy_ into a narrower tensor stays a move.
 bool castsPastRange(const char* name, const OpCall* call, const at::RecordFunction& fn) {
   if (!call || !call->outer || !name || (std::strcmp(name, "aten::to") != 0 && std::strcmp(name, "aten::_to_copy") != 0))
     return false;
-  if (call->tensors.empty() ||
-      std::any_of(call->tensors.begin(), call->tensors.end(), [](const at::Tensor& t) { return nonFinite(t); }))
-    return false;
+  if (call->tensors.empty() || nonFinite(call->tensors.front())) return false;  // the tensor cast (not `other`)
   bool made = false;
   eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) { made = made || nonFinite(t); });
   return made;
@@ -313,6 +313,7 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
   if (fn.name() && std::strncmp(fn.name(), "autograd::engine::", 18) == 0) ++tEngineDepth;
   auto ctx = std::make_unique<OpCall>();
   ctx->outer = tDepth++ == 0;
+  ctx->began = gProbe->ops;
   ctx->unwinding = std::uncaught_exceptions();
   if (!gProbe->found || (ctx->outer && !gProbe->raising)) {
     try {
@@ -424,6 +425,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
         op.phase = phase;
         op.seq = fn.seqNr();
         op.index = index;
+        op.began = call->began;
         for (const auto& t : call->tensors) op.inputs.push_back(statsOf(t));
         gProbe->raising = std::move(op);
       }
@@ -453,6 +455,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
           op.phase = phase;
           op.seq = fn.seqNr();
           op.index = index;
+          op.began = call ? call->began : index;
           if (call)
             for (const auto& t : call->tensors) op.inputs.push_back(statsOf(t));
           eachTensor(formats::torch::opResults(fn), [&](const at::Tensor& t) {

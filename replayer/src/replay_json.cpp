@@ -132,6 +132,7 @@ std::optional<ProbedOp> probedOpFromJson(const json& j, const char* key) {
   op.phase = text(o, "phase");
   op.seq = integer(o, "seq");
   op.index = static_cast<uint64_t>(integer(o, "index"));
+  if (o.contains("began_at")) op.began = static_cast<uint64_t>(integer(o, "began_at"));  // absent before it existed
   op.inputs = valueStatsListFrom(o, "inputs");
   op.outputs = valueStatsListFrom(o, "outputs");
   op.afterGivenInfinity = o.contains("after_given_infinity") && o["after_given_infinity"].is_boolean() &&
@@ -246,6 +247,7 @@ json toJson(const std::optional<ProbedOp>& op) {
           {"phase", op->phase},
           {"seq", op->seq},
           {"index", op->index},
+          {"began_at", op->began},
           {"inputs", statsListJson(op->inputs)},
           {"outputs", statsListJson(op->outputs)},
           {"after_given_infinity", op->afterGivenInfinity},

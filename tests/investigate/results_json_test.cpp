@@ -29,6 +29,7 @@ replayer::ReplayResult sampleReplay() {
   op.phase = "backward";
   op.seq = 42;
   op.index = 17;
+  op.began = 9;
   replayer::ValueStats v;
   v.dtype = "float32";
   v.shape = {8, 1};
@@ -92,6 +93,7 @@ TEST_CASE("a replay result reads back from its JSON, NaN and infinities included
   REQUIRE(back.firstNonFiniteOp);
   CHECK(back.firstNonFiniteOp->name == "aten::div");
   CHECK(back.firstNonFiniteOp->seq == 42);
+  CHECK(back.firstNonFiniteOp->began == 9);
   CHECK(back.firstNonFiniteOp->outputs.size() == 2);
   CHECK(std::isinf(*back.firstNonFiniteOp->inputs[0].max));
   CHECK(back.firstNonFiniteOp->afterGivenInfinity);
@@ -266,6 +268,21 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   CHECK(nj["fails_in_float64"] == false);
   CHECK(nj["reference_narrowed"] == nlohmann::json{{"dtype", "Float"}, {"op", "aten::_to_copy"}, {"past_range", true}});
   CHECK(opBisectionFromJson(nj).referenceNarrowsPastRange());
+  // A to(other) is judged by the tensor it casts, not by `other`; an integer tensor cast past a
+  // narrow float's range is the range too.
+  cast.inputs.push_back(replayer::ValueStats{"Float", {4}, 1, 0, 0, 0});
+  CHECK(narrowed.referenceNarrowsPastRange());
+  cast.inputs = {replayer::ValueStats{"Long", {4}, 0, 0, 0, 70000}};
+  cast.outputs = {replayer::ValueStats{"Half", {4}, 0, 1, 0, 1}};
+  CHECK(narrowed.referenceNarrowsPastRange());
+  // Not a cast: an op that ran narrow, nothing said about the range.
+  cast.name = "aten::mul";
+  CHECK(narrowed.referenceNarrowedTo() == "Half");
+  CHECK_FALSE(narrowed.referenceNarrowsPastRange());
+  // A reference that failed another way is no narrowed failure at all.
+  narrowed.reference.error = "RuntimeError: mat1 and mat2 must have the same dtype";
+  CHECK_FALSE(narrowed.referenceNarrowedTo());
+  CHECK(toJson(narrowed)["reference_narrowed"].is_null());
 
   // A reference that broke on its own (a float32 tensor the step makes meets float64 weights)
   // says nothing about precision.

@@ -241,17 +241,37 @@ TEST_CASE("an error raised about a NaN it was given names the op that made the N
   auto f = reproducedAt6();
   f.replay->error = "RuntimeError: probability tensor contains either `inf`, `nan` or element < 0";
   f.replay->firstNonFiniteOp = nonFiniteOp("aten::addmm", {stats(1, 0, -2.0, 3.0), stats(0, 0, -0.5, 0.5)});
+  f.replay->firstNonFiniteOp->index = 4;
   replayer::ProbedOp raising;
   raising.name = "aten::multinomial";
   raising.phase = "forward";
+  raising.index = 20;
+  raising.began = 12;  // 12 ops had ended when it began: addmm (4) ran before it
   raising.inputs = {stats(16, 0, std::nullopt, std::nullopt)};
   f.replay->raisingOp = raising;
   CHECK(findCulprit(f).op == "aten::addmm");
+  // A NaN first seen inside the raising op (its own max() of NaN probabilities fed in from the
+  // batch) is that op's: the culprit stays the op the program called.
+  auto inside = f;
+  inside.replay->firstNonFiniteOp->name = "aten::max";
+  inside.replay->firstNonFiniteOp->index = 14;
+  CHECK(findCulprit(inside).op == "aten::multinomial");
+  // A result from before the start was kept (began 0) says nothing about the order: no switch.
+  auto unknown = f;
+  unknown.replay->raisingOp->began = 0;
+  CHECK(findCulprit(unknown).op == "aten::multinomial");
   // An error about finite inputs (a class index out of range) names the op it came out of.
-  f.replay->raisingOp->inputs = {stats(0, 0, -1.0, 1.0)};
-  CHECK(findCulprit(f).op == "aten::multinomial");
+  auto finite = f;
+  finite.replay->raisingOp->inputs = {stats(0, 0, -1.0, 1.0)};
+  CHECK(findCulprit(finite).op == "aten::multinomial");
+  // Infinities a mask wrote on purpose are no finding to move the culprit to.
+  auto masked = f;
+  masked.replay->raisingOp->inputs = {stats(0, 3, -1.0, 1.0)};
+  masked.replay->firstNonFiniteOp->afterGivenInfinity = true;
+  CHECK(findCulprit(masked).op == "aten::multinomial");
+  masked.replay->firstNonFiniteOp->afterGivenInfinity = false;  // an infinity an op made is one
+  CHECK(findCulprit(masked).op == "aten::addmm");
   // Without a non-finite op before it, the raising op is all there is.
-  f.replay->raisingOp->inputs = {stats(16, 0, std::nullopt, std::nullopt)};
   f.replay->firstNonFiniteOp.reset();
   CHECK(findCulprit(f).op == "aten::multinomial");
 }

@@ -50,13 +50,15 @@ struct OpBisection {
   /// The float64 reference fails the way the replay does: both go non-finite, or both raise the
   /// same error.
   bool referenceFailsTheSameWay() const;
-  /// The dtype ("Float", "BFloat16") of the reference's first non-finite output when it is
-  /// narrower than float64: the step narrowed the widened values itself before or at that op (a
-  /// `.float()`, autocast, a tensor it makes in float32), so the op did not run in float64.
-  /// nullopt when the reference went non-finite in float64, or not at all.
+  /// When the reference fails the same way: the dtype ("Float", "BFloat16") of its first
+  /// non-finite output when it is narrower than float64. The step narrowed the widened values
+  /// itself before or at that op (a `.float()`, autocast, a tensor it makes in float32), so the op
+  /// did not run in float64. nullopt when the reference went non-finite in float64, or did not
+  /// fail the same way.
   std::optional<std::string> referenceNarrowedTo() const;
-  /// That op is the narrowing itself: finite float64 inputs only, a non-finite narrower output
-  /// (a `.float()` of values past float32's range). The narrower dtype's range is involved.
+  /// That op is the narrowing itself: a cast (`aten::to`) of finite values of a wider dtype to a
+  /// non-finite narrower output (a `.float()` of values past float32's range). The narrower
+  /// dtype's range is involved.
   bool referenceNarrowsPastRange() const;
   /// The reference fails the same way and its failure came in float64: the arithmetic itself, not
   /// float32 rounding or range.

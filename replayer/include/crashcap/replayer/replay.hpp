@@ -106,7 +106,10 @@ struct ProbedOp {
   std::string name;
   std::string phase;             ///< "forward" | "backward"
   int64_t seq = -1;              ///< autograd sequence number
-  uint64_t index = 0;            ///< ops into the target step
+  uint64_t index = 0;            ///< ops into the target step (counted as they end)
+  /// Ops that had ended when it began: an op whose index is below it ran before it, one at or
+  /// above it (up to its own index) inside it. 0 when not known (a result from before it was kept).
+  uint64_t began = 0;
   std::vector<ValueStats> inputs, outputs;
   /// An op before it in the step wrote an infinity it was given (an attention mask's
   /// masked_fill(-inf)): infinities in its inputs may be the program's, not a finding.

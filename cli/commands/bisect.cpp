@@ -130,14 +130,15 @@ void printOps(const investigate::OpBisection& b) {
   // A reference that fails the same way at an op the step itself ran narrow (a .float(),
   // autocast) did not fail in float64: say which op and dtype.
   std::string reference = b.reference.error.empty() ? "passes" : "fails another way: " + b.reference.error;
+  const auto narrowed = b.referenceNarrowedTo();
   if (b.referenceNarrowsPastRange())
     reference = fmt::format("goes non-finite only at {}, where the step casts its float64 values to {} itself: they "
                             "exceed {}'s range (not a float64 failure; that range is involved)",
-                            b.reference.firstNonFiniteOp->name, *b.referenceNarrowedTo(), *b.referenceNarrowedTo());
-  else if (b.referenceNarrowedTo())
+                            b.reference.firstNonFiniteOp->name, *narrowed, *narrowed);
+  else if (narrowed)
     reference = fmt::format("goes non-finite at {}, which ran in {} there: the step narrows the widened values itself, "
                             "so this is not a float64 failure and says nothing about float32 rounding or range",
-                            b.reference.firstNonFiniteOp->name, *b.referenceNarrowedTo());
+                            b.reference.firstNonFiniteOp->name, *narrowed);
   else if (b.referenceFailsTheSameWay())
     reference = "fails the same way";
   std::cout << fmt::format("step {} replayed as recorded ({}) and in float64 on the CPU ({})\n", b.step,

@@ -124,6 +124,7 @@ StepBisection stepBisectionFromJson(const json& j) {
 }
 
 json toJson(const OpBisection& b) {
+  const auto narrowed = b.referenceNarrowedTo();
   return {{"kind", "ops"},
           {"step", b.step},
           {"first_nonfinite_op", toJson(b.replay.firstNonFiniteOp)},
@@ -134,11 +135,10 @@ json toJson(const OpBisection& b) {
           {"replay", sideJson(b.replay)},
           {"reference", sideJson(b.reference)},
           {"fails_in_float64", b.failsInFloat64()},
-          {"reference_narrowed", b.referenceNarrowedTo()
-                                     ? json{{"dtype", *b.referenceNarrowedTo()},
-                                            {"op", b.reference.firstNonFiniteOp->name},
-                                            {"past_range", b.referenceNarrowsPastRange()}}
-                                     : json(nullptr)}};
+          {"reference_narrowed", narrowed ? json{{"dtype", *narrowed},
+                                                 {"op", b.reference.firstNonFiniteOp->name},
+                                                 {"past_range", b.referenceNarrowsPastRange()}}
+                                          : json(nullptr)}};
 }
 
 OpBisection opBisectionFromJson(const json& j) {

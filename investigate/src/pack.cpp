@@ -302,10 +302,11 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   // Which sample each row of the crash step's batch holds, when a collate function of the
   // program's reordered them (replayer::RowOrder, from bisect samples' whole-batch replay).
   std::optional<std::vector<int64_t>> rowDatasetIndices;
-  std::map<std::string, at::Tensor> cut;  // then, its tensors cut to them (replayer::cutBatch)
-  std::optional<formats::StepBeginData> cutBegin;  // and its record, when its per-row lists are cut too
+  replayer::BatchCut cut;  // then, its tensors cut to them (replayer::cutBatch)
+  std::set<std::string> cutAway;  // the crash step's tensors the cut batch does not hold (rows' own)
+  std::optional<formats::StepBeginData> cutBegin;  // and its record, when its names or per-row lists are cut too
   auto keepTensor = [&](const formats::TensorInfo& t) {
-    if (cutRows && cut.count(t.name)) return false;
+    if (cutRows && (cut.tensors.count(t.name) || cutAway.count(t.name))) return false;
     if (auto s = stepOf(t.name, "steps/")) return keptSteps.count(*s) > 0;
     if (auto s = stepOf(t.name, "keyframes/")) return *s == recordedKeyframe;
     return true;
@@ -336,7 +337,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
     auto writer = formats::BundleWriter::createCopy(path, reader->fileHeader(), wo);
     copied = formats::copyRecords(*reader, *writer, keepRecord, true, keepTensor);
     if (cutRows)
-      for (const auto& [n, t] : cut) formats::torch::writeTensor(*writer, n, t);
+      for (const auto& [n, t] : cut.tensors) formats::torch::writeTensor(*writer, n, t);
     if (cutBegin) formats::writeMetaRecord(*writer, *cutBegin);
     if (materialisedRecord) {
       for (const auto& t : materialised->tensors()) {
@@ -404,18 +405,23 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       // The index tensor holds the sampler's order; the pack's rows are named by the samples they
       // hold, in their order, so that the pack's own replay finds each at its place.
       const auto indexName = formats::batchTensorName(target, formats::kDatasetIndexName);
-      if (rowDatasetIndices && cut.count(indexName) && cut[indexName].dim() == 1 &&
-          cut[indexName].scalar_type() == at::kLong) {
+      if (rowDatasetIndices && cut.tensors.count(indexName) && cut.tensors[indexName].dim() == 1 &&
+          cut.tensors[indexName].scalar_type() == at::kLong) {
         std::vector<int64_t> own;
         for (int64_t r : rep.rows) own.push_back(rowDatasetIndices->at(static_cast<size_t>(r)));
-        cut[indexName] = at::tensor(own, at::kLong);
+        cut.tensors[indexName] = at::tensor(own, at::kLong);
       }
-      // A Python batch's lists of one value per row (lengths, file names) go with the rows.
+      // A Python batch's lists of one value per row (lengths, file names) go with the rows, and
+      // its lists of each row's own tensors keep the kept rows' items, under new names.
       const auto& begin = *begun.at(target);
-      std::string structure = replayer::cutStructure(begin.structure, rep.batchSize, rep.rows);
-      if (structure != begin.structure) {
+      if (cut.structure != begin.structure || cut.batch != begin.batch) {
         cutBegin = begin;
-        cutBegin->structure = std::move(structure);
+        cutBegin->structure = cut.structure;
+        cutBegin->batch = cut.batch;
+        cutBegin->rowDims = cut.rowDims;
+        const std::set<std::string> held(cut.batch.begin(), cut.batch.end());
+        for (const auto& n : begin.batch)
+          if (!held.count(n)) cutAway.insert(n);
       }
       // A PackedSequence's tensors were packed anew: whatever row dimension their recorded sizes
       // happened to give them (batch_sizes as long as the batch), the cut ones have none, and the

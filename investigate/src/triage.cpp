@@ -252,15 +252,24 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
     std::vector<inspect::TensorStats> stats;
     bool floating = false, integer = false;
     std::vector<IndexDomain> applicable;
+    std::vector<std::string> rowNames;  ///< per row, its own tensor (a list of rows' own); else empty
   };
   // A PackedSequence's tensors hold no rows, whatever their sizes: its rows are gathered below.
   const auto packedSequences = replayer::packedSequences(begin->structure);
   const auto packedNames = replayer::packedTensorNames(packedSequences, step);
+  // Nor do a list of each row's own tensors (replayer::rowOwnLists): their rows are gathered below.
+  const auto rowOwn = batch > 0 ? replayer::rowOwnLists(*begin, *reader, batchRows) : std::vector<replayer::SampleList>{};
+  std::set<std::string> ownNames;
+  for (const auto& list : rowOwn)
+    for (const auto& item : list.tensors)
+      for (const auto& input : item) ownNames.insert(formats::batchTensorName(step, input));
   std::vector<Loaded> loaded;
   for (size_t i = 0; i < begin->batch.size(); ++i) {
     const auto* info = reader->find(begin->batch[i]);
     const int rowDim = batchRows.dims[i];
-    if (!info || info->name == index || rowDim < 0 || batch == 0 || packedNames.count(info->name)) continue;
+    if (!info || info->name == index || rowDim < 0 || batch == 0 || packedNames.count(info->name) ||
+        ownNames.count(info->name))
+      continue;
     Loaded l;
     l.info = info;
     l.rowDim = rowDim;
@@ -323,6 +332,36 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       if (l.integer) l.rowTensors.push_back(std::move(row));
     }
     if (static_cast<int64_t>(l.stats.size()) == batch) loaded.push_back(std::move(l));
+  }
+  // A list of each row's own tensors (replayer::rowOwnLists: a collate's per-sample targets): row
+  // r's tensor at a place in its item ("boxes") is that row's, judged against the other rows' at
+  // the same place, and named as itself ("1/5/boxes").
+  for (const auto& list : rowOwn) {
+    if (static_cast<int64_t>(list.tensors.size()) != batch) continue;
+    for (size_t k = 0; k < list.tensors.front().size(); ++k) {
+      Loaded l;
+      l.rowDim = -1;  // no row dimension: no feature columns to judge
+      for (int64_t r = 0; r < batch; ++r) {
+        const auto& item = list.tensors[static_cast<size_t>(r)];
+        const auto* info = k < item.size() ? reader->find(formats::batchTensorName(step, item[k])) : nullptr;
+        if (!info) break;
+        const auto row = inspect::loadTensor(*reader, info->name);
+        if (r == 0) {
+          l.info = info;
+          l.t.dtype = row.dtype;
+          l.floating = formats::isFloating(row.dtype) || formats::isComplex(row.dtype);
+          l.integer = !l.floating && row.dtype != formats::DType::Bool;
+        }
+        if (row.dtype != l.t.dtype) break;
+        // As a loss takes them, concatenated (an index domain of that shape applies).
+        if (r == 0 || l.t.shape.empty() || row.shape.empty()) l.t.shape = row.shape;
+        else l.t.shape[0] += row.shape[0];
+        l.rowNames.push_back(info->name);
+        l.stats.push_back(inspect::computeStats(row));
+        if (l.integer) l.rowTensors.push_back(row);
+      }
+      if (static_cast<int64_t>(l.stats.size()) == batch) loaded.push_back(std::move(l));
+    }
   }
   // The domains that apply to each tensor: an op's index input of its shape (or element count,
   // when the program flattens it) that every other row of the batch fits. Two tables indexed by
@@ -424,7 +463,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       const auto& st = stats[r];
       RowFinding f;
       f.row = r;
-      f.tensor = info->name;
+      f.tensor = l.rowNames.empty() ? info->name : l.rowNames[static_cast<size_t>(r)];
       f.oneElement = st.count == 1;
       double othersMax = 0;
       bool othersAllZero = true;
@@ -524,13 +563,17 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
   const auto batchRows = formats::batchRows(*begin, *reader);
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
   // A PackedSequence's tensors are neither concatenated samples with spans nor lengths or offsets
-  // (its batch_sizes sums to its data's length): findRowOddities gathers its rows.
-  const auto packedNames = replayer::packedTensorNames(replayer::packedSequences(begin->structure), step);
+  // (its batch_sizes sums to its data's length), nor are a list of each row's own tensors (their
+  // sizes change from row to row): findRowOddities gathers the rows of both.
+  auto rowsGathered = replayer::packedTensorNames(replayer::packedSequences(begin->structure), step);
+  for (const auto& list : replayer::rowOwnLists(*begin, *reader, batchRows))
+    for (const auto& item : list.tensors)
+      for (const auto& input : item) rowsGathered.insert(formats::batchTensorName(step, input));
   // Tensors of one integer per row: the candidates for lengths or offsets (formats::raggedSpans).
   std::vector<std::pair<std::string, std::vector<int64_t>>> perRow;
   for (size_t i = 0; i < begin->batch.size(); ++i) {
     const auto* info = reader->find(begin->batch[i]);
-    if (!info || info->name == index || batchRows.dims[i] != 0 || info->shape.size() != 1 || packedNames.count(info->name))
+    if (!info || info->name == index || batchRows.dims[i] != 0 || info->shape.size() != 1 || rowsGathered.count(info->name))
       continue;
     if (formats::isFloating(info->dtype) || formats::isComplex(info->dtype) || info->dtype == formats::DType::Bool) continue;
     const auto t = inspect::loadTensor(*reader, info->name);
@@ -544,7 +587,7 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
   for (const auto& c : concatenated) {
     const auto* info = reader->find(c.name);
     if (!info || c.shape.empty() || formats::isFloating(info->dtype) || formats::isComplex(info->dtype) ||
-        info->dtype == formats::DType::Bool || packedNames.count(c.name))
+        info->dtype == formats::DType::Bool || rowsGathered.count(c.name))
       continue;
     // Where each row's samples lie in it, along dimension 0.
     const auto spans = c.shape[0] != (c.otherShape.empty() ? c.shape[0] : c.otherShape[0])

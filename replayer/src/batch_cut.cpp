@@ -19,48 +19,27 @@ namespace crashcap::replayer {
 
 namespace {
 
-/// A list of one item of tensors per row (a collate's per-sample targets) whose tensors have no
-/// row dimension: they would stay whole beside the cut ones, each kept row paired with another's.
-/// Most of them, rather than all: a sample's own tensor can have as many objects as the batch has
-/// rows. A list of the batch's fields, or of crops, has rows in most of its tensors.
-/// Throws Error(Unsupported) for such a list.
-void refuseSampleLists(const formats::BundleReader& reader, const formats::StepBeginData& begin,
-                       const formats::BatchRows& batchRows, const std::string& refusal, const std::string& hint) {
-  const std::string prefix = formats::batchTensorName(begin.step, "");
-  std::map<std::string, size_t> position;  // input name -> index in begin.batch
-  for (size_t i = 0; i < begin.batch.size(); ++i)
-    if (begin.batch[i].rfind(prefix, 0) == 0) position[begin.batch[i].substr(prefix.size())] = i;
-  for (const auto& list : perSampleLists(begin.structure, batchRows.count)) {
-    size_t withRows = 0, tensors = 0;
-    std::vector<std::string> texts;
-    // Each item's tensors by their place in it, with their rank and dtype: a sample's items are
-    // alike (each image's boxes and labels), a batch's fields are not (tokens, a float mask).
-    std::vector<std::vector<std::string>> kinds;
-    for (size_t row = 0; row < list.tensors.size(); ++row) {
-      kinds.emplace_back();
-      const std::string itemPrefix = (list.list.empty() ? "" : list.list + "/") + std::to_string(row);
-      for (const auto& input : list.tensors[row]) {
-        const auto at = position.find(input);
-        const auto* info = at == position.end() ? nullptr : reader.find(begin.batch[at->second]);
-        if (!info) continue;
-        ++tensors;
-        if (batchRows.dims[at->second] >= 0) ++withRows;
-        kinds.back().push_back(fmt::format("{}:{}:{}", input.substr(std::min(input.size(), itemPrefix.size())),
-                                           info->shape.size(), formats::dtypeName(info->dtype)));
-        if (texts.size() < 3) texts.push_back(fmt::format("'{}' [{}]", input, fmt::join(info->shape, ", ")));
-        else if (texts.size() == 3) texts.push_back("...");
+/// The bundle names of the tensors of `lists` (rowOwnLists of the batch of `step`), each with its
+/// list's index there. Throws Error(Unsupported) for a tensor not named by its item's place: the
+/// kept items could not be renamed to theirs.
+std::map<std::string, size_t> rowOwnTensors(const std::vector<SampleList>& lists, int64_t step, int64_t count,
+                                            const std::string& refusal, const std::string& hint) {
+  std::map<std::string, size_t> out;
+  for (size_t k = 0; k < lists.size(); ++k)
+    for (size_t row = 0; row < lists[k].tensors.size(); ++row)
+      for (const auto& input : lists[k].tensors[row]) {
+        const auto r = static_cast<int64_t>(row);
+        if (!movedItemInput(lists[k].list, r, r, input))
+          throw Error(ErrorCode::Unsupported,
+                      fmt::format("step {}'s batch cannot be cut to some of its {} rows: its list '{}' holds one item "
+                                  "per row whose tensors are that row's own (a collate's per-sample targets), and its "
+                                  "tensor '{}' is not named by its item's place, so a kept item cannot be given its "
+                                  "new one; {}",
+                                  step, count, lists[k].list, input, refusal),
+                      hint);
+        out.emplace(formats::batchTensorName(step, input), k);
       }
-    }
-    bool alike = true;
-    for (const auto& k : kinds) alike = alike && k == kinds.front();
-    if (tensors > 0 && alike && withRows * 2 < tensors)
-      throw Error(ErrorCode::Unsupported,
-                  fmt::format("step {}'s batch cannot be cut to some of its {} rows: its list '{}' holds one item per row "
-                              "whose tensors are that row's own ({}: a collate's per-sample targets), and a cut does not "
-                              "yet keep such a list by rows; {}",
-                              begin.step, batchRows.count, list.list, fmt::join(texts, ", "), refusal),
-                  hint);
-  }
+  return out;
 }
 
 /// A PackedSequence's tensors cut to `rows` (of the batch, in that order; a row may repeat), into
@@ -130,11 +109,13 @@ void cutPacked(const formats::BundleReader& reader, int64_t step, int64_t count,
 
 }  // namespace
 
-std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
-                                           const formats::StepBeginData& begin, const std::vector<int64_t>& rows,
-                                           const std::string& refusal, const std::string& hint) {
+BatchCut cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
+                  const formats::StepBeginData& begin, const std::vector<int64_t>& rows, const std::string& refusal,
+                  const std::string& hint) {
   const auto batchRows = formats::batchRows(begin, reader);
-  refuseSampleLists(reader, begin, batchRows, refusal, hint);
+  // A list of each row's own tensors keeps the kept rows' items, whatever their sizes happen to be.
+  const auto rowOwn = rowOwnLists(begin, reader, batchRows);
+  const auto ownNames = rowOwnTensors(rowOwn, begin.step, batchRows.count, refusal, hint);
   // A PackedSequence's tensors are cut as one (cutPacked), never as rows or spans of their own.
   std::map<std::string, at::Tensor> out;
   const auto packedParts = packedSequences(begin.structure);
@@ -144,14 +125,16 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
   std::map<std::string, formats::RaggedSpans> ragged;
   auto whole = formats::concatenatedBatchTensors(view.stepBegins, begin.step, reader);
   whole.erase(std::remove_if(whole.begin(), whole.end(),
-                             [&](const formats::ConcatenatedTensor& c) { return packedNames.count(c.name) > 0; }),
+                             [&](const formats::ConcatenatedTensor& c) {
+                               return packedNames.count(c.name) > 0 || ownNames.count(c.name) > 0;
+                             }),
               whole.end());
   if (!whole.empty()) {
     std::vector<std::pair<std::string, std::vector<int64_t>>> perRow;
     for (size_t i = 0; i < begin.batch.size(); ++i) {
       const auto& name = begin.batch[i];
       const auto* info = reader.find(name);
-      if (!info || packedNames.count(name) || batchRows.dims[i] != 0 || info->shape.size() != 1 ||
+      if (!info || packedNames.count(name) || ownNames.count(name) || batchRows.dims[i] != 0 || info->shape.size() != 1 ||
           name == formats::batchTensorName(begin.step, formats::kDatasetIndexName) || formats::isFloating(info->dtype) ||
           formats::isComplex(info->dtype) || info->dtype == formats::DType::Bool)
         continue;
@@ -180,7 +163,7 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
   const at::Tensor keep = at::tensor(rows, at::kLong);
   for (size_t i = 0; i < begin.batch.size(); ++i) {
     const auto& name = begin.batch[i];
-    if (packedNames.count(name)) continue;
+    if (packedNames.count(name) || ownNames.count(name)) continue;
     if (auto c = ragged.find(name); c != ragged.end()) {
       const at::Tensor t = formats::torch::readTensor(reader, name);
       std::vector<at::Tensor> parts;
@@ -205,7 +188,33 @@ std::map<std::string, at::Tensor> cutBatch(const formats::BundleReader& reader, 
     }
     out[spans.by] = at::tensor(starts, at::kLong).to(out.at(spans.by).scalar_type());
   }
-  return out;
+  // The batch's names in order; where a list of each row's own tensors began, its kept items'.
+  BatchCut cut;
+  const std::string prefix = formats::batchTensorName(begin.step, "");
+  const bool dims = begin.rowDims.size() == begin.batch.size();
+  std::set<size_t> listsDone;
+  for (size_t i = 0; i < begin.batch.size(); ++i) {
+    const auto own = ownNames.find(begin.batch[i]);
+    if (own == ownNames.end()) {
+      cut.batch.push_back(begin.batch[i]);
+      if (dims) cut.rowDims.push_back(begin.rowDims[i]);
+      continue;
+    }
+    if (!listsDone.insert(own->second).second) continue;
+    const auto& list = rowOwn[own->second];
+    for (size_t j = 0; j < rows.size(); ++j)
+      for (const auto& input : list.tensors.at(static_cast<size_t>(rows[j]))) {
+        const std::string name = prefix + *movedItemInput(list.list, rows[j], static_cast<int64_t>(j), input);
+        out[name] = formats::torch::readTensor(reader, prefix + input);
+        cut.batch.push_back(name);
+        if (dims) cut.rowDims.push_back(-1);  // a row's own tensor holds no rows
+      }
+  }
+  std::set<std::string> places;
+  for (const auto& list : rowOwn) places.insert(list.list);
+  cut.structure = cutStructure(begin.structure, batchRows.count, rows, places);
+  cut.tensors = std::move(out);
+  return cut;
 }
 
 }  // namespace crashcap::replayer

@@ -4,9 +4,13 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <functional>
+#include <map>
 #include <optional>
 
+#include "crashcap/formats/bundle_reader.hpp"
+#include "crashcap/formats/dtype.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 
@@ -62,9 +66,32 @@ void tensorsUnder(const nlohmann::json& node, std::vector<std::string>& out) {
     for (const auto& sub : node) tensorsUnder(sub, out);
 }
 
+/// The place of item `row` of the list at `list` ("1/5"; "5" for the batch itself).
+std::string itemPlace(const std::string& list, int64_t row) {
+  return (list.empty() ? "" : list + "/") + std::to_string(row);
+}
+
+/// Renames the tensors under `node` from item `from` of the list at `list` to item `to`.
+void moveItem(nlohmann::json& node, const std::string& list, int64_t from, int64_t to) {
+  if (node.is_object())
+    if (auto t = node.find("tensor"); t != node.end() && t->is_string())
+      if (auto moved = movedItemInput(list, from, to, t->get<std::string>())) *t = *moved;
+  if (node.is_object() || node.is_array())
+    for (auto& sub : node) moveItem(sub, list, from, to);
+}
+
 }  // namespace
 
-std::string cutStructure(const std::string& structure, int64_t count, const std::vector<int64_t>& rows) {
+std::optional<std::string> movedItemInput(const std::string& list, int64_t from, int64_t to, const std::string& input) {
+  const std::string place = itemPlace(list, from);
+  if (input == place) return itemPlace(list, to);
+  if (input.size() > place.size() && input.compare(0, place.size(), place) == 0 && input[place.size()] == '/')
+    return itemPlace(list, to) + input.substr(place.size());
+  return std::nullopt;
+}
+
+std::string cutStructure(const std::string& structure, int64_t count, const std::vector<int64_t>& rows,
+                         const std::set<std::string>& rowOwn) {
   if (structure.empty() || count <= 0) return structure;
   for (int64_t row : rows)
     if (row < 0 || row >= count)
@@ -80,7 +107,20 @@ std::string cutStructure(const std::string& structure, int64_t count, const std:
   // per-sample lists of boxes or words), is the rows' (and is not looked into: its items are
   // whole samples). A tuple is the batch's fields.
   bool cut = false;
-  walk<nlohmann::json>(*root, "", [&](nlohmann::json& node, const std::string&) {
+  walk<nlohmann::json>(*root, "", [&](nlohmann::json& node, const std::string& path) {
+    if (rowOwn.count(path)) {
+      // Each row's own tensors: the kept items, renamed to their places among the kept rows.
+      auto items = node.find("list");
+      if (items == node.end()) items = node.find("tuple");
+      if (items == node.end() || !items->is_array() || static_cast<int64_t>(items->size()) != count) return false;
+      nlohmann::json kept = nlohmann::json::array();
+      for (size_t j = 0; j < rows.size(); ++j) {
+        kept.push_back((*items)[static_cast<size_t>(rows[j])]);
+        moveItem(kept.back(), path, rows[j], static_cast<int64_t>(j));
+      }
+      *items = std::move(kept);
+      return cut = true;
+    }
     if (auto v = node.find("value"); v != node.end()) {
       if (v->is_array() && static_cast<int64_t>(v->size()) == count) pick(*v), cut = true;
       return true;
@@ -135,6 +175,42 @@ std::vector<SampleList> perSampleLists(const std::string& structure, int64_t cou
     out.push_back(std::move(list));
     return false;  // a deeper one may be the samples' when this one is the batch's fields
   });
+  return out;
+}
+
+std::vector<SampleList> rowOwnLists(const formats::StepBeginData& begin, const formats::BundleReader& reader,
+                                    const formats::BatchRows& batchRows) {
+  const std::string prefix = formats::batchTensorName(begin.step, "");
+  std::map<std::string, size_t> position;  // input name -> index in begin.batch
+  for (size_t i = 0; i < begin.batch.size(); ++i)
+    if (begin.batch[i].rfind(prefix, 0) == 0) position[begin.batch[i].substr(prefix.size())] = i;
+  std::vector<SampleList> out;
+  for (auto& list : perSampleLists(begin.structure, batchRows.count)) {
+    const bool nested = std::any_of(out.begin(), out.end(), [&](const SampleList& o) {
+      return o.list.empty() || list.list.rfind(o.list + "/", 0) == 0;
+    });
+    if (nested) continue;
+    size_t withRows = 0, tensors = 0;
+    // Each item's tensors by their place in it, with their rank and dtype: a sample's items are
+    // alike (each image's boxes and labels), a batch's fields are not (tokens, a float mask).
+    std::vector<std::vector<std::string>> kinds;
+    for (size_t row = 0; row < list.tensors.size(); ++row) {
+      kinds.emplace_back();
+      const std::string place = itemPlace(list.list, static_cast<int64_t>(row));
+      for (const auto& input : list.tensors[row]) {
+        const auto at = position.find(input);
+        const auto* info = at == position.end() ? nullptr : reader.find(begin.batch[at->second]);
+        if (!info) continue;
+        ++tensors;
+        if (at->second < batchRows.dims.size() && batchRows.dims[at->second] >= 0) ++withRows;
+        kinds.back().push_back(fmt::format("{}:{}:{}", input.substr(std::min(input.size(), place.size())),
+                                           info->shape.size(), formats::dtypeName(info->dtype)));
+      }
+    }
+    bool alike = true;
+    for (const auto& k : kinds) alike = alike && k == kinds.front();
+    if (tensors > 0 && alike && withRows * 2 < tensors) out.push_back(std::move(list));
+  }
   return out;
 }
 

@@ -822,6 +822,8 @@ struct Run {
     }
   }
   bool progressUnwritable = false;
+  /// The target's batch structure cut to the rows asked for (BatchCut::structure), once it began.
+  std::optional<std::string> targetStructure;
 
   /// Step `s` begins: its generator states are restored and its batch read (only the chosen rows
   /// at the target), on the replay's device. `r` gets what the recording says of the step.
@@ -865,7 +867,8 @@ struct Run {
     }
     // The target's batch tensors cut to the rows asked for (replayer::cutBatch: each tensor's rows
     // along its row dimension, a sequence-first tensor's in dimension 1; a ragged batch's spans).
-    std::map<std::string, at::Tensor> cut;
+    BatchCut cut;
+    std::vector<std::string> cutInputs;  // the cut batch's names, when a list of rows' own tensors was cut
     if (s == target) {
       const auto rows = formats::batchRows(begin, *reader);
       result.batchSize = rows.count;
@@ -885,12 +888,19 @@ struct Run {
                        "look at the batch's tensors with `crashcap show BUNDLE " + formats::batchTensorName(s, "NAME") +
                            "`, or record a batch whose tensors each hold one row per sample (padded), or its rows' "
                            "lengths");
+      if (!options.rows.empty() && !everyRow) {
+        targetStructure = cut.structure;
+        if (cut.batch != begin.batch) {
+          const std::string prefix = formats::batchTensorName(s, "");
+          for (const auto& full : cut.batch) cutInputs.push_back(full.substr(prefix.size()));
+        }
+      }
     }
     Batch batch;
-    for (const auto& input : inputs) {
+    for (const auto& input : cutInputs.empty() ? inputs : cutInputs) {
       const auto full = formats::batchTensorName(s, input);
       at::Tensor t;
-      if (auto c = cut.find(full); c != cut.end())
+      if (auto c = cut.tensors.find(full); c != cut.tensors.end())
         t = c->second;
       else
         t = formats::torch::readTensor(*reader, full);
@@ -1551,8 +1561,8 @@ DrivenReplay::Step DrivenReplay::beginStep(int64_t step) {
   Step out;
   out.batch = m.run.beginStep(step, inputs, r);
   out.structure = begin.structure;
-  if (step == m.run.target && !m.run.options.rows.empty())  // its per-row lists as its tensors were cut
-    out.structure = cutStructure(begin.structure, m.run.result.batchSize, m.run.options.rows);
+  if (step == m.run.target && m.run.targetStructure)  // its per-row lists as its tensors were cut
+    out.structure = *m.run.targetStructure;
   out.learningRates = begin.learningRates;
   if (auto e = m.run.ends.find(step); e != m.run.ends.end()) out.updateLearningRates = e->second->updateLearningRates;
   const std::string rngPrefix = formats::rngTensorName(step, "");

@@ -141,27 +141,36 @@ def test_a_nan_in_a_packed_batch_is_found_in_the_culprit_rows_time_steps(tmp_pat
 
 
 @pytest.mark.parametrize("collate", ["lists", "tuples"])
-def test_a_list_of_each_samples_own_tensors_is_not_cut_and_says_so(tmp_path, collate):
+def test_a_list_of_each_samples_own_tensors_is_cut_by_its_items_and_the_nan_box_is_named(tmp_path, collate):
     # Detection targets: a list of one dict of tensors per image beside the images stacked, or, as
     # torchvision's references collate, a tuple of the images (each its own tensor: no tensor of
-    # the batch has rows) and a tuple of the targets. Those tensors hold no row, so a cut would
-    # pair each kept image with another's targets; replay and pack refuse to cut such a batch and
-    # name the list, and triage names no row rather than a wrong one.
+    # the batch has rows) and a tuple of the targets. Those tensors hold no row, and their sizes
+    # change from image to image; a cut keeps the kept rows' items, renamed to their places among
+    # them, so sample bisection tests each image with its own targets and triage finds the NaN in
+    # the culprit image's boxes.
     r, runs = run_recorded(tmp_path, "detection_targets.py", "--nan-box", 58, *(["--tuples"] if collate == "tuples" else []))
     assert r.returncode != 0 and "non-finite loss nan" in r.stderr, r.stderr
     bundle = only_bundle(runs)
-    replay = crashcap_json("replay", bundle)
-    assert replay["verdict"] == "reproduced-bitwise", replay
+    replay, triage = replay_and_triage(bundle)
     step = replay["step"]
-    cut = crashcap("replay", bundle, "--rows", 0)
-    text = " ".join(cut.stderr.split())
-    first = "'0/0' [3, 24, 24]" if collate == "tuples" else "'1/0/boxes' ["
-    assert cut.returncode != 0 and f"step {step}'s batch cannot be cut to some of its 8 rows: its list " \
-        f"'{first[1]}' holds one item per row whose tensors are that row's own ({first}" in text, cut.stderr
-    packed = crashcap("pack", bundle, "-o", tmp_path / "rows.ccap", "--rows", 0)
-    assert packed.returncode != 0 and "a cut does not yet keep such a list by rows" in " ".join(packed.stderr.split())
-    triage = crashcap_json("triage", bundle)
-    assert not triage["culprit"]["rows"], triage["culprit"]
-    assert verdicts(triage)["invalid-data"] == "inconclusive", triage["hypotheses"]
+    assert triage["culprit"]["dataset_indices"] == [58], triage["culprit"]
+    (row,) = triage["culprit"]["rows"]
+    assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
     (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
-    assert "a cut does not yet keep such a list by rows" in " ".join(evidence), evidence
+    assert f"row {row} of steps/{step}/batch/1/{row}/boxes holds 1 NaN and 0 Inf values" in evidence, evidence
+    # The culprit image alone fails as recorded; the others, each with its own targets, do not.
+    alone = crashcap_json("replay", bundle, "--rows", row)
+    assert "non-finite loss nan" in alone["error"], alone
+    rest = crashcap_json("replay", bundle, "--rows", ",".join(str(k) for k in range(8) if k != row))
+    assert rest["verdict"] == "not-reproduced" and not rest.get("error"), rest
+    # A pack of that row holds its image and its targets as the batch's only item, and replays.
+    packed = tmp_path / "row.ccap"
+    crashcap("pack", bundle, "-o", packed, "--rows", row, check=True)
+    names = {t["name"] for t in crashcap_json("ls", packed)["tensors"]}
+    image = f"steps/{step}/batch/0/0" if collate == "tuples" else f"steps/{step}/batch/0"
+    assert {image, f"steps/{step}/batch/1/0/boxes", f"steps/{step}/batch/1/0/labels"} <= names, names
+    assert not any(n.startswith(f"steps/{step}/batch/1/1/") for n in names), names
+    again = crashcap_json("replay", packed)
+    assert again["verdict"] in ("reproduced", "reproduced-bitwise") and "non-finite loss nan" in again["error"], again
+    boxes = crashcap_json("show", packed, f"steps/{step}/batch/1/0/boxes")
+    assert "nan" in boxes["text"].lower(), boxes

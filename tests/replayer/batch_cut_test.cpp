@@ -13,6 +13,7 @@
 #undef CHECK
 
 #include <catch2/catch.hpp>
+#include <fmt/format.h>
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -178,7 +179,7 @@ std::map<std::string, at::Tensor> cutPackedBatch(const std::string& path, const 
   }
   auto reader = formats::BundleReader::open(path);
   const auto records = formats::readRecords(*reader);
-  return crashcap::replayer::cutBatch(*reader, records, records.stepBegins.at(0), rows, "refused", "");
+  return crashcap::replayer::cutBatch(*reader, records, records.stepBegins.at(0), rows, "refused", "").tensors;
 }
 
 std::vector<float> floats(const at::Tensor& t) {
@@ -244,4 +245,104 @@ TEST_CASE("a PackedSequence's rows lie where its batch_sizes and sorted_indices 
   CHECK_FALSE(packedRowPositions({3, 1}, {0, 0, 2}));
   CHECK_FALSE(packedRowPositions({3, 1}, {0, 1}));
   CHECK(packedRowPositions({}, {})->empty());
+}
+
+TEST_CASE("a list of each row's own tensors is cut by its items, renamed to their places among the kept rows",
+          "[replayer]") {
+  using crashcap::replayer::movedItemInput;
+  CHECK(movedItemInput("1", 5, 0, "1/5/boxes") == "1/0/boxes");
+  CHECK(movedItemInput("1", 5, 0, "1/5") == "1/0");
+  CHECK(movedItemInput("", 5, 2, "5/boxes") == "2/boxes");
+  CHECK(movedItemInput("a/b", 1, 3, "a/b/1/x/y") == "a/b/3/x/y");
+  CHECK_FALSE(movedItemInput("1", 5, 0, "1/50/boxes"));
+  CHECK_FALSE(movedItemInput("1", 5, 0, "2/5/boxes"));
+
+  // (images, [{"boxes", "labels"} of each image]): rows 1, 0, 1 of 2.
+  const std::string batch = R"({"tuple": [{"tensor": "0"}, {"list": [
+      {"dict": [["boxes", {"tensor": "1/0/boxes"}], ["labels", {"tensor": "1/0/labels"}]]},
+      {"dict": [["boxes", {"tensor": "1/1/boxes"}], ["labels", {"tensor": "1/1/labels"}]]}]}]})";
+  const json cut = json::parse(cutStructure(batch, 2, {1, 0, 1}, {"1"}));
+  INFO(cut.dump());
+  const json items = cut["tuple"][1]["list"];
+  REQUIRE(items.size() == 3);
+  for (int j = 0; j < 3; ++j) {
+    CHECK(items[j]["dict"][0][1]["tensor"] == fmt::format("1/{}/boxes", j));
+    CHECK(items[j]["dict"][1][1]["tensor"] == fmt::format("1/{}/labels", j));
+  }
+  CHECK(cut["tuple"][0] == json::parse(R"({"tensor": "0"})"));
+  // Without the list named, a list whose items hold tensors stays whole.
+  CHECK(cutStructure(batch, 2, {1}) == batch);
+}
+
+namespace {
+
+/// A bundle of one step (3) whose batch is (images [3, 2], [{"boxes" [n, 4], "labels" [n]}] per row)
+/// with 2, 3 and 1 objects: row 1's boxes have as many objects as the batch has rows.
+crashcap::replayer::BatchCut cutTargetsBatch(const std::string& path, const std::vector<int64_t>& rows,
+                                             const std::string& misnamed = "") {
+  namespace formats = crashcap::formats;
+  {
+    auto w = formats::BundleWriter::create(path);
+    auto name = [](const std::string& input) { return formats::batchTensorName(3, input); };
+    formats::StepBeginData begin;
+    begin.step = 3;
+    formats::torch::writeTensor(*w, name("0"), at::arange(6, at::kFloat).reshape({3, 2}));
+    begin.batch = {name("0")};
+    begin.rowDims = {0};
+    std::string items;
+    const int64_t objects[] = {2, 3, 1};
+    for (int64_t r = 0; r < 3; ++r) {
+      const std::string boxes = r == 2 && !misnamed.empty() ? misnamed : fmt::format("1/{}/boxes", r);
+      formats::torch::writeTensor(*w, name(boxes), at::full({objects[r], 4}, static_cast<float>(10 * r)));
+      formats::torch::writeTensor(*w, name(fmt::format("1/{}/labels", r)), at::full({objects[r]}, r, at::kLong));
+      begin.batch.push_back(name(boxes));
+      begin.batch.push_back(name(fmt::format("1/{}/labels", r)));
+      begin.rowDims.push_back(objects[r] == 3 ? 0 : -1);  // as the recorder guesses from sizes alone
+      begin.rowDims.push_back(objects[r] == 3 ? 0 : -1);
+      items += fmt::format(R"({}{{"dict": [["boxes", {{"tensor": "{}"}}], ["labels", {{"tensor": "1/{}/labels"}}]]}})",
+                           r ? ", " : "", boxes, r);
+    }
+    formats::torch::writeTensor(*w, name("index"), at::tensor(std::vector<int64_t>{40, 41, 42}));
+    begin.batch.push_back(name("index"));
+    begin.rowDims.push_back(0);
+    begin.structure = R"({"tuple": [{"tensor": "0"}, {"list": [)" + items + "]}]}";
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  auto reader = formats::BundleReader::open(path);
+  const auto records = formats::readRecords(*reader);
+  return crashcap::replayer::cutBatch(*reader, records, records.stepBegins.at(0), rows, "refused", "");
+}
+
+}  // namespace
+
+TEST_CASE("a batch's list of each row's own tensors keeps the kept rows' items at their new places", "[replayer]") {
+  crashcap::test::TempDir dir;
+  const auto cut = cutTargetsBatch(dir.file("targets.ccap"), {2, 1});
+  auto name = [](const std::string& input) { return crashcap::formats::batchTensorName(3, input); };
+  CHECK(floats(cut.tensors.at(name("0"))) == std::vector<float>{4, 5, 2, 3});
+  CHECK(longs(cut.tensors.at(name("index"))) == std::vector<int64_t>{42, 41});
+  // Row 2's target is item 0 now, row 1's (3 objects: not cut as rows) item 1.
+  CHECK(cut.tensors.at(name("1/0/boxes")).sizes() == at::IntArrayRef{1, 4});
+  CHECK(floats(cut.tensors.at(name("1/0/boxes")))[0] == 20);
+  CHECK(longs(cut.tensors.at(name("1/0/labels"))) == std::vector<int64_t>{2});
+  CHECK(cut.tensors.at(name("1/1/boxes")).sizes() == at::IntArrayRef{3, 4});
+  CHECK(longs(cut.tensors.at(name("1/1/labels"))) == std::vector<int64_t>{1, 1, 1});
+  CHECK(cut.tensors.count(name("1/2/boxes")) == 0);
+  CHECK(cut.batch == std::vector<std::string>{name("0"), name("1/0/boxes"), name("1/0/labels"), name("1/1/boxes"),
+                                              name("1/1/labels"), name("index")});
+  CHECK(cut.rowDims == std::vector<int8_t>{0, -1, -1, -1, -1, 0});
+  const json structure = json::parse(cut.structure);
+  REQUIRE(structure["tuple"][1]["list"].size() == 2);
+  CHECK(structure["tuple"][1]["list"][1]["dict"][0][1]["tensor"] == "1/1/boxes");
+  // A row repeated: a third item, a name the recording lacks.
+  const auto twice = cutTargetsBatch(dir.file("twice.ccap"), {0, 0, 0});
+  CHECK(twice.tensors.at(name("1/2/boxes")).sizes() == at::IntArrayRef{2, 4});
+  // A tensor not named by its item's place cannot be given its new one: refused, naming it.
+  try {
+    cutTargetsBatch(dir.file("misnamed.ccap"), {0}, "1/9/boxes");
+    FAIL("a misnamed row's own tensor was not refused");
+  } catch (const crashcap::Error& e) {
+    CHECK(std::string(e.what()).find("its tensor '1/9/boxes' is not named by its item's place") != std::string::npos);
+  }
 }

@@ -12,13 +12,22 @@
 #include <utility>
 #include <vector>
 
+#include "crashcap/formats/records.hpp"
+
+namespace crashcap::formats {
+class BundleReader;
+}
+
 namespace crashcap::replayer {
 
 /// A Python batch's structure (StepBegin.structure: its nesting as JSON, with lists of plain values
 /// kept in it as {"value": [...]}) with each such list that holds one value per row (`count`)
 /// cut to `rows` in that order, as cutBatch cuts the tensors: a collate's lengths or file names
-/// given as Python lists. Other values stay whole. "" (a flat batch of tensors) stays "".
-std::string cutStructure(const std::string& structure, int64_t count, const std::vector<int64_t>& rows);
+/// given as Python lists. So are the lists at the places `rowOwn` names (rowOwnLists: each row's
+/// own tensors), their kept items' tensors renamed to their new places (movedItemInput). Other
+/// values stay whole. "" (a flat batch of tensors) stays "".
+std::string cutStructure(const std::string& structure, int64_t count, const std::vector<int64_t>& rows,
+                         const std::set<std::string>& rowOwn = {});
 
 /// A Python batch's lists of one integer per row (`count`) in its structure, each named by where it
 /// nests ("list '3' of step 12's batch", "list 'inputs/lengths' of step 12's batch"; '' when the
@@ -40,6 +49,19 @@ struct SampleList {
 /// list of the batch's fields, or of crops that each hold every row. The caller tells them apart by
 /// the tensors' row dimensions: only each sample's own tensors have none.
 std::vector<SampleList> perSampleLists(const std::string& structure, int64_t count);
+
+/// The lists of perSampleLists that hold each row's own tensors (a collate's per-sample targets):
+/// their items alike (the same tensors at the same places, of the same ranks and dtypes) and most
+/// of their tensors without a row dimension in `batchRows` (a sample's own tensor can have as many
+/// objects as the batch has rows). A list of the batch's fields, or of crops that each hold every
+/// row, has rows in most of its tensors. Outermost first; a list inside one of them is not one.
+std::vector<SampleList> rowOwnLists(const formats::StepBeginData& begin, const formats::BundleReader& reader,
+                                    const formats::BatchRows& batchRows);
+
+/// The input name a tensor of item `from` of the list at `list` takes as item `to` of a cut
+/// ("1/5/boxes" -> "1/0/boxes"; an item that is a tensor, "0/5" -> "0/0"); nullopt when the name
+/// does not nest under the item's place.
+std::optional<std::string> movedItemInput(const std::string& list, int64_t from, int64_t to, const std::string& input);
 
 /// A PackedSequence in a Python batch: a collate function that packs the batch itself.
 struct PackedParts {

@@ -353,20 +353,22 @@ def match_rows(loader, indices, recorded):
         d = _row_dimension(batch_tensor, alone_tensors, n)
         if d is not None:
             compared.append((batch_tensor, [t.detach().cpu() for t in alone_tensors], d))
-    if not compared:
+    items = _item_tensors(recorded, alone, n, packed)
+    if not compared and not items:
         return "unchecked", [], "no tensor of the batch holds one row per sample as the collate function gives each alone"
     # Each sample at its own row in every tensor: whatever other pairing those tensors allow pairs
     # samples alike in all of them, so each row holds its sample's data. The common case, and n
     # comparisons, not n*n.
-    if all(bool(_candidates(b, a, d, own_rows=True).all()) for b, a, d in compared):
+    if (all(bool(_candidates(b, a, d, own_rows=True).all()) for b, a, d in compared)
+            and all(_same(batch_items[i], a) for batch_items, alone_items in items for i, a in enumerate(alone_items))):
         return "sampler", list(indices), ""
-    elements = max(b.numel() // n for b, _, _ in compared) * n * n
+    elements = max([b.numel() // n for b, _, _ in compared]
+                   + [max(t.numel() for t in batch_items) for batch_items, _ in items]) * n * n
     if elements > _MATCH_BUDGET:
         return "unchecked", [], (f"the samples are not each at their own row, and comparing every sample with every row "
                                  f"({elements:.3g} values) is over crashcap's budget ({_MATCH_BUDGET:.3g})")
     together = None
-    for b, a, d in compared:
-        candidates = _candidates(b, a, d)
+    for candidates in [_candidates(b, a, d) for b, a, d in compared] + [_item_candidates(b, a) for b, a in items]:
         if not (bool(candidates.any(dim=0).all()) and bool(candidates.any(dim=1).all())):
             continue  # the batch's own (no sample alone has it at a row), or samples that changed
         together = candidates if together is None else together & candidates
@@ -493,6 +495,51 @@ def _row_dimension(batch_tensor, alone, n):
         if batch_tensor.shape[d] == n and all(a.shape[d] == 1 for a in alone):
             return d
     return None
+
+
+def _item_tensors(recorded, alone, n, skip):
+    """The tensors of a list in the batch of one item per row whose items are each row's own (a
+    collate's per-sample targets, or the samples as they are): [(the n rows' tensors, the samples'
+    tensors alone)], one pair per place in the item. Found by name: where each sample collated
+    alone has a tensor under item 0 of a list ("1/0/boxes"), the batch has one under each of its n
+    items ("1/0/boxes" ... "1/7/boxes")."""
+    out = []
+    if not alone or n < 2:
+        return out
+    for name in alone[0]:
+        if name in skip or not isinstance(alone[0][name], torch.Tensor):
+            continue
+        parts = name.split("/")
+        for k, part in enumerate(parts):
+            if part != "0":
+                continue
+            names = ["/".join(parts[:k] + [str(r)] + parts[k + 1:]) for r in range(n)]
+            rows = [recorded.get(m) for m in names]
+            samples = [a.get(name) for a in alone]
+            if all(isinstance(t, torch.Tensor) for t in rows + samples):
+                out.append(([t.detach().cpu() for t in rows], [t.detach().cpu() for t in samples]))
+                break
+    return out
+
+
+def _same(a, b):
+    """Whether two tensors hold the same values in the same shape, NaN equal to NaN."""
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return False
+    same = a == b
+    if a.is_floating_point() or a.is_complex():
+        same |= a.isnan() & b.isnan()
+    return bool(same.all())
+
+
+def _item_candidates(rows, alone):
+    """[sample, row] booleans: row r's own tensor `rows[r]` is sample i's `alone[i]`."""
+    n = len(rows)
+    out = torch.zeros(n, n, dtype=torch.bool)
+    for i, a in enumerate(alone):
+        for r, t in enumerate(rows):
+            out[i, r] = _same(t, a)
+    return out
 
 
 def _candidates(batch_tensor, alone, d, own_rows=False):

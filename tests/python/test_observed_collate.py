@@ -150,6 +150,23 @@ def test_match_rows_follows_a_collate_that_sorts_the_samples():
     assert rows == [14, 9, 3, 2, 21, 5], rows
 
 
+def test_match_rows_matches_a_list_of_each_samples_own_tensors_by_its_items():
+    # The samples as they are (sequences of their own lengths, no tensor with a row per sample),
+    # kept in order, sorted longest first, or with a label tensor beside them.
+    indices = [5, 3, 21, 14, 9, 2]  # lengths 1, 4, 2, 5, 5, 3
+    kept = DataLoader(Sequences(), batch_size=6, collate_fn=lambda s: [x for x, _ in s])
+    assert _replay.match_rows(kept, indices, recorded(kept, indices)) == ("sampler", indices, "")
+    longest = DataLoader(Sequences(), batch_size=6,
+                         collate_fn=lambda s: sorted((x for x, _ in s), key=lambda x: -len(x)))
+    order, rows, why = _replay.match_rows(longest, indices, recorded(longest, indices))
+    assert (order, rows, why) == ("reordered", [14, 9, 3, 2, 21, 5], ""), (order, rows, why)
+    # A row matches a sample only where shape and values agree: samples that do not come back the
+    # same (a random transform) match no row, and the order stays unchecked.
+    noisy = DataLoader(Sequences(noise=True), batch_size=6, collate_fn=lambda s: [x for x, _ in s][::-1])
+    order, rows, why = _replay.match_rows(noisy, indices, recorded(noisy, indices))
+    assert order == "unchecked" and "no tensor of the batch holds the samples" in why, (order, rows, why)
+
+
 def test_match_rows_leaves_out_a_tensor_of_the_batch_that_no_sample_holds():
     def packed(samples):
         b = by_length(samples)

@@ -140,15 +140,18 @@ def test_a_nan_in_a_packed_batch_is_found_in_the_culprit_rows_time_steps(tmp_pat
     assert f"row {row} of steps/{replay['step']}/batch/0/0 holds 1 NaN and 0 Inf values" in evidence, evidence
 
 
-@pytest.mark.parametrize("collate", ["lists", "tuples"])
+@pytest.mark.parametrize("collate", ["lists", "tuples", "sorted"])
 def test_a_list_of_each_samples_own_tensors_is_cut_by_its_items_and_the_nan_box_is_named(tmp_path, collate):
     # Detection targets: a list of one dict of tensors per image beside the images stacked, or, as
     # torchvision's references collate, a tuple of the images (each its own tensor: no tensor of
     # the batch has rows) and a tuple of the targets. Those tensors hold no row, and their sizes
     # change from image to image; a cut keeps the kept rows' items, renamed to their places among
     # them, so sample bisection tests each image with its own targets and triage finds the NaN in
-    # the culprit image's boxes.
-    r, runs = run_recorded(tmp_path, "detection_targets.py", "--nan-box", 58, *(["--tuples"] if collate == "tuples" else []))
+    # the culprit image's boxes. The rows are matched to the samples by their own tensors too: a
+    # tuple collate that puts the images with most objects first, where no tensor of the batch
+    # holds the rows, still names the culprit's sample.
+    r, runs = run_recorded(tmp_path, "detection_targets.py", "--nan-box", 58,
+                           *({"tuples": ["--tuples"], "sorted": ["--tuples", "--sorted"]}.get(collate, [])))
     assert r.returncode != 0 and "non-finite loss nan" in r.stderr, r.stderr
     bundle = only_bundle(runs)
     replay, triage = replay_and_triage(bundle)
@@ -158,6 +161,10 @@ def test_a_list_of_each_samples_own_tensors_is_cut_by_its_items_and_the_nan_box_
     assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
     (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
     assert f"row {row} of steps/{step}/batch/1/{row}/boxes holds 1 NaN and 0 Inf values" in evidence, evidence
+    matched = ("matched to the rows after the collate function reordered the samples the sampler drew"
+               if collate == "sorted" else
+               "the rows in the sampler's order, checked against the program's collate function")
+    assert f"dataset index 58 (the batch's index tensor, {matched})" in " ".join(evidence), evidence
     # The culprit image alone fails as recorded; the others, each with its own targets, do not.
     alone = crashcap_json("replay", bundle, "--rows", row)
     assert "non-finite loss nan" in alone["error"], alone
@@ -167,7 +174,7 @@ def test_a_list_of_each_samples_own_tensors_is_cut_by_its_items_and_the_nan_box_
     packed = tmp_path / "row.ccap"
     crashcap("pack", bundle, "-o", packed, "--rows", row, check=True)
     names = {t["name"] for t in crashcap_json("ls", packed)["tensors"]}
-    image = f"steps/{step}/batch/0/0" if collate == "tuples" else f"steps/{step}/batch/0"
+    image = f"steps/{step}/batch/0" if collate == "lists" else f"steps/{step}/batch/0/0"
     assert {image, f"steps/{step}/batch/1/0/boxes", f"steps/{step}/batch/1/0/labels"} <= names, names
     assert not any(n.startswith(f"steps/{step}/batch/1/1/") for n in names), names
     again = crashcap_json("replay", packed)

@@ -9,6 +9,8 @@ RMSprop, DataLoader workers; the loop raises on a non-finite loss.
   --nan-box K  one of sample K's boxes holds a NaN
   --tuples     collate as torchvision's detection references do, tuple(zip(*batch)): a tuple of the
                images, each its own tensor, and a tuple of their targets
+  --sorted     with --tuples, the images with most objects first (the rows are not in the sampler's
+               order, and no tensor of the batch has them as rows)
 """
 
 import argparse
@@ -42,6 +44,10 @@ def collate(items):
     return torch.stack([image for image, _ in items]), [target for _, target in items]
 
 
+def collate_tuples_sorted(items):
+    return collate_tuples(sorted(items, key=lambda item: -len(item[1]["labels"])))
+
+
 def collate_tuples(items):
     return tuple(zip(*items))
 
@@ -69,13 +75,14 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--nan-box", type=int, default=-1)
     p.add_argument("--tuples", action="store_true")
+    p.add_argument("--sorted", action="store_true")
     p.add_argument("--epochs", type=int, default=2)
     a = p.parse_args()
     torch.manual_seed(5)
     model = Detector()
     optimizer = torch.optim.RMSprop(model.parameters(), lr=1e-3)
     loader = DataLoader(Shapes(a.nan_box), batch_size=8, shuffle=True, num_workers=2,
-                        collate_fn=collate_tuples if a.tuples else collate)
+                        collate_fn=(collate_tuples_sorted if a.sorted else collate_tuples) if a.tuples else collate)
     for epoch in range(a.epochs):
         for images, targets in loader:
             loss = model(images, targets)

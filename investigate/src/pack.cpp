@@ -209,7 +209,13 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
       for (auto frame = e.context().rbegin(); frame != e.context().rend(); ++frame) refused.with(*frame);
       throw refused;
     }
-    ragged = !formats::concatenatedBatchTensors(view.stepBegins, target, *reader).empty();
+    // A list of each row's own tensors changes sizes from step to step too, and is cut by its items.
+    const auto& begin = *begun.at(target);
+    const auto own = replayer::rowOwnTensorNames(
+        replayer::rowOwnLists(begin, *reader, formats::batchRows(begin, *reader)), target);
+    const auto concatenated = formats::concatenatedBatchTensors(view.stepBegins, target, *reader);
+    ragged = std::any_of(concatenated.begin(), concatenated.end(),
+                         [&](const formats::ConcatenatedTensor& c) { return !own.count(c.name); });
   }
 
   // Replay the crash from that keyframe: does the attachment reproduce, and, when every step up

@@ -259,10 +259,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   const auto packedNames = replayer::packedTensorNames(packedSequences, step);
   // Nor do a list of each row's own tensors (replayer::rowOwnLists): their rows are gathered below.
   const auto rowOwn = batch > 0 ? replayer::rowOwnLists(*begin, *reader, batchRows) : std::vector<replayer::SampleList>{};
-  std::set<std::string> ownNames;
-  for (const auto& list : rowOwn)
-    for (const auto& item : list.tensors)
-      for (const auto& input : item) ownNames.insert(formats::batchTensorName(step, input));
+  const auto ownNames = replayer::rowOwnTensorNames(rowOwn, step);
   std::vector<Loaded> loaded;
   for (size_t i = 0; i < begin->batch.size(); ++i) {
     const auto* info = reader->find(begin->batch[i]);
@@ -337,7 +334,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   // r's tensor at a place in its item ("boxes") is that row's, judged against the other rows' at
   // the same place, and named as itself ("1/5/boxes").
   for (const auto& list : rowOwn) {
-    if (static_cast<int64_t>(list.tensors.size()) != batch) continue;
+    if (list.ambiguous || static_cast<int64_t>(list.tensors.size()) != batch) continue;  // rows unknown
     for (size_t k = 0; k < list.tensors.front().size(); ++k) {
       Loaded l;
       l.rowDim = -1;  // no row dimension: no feature columns to judge
@@ -566,9 +563,8 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
   // (its batch_sizes sums to its data's length), nor are a list of each row's own tensors (their
   // sizes change from row to row): findRowOddities gathers the rows of both.
   auto rowsGathered = replayer::packedTensorNames(replayer::packedSequences(begin->structure), step);
-  for (const auto& list : replayer::rowOwnLists(*begin, *reader, batchRows))
-    for (const auto& item : list.tensors)
-      for (const auto& input : item) rowsGathered.insert(formats::batchTensorName(step, input));
+  for (const auto& name : replayer::rowOwnTensorNames(replayer::rowOwnLists(*begin, *reader, batchRows), step))
+    rowsGathered.insert(name);
   // Tensors of one integer per row: the candidates for lengths or offsets (formats::raggedSpans).
   std::vector<std::pair<std::string, std::vector<int64_t>>> perRow;
   for (size_t i = 0; i < begin->batch.size(); ++i) {

@@ -511,7 +511,8 @@ def _item_tensors(recorded, alone, n, skip):
             continue
         parts = name.split("/")
         for k, part in enumerate(parts):
-            if part != "0":
+            # A sample collated alone has only item 0 of such a list: a "1" beside it marks a field.
+            if part != "0" or "/".join(parts[:k] + ["1"] + parts[k + 1:]) in alone[0]:
                 continue
             names = ["/".join(parts[:k] + [str(r)] + parts[k + 1:]) for r in range(n)]
             rows = [recorded.get(m) for m in names]

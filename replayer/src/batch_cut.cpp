@@ -20,12 +20,20 @@ namespace crashcap::replayer {
 namespace {
 
 /// The bundle names of the tensors of `lists` (rowOwnLists of the batch of `step`), each with its
-/// list's index there. Throws Error(Unsupported) for a tensor not named by its item's place: the
-/// kept items could not be renamed to theirs.
+/// list's index there. Throws Error(Unsupported) for an ambiguous list (the samples or the batch's
+/// fields), or a tensor not named by its item's place: the kept items could not be renamed to theirs.
 std::map<std::string, size_t> rowOwnTensors(const std::vector<SampleList>& lists, int64_t step, int64_t count,
                                             const std::string& refusal, const std::string& hint) {
   std::map<std::string, size_t> out;
-  for (size_t k = 0; k < lists.size(); ++k)
+  for (size_t k = 0; k < lists.size(); ++k) {
+    if (lists[k].ambiguous)
+      throw Error(ErrorCode::Unsupported,
+                  fmt::format("step {}'s batch cannot be cut to some of its {} rows: its list '{}' holds {} items that "
+                              "each hold {} items of tensors alike without rows, so whether its items are the samples "
+                              "(each with its fields) or the batch's fields (each with every sample's own tensor) "
+                              "cannot be told; {}",
+                              step, count, lists[k].list, count, count, refusal),
+                  hint);
     for (size_t row = 0; row < lists[k].tensors.size(); ++row)
       for (const auto& input : lists[k].tensors[row]) {
         const auto r = static_cast<int64_t>(row);
@@ -39,6 +47,7 @@ std::map<std::string, size_t> rowOwnTensors(const std::vector<SampleList>& lists
                       hint);
         out.emplace(formats::batchTensorName(step, input), k);
       }
+  }
   return out;
 }
 

@@ -185,7 +185,10 @@ std::vector<SampleList> rowOwnLists(const formats::StepBeginData& begin, const f
   for (size_t i = 0; i < begin.batch.size(); ++i)
     if (begin.batch[i].rfind(prefix, 0) == 0) position[begin.batch[i].substr(prefix.size())] = i;
   std::vector<SampleList> out;
-  for (auto& list : perSampleLists(begin.structure, batchRows.count)) {
+  auto lists = perSampleLists(begin.structure, batchRows.count);
+  std::set<std::string> places;
+  for (const auto& list : lists) places.insert(list.list);
+  for (auto& list : lists) {
     const bool nested = std::any_of(out.begin(), out.end(), [&](const SampleList& o) {
       return o.list.empty() || list.list.rfind(o.list + "/", 0) == 0;
     });
@@ -209,8 +212,21 @@ std::vector<SampleList> rowOwnLists(const formats::StepBeginData& begin, const f
     }
     bool alike = true;
     for (const auto& k : kinds) alike = alike && k == kinds.front();
-    if (tensors > 0 && alike && withRows * 2 < tensors) out.push_back(std::move(list));
+    if (tensors > 0 && alike && withRows * 2 < tensors) {
+      list.ambiguous = true;
+      for (size_t row = 0; row < list.tensors.size(); ++row)
+        list.ambiguous = list.ambiguous && places.count(itemPlace(list.list, static_cast<int64_t>(row)));
+      out.push_back(std::move(list));
+    }
   }
+  return out;
+}
+
+std::set<std::string> rowOwnTensorNames(const std::vector<SampleList>& lists, int64_t step) {
+  std::set<std::string> out;
+  for (const auto& list : lists)
+    for (const auto& item : list.tensors)
+      for (const auto& input : item) out.insert(formats::batchTensorName(step, input));
   return out;
 }
 

@@ -165,6 +165,13 @@ def test_match_rows_matches_a_list_of_each_samples_own_tensors_by_its_items():
     noisy = DataLoader(Sequences(noise=True), batch_size=6, collate_fn=lambda s: [x for x, _ in s][::-1])
     order, rows, why = _replay.match_rows(noisy, indices, recorded(noisy, indices))
     assert order == "unchecked" and "no tensor of the batch holds the samples" in why, (order, rows, why)
+    # torchvision's tuple(zip(*batch)) of (sequence, label) pairs in a batch of 2: "0/0" and "1/0"
+    # are two fields' first items, not one sample's; the sequences "0/0" and "0/1" pair the rows
+    # (the labels, both 0, could not).
+    for order, expected in ((1, ("sampler", [9, 3], "")), (-1, ("reordered", [3, 9], ""))):
+        pairs = DataLoader(Sequences(), batch_size=2,
+                           collate_fn=lambda s: tuple(zip(*[(x, torch.tensor(y)) for x, y in s[::order]])))
+        assert _replay.match_rows(pairs, [9, 3], recorded(pairs, [9, 3])) == expected
 
 
 def test_match_rows_leaves_out_a_tensor_of_the_batch_that_no_sample_holds():

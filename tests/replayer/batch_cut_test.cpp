@@ -346,3 +346,43 @@ TEST_CASE("a batch's list of each row's own tensors keeps the kept rows' items a
     CHECK(std::string(e.what()).find("its tensor '1/9/boxes' is not named by its item's place") != std::string::npos);
   }
 }
+
+TEST_CASE("a list whose every item is a list of each row's own tensors too is neither cut nor judged by rows",
+          "[replayer]") {
+  // tuple(zip(*batch)) of (image, mask) pairs of their own sizes in a batch of 2: two fields of two
+  // samples each, or, as the names alone say it, two samples of two fields each.
+  namespace formats = crashcap::formats;
+  crashcap::test::TempDir dir;
+  const std::string path = dir.file("pairs.ccap");
+  {
+    auto w = formats::BundleWriter::create(path);
+    formats::StepBeginData begin;
+    begin.step = 0;
+    for (const char* input : {"0/0", "0/1", "1/0", "1/1"}) {
+      formats::torch::writeTensor(*w, formats::batchTensorName(0, input), at::zeros({1, 5, 7}));
+      begin.batch.push_back(formats::batchTensorName(0, input));
+      begin.rowDims.push_back(-1);
+    }
+    formats::torch::writeTensor(*w, formats::batchTensorName(0, "index"), at::tensor(std::vector<int64_t>{3, 9}));
+    begin.batch.push_back(formats::batchTensorName(0, "index"));
+    begin.rowDims.push_back(0);
+    begin.structure = R"({"tuple": [{"tuple": [{"tensor": "0/0"}, {"tensor": "0/1"}]},
+                                     {"tuple": [{"tensor": "1/0"}, {"tensor": "1/1"}]}]})";
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  auto reader = formats::BundleReader::open(path);
+  const auto records = formats::readRecords(*reader);
+  const auto& begin = records.stepBegins.at(0);
+  const auto lists = crashcap::replayer::rowOwnLists(begin, *reader, formats::batchRows(begin, *reader));
+  REQUIRE(lists.size() == 1);  // the root; the lists inside it are not counted again
+  CHECK(lists[0].list.empty());
+  CHECK(lists[0].ambiguous);
+  try {
+    crashcap::replayer::cutBatch(*reader, records, begin, {1}, "refused", "");
+    FAIL("an ambiguous list was cut");
+  } catch (const crashcap::Error& e) {
+    CHECK(std::string(e.what()).find("its list '' holds 2 items that each hold 2 items of tensors alike without rows") !=
+          std::string::npos);
+  }
+}

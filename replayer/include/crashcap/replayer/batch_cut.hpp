@@ -21,7 +21,7 @@ namespace crashcap::replayer {
 /// A step's batch cut to some of its rows (cutBatch).
 struct BatchCut {
   /// The cut tensors by bundle name: each replaces the recorded tensor of its name, or is one the
-  /// recording lacks (a kept row's own tensor at its new place, when rows repeat).
+  /// recording lacks (a kept row's own tensor at a place past the batch's rows, when rows repeat).
   std::map<std::string, at::Tensor> tensors;
   /// The cut batch's tensor names (the StepBegin's `batch` of it): the recorded ones, but where a
   /// list of each row's own tensors was, its kept items' tensors at their new places.
@@ -42,9 +42,9 @@ struct BatchCut {
 /// The batch's other tensors (a causal mask, position ids) are not in `tensors`: they stay whole.
 /// `rows` must each be within the batch. Throws Error(Unsupported) when a concatenated tensor's
 /// spans are not told, a PackedSequence's tensors do not fit one another (or it was packed sorted,
-/// without indices, and the rows are not in its order), or a list of each row's own tensors holds
-/// one not named by its item's place, with `refusal` ("a replay that keeps some rows would ...")
-/// and `hint`.
+/// without indices, and the rows are not in its order), or a list of each row's own tensors is
+/// ambiguous (SampleList::ambiguous) or holds one not named by its item's place, with `refusal`
+/// ("a replay that keeps some rows would ...") and `hint`.
 BatchCut cutBatch(const formats::BundleReader& reader, const formats::BundleRecords& view,
                   const formats::StepBeginData& begin, const std::vector<int64_t>& rows, const std::string& refusal,
                   const std::string& hint);

@@ -41,6 +41,11 @@ std::vector<std::pair<std::string, std::vector<int64_t>>> perRowLists(const std:
 struct SampleList {
   std::string list;                              ///< its place in the batch, "1" ("" the batch itself)
   std::vector<std::vector<std::string>> tensors;  ///< per item (row): the input names of its tensors, "1/3/boxes"
+  /// (rowOwnLists) Each of its items is a list of as many items of tensors alike too: the samples,
+  /// each a list of its fields, or the batch's fields, each a list of the samples' own tensors
+  /// (images and masks of their own sizes, `tuple(zip(*batch))` of a batch of 2), cannot be told
+  /// apart. Cut neither way, nor judged by rows.
+  bool ambiguous = false;
 };
 
 /// The lists (and tuples of no named type) of a Python batch with one item per row (`count`) whose
@@ -55,8 +60,12 @@ std::vector<SampleList> perSampleLists(const std::string& structure, int64_t cou
 /// of their tensors without a row dimension in `batchRows` (a sample's own tensor can have as many
 /// objects as the batch has rows). A list of the batch's fields, or of crops that each hold every
 /// row, has rows in most of its tensors. Outermost first; a list inside one of them is not one.
+/// One whose every item is such a list too is `ambiguous`.
 std::vector<SampleList> rowOwnLists(const formats::StepBeginData& begin, const formats::BundleReader& reader,
                                     const formats::BatchRows& batchRows);
+
+/// The bundle names of the tensors of `lists` (rowOwnLists of the batch of `step`).
+std::set<std::string> rowOwnTensorNames(const std::vector<SampleList>& lists, int64_t step);
 
 /// The input name a tensor of item `from` of the list at `list` takes as item `to` of a cut
 /// ("1/5/boxes" -> "1/0/boxes"; an item that is a tensor, "0/5" -> "0/0"); nullopt when the name

@@ -360,7 +360,7 @@ def match_rows(loader, indices, recorded):
     # samples alike in all of them, so each row holds its sample's data. The common case, and n
     # comparisons, not n*n.
     if (all(bool(_candidates(b, a, d, own_rows=True).all()) for b, a, d in compared)
-            and all(_same(batch_items[i], a) for batch_items, alone_items in items for i, a in enumerate(alone_items))):
+            and all(_same(rows[i], a) for rows, samples in items for i, a in enumerate(samples))):
         return "sampler", list(indices), ""
     elements = max([b.numel() // n for b, _, _ in compared]
                    + [max(t.numel() for t in batch_items) for batch_items, _ in items]) * n * n
@@ -523,14 +523,17 @@ def _item_tensors(recorded, alone, n, skip):
     return out
 
 
-def _same(a, b):
-    """Whether two tensors hold the same values in the same shape, NaN equal to NaN."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
+def _equal_values(a, b):
+    """Elementwise a == b (broadcast), NaN equal to NaN."""
     same = a == b
     if a.is_floating_point() or a.is_complex():
         same |= a.isnan() & b.isnan()
-    return bool(same.all())
+    return same
+
+
+def _same(a, b):
+    """Whether two tensors hold the same values in the same shape, NaN equal to NaN."""
+    return a.shape == b.shape and a.dtype == b.dtype and bool(_equal_values(a, b).all())
 
 
 def _item_candidates(rows, alone):
@@ -556,9 +559,7 @@ def _candidates(batch_tensor, alone, d, own_rows=False):
         for k in range(1, a.dim()):
             extent = min(a.shape[k], r.shape[k])
             a, r = a.narrow(k, 0, extent), r.narrow(k, 0, extent)
-        same = r == a
-        if a.is_floating_point() or a.is_complex():
-            same |= r.isnan() & a.isnan()
+        same = _equal_values(r, a)
         same = same.reshape(same.shape[0], -1).all(dim=1)
         out[i] = same[0] if own_rows else same
     return out

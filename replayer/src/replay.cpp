@@ -928,6 +928,7 @@ struct Run {
   /// The step's loss and gradient norm after backward, compared with the recording's.
   static void fingerprint(StepReplay& r, const at::Tensor& loss, const std::vector<at::Tensor>& ordered) {
     at::NoGradGuard noGrad;
+    at::DisableRecordFunctionGuard notAnOp;  // the replay's own norms are not the step's ops (the probe's list)
     r.loss = formats::torch::lossValue(loss);
     r.hasLoss = true;
     std::vector<at::Tensor> grads;
@@ -944,6 +945,7 @@ struct Run {
   /// The weights after a step's optimizer update.
   static void afterUpdate(StepReplay& r, const std::vector<at::Tensor>& ordered) {
     at::NoGradGuard noGrad;
+    at::DisableRecordFunctionGuard notAnOp;  // the replay's own norms are not the step's ops
     std::vector<at::Tensor> weights, wideWeights;
     for (const auto& p : ordered) {
       weights.push_back(p.detach());

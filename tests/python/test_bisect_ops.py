@@ -76,6 +76,37 @@ def test_an_overflow_only_float32_has_departs_at_the_op_and_float64_runs_clean(t
     assert ops["first_nonfinite_op"]["name"] == "aten::mul"
 
 
+def test_finite_gradients_too_large_for_a_float32_norm_are_said_so_and_no_norm_of_crashcaps_is_an_op(tmp_path):
+    # Gradients of about 1e25 are finite in float32, their squares are not: the step's gradient
+    # norm is Inf. The recorder says the gradients are finite; the replay's own norms (its
+    # fingerprint of the step) are not among the step's ops, so no op is blamed for the Inf.
+    script = tmp_path / "huge.py"
+    script.write_text(textwrap.dedent("""
+        import torch, crashcap
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 3)
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, keyframe_every=2, quiet=True)
+        g = torch.Generator().manual_seed(2)
+        batches = [torch.randn(8, 6, generator=g) for _ in range(8)]
+        for step, x in rec.steps(batches):
+            loss = model(x).pow(2).mean() * (1e25 if step == 5 else 1.0)
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+    """))
+    r = run_python(str(script), cwd=tmp_path)
+    assert r.returncode != 0
+    assert "non-finite gradient norm at step 5: inf, of gradients that are all finite" in r.stderr, r.stderr
+    ops = bisect_ops(only_bundle(tmp_path / "runs"))
+    assert ops["step"] == 5
+    assert ops["first_nonfinite_op"] is None, ops["first_nonfinite_op"]
+    assert ops["fails_in_float64"] is False, ops["reference"]
+    departing = ops["first_departing_op"]
+    assert departing is None or "norm" not in departing["name"], departing
+
+
 def test_a_with_rec_step_loop_widens_its_own_batch_tensors_for_the_reference(tmp_path):
     r = run_python(os.path.join(TRAININGS, "with_form.py"), "--record", "runs", "--fault-step", 14, cwd=tmp_path)
     assert r.returncode != 0

@@ -7,7 +7,8 @@ the same shape: tuples stay tuples, dicts keep their key order.
 
 Structure nodes:
   {"tensor": NAME}              a tensor, stored as steps/<step>/batch/NAME
-  {"tuple": [NODE...]}
+  {"tuple": [NODE...]}           a namedtuple's also has "fields": [NAME...], which name its
+                                parts' tensors ("label", "targets/0/boxes") as a dict's keys do
   {"list": [NODE...]}
   {"dict": [[KEY, NODE]...]}    KEY a string or an integer
   {"object": [[FIELD, NODE]...]} a dataclass, or an object of a class of the program's whose
@@ -71,7 +72,11 @@ def _walk(value, path, tensors, used):
             items.append([plain_key, _walk(sub, path + [_part(key)], tensors, used)])
         return _typed({"dict": items}, value, dict)
     if isinstance(value, tuple):
-        node = {"tuple": [_walk(sub, path + [str(i)], tensors, used) for i, sub in enumerate(value)]}
+        fields = _fields(value)
+        parts = [_part(f) for f in fields] if fields else [str(i) for i in range(len(value))]
+        node = {"tuple": [_walk(sub, path + [p], tensors, used) for p, sub in zip(parts, value)]}
+        if fields:
+            node["fields"] = fields
         return _typed(node, value, tuple)
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         fields = [[f.name, _walk(getattr(value, f.name), path + [_part(f.name)], tensors, used)]
@@ -91,6 +96,16 @@ def _walk(value, path, tensors, used):
     if isinstance(value, float):
         return {"value": value} if math.isfinite(value) else {"opaque": f"float {value!r}"}
     return {"opaque": f"{type(value).__module__}.{type(value).__qualname__}: {repr(value)[:200]}"}
+
+
+def _fields(value):
+    """A namedtuple's field names, by which its parts are named ("batch/label", not "batch/1");
+    None for another tuple, or for field names that would not name its parts one to one."""
+    fields = getattr(type(value), "_fields", None)
+    if (not isinstance(fields, tuple) or len(fields) != len(value) or not all(isinstance(f, str) for f in fields)
+            or len({_part(f) for f in fields}) != len(fields) or any(_part(f) != f for f in fields)):
+        return None
+    return list(fields)
 
 
 def _plain_object(value):
@@ -146,9 +161,11 @@ def opaque_parts(structure_node, path="batch"):
     out = []
     if "opaque" in structure_node:
         return [(path, structure_node["opaque"])]
-    for key in ("tuple", "list"):
-        for i, sub in enumerate(structure_node.get(key, ())):
-            out += opaque_parts(sub, f"{path}[{i}]")
+    fields = structure_node.get("fields")
+    for i, sub in enumerate(structure_node.get("tuple", ())):
+        out += opaque_parts(sub, f"{path}.{fields[i]}" if fields else f"{path}[{i}]")
+    for i, sub in enumerate(structure_node.get("list", ())):
+        out += opaque_parts(sub, f"{path}[{i}]")
     for key in ("dict", "object"):
         for name, sub in structure_node.get(key, ()):
             out += opaque_parts(sub, f"{path}.{name}" if key == "object" else f"{path}[{name!r}]")

@@ -49,8 +49,14 @@ void walk(Json& node, const std::string& path, const std::function<bool(Json&, c
   if (!node.is_object() || visit(node, path)) return;
   auto place = [&](const std::string& part) { return path.empty() ? part : path + "/" + part; };
   for (const char* key : {"tuple", "list"})
-    if (auto items = node.find(key); items != node.end() && items->is_array())
-      for (size_t i = 0; i < items->size(); ++i) walk<Json>((*items)[i], place(std::to_string(i)), visit);
+    if (auto items = node.find(key); items != node.end() && items->is_array()) {
+      // A namedtuple's parts are named by its fields, as the recorder names their tensors.
+      const auto fields = node.find("fields");
+      const bool named = std::string(key) == "tuple" && fields != node.end() && fields->is_array() &&
+                         fields->size() == items->size();
+      for (size_t i = 0; i < items->size(); ++i)
+        walk<Json>((*items)[i], place(named ? part((*fields)[i]) : std::to_string(i)), visit);
+    }
   for (const char* key : {"dict", "object"})
     if (auto items = node.find(key); items != node.end() && items->is_array())
       for (auto& pair : *items)

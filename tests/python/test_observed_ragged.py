@@ -137,7 +137,7 @@ def test_a_nan_in_a_packed_batch_is_found_in_the_culprit_rows_time_steps(tmp_pat
     assert triage["culprit"]["dataset_indices"] == [131], triage["culprit"]
     (row,) = triage["culprit"]["rows"]
     (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
-    assert f"row {row} of steps/{replay['step']}/batch/0/0 holds 1 NaN and 0 Inf values" in evidence, evidence
+    assert f"row {row} of steps/{replay['step']}/batch/0/data holds 1 NaN and 0 Inf values" in evidence, evidence
 
 
 @pytest.mark.parametrize("collate", ["lists", "tuples", "sorted"])

@@ -79,7 +79,8 @@ def test_batches_of_the_program_s_own_classes_are_rebuilt_as_those_classes():
     batch = {"pair": Pair(x, y), "features": Features(x, y), "encoding": Encoding(input_ids=y, mask=x),
              "ordered": collections.OrderedDict([("b", y), ("a", x)]), "own": Batch(x, y)}
     tensors, structure = _batch.flatten(batch)
-    assert [n for n, _ in tensors] == ["pair/0", "pair/1", "features/x", "features/lengths", "encoding/input_ids",
+    # A namedtuple's parts are named by its fields, as a dict's by its keys.
+    assert [n for n, _ in tensors] == ["pair/x", "pair/y", "features/x", "features/lengths", "encoding/input_ids",
                                        "encoding/mask", "ordered/b", "ordered/a", "own/x", "own/y"]
     assert list(_batch.tensors_of(batch)) == [t for _, t in tensors]
     back = _batch.rebuild(structure, dict(tensors))
@@ -100,11 +101,27 @@ def test_batches_of_the_program_s_own_classes_are_rebuilt_as_those_classes():
     assert type(rows) is list and len(rows) == 2 and rows[0] is x and rows[1] is y
 
 
+def test_a_namedtuple_whose_field_names_would_not_name_its_parts_is_named_by_places():
+    # A tuple subclass whose _fields do not match its items (or are not names of parts) is
+    # named as a plain tuple: its items' places.
+    class Odd(tuple):
+        _fields = ("a",)
+    tensors, structure = _batch.flatten({"odd": Odd((torch.zeros(1), torch.ones(1)))})
+    assert [n for n, _ in tensors] == ["odd/0", "odd/1"] and '"fields"' not in structure
+    Slashed = collections.namedtuple("Slashed", ["a", "b"])
+    Slashed._fields = ("a/b", "c")
+    tensors, structure = _batch.flatten(Slashed(torch.zeros(1), torch.ones(1)))
+    assert [n for n, _ in tensors] == ["0", "1"]
+
+
 def test_what_a_batch_holds_that_cannot_be_rebuilt_is_named():
     tensors, structure = _batch.flatten({"x": torch.zeros(2), "slotted": Slotted(torch.ones(2))})
     assert [n for n, _ in tensors] == ["x"]
     parts = _batch.opaque_parts(json.loads(structure))
     assert len(parts) == 1 and parts[0][0] == "batch['slotted']" and "Slotted" in parts[0][1], parts
+    tensors, structure = _batch.flatten(Pair(torch.zeros(2), Slotted(torch.ones(2))))
+    assert [n for n, _ in tensors] == ["x"]
+    assert [p for p, _ in _batch.opaque_parts(json.loads(structure))] == ["batch.y"]
 
 
 def _model():

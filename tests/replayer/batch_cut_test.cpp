@@ -117,6 +117,28 @@ TEST_CASE("a batch structure's paths name dict keys as the recorder names its pa
   CHECK(lists[0].first == "list 'a_b_' of step 0's batch");
 }
 
+TEST_CASE("a batch structure's namedtuple parts are named by its fields, as the recorder names them", "[replayer]") {
+  using crashcap::replayer::perSampleLists;
+  // Det(images, targets): the recorder names the targets' tensors "targets/<row>/boxes".
+  const std::string batch = R"({"tuple": [{"tensor": "images"}, {"list": [
+      {"dict": [["boxes", {"tensor": "targets/0/boxes"}]]}, {"dict": [["boxes", {"tensor": "targets/1/boxes"}]]}]}],
+      "type": "m:Det", "fields": ["images", "targets"]})";
+  const auto lists = perSampleLists(batch, 2);
+  REQUIRE(lists.size() == 1);
+  CHECK(lists[0].list == "targets");
+  CHECK(lists[0].tensors == std::vector<std::vector<std::string>>{{"targets/0/boxes"}, {"targets/1/boxes"}});
+  const json cut = json::parse(crashcap::replayer::cutStructure(batch, 2, {1}, {"targets"}));
+  INFO(cut.dump());
+  CHECK(cut["tuple"][1]["list"].size() == 1);
+  CHECK(cut["tuple"][1]["list"][0]["dict"][0][1]["tensor"] == "targets/0/boxes");
+  CHECK(cut["fields"] == json::parse(R"(["images", "targets"])"));
+  // Fields that do not match the items (a structure not the recorder's) leave the places.
+  const std::string odd = R"({"tuple": [{"tensor": "0"}, {"list": [{"dict": [["b", {"tensor": "1/0/b"}]]},
+      {"dict": [["b", {"tensor": "1/1/b"}]]}]}], "type": "m:Odd", "fields": ["only"]})";
+  REQUIRE(perSampleLists(odd, 2).size() == 1);
+  CHECK(perSampleLists(odd, 2)[0].list == "1");
+}
+
 TEST_CASE("a batch structure's PackedSequences are found wherever they nest, with their tensors", "[replayer]") {
   using crashcap::replayer::packedSequences;
   // (PackedSequence(data, batch_sizes, sorted_indices, unsorted_indices), labels): a collate

@@ -73,7 +73,7 @@ def _walk(value, path, tensors, used):
         return _typed({"dict": items}, value, dict)
     if isinstance(value, tuple):
         fields = _fields(value)
-        parts = [_part(f) for f in fields] if fields else [str(i) for i in range(len(value))]
+        parts = fields or [str(i) for i in range(len(value))]
         node = {"tuple": [_walk(sub, path + [p], tensors, used) for p, sub in zip(parts, value)]}
         if fields:
             node["fields"] = fields
@@ -103,7 +103,7 @@ def _fields(value):
     None for another tuple, or for field names that would not name its parts one to one."""
     fields = getattr(type(value), "_fields", None)
     if (not isinstance(fields, tuple) or len(fields) != len(value) or not all(isinstance(f, str) for f in fields)
-            or len({_part(f) for f in fields}) != len(fields) or any(_part(f) != f for f in fields)):
+            or len(set(fields)) != len(fields) or any(_part(f) != f for f in fields)):
         return None
     return list(fields)
 

@@ -1090,7 +1090,7 @@ void StepGuard::end(const at::Tensor& loss) {
     return;
   }
   formats::StepEndData fp;
-  bool gradientsFinite = false;  // a non-finite norm of gradients that are all finite: too large for a float32 norm
+  bool normOverflowed = false;  // gradients all finite, too large for a float32 norm
   fp.step = step_;
   fp.durationNs = formats::unixTimeNs() - m.stepStartNs;
   // A program that sets the learning rate after taking the batch (a warm-up computed from its own
@@ -1115,10 +1115,7 @@ void StepGuard::end(const at::Tensor& loss) {
         fp.gradNorm = norm.value;
         fp.gradNormMethod = norm.method;
         fp.hasGradNorm = true;
-        if (!std::isfinite(norm.value))
-          gradientsFinite = std::all_of(grads.begin(), grads.end(), [](const at::Tensor& g) {
-            return at::isfinite(g.is_sparse() ? g.coalesce().values() : g).all().item<bool>();
-          });
+        normOverflowed = norm.overflowed;
       }
     } else {
       // Reading device values now would synchronise the step: the fingerprint is left
@@ -1140,7 +1137,7 @@ void StepGuard::end(const at::Tensor& loss) {
     std::string what =
         lossBad ? fmt::format("non-finite loss at step {}: {}", step_, fp.loss)
                 : fmt::format("non-finite gradient norm at step {}: {}{} (loss {})", step_, fp.gradNorm,
-                              gradientsFinite ? ", of gradients that are all finite but too large for a float32 norm" : "",
+                              normOverflowed ? ", of gradients that are all finite but too large for a float32 norm" : "",
                               fp.loss);
     what += " (crashcap stopped the step before optimizer.step(); NonFinitePolicy::Raise)";
     if (m.writer) {

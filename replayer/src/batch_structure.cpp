@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cstring>
 #include <functional>
 #include <map>
 #include <optional>
@@ -52,7 +53,7 @@ void walk(Json& node, const std::string& path, const std::function<bool(Json&, c
     if (auto items = node.find(key); items != node.end() && items->is_array()) {
       // A namedtuple's parts are named by its fields, as the recorder names their tensors.
       const auto fields = node.find("fields");
-      const bool named = std::string(key) == "tuple" && fields != node.end() && fields->is_array() &&
+      const bool named = std::strcmp(key, "tuple") == 0 && fields != node.end() && fields->is_array() &&
                          fields->size() == items->size();
       for (size_t i = 0; i < items->size(); ++i)
         walk<Json>((*items)[i], place(named ? part((*fields)[i]) : std::to_string(i)), visit);

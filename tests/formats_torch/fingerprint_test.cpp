@@ -104,3 +104,15 @@ TEST_CASE("a sparse gradient counts as its coalesced values, by either method") 
   CHECK(sameBits(norm.value, gradientNorm({sparse, other}, GradNormMethod::Blocked)));
   CHECK(gradientNorm({sparse, other}, GradNormMethod::ForeachNorm) == Approx(norm.value).epsilon(1e-6));
 }
+
+TEST_CASE("a norm that overflows float32 over finite gradients says so; one over a NaN does not") {
+  std::vector<at::Tensor> huge = {at::full({64}, 1e25f)};
+  auto norm = gradientNorm(huge);
+  CHECK_FALSE(std::isfinite(norm.value));
+  CHECK(norm.overflowed);
+  std::vector<at::Tensor> strided = {at::full({64, 2}, 1e25f).t()};  // LibTorch's norm from the start
+  CHECK(gradientNorm(strided).overflowed);
+  std::vector<at::Tensor> nan = {at::full({64}, 1e25f), at::full({4}, NAN)};
+  CHECK_FALSE(gradientNorm(nan).overflowed);
+  CHECK_FALSE(gradientNorm(someGradients()).overflowed);
+}

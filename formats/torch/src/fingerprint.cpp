@@ -77,6 +77,12 @@ bool blockable(const std::vector<at::Tensor>& grads) {
   return true;
 }
 
+bool allFinite(const std::vector<at::Tensor>& grads) {
+  for (const auto& g : grads)
+    if (!at::isfinite(g).all().item<bool>()) return false;
+  return true;
+}
+
 }  // namespace
 
 GradientNorm gradientNorm(const std::vector<at::Tensor>& gradients) {
@@ -86,11 +92,12 @@ GradientNorm gradientNorm(const std::vector<at::Tensor>& gradients) {
     // A float square overflows at about 1e19: when no gradient holds a NaN or an Inf, the
     // verdict is LibTorch's norm's, as it was before the blocked one.
     if (std::isfinite(value)) return {value, GradNormMethod::Blocked};
-    bool finite = true;
-    for (const auto& g : grads) finite = finite && at::isfinite(g).all().item<bool>();
-    if (!finite) return {value, GradNormMethod::Blocked};
+    if (!allFinite(grads)) return {value, GradNormMethod::Blocked};
+    const double libtorch = foreachNorm(grads);
+    return {libtorch, GradNormMethod::ForeachNorm, /*overflowed=*/!std::isfinite(libtorch)};
   }
-  return {foreachNorm(grads), GradNormMethod::ForeachNorm};
+  const double value = foreachNorm(grads);
+  return {value, GradNormMethod::ForeachNorm, /*overflowed=*/!std::isfinite(value) && allFinite(grads)};
 }
 
 double gradientNorm(const std::vector<at::Tensor>& gradients, GradNormMethod method) {

@@ -15,6 +15,8 @@ namespace crashcap::formats::torch {
 struct GradientNorm {
   double value = 0;
   GradNormMethod method = GradNormMethod::ForeachNorm;
+  /// `value` is not finite though every gradient is: their norm overflows float32.
+  bool overflowed = false;
 };
 
 /// The total 2-norm of `grads`. Blocked (when every gradient is a float32 CPU tensor): the

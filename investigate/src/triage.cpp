@@ -113,6 +113,13 @@ std::optional<double> firstOutside(const inspect::HostTensor& row, const IndexDo
   return std::nullopt;
 }
 
+/// Whether two domains are one table's, one logits' or one indexed tensor's: a loss and the ops
+/// nested in it (cross_entropy_loss, nll_loss_nd, nll_loss, nll_loss_forward) are one domain, as are
+/// a loss's default and inferred ignore_index.
+bool sameTable(const IndexDomain& a, const IndexDomain& b) {
+  return a.size == b.size && a.sourceShape == b.sourceShape && a.ignoreIndex.has_value() == b.ignoreIndex.has_value();
+}
+
 /// How many times every other row's largest magnitude a row must reach to be an outlier.
 constexpr double kOutlierFactor = 100;
 
@@ -482,6 +489,14 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
           f.kind = RowFinding::Kind::OutOfDomain;
           f.value = *bad;
           f.domain = d;
+          // A domain the step's error named is the check that failed; one matched by shape alone
+          // has rivals wherever another op takes an index input of the same shape.
+          if (!d.raisedValue)
+            for (const IndexDomain& other : applicable)
+              if (!other.raisedValue && !sameTable(other, d) &&
+                  std::none_of(f.otherDomains.begin(), f.otherDomains.end(),
+                               [&](const auto& o) { return sameTable(o.first, other); }))
+                f.otherDomains.emplace_back(other, firstOutside(rowTensors[r], other));
           out.push_back(f);
           found = true;
           break;

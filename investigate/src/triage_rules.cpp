@@ -50,8 +50,14 @@ std::string rowFindingText(const RowFinding& r) {
       return fmt::format("row {} of {} holds {} NaN and {} Inf values", r.row, r.tensor, r.nanCount, r.infCount);
     case RowFinding::Kind::OutOfDomain: {
       const IndexDomain& d = *r.domain;
-      return fmt::format("row {} of {} {} {:.0f}, outside 0..{}: {}", r.row, r.tensor, r.oneElement ? "is" : "holds",
-                         r.value, d.size - 1, d.describe());
+      std::string s = fmt::format("row {} of {} {} {:.0f}, outside 0..{}: {}", r.row, r.tensor,
+                                  r.oneElement ? "is" : "holds", r.value, d.size - 1, d.describe());
+      for (const auto& [other, bad] : r.otherDomains)
+        s += bad ? fmt::format("; its shape fits another op's input as well: {}, and {:.0f} is outside 0..{} there too",
+                               other.describe(), *bad, other.size - 1)
+                 : fmt::format("; its shape fits another op's input as well: {}, and its values are within 0..{} there",
+                               other.describe(), other.size - 1);
+      return s;
     }
     case RowFinding::Kind::Outlier:
       if (r.column >= 0)

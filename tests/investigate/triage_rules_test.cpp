@@ -1229,12 +1229,71 @@ TEST_CASE("row findings judge an index against the domain its tensor's other row
   CHECK(findings[0].kind == RowFinding::Kind::OutOfDomain);
   CHECK(findings[0].value == 150);
   CHECK(findings[0].domain->size == 120);  // not the user table, which item's other rows do not fit
+  CHECK(findings[0].otherDomains.empty());  // the other table is the same op; the loss's classes do not fit
   CHECK(findings[1].tensor == "steps/6/batch/label");
   CHECK(findings[1].value == -1);
   CHECK(findings[1].domain->op == "aten::nll_loss");
 
   // A row whose values are all ordinary gives nothing.
   CHECK(findRowOddities(bundle, 6, {0}, domains).empty());
+}
+
+TEST_CASE("a row outside a domain matched by shape alone says which other ops take a tensor of that shape",
+          "[investigate][triage]") {
+  // A language model's batch: tokens and the next tokens, of one shape; a token past the vocabulary
+  // in row 3 is in both. The embedding takes [8,3], the loss its flattened 24 targets.
+  test::TempDir dir;
+  const std::string bundle = dir.file("lm.ccap");
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    std::vector<int64_t> x(24), y(24);
+    for (int64_t i = 0; i < 24; ++i) x[i] = (i * 7) % 40, y[i] = (i * 7 + 7) % 40;
+    x[10] = 41;  // row 3, second token
+    y[9] = 41;   // the same token, one place earlier among the targets
+    w->writeTensor(formats::batchTensorName(6, "0"), formats::DType::Int64, {8, 3}, x.data(), x.size() * 8);
+    w->writeTensor(formats::batchTensorName(6, "1"), formats::DType::Int64, {8, 3}, y.data(), y.size() * 8);
+    formats::StepBeginData begin;
+    begin.step = 6;
+    for (const char* name : {"0", "1"}) begin.batch.push_back(formats::batchTensorName(6, name));
+    begin.rowDims = {0, 0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  const IndexDomain embedding{"aten::embedding", 40, {8, 3}, {40, 24}, std::nullopt};
+  auto findings = findRowOddities(bundle, 6, {3}, {embedding, {"aten::nll_loss", 40, {24}, {24, 40}, -100}});
+  REQUIRE(findings.size() == 2);
+  for (const auto& f : findings) {
+    CHECK(f.value == 41);
+    CHECK(f.domain->op == "aten::embedding");  // the newest domain first, as the trace gives them
+    REQUIRE(f.otherDomains.size() == 1);
+    CHECK(f.otherDomains[0].first.op == "aten::nll_loss");
+    CHECK(f.otherDomains[0].second == 41.0);
+  }
+  auto facts = reproducedAt6();
+  facts.samples = samplesFound({3});
+  facts.withoutRows = replayOf(Verdict::NotReproduced);
+  facts.rowFindings = {findings[1]};
+  CHECK(has(judgeInvalidData(facts),
+            "row 3 of steps/6/batch/1 holds 41, outside 0..39: the embedding (aten::embedding) has 40 rows (table "
+            "[40,24]); its shape fits another op's input as well: the loss (aten::nll_loss) sees 40 classes (logits "
+            "[24,40]), and 41 is outside 0..39 there too"));
+
+  // A loss with more classes than the table has rows: the targets' 41 would fit it.
+  findings = findRowOddities(bundle, 6, {3}, {embedding, {"aten::nll_loss", 50, {24}, {24, 50}, -100}});
+  REQUIRE(findings.size() == 2);
+  REQUIRE(findings[1].otherDomains.size() == 1);
+  CHECK_FALSE(findings[1].otherDomains[0].second);
+  facts.rowFindings = {findings[1]};
+  CHECK(has(judgeInvalidData(facts), "; its shape fits another op's input as well: the loss (aten::nll_loss) sees 50 "
+                                     "classes (logits [24,50]), and its values are within 0..49 there"));
+
+  // A domain the step's error names is the check that failed: no rivals are listed.
+  auto raised = domainOfError("IndexError: index 41 is out of bounds for dimension 0 with size 40");
+  REQUIRE(raised);
+  findings = findRowOddities(bundle, 6, {3}, {*raised, embedding});
+  REQUIRE_FALSE(findings.empty());
+  CHECK(findings[0].domain->raisedValue);
+  CHECK(findings[0].otherDomains.empty());
 }
 
 TEST_CASE("a gather's or a scatter's index domain is read from the op trace, and an out-of-bounds error names its own",

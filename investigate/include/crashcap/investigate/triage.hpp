@@ -87,6 +87,11 @@ struct RowFinding {
   double othersMin = 0;                    ///< LoneZero: the other rows' smallest value
   int64_t column = -1;                     ///< Outlier in one feature of a [rows, features] tensor
   std::optional<IndexDomain> domain;
+  /// OutOfDomain: other ops whose index input has this tensor's shape too, each with the row's
+  /// first value outside its domain (none: the row fits it). The op trace keeps shapes, not which
+  /// tensor an op took, so where a batch holds inputs and targets of one shape (a language
+  /// model's tokens and next tokens) the row may feed either; the finding says so.
+  std::vector<std::pair<IndexDomain, std::optional<double>>> otherDomains;
   bool oneElement = false;                 ///< the row is a single value (a label), not a vector
   /// The row's dataset index, set where no sample bisection names it (an untested finding).
   std::optional<int64_t> datasetIndex;

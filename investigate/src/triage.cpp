@@ -233,8 +233,19 @@ std::vector<IndexDomain> findIndexDomains(const std::string& bundle) {
   return out;
 }
 
+std::optional<ValueFloor> valueFloorOf(const replayer::ProbedOp& op) {
+  std::string name = op.name;
+  if (name.size() > 1 && name.back() == '_') name.pop_back();  // in place: aten::log_
+  static const std::set<std::string> belowZeroIsNaN = {"aten::log", "aten::log2", "aten::log10", "aten::sqrt",
+                                                       "aten::rsqrt"};
+  if (op.phase != "forward" || !belowZeroIsNaN.count(name)) return std::nullopt;
+  for (const auto& in : op.inputs)
+    if (in.min && *in.min < 0) return ValueFloor{op.name, 0.0};
+  return std::nullopt;
+}
+
 std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows,
-                                        const std::vector<IndexDomain>& domains) {
+                                        const std::vector<IndexDomain>& domains, const std::optional<ValueFloor>& floor) {
   std::vector<RowFinding> out;
   auto reader = formats::BundleReader::open(bundle);
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
@@ -537,9 +548,13 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
           otherValues += stats[o].count;
           othersNonNegative = stats[o].min && *stats[o].min >= 0;
         }
-      if (othersNonNegative && otherRows >= 8 && otherValues >= 64 && st.min && *st.min < 0) {
+      // Where the step's first NaN is an op's that takes nothing below 0 and was given less, two
+      // other rows that are never negative are enough: the op says what the tensor may hold.
+      const bool byOp = floor && floor->lowest == 0 && otherRows >= 2;
+      if (othersNonNegative && (byOp || (otherRows >= 8 && otherValues >= 64)) && st.min && *st.min < 0) {
         f.kind = RowFinding::Kind::Negative;
         f.value = *st.min;
+        if (byOp && !(otherRows >= 8 && otherValues >= 64)) f.floor = floor;
         out.push_back(f);
         continue;
       }
@@ -852,7 +867,9 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     }
     const auto domains = findIndexDomains(bundle);
     if (!rows.empty()) {
-      f.rowFindings = findRowOddities(bundle, f.step(), rows, domains);
+      std::optional<ValueFloor> floor;
+      if (f.replay && f.replay->firstNonFiniteOp) floor = valueFloorOf(*f.replay->firstNonFiniteOp);
+      f.rowFindings = findRowOddities(bundle, f.step(), rows, domains, floor);
     } else if (f.samples ? !f.samples->cutsFail.empty() : !f.samplesOutcome.empty()) {
       // No part of the batch can run, or the search gave no result (a batch that cannot be cut to
       // some of its rows: a PackedSequence; a timeout), so no row was tested: what each row holds

@@ -73,6 +73,10 @@ std::string rowFindingText(const RowFinding& r) {
                          "nothing?",
                          r.row, r.tensor, r.othersMin, r.othersMax);
     case RowFinding::Kind::Negative:
+      if (r.floor)
+        return fmt::format("row {} of {} {} {:.3g}, while every value of the batch's other rows is >= 0, and the step's "
+                           "first NaN is {}'s, which has no finite result below 0",
+                           r.row, r.tensor, r.oneElement ? "is" : "holds negative values down to", r.value, r.floor->op);
       return fmt::format("row {} of {} holds negative values (down to {:.3g}), while every value of the batch's other "
                          "rows is >= 0",
                          r.row, r.tensor, r.value);
@@ -457,6 +461,17 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       h.evidence.push_back(fmt::format("{} overflows on inputs as large as {:.3g}: {}", where, largest,
                                        f.rowsTrigger() && f.rowsInvalid() ? "the culprit rows' values carry them there"
                                                                           : "the values were already diverging"));
+    } else if (bad == 0 && valueFloorOf(*op) && f.rowsTrigger() && f.rowsInvalid() &&
+               std::any_of(f.rowFindings.begin(), f.rowFindings.end(),
+                           [](const RowFinding& r) { return r.kind == RowFinding::Kind::Negative; })) {
+      // A log or a square root of the data's own negative values: the data, not the arithmetic.
+      double lowest = 0;
+      for (const auto& in : op->inputs)
+        if (in.min) lowest = std::min(lowest, *in.min);
+      h.verdict = V::Refuted;
+      h.evidence.push_back(fmt::format("{} is given values down to {:.3g}, for which it has no finite result: the "
+                                       "culprit rows' negative values carry them there",
+                                       where, lowest));
     } else if (bad == 0) {
       h.verdict = V::Confirmed;
       h.evidence.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));

@@ -1296,6 +1296,62 @@ TEST_CASE("a row outside a domain matched by shape alone says which other ops ta
   CHECK(findings[0].otherDomains.empty());
 }
 
+TEST_CASE("a negative value in a small batch is invalid data when the step's first NaN is a log given a negative "
+          "value, and the log's arithmetic is not blamed",
+          "[investigate][triage]") {
+  // A log-space regression: log(target), one target of 8 negative. 7 other values cannot show by
+  // themselves that the target is never negative; the log that went NaN on a negative input can.
+  test::TempDir dir;
+  const std::string bundle = dir.file("log.ccap");
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    std::vector<float> x(8 * 3), y = {3.1f, 2.2f, 4.0f, 1.5f, 2.9f, 3.3f, -3.76f, 2.5f};
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i % 7);
+    w->writeTensor(formats::batchTensorName(6, "0"), formats::DType::Float32, {8, 3}, x.data(), x.size() * 4);
+    w->writeTensor(formats::batchTensorName(6, "1"), formats::DType::Float32, {8}, y.data(), y.size() * 4);
+    formats::StepBeginData begin;
+    begin.step = 6;
+    for (const char* name : {"0", "1"}) begin.batch.push_back(formats::batchTensorName(6, name));
+    begin.rowDims = {0, 0};
+    formats::writeMetaRecord(*w, begin);
+    w->seal();
+  }
+  CHECK(findRowOddities(bundle, 6, {6}, {}).empty());  // the batch alone cannot tell
+
+  const auto log = nonFiniteOp("aten::log", {stats(0, 0, -3.76, 4.0)});
+  const auto floor = valueFloorOf(log);
+  REQUIRE(floor);
+  CHECK(floor->op == "aten::log");
+  CHECK_FALSE(valueFloorOf(nonFiniteOp("aten::log", {stats(0, 0, 0.5, 4.0)})));  // given nothing negative
+  CHECK_FALSE(valueFloorOf(nonFiniteOp("aten::exp", {stats(0, 0, -3.76, 4.0)})));
+  CHECK(valueFloorOf(nonFiniteOp("aten::sqrt_", {stats(0, 0, -1.0, 4.0)})));
+
+  auto findings = findRowOddities(bundle, 6, {6}, {}, floor);
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].tensor == "steps/6/batch/1");
+  CHECK(findings[0].kind == RowFinding::Kind::Negative);
+  CHECK(findings[0].value == Approx(-3.76));
+  CHECK(findRowOddities(bundle, 6, {2}, {}, floor).empty());  // an ordinary row
+
+  auto f = reproducedAt6();
+  f.samples = samplesFound({6});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.replay->firstNonFiniteOp = log;
+  f.rowFindings = findings;
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "row 6 of steps/6/batch/1 is -3.76, while every value of the batch's other rows is >= 0, and the "
+               "step's first NaN is aten::log's, which has no finite result below 0"));
+  auto n = judgeLossNumerics(f);
+  CHECK(n.verdict == V::Refuted);
+  CHECK(has(n, "aten::log (forward, step 6) is given values down to -3.76, for which it has no finite result: the "
+               "culprit rows' negative values carry them there"));
+
+  // A log given the model's own negative output, with no culprit row holding one: its arithmetic.
+  f.rowFindings.clear();
+  CHECK(judgeLossNumerics(f).verdict == V::Confirmed);
+}
+
 TEST_CASE("a gather's or a scatter's index domain is read from the op trace, and an out-of-bounds error names its own",
           "[investigate][triage]") {
   // PyTorch's wording, alone and after an op's name; other errors name none.

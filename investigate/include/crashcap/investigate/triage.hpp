@@ -65,6 +65,16 @@ inline constexpr size_t kListedUntestedFindings = 8;
 /// nullopt otherwise.
 std::optional<IndexDomain> domainOfError(const std::string& error, const std::vector<IndexDomain>& traced = {});
 
+/// The lowest value the step's first non-finite op has a finite result for, when the replay saw
+/// one of its inputs go below it: aten::log (log2, log10) and aten::sqrt (rsqrt) are NaN below 0.
+/// A culprit row that alone holds negative values is then judged against it even in a batch too
+/// small for the batch's own evidence that the tensor is never negative (RowFinding::Negative).
+struct ValueFloor {
+  std::string op;                          ///< "aten::log"
+  double lowest = 0;
+};
+std::optional<ValueFloor> valueFloorOf(const replayer::ProbedOp& op);
+
 /// Something in one culprit row of one batch tensor, judged against the op's domain and the
 /// batch's other rows: ordinary values are never findings.
 struct RowFinding {
@@ -87,6 +97,9 @@ struct RowFinding {
   double othersMin = 0;                    ///< LoneZero: the other rows' smallest value
   int64_t column = -1;                     ///< Outlier in one feature of a [rows, features] tensor
   std::optional<IndexDomain> domain;
+  /// Negative: the op of the step's ValueFloor it is judged against, where the batch alone was too
+  /// small to tell.
+  std::optional<ValueFloor> floor;
   /// OutOfDomain: other ops whose index input has this tensor's shape too, each with the row's
   /// first value outside its domain (none: the row fits it). The op trace keeps shapes, not which
   /// tensor an op took, so where a batch holds inputs and targets of one shape (a language
@@ -254,11 +267,14 @@ Triage runTriage(const std::string& bundle, const TriageOptions& options = {});
 /// The index domains of the ops in the bundle's op trace (the newest call of each op), and the one
 /// the crash's error names, if it names one.
 std::vector<IndexDomain> findIndexDomains(const std::string& bundle);
+
 /// What is invalid or odd in `rows` of step `step`'s batch (the dataset index tensor excluded):
 /// NaN/Inf, integers outside one of `domains` (matched to the tensor by shape), magnitudes far
-/// beyond every other row's, rows all zeros where the others are not.
+/// beyond every other row's, rows all zeros where the others are not, negative values where the
+/// others have none (against `floor` where given).
 std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows,
-                                        const std::vector<IndexDomain>& domains);
+                                        const std::vector<IndexDomain>& domains,
+                                        const std::optional<ValueFloor>& floor = std::nullopt);
 
 /// The values of step `step`'s batch tensors that hold the samples concatenated
 /// (formats::concatenatedBatchTensors) outside one of `domains` (matched by the tensor's shape at

@@ -17,6 +17,7 @@ saves a checkpoint must not overwrite the real one with replayed weights), and n
 import collections
 import contextlib
 import functools
+import gc
 import hashlib
 import json
 import operator
@@ -148,6 +149,8 @@ class Driver:
             tensors, documents = self.rec._keyframe(step)
             self.session.write_keyframe(tensors, documents)
         batch, structure, lrs, self._update_lrs, generators = self.session.begin_step(step)
+        if step == self.session.target and self.request.get("side") == "reference":
+            self._widen_other_modules()
         if step == self.session.target and may_reorder(self.loader):
             self._target_indices = self.session.rows_to_match()
             if self._target_indices:
@@ -163,6 +166,27 @@ class Driver:
             elif device == "numpy":
                 _state.restore_numpy_generator(self.session.read_tensor(name))
         return batch, structure
+
+    def _widen_other_modules(self):
+        """The float64 reference of an ops bisection: at the target step the engine has widened the
+        model's parameters and buffers and the default dtype; the floating state of the program's
+        other modules is widened with them, or a loss's own tensors (CrossEntropyLoss(weight=...),
+        BCEWithLogitsLoss(pos_weight=...)) stay float32 beside float64 logits and the step cannot
+        run. Tensors that are not a module's (a bare weight tensor given to a functional loss) are
+        the program's own, out of reach."""
+        model = self.rec.model
+        own = {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
+        narrow = (torch.float32, torch.float16, torch.bfloat16)
+        with torch.no_grad():
+            for obj in gc.get_objects():
+                if not isinstance(obj, torch.nn.Module) or obj is model:
+                    continue
+                for t in list(obj.parameters(recurse=False)) + list(obj.buffers(recurse=False)):
+                    if id(t) in own or t.dtype not in narrow:
+                        continue
+                    own.add(id(t))
+                    t.grad = None
+                    t.data = t.data.to(torch.float64)
 
     def steps(self):
         """The recorded steps, keyframe to target. A program that leaves its loop and calls

@@ -149,6 +149,39 @@ def test_a_reference_that_breaks_on_its_own_float32_tensor_says_nothing_about_pr
     assert ops["fails_in_float64"] is False  # ... but not the way the training did
 
 
+def test_a_loss_module_s_own_tensors_are_widened_with_the_model_for_the_reference(tmp_path):
+    # CrossEntropyLoss(weight=...) keeps its class weights as a buffer of the loss module, not of
+    # the model: the reference widens them too, or cross_entropy refuses float64 logits beside
+    # float32 weights and the reference says nothing about precision.
+    script = tmp_path / "weighted.py"
+    script.write_text(textwrap.dedent("""
+        import torch, crashcap
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.ReLU(), torch.nn.Linear(8, 3))
+        crit = torch.nn.CrossEntropyLoss(weight=torch.tensor([1.0, 2.0, 3.0]), label_smoothing=0.1)
+        aux = torch.nn.BCEWithLogitsLoss(pos_weight=torch.tensor([0.5, 1.0, 2.0]))
+        opt = torch.optim.SGD(model.parameters(), lr=0.05)
+        rec = crashcap.Recorder("runs", model=model, optimizer=opt, keyframe_every=3, quiet=True)
+        g = torch.Generator().manual_seed(2)
+        batches = [(torch.randn(8, 5, generator=g), torch.randint(0, 3, (8,), generator=g)) for _ in range(6)]
+        batches[4][0][2, 1] = float("nan")
+        for step, (x, y) in rec.steps(batches):
+            logits = model(x)
+            loss = crit(logits, y) + aux(logits, torch.nn.functional.one_hot(y, 3).to(logits.dtype))
+            loss.backward()
+            rec.end(loss)
+            opt.step()
+            opt.zero_grad()
+    """))
+    r = run_python(str(script), cwd=tmp_path)
+    assert r.returncode != 0
+    ops = bisect_ops(only_bundle(tmp_path / "runs"))
+    assert ops["step"] == 4
+    assert ops["reference"]["error"] is None or "expected" not in ops["reference"]["error"], ops["reference"]
+    assert ops["fails_in_float64"] is True, ops["reference"]  # the NaN feature is NaN in any precision
+    assert ops["first_nonfinite_op"]["name"] in ("aten::linear", "aten::addmm"), ops["first_nonfinite_op"]
+
+
 def test_a_random_draw_that_float64_draws_differently_stops_the_comparison_and_is_not_blamed(tmp_path):
     # A VAE's reparameterisation draws noise with randn_like: the float64 reference draws other
     # numbers from the same generator state, so the comparison stops there instead of naming the

@@ -1198,6 +1198,16 @@ void writeInts(formats::BundleWriter& w, const std::string& name, const std::vec
                 values.data(), values.size() * sizeof(int64_t));
 }
 
+/// Step 6's StepBegin record over `names` (each with rows in its first dimension), and the seal.
+void sealStep6(formats::BundleWriter& w, std::initializer_list<const char*> names) {
+  formats::StepBeginData begin;
+  begin.step = 6;
+  for (const char* name : names) begin.batch.push_back(formats::batchTensorName(6, name));
+  begin.rowDims.assign(names.size(), 0);
+  formats::writeMetaRecord(w, begin);
+  w.seal();
+}
+
 }  // namespace
 
 TEST_CASE("row findings judge an index against the domain its tensor's other rows fit, and a loss's ignore_index is "
@@ -1210,12 +1220,7 @@ TEST_CASE("row findings judge an index against the domain its tensor's other row
     writeInts(*w, "user", {1, 4, 9, 5, 0, 2, 7, 3});           // row 3 ordinary
     writeInts(*w, "item", {10, 99, 42, 150, 7, 88, 61, 0});   // row 3 outside the item table
     writeInts(*w, "label", {2, -100, 0, -1, 1, -100, 2, 0});  // -100 ignored, row 3's -1 is not
-    formats::StepBeginData begin;
-    begin.step = 6;
-    for (const char* name : {"user", "item", "label"}) begin.batch.push_back(formats::batchTensorName(6, name));
-    begin.rowDims = {0, 0, 0};
-    formats::writeMetaRecord(*w, begin);
-    w->seal();
+    sealStep6(*w, {"user", "item", "label"});
   }
   // Two embedding tables indexed by same-shaped tensors, and a loss.
   const std::vector<IndexDomain> domains = {
@@ -1252,12 +1257,7 @@ TEST_CASE("a row outside a domain matched by shape alone says which other ops ta
     y[9] = 41;   // the same token, one place earlier among the targets
     w->writeTensor(formats::batchTensorName(6, "0"), formats::DType::Int64, {8, 3}, x.data(), x.size() * 8);
     w->writeTensor(formats::batchTensorName(6, "1"), formats::DType::Int64, {8, 3}, y.data(), y.size() * 8);
-    formats::StepBeginData begin;
-    begin.step = 6;
-    for (const char* name : {"0", "1"}) begin.batch.push_back(formats::batchTensorName(6, name));
-    begin.rowDims = {0, 0};
-    formats::writeMetaRecord(*w, begin);
-    w->seal();
+    sealStep6(*w, {"0", "1"});
   }
   const IndexDomain embedding{"aten::embedding", 40, {8, 3}, {40, 24}, std::nullopt};
   auto findings = findRowOddities(bundle, 6, {3}, {embedding, {"aten::nll_loss", 40, {24}, {24, 40}, -100}});
@@ -1309,12 +1309,7 @@ TEST_CASE("a negative value in a small batch is invalid data when the step's fir
     for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f * static_cast<float>(i % 7);
     w->writeTensor(formats::batchTensorName(6, "0"), formats::DType::Float32, {8, 3}, x.data(), x.size() * 4);
     w->writeTensor(formats::batchTensorName(6, "1"), formats::DType::Float32, {8}, y.data(), y.size() * 4);
-    formats::StepBeginData begin;
-    begin.step = 6;
-    for (const char* name : {"0", "1"}) begin.batch.push_back(formats::batchTensorName(6, name));
-    begin.rowDims = {0, 0};
-    formats::writeMetaRecord(*w, begin);
-    w->seal();
+    sealStep6(*w, {"0", "1"});
   }
   CHECK(findRowOddities(bundle, 6, {6}, {}).empty());  // the batch alone cannot tell
 
@@ -1424,12 +1419,7 @@ TEST_CASE("an error's index domain judges only a tensor whose culprit row holds 
     writeInts(*w, "label", {0, 4, 2, 7, 1, 3, 2, 0});      // row 3 holds 7, the rest fit 0..4
     writeInts(*w, "token", {11, 40, 3, 2, 9, 27, 5, 33});   // row 3 holds 2: not the value named
     writeInts(*w, "other", {70, 7, 12, 7, 9, 27, 5, 33});   // row 3 holds 7, but rows that work reach 70
-    formats::StepBeginData begin;
-    begin.step = 6;
-    for (const char* name : {"label", "token", "other"}) begin.batch.push_back(formats::batchTensorName(6, name));
-    begin.rowDims = {0, 0, 0};
-    formats::writeMetaRecord(*w, begin);
-    w->seal();
+    sealStep6(*w, {"label", "token", "other"});
   }
   const auto domain = domainOfError("IndexError: index 7 is out of bounds for dimension 0 with size 5");
   REQUIRE(domain);
@@ -1543,12 +1533,7 @@ TEST_CASE("a loss's 'Target N is out of bounds' takes its classes from the loss 
     auto w = formats::BundleWriter::create(bundle);
     writeInts(*w, "label", {0, 4, -1, 9, 1, 3});  // row 3 holds 9; row 2 the program's ignore_index, -1
     writeInts(*w, "length", {3, 9, 5, 2, 7, 4});  // row 1 holds 9 too, but row 3 does not
-    formats::StepBeginData begin;
-    begin.step = 6;
-    for (const char* name : {"label", "length"}) begin.batch.push_back(formats::batchTensorName(6, name));
-    begin.rowDims = {0, 0};
-    formats::writeMetaRecord(*w, begin);
-    w->seal();
+    sealStep6(*w, {"label", "length"});
   }
   // Every row at once (a batch that cannot be cut): the label row, and the -1 is no finding.
   auto all = findRowOddities(bundle, 6, {0, 1, 2, 3, 4, 5}, {*d});
@@ -1677,12 +1662,7 @@ TEST_CASE("row findings name negative values in a row when the batch's other row
                    offsets.size() * sizeof(float));
     w->writeTensor(formats::batchTensorName(6, "targets"), formats::DType::Int64, {10, 8}, targets.data(),
                    targets.size() * sizeof(int64_t));
-    formats::StepBeginData begin;
-    begin.step = 6;
-    for (const char* name : {"pixels", "offsets", "targets"}) begin.batch.push_back(formats::batchTensorName(6, name));
-    begin.rowDims = {0, 0, 0};
-    formats::writeMetaRecord(*w, begin);
-    w->seal();
+    sealStep6(*w, {"pixels", "offsets", "targets"});
   }
   auto findings = findRowOddities(bundle, 6, {2}, {});
   REQUIRE(findings.size() == 1);

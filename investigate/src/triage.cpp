@@ -114,10 +114,12 @@ std::optional<double> firstOutside(const inspect::HostTensor& row, const IndexDo
 }
 
 /// Whether two domains are one table's, one logits' or one indexed tensor's: a loss and the ops
-/// nested in it (cross_entropy_loss, nll_loss_nd, nll_loss, nll_loss_forward) are one domain, as are
-/// a loss's default and inferred ignore_index.
+/// nested in it (cross_entropy_loss, nll_loss_nd, nll_loss or nll_loss2d, nll_loss_forward) are one
+/// domain, as are a loss's default and inferred ignore_index.
 bool sameTable(const IndexDomain& a, const IndexDomain& b) {
-  return a.size == b.size && a.sourceShape == b.sourceShape && a.ignoreIndex.has_value() == b.ignoreIndex.has_value();
+  // By element count: nll_loss_nd reshapes logits of more than two dimensions for nll_loss2d.
+  return a.size == b.size && elements(a.sourceShape) == elements(b.sourceShape) &&
+         a.ignoreIndex.has_value() == b.ignoreIndex.has_value();
 }
 
 /// How many times every other row's largest magnitude a row must reach to be an outlier.
@@ -239,9 +241,10 @@ std::optional<ValueFloor> valueFloorOf(const replayer::ProbedOp& op) {
   static const std::set<std::string> belowZeroIsNaN = {"aten::log", "aten::log2", "aten::log10", "aten::sqrt",
                                                        "aten::rsqrt"};
   if (op.phase != "forward" || !belowZeroIsNaN.count(name)) return std::nullopt;
+  std::optional<ValueFloor> floor;
   for (const auto& in : op.inputs)
-    if (in.min && *in.min < 0) return ValueFloor{op.name, 0.0};
-  return std::nullopt;
+    if (in.min && *in.min < 0 && (!floor || *in.min < floor->given)) floor = ValueFloor{op.name, *in.min};
+  return floor;
 }
 
 std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows,
@@ -548,9 +551,10 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
           otherValues += stats[o].count;
           othersNonNegative = stats[o].min && *stats[o].min >= 0;
         }
-      // Where the step's first NaN is an op's that takes nothing below 0 and was given less, two
-      // other rows that are never negative are enough: the op says what the tensor may hold.
-      const bool byOp = floor && floor->lowest == 0 && otherRows >= 2;
+      // Where the step's first NaN is an op's that takes nothing below 0 and was given this row's
+      // very lowest value, two other rows that are never negative are enough: the op says what the
+      // tensor may hold (a log-space target), and the value ties the row to the op.
+      const bool byOp = floor && otherRows >= 2 && st.min && *st.min == floor->given;
       if (othersNonNegative && (byOp || (otherRows >= 8 && otherValues >= 64)) && st.min && *st.min < 0) {
         f.kind = RowFinding::Kind::Negative;
         f.value = *st.min;

@@ -463,15 +463,12 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
                                                                           : "the values were already diverging"));
     } else if (bad == 0 && valueFloorOf(*op) && f.rowsTrigger() && f.rowsInvalid() &&
                std::any_of(f.rowFindings.begin(), f.rowFindings.end(),
-                           [](const RowFinding& r) { return r.kind == RowFinding::Kind::Negative; })) {
+                           [](const RowFinding& r) { return r.kind == RowFinding::Kind::Negative && r.floor; })) {
       // A log or a square root of the data's own negative values: the data, not the arithmetic.
-      double lowest = 0;
-      for (const auto& in : op->inputs)
-        if (in.min) lowest = std::min(lowest, *in.min);
       h.verdict = V::Refuted;
       h.evidence.push_back(fmt::format("{} is given values down to {:.3g}, for which it has no finite result: the "
                                        "culprit rows' negative values carry them there",
-                                       where, lowest));
+                                       where, valueFloorOf(*op)->given));
     } else if (bad == 0) {
       h.verdict = V::Confirmed;
       h.evidence.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));

@@ -17,7 +17,6 @@ saves a checkpoint must not overwrite the real one with replayed weights), and n
 import collections
 import contextlib
 import functools
-import gc
 import hashlib
 import json
 import operator
@@ -169,20 +168,25 @@ class Driver:
 
     def _widen_other_modules(self):
         """The float64 reference of an ops bisection: at the target step the engine has widened the
-        model's parameters and buffers and the default dtype; the floating state of the program's
-        other modules is widened with them, or a loss's own tensors (CrossEntropyLoss(weight=...),
-        BCEWithLogitsLoss(pos_weight=...)) stay float32 beside float64 logits and the step cannot
-        run. Tensors that are not a module's (a bare weight tensor given to a functional loss) are
-        the program's own, out of reach."""
+        model's parameters and buffers and the default dtype; the float32 state of the program's
+        other modules is widened with them, or a loss's own tensors (CrossEntropyLoss(weight=...))
+        stay float32 beside float64 logits and the step cannot run. float16 and bfloat16 modules
+        are kept narrow on purpose (a frozen teacher): they stay as they are, as does a tensor that
+        belongs to no module (a bare weight tensor given to a functional loss). This process serves
+        the reference alone and ends after the target step."""
+        from . import _observe  # the scan that finds every live module without isinstance
         model = self.rec.model
         own = {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
-        narrow = (torch.float32, torch.float16, torch.bfloat16)
         with torch.no_grad():
-            for obj in gc.get_objects():
-                if not isinstance(obj, torch.nn.Module) or obj is model:
+            for module in _observe._all_live_modules():
+                if module is model:
                     continue
-                for t in list(obj.parameters(recurse=False)) + list(obj.buffers(recurse=False)):
-                    if id(t) in own or t.dtype not in narrow:
+                try:  # a module never given nn.Module.__init__ has no parameters to list
+                    tensors = list(module.parameters(recurse=False)) + list(module.buffers(recurse=False))
+                except Exception:
+                    continue
+                for t in tensors:
+                    if id(t) in own or t.dtype != torch.float32:
                         continue
                     own.add(id(t))
                     t.grad = None

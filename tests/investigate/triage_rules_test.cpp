@@ -1234,7 +1234,7 @@ TEST_CASE("row findings judge an index against the domain its tensor's other row
   CHECK(findings[0].kind == RowFinding::Kind::OutOfDomain);
   CHECK(findings[0].value == 150);
   CHECK(findings[0].domain->size == 120);  // not the user table, which item's other rows do not fit
-  CHECK(findings[0].otherDomains.empty());  // the other table is the same op; the loss's classes do not fit
+  CHECK(findings[0].otherDomains.empty());  // item's other rows fit neither the user table nor the loss
   CHECK(findings[1].tensor == "steps/6/batch/label");
   CHECK(findings[1].value == -1);
   CHECK(findings[1].domain->op == "aten::nll_loss");
@@ -1260,13 +1260,16 @@ TEST_CASE("a row outside a domain matched by shape alone says which other ops ta
     sealStep6(*w, {"0", "1"});
   }
   const IndexDomain embedding{"aten::embedding", 40, {8, 3}, {40, 24}, std::nullopt};
-  auto findings = findRowOddities(bundle, 6, {3}, {embedding, {"aten::nll_loss", 40, {24}, {24, 40}, -100}});
+  // The loss as traced: cross_entropy_loss on [8,3,40] logits, nll_loss2d on them reshaped: one domain.
+  auto findings = findRowOddities(bundle, 6, {3},
+                                  {embedding, {"aten::cross_entropy_loss", 40, {8, 3}, {8, 40, 3}, -100},
+                                   {"aten::nll_loss2d", 40, {8, 3, 1}, {8, 40, 3, 1}, -100}});
   REQUIRE(findings.size() == 2);
   for (const auto& f : findings) {
     CHECK(f.value == 41);
     CHECK(f.domain->op == "aten::embedding");  // the newest domain first, as the trace gives them
     REQUIRE(f.otherDomains.size() == 1);
-    CHECK(f.otherDomains[0].first.op == "aten::nll_loss");
+    CHECK(f.otherDomains[0].first.op == "aten::cross_entropy_loss");
     CHECK(f.otherDomains[0].second == 41.0);
   }
   auto facts = reproducedAt6();
@@ -1275,8 +1278,8 @@ TEST_CASE("a row outside a domain matched by shape alone says which other ops ta
   facts.rowFindings = {findings[1]};
   CHECK(has(judgeInvalidData(facts),
             "row 3 of steps/6/batch/1 holds 41, outside 0..39: the embedding (aten::embedding) has 40 rows (table "
-            "[40,24]); its shape fits another op's input as well: the loss (aten::nll_loss) sees 40 classes (logits "
-            "[24,40]), and 41 is outside 0..39 there too"));
+            "[40,24]); its shape fits another op's input as well: the loss (aten::cross_entropy_loss) sees 40 classes "
+            "(logits [8,40,3]), and 41 is outside 0..39 there too"));
 
   // A loss with more classes than the table has rows: the targets' 41 would fit it.
   findings = findRowOddities(bundle, 6, {3}, {embedding, {"aten::nll_loss", 50, {24}, {24, 50}, -100}});
@@ -1284,6 +1287,8 @@ TEST_CASE("a row outside a domain matched by shape alone says which other ops ta
   REQUIRE(findings[1].otherDomains.size() == 1);
   CHECK_FALSE(findings[1].otherDomains[0].second);
   facts.rowFindings = {findings[1]};
+  // Still outside the embedding's rows, which no other row of the tensor is: invalid by that domain.
+  CHECK(judgeInvalidData(facts).verdict == V::Confirmed);
   CHECK(has(judgeInvalidData(facts), "; its shape fits another op's input as well: the loss (aten::nll_loss) sees 50 "
                                      "classes (logits [24,50]), and its values are within 0..49 there"));
 
@@ -1313,7 +1318,8 @@ TEST_CASE("a negative value in a small batch is invalid data when the step's fir
   }
   CHECK(findRowOddities(bundle, 6, {6}, {}).empty());  // the batch alone cannot tell
 
-  const auto log = nonFiniteOp("aten::log", {stats(0, 0, -3.76, 4.0)});
+  // The replay's statistics of the log's input: the float32 target's own value.
+  const auto log = nonFiniteOp("aten::log", {stats(0, 0, static_cast<double>(-3.76f), 4.0)});
   const auto floor = valueFloorOf(log);
   REQUIRE(floor);
   CHECK(floor->op == "aten::log");
@@ -1327,6 +1333,10 @@ TEST_CASE("a negative value in a small batch is invalid data when the step's fir
   CHECK(findings[0].kind == RowFinding::Kind::Negative);
   CHECK(findings[0].value == Approx(-3.76));
   CHECK(findRowOddities(bundle, 6, {2}, {}, floor).empty());  // an ordinary row
+  // A log given another negative value (the model's own output, not this target): no tie to the row.
+  const auto otherLog = valueFloorOf(nonFiniteOp("aten::log", {stats(0, 0, -0.5, 4.0)}));
+  REQUIRE(otherLog);
+  CHECK(findRowOddities(bundle, 6, {6}, {}, otherLog).empty());
 
   auto f = reproducedAt6();
   f.samples = samplesFound({6});
@@ -1344,6 +1354,11 @@ TEST_CASE("a negative value in a small batch is invalid data when the step's fir
 
   // A log given the model's own negative output, with no culprit row holding one: its arithmetic.
   f.rowFindings.clear();
+  CHECK(judgeLossNumerics(f).verdict == V::Confirmed);
+  // Nor does a negative found by the batch's own evidence, untied to the op, acquit the arithmetic.
+  RowFinding untied = findings[0];
+  untied.floor.reset();
+  f.rowFindings = {untied};
   CHECK(judgeLossNumerics(f).verdict == V::Confirmed);
 }
 

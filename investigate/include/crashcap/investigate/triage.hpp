@@ -65,13 +65,14 @@ inline constexpr size_t kListedUntestedFindings = 8;
 /// nullopt otherwise.
 std::optional<IndexDomain> domainOfError(const std::string& error, const std::vector<IndexDomain>& traced = {});
 
-/// The lowest value the step's first non-finite op has a finite result for, when the replay saw
-/// one of its inputs go below it: aten::log (log2, log10) and aten::sqrt (rsqrt) are NaN below 0.
-/// A culprit row that alone holds negative values is then judged against it even in a batch too
-/// small for the batch's own evidence that the tensor is never negative (RowFinding::Negative).
+/// The step's first non-finite op when it has no finite result below 0 (aten::log, log2, log10,
+/// sqrt, rsqrt) and the replay saw it given a negative value: the lowest it was given. A culprit
+/// row whose lowest value is that very value, where the batch's other rows hold no negative, is
+/// what the op took; it is judged so even in a batch too small for the batch's own evidence that
+/// the tensor is never negative (RowFinding::Negative).
 struct ValueFloor {
   std::string op;                          ///< "aten::log"
-  double lowest = 0;
+  double given = 0;                        ///< the lowest value of its inputs, < 0
 };
 std::optional<ValueFloor> valueFloorOf(const replayer::ProbedOp& op);
 
@@ -97,8 +98,8 @@ struct RowFinding {
   double othersMin = 0;                    ///< LoneZero: the other rows' smallest value
   int64_t column = -1;                     ///< Outlier in one feature of a [rows, features] tensor
   std::optional<IndexDomain> domain;
-  /// Negative: the op of the step's ValueFloor it is judged against, where the batch alone was too
-  /// small to tell.
+  /// Negative: the step's ValueFloor whose op was given this row's lowest value, where the batch
+  /// alone was too small to tell.
   std::optional<ValueFloor> floor;
   /// OutOfDomain: other ops whose index input has this tensor's shape too, each with the row's
   /// first value outside its domain (none: the row fits it). The op trace keeps shapes, not which

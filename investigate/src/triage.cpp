@@ -554,11 +554,12 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       // Where the step's first NaN is an op's that takes nothing below 0 and was given this row's
       // very lowest value, two other rows that are never negative are enough: the op says what the
       // tensor may hold (a log-space target), and the value ties the row to the op.
+      const bool byBatch = otherRows >= 8 && otherValues >= 64;
       const bool byOp = floor && otherRows >= 2 && st.min && *st.min == floor->given;
-      if (othersNonNegative && (byOp || (otherRows >= 8 && otherValues >= 64)) && st.min && *st.min < 0) {
+      if (othersNonNegative && (byBatch || byOp) && st.min && *st.min < 0) {
         f.kind = RowFinding::Kind::Negative;
         f.value = *st.min;
-        if (byOp && !(otherRows >= 8 && otherValues >= 64)) f.floor = floor;
+        if (!byBatch) f.floor = floor;
         out.push_back(f);
         continue;
       }

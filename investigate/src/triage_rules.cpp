@@ -461,14 +461,15 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       h.evidence.push_back(fmt::format("{} overflows on inputs as large as {:.3g}: {}", where, largest,
                                        f.rowsTrigger() && f.rowsInvalid() ? "the culprit rows' values carry them there"
                                                                           : "the values were already diverging"));
-    } else if (bad == 0 && valueFloorOf(*op) && f.rowsTrigger() && f.rowsInvalid() &&
-               std::any_of(f.rowFindings.begin(), f.rowFindings.end(),
-                           [](const RowFinding& r) { return r.kind == RowFinding::Kind::Negative && r.floor; })) {
-      // A log or a square root of the data's own negative values: the data, not the arithmetic.
+    } else if (const auto tied = std::find_if(f.rowFindings.begin(), f.rowFindings.end(),
+                                              [](const RowFinding& r) { return r.floor.has_value(); });
+               bad == 0 && tied != f.rowFindings.end() && f.rowsTrigger() && f.rowsInvalid()) {
+      // A log or a square root of the data's own negative values (the finding is tied to this op
+      // by the value it was given): the data, not the arithmetic.
       h.verdict = V::Refuted;
       h.evidence.push_back(fmt::format("{} is given values down to {:.3g}, for which it has no finite result: the "
                                        "culprit rows' negative values carry them there",
-                                       where, valueFloorOf(*op)->given));
+                                       where, tied->floor->given));
     } else if (bad == 0) {
       h.verdict = V::Confirmed;
       h.evidence.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));

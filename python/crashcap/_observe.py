@@ -24,7 +24,9 @@ keyframe on instead, and the process ends after the target step.
 What cannot be inferred safely is said in one warning each, kept in the bundle, and the rest is
 recorded: several optimizers (kept together), gradient accumulation, a prefetching loop, another
 loader iterated with gradients enabled (not recorded), no DataLoader (no steps: the crash, the
-environment and the last ops are still recorded). Several trainings in one process (folds,
+environment and the last ops are still recorded), no optimizer (the program updates the weights
+itself: the modules whose parameters the first backward() gave gradients are recorded from the
+next batch on, under a _ManualUpdate). Several trainings in one process (folds,
 phases, in-process trials) are recorded one after another (Observer). The observer never changes what the training computes: it
 reads, copies and counts; an error of its own is printed with its traceback and ends the
 recording there (Observer.stop), and the training goes on unrecorded.
@@ -131,6 +133,24 @@ class _Optimizers:
             offset += count
 
 
+class _ManualUpdate:
+    """The optimizer of a training that makes none: the program updates its weights by its own
+    code (`p -= lr * p.grad` under torch.no_grad()). It holds the parameters the first backward()
+    gave gradients, in one group with no options and no state: a keyframe keeps their weights,
+    and the update itself replays as the program's code."""
+
+    _crashcap_kind = "manual"
+
+    def __init__(self, params):
+        self.param_groups = [{"params": list(params)}]
+
+    def state_dict(self):
+        return {"state": {}, "param_groups": [{"params": list(range(len(self.param_groups[0]["params"])))}]}
+
+    def load_state_dict(self, state_dict):
+        pass  # nothing to give back: the weights are the model's, restored with it
+
+
 class _Several:
     """Several schedulers (or GradScalers) as one object with a state_dict, kept in keyframes."""
 
@@ -149,11 +169,14 @@ class _Several:
 # The modules the program made (and unpickled, or deep-copied) since install(): where the model is
 # looked for first. Weakly held: a module the program drops is gone from it.
 _modules_made = weakref.WeakSet()
+_made_order = weakref.WeakKeyDictionary()  # module -> the order its __init__ ended in
+_made_count = itertools.count()
 
 
 def _module_made(module):
     try:
         _modules_made.add(module)
+        _made_order.setdefault(module, next(_made_count))
     except TypeError:  # a module class whose __slots__ leave no room for a weak reference
         pass
 
@@ -194,6 +217,24 @@ def _roots_owning(modules, optimizer_params):
             roots.append(m)
             covered |= owned
     return roots, [p for k, p in enumerate(optimizer_params) if k not in covered]
+
+
+def _parameters_with_gradients():
+    """The parameters that hold a gradient now, of the live modules that are no other's child: the
+    model of a training that updates its weights itself (_ManualUpdate). The modules are taken in
+    the order the program made them, each one's parameters in its own order, so that a replay,
+    which makes them in the same order, finds the same model with the same names."""
+    modules = [m for m in (list(_modules_made) or _all_live_modules()) if type(m) is not _Roots]
+    children = {id(c) for m in modules for c in m._modules.values() if c is not None}
+    roots = sorted((m for m in modules if id(m) not in children),
+                   key=lambda m: (_made_order.get(m, math.inf), type(m).__name__, sum(p.numel() for p in m.parameters())))
+    params, seen = [], set()
+    for m in roots:
+        for p in m.parameters():
+            if p.requires_grad and p.grad is not None and id(p) not in seen:
+                seen.add(id(p))
+                params.append(p)
+    return params
 
 
 def _model_of(optimizer_params):
@@ -248,6 +289,8 @@ class Observer:
         self.stopped_dir = None         # the recording stop() closed, until its training ends
         self.loaderless_backwards = 0   # backward() calls before any training began
         self.batch_before_optimizer = False  # a DataLoader batch came before any optimizer was made
+        self.manual_update = None       # the _ManualUpdate of a training that makes no optimizer
+        self.manual_looked = False      # its parameters were looked for (at the first backward() after a batch)
         self.failed = None              # why the observer stopped (None while it runs)
         self.said = set()               # the warnings said (one each)
         self.pending_warnings = []      # said before the recording began: kept in it when it does
@@ -320,6 +363,11 @@ class Observer:
     # ---- the seams --------------------------------------------------------------------------
 
     def on_optimizer(self, optimizer):
+        if self.manual_update is not None and self.training < 0 and optimizer is not self.manual_update:
+            # An optimizer after all (made after the first backward()): it is the training's, not
+            # the stand-in that backward() made.
+            self.optimizers = [r for r in self.optimizers if r() is not self.manual_update]
+            self.manual_update = None
         self.optimizers.append(weakref.ref(optimizer))
         if self.training >= 0 and not self.training_over:
             self.training_over = True
@@ -347,7 +395,11 @@ class Observer:
         """A batch the loader `ordinal` (over `dataset`) yielded: a step when it is the training loader's.
         `iteration`: (the iteration it came from, a number per iterator and epoch; whether it is the
         iteration's first batch)."""
-        if self.replay or not torch.is_grad_enabled():
+        if not torch.is_grad_enabled():
+            return
+        if self.replay:
+            if self.training < 0 and ordinal >= 0 and not self.optimizers:
+                self.batch_before_optimizer = True  # as when it recorded: a backward() may make a _ManualUpdate
             return
         if self.capture_only and self._new_optimizers() or self.begins_training():
             self._finish()
@@ -356,10 +408,11 @@ class Observer:
                 return
             self.training_dataset = _weak(dataset)
         elif self.rec is None:
-            if self.training < 0:
+            if self.training < 0 and ordinal >= 0:
                 self.batch_before_optimizer = True
                 self.warn("no-optimizer", "a DataLoader batch came before any torch.optim optimizer was made, so there "
-                          "is no model to record yet; recording begins at the first batch after one is made")
+                          "is no model to record yet; recording begins at the first batch after one is made (with none, after "
+                          "the first backward() shows which parameters train)")
             return
         elif self._takes_over(ordinal, dataset):
             # A loader made anew for the training (one per epoch: a new sampler, batch size, or
@@ -370,8 +423,10 @@ class Observer:
                       f"are not recorded (the steps are DataLoader #{self.training_loader}'s). Iterate validation "
                       f"loaders under torch.no_grad()")
             return
-        # A step that ran backward() without an update leaves gradients a keyframe cannot hold.
-        accumulating = self.in_flight is not None and self.backwards > 0 and self.updates == 0
+        # A step that ran backward() without an update leaves gradients a keyframe cannot hold. A
+        # training that updates its weights itself is taken to do it in every step.
+        manual = self.manual_update is not None and self.rec.optimizer is self.manual_update
+        accumulating = self.in_flight is not None and self.backwards > 0 and self.updates == 0 and not manual
         if self.in_flight is not None:
             if self.backwards == 0:
                 # The step in flight trained on none of its batch. A program that leaves its loop
@@ -385,7 +440,7 @@ class Observer:
                               f"prefetcher) computes each step on the batch drawn before it, so the recorded batch of a "
                               f"step may be its successor's; replay and triage then name the wrong rows (a loop that "
                               f"skips its first batch does the same, and is recorded right)")
-            elif self.updates == 0:
+            elif self.updates == 0 and not manual:
                 self.warn("accumulation", f"step {self.in_flight} ran backward() without an optimizer step: gradient "
                           f"accumulation? Each batch is recorded as a step, and keyframes wait for the step after "
                           f"an update (a keyframe holds no gradients)")
@@ -437,6 +492,9 @@ class Observer:
 
     def on_backward(self, tensors):
         """After a backward(): the step's loss, when it is the step's first backward of a one-element tensor."""
+        if self.batch_before_optimizer and self.training < 0 and not self.optimizers and not self.manual_looked:
+            self.manual_looked = True  # once: a model of bare tensors is not looked for at every backward()
+            self._manual_training()
         if self.rec is None or self.capture_only:
             if self.training < 0 and not self.replay:
                 # Its crash is recorded from the first backward on; one backward (a sanity check
@@ -444,7 +502,12 @@ class Observer:
                 self.loaderless_backwards += 1
                 if self.rec is None:
                     self._start(None)
-                if self.loaderless_backwards == 2:
+                if self.loaderless_backwards == 2 and self.batch_before_optimizer and not self.optimizers:
+                    self.warn("no-model", "backward() runs on DataLoader batches, but no torch.optim optimizer was made "
+                              "and no nn.Module's parameters got gradients (a model of bare tensors?): crashcap has "
+                              "no model to record, and records nothing of this training. Keep its parameters in an "
+                              "nn.Module, or give them to a torch.optim optimizer")
+                elif self.loaderless_backwards == 2:
                     self.warn("no-loader", "backward() runs, but no DataLoader batch came before it with gradients "
                               "enabled: this training makes its own batches, so crashcap records no steps (no "
                               "batches, weights or replay); it keeps the crash with its Python traceback, the last "
@@ -474,6 +537,17 @@ class Observer:
                                       f"non-finite loss at step {self.in_flight}: {value} (recorded; the training "
                                       f"went on: --nonfinite record)", _api._recorder._stack_here(), "forward")
         self.rec.end(tensors)  # a NonFiniteError here is the training's, not crashcap's
+
+    def _manual_training(self):
+        """backward() ran on a DataLoader batch and no optimizer exists: the program updates its
+        weights itself. The parameters that backward() gave gradients are the training's, under a
+        _ManualUpdate, and recording begins at the next batch (as for an optimizer made inside the
+        loop); the same happens in a replay, which takes the recorded batches over from there."""
+        params = _parameters_with_gradients()
+        if not params:
+            return
+        self.manual_update = _ManualUpdate(params)
+        self.on_optimizer(self.manual_update)
 
     def _later_backward(self, loss):
         """A backward() of the step after the one that ended it: a non-finite loss here fails the step
@@ -601,6 +675,12 @@ class Observer:
         if ordinal is not None:
             self._begin_training()
             self.training_loader = ordinal
+            if optimizer is self.manual_update:
+                self.warn("manual-update", f"backward() ran on a DataLoader batch and no torch.optim optimizer was made: "
+                          f"the program updates the weights itself? crashcap records {words} (the modules whose "
+                          f"parameters got gradients) as the model, from this batch on; a keyframe holds their "
+                          f"weights, and not what the update keeps of its own (a momentum buffer, a learning rate "
+                          f"computed from its counters)")
         self.capture_only = ordinal is None
         facts = [("python.capture", "observed"), ("python.observed.loader", "none" if ordinal is None else str(ordinal)),
                  ("python.observed.training", str(self.training)), ("python.observed.model", words)]
@@ -940,7 +1020,10 @@ def install(policy=None, replay=False):
     @functools.wraps(iter_init)
     def Iter_init(self, loader, *args, **kwargs):
         self._crashcap_loader = getattr(loader, "_crashcap_ordinal", -1)
-        self._crashcap_loader_ref = weakref.ref(loader)
+        # A replay keeps the loader alive with its iterator: one made in the `for` statement itself
+        # is gone by its second batch otherwise, where the replay may take the recorded batches
+        # over (_replay_takes_over), and the replay needs the loader then.
+        self._crashcap_loader_ref = (lambda: loader) if _observer.replay else weakref.ref(loader)
         self._crashcap_indices = collections.deque()
         self._crashcap_iteration, self._crashcap_first = next(_iterations), True
         iter_init(self, loader, *args, **kwargs)

@@ -17,6 +17,9 @@ each trains a small MLP and meets a NaN row (dataset index --nan-index) in --cas
                a batch holds it more than once
   lazy         a model of lazy modules, sized by the forward pass of the first batch, whose
                optimizer is made only then, inside the loop
+  manual       no optimizer: the loop updates the weights itself, `p -= lr * p.grad` under no_grad,
+               over a loader made anew in each epoch's for statement, the NaN row NaN only in
+               epoch --nan-epoch
   two-losses   a classifier with a reconstruction head, whose two losses are backpropagated one
                after the other (two backward() calls a step); the bad row's reconstruction target
                is Inf, so only the second loss is non-finite
@@ -36,13 +39,14 @@ class Rows(Dataset):
         self.x = torch.randn(n, 6, generator=g)
         self.y = (self.x.sum(1) > 0).long()
         self.nan_index = nan_index
+        self.poisoned = True  # whether the NaN row is NaN now (--case manual: only in one epoch)
 
     def __len__(self):
         return len(self.x)
 
     def __getitem__(self, i):
         x = self.x[i] + 0.01 * torch.randn(6)
-        return (torch.full_like(x, float("nan")) if i == self.nan_index else x), self.y[i]
+        return (torch.full_like(x, float("nan")) if i == self.nan_index and self.poisoned else x), self.y[i]
 
 
 class WithTargets(Dataset):
@@ -146,6 +150,21 @@ def lazy_optimizer(loader, epochs=3):
         print(f"epoch {epoch}: loss {loss.item():.6f}", flush=True)
 
 
+def manual_updates(rows, epochs, nan_epoch, lr=0.05):
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+    criterion = nn.CrossEntropyLoss()
+    for epoch in range(epochs):
+        rows.poisoned = epoch == nan_epoch
+        for x, y in DataLoader(rows, batch_size=16, shuffle=True):  # a loader made in the for statement
+            model.zero_grad()
+            loss = criterion(model(x), y)
+            loss.backward()
+            with torch.no_grad():
+                for p in model.parameters():
+                    p -= lr * p.grad
+        print(f"epoch {epoch}: loss {loss.item():.6f}", flush=True)
+
+
 class TwoHeads(nn.Module):
     def __init__(self):
         super().__init__()
@@ -175,8 +194,9 @@ def main():
     p = argparse.ArgumentParser()
     p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup", "per-epoch",
                                                       "short", "prefetch", "replacement", "lazy",
-                                                      "two-losses"])
+                                                      "two-losses", "manual"])
     p.add_argument("--nan-index", type=int, default=-1)
+    p.add_argument("--nan-epoch", type=int, default=0)
     a = p.parse_args()
     torch.manual_seed(0)
     rows = Rows(160, a.nan_index)
@@ -212,6 +232,8 @@ def main():
         prefetching(rows)
     elif a.case == "lazy":
         lazy_optimizer(DataLoader(rows, batch_size=16, shuffle=True, num_workers=2))
+    elif a.case == "manual":
+        manual_updates(rows, 4, a.nan_epoch)
     elif a.case == "two-losses":
         two_losses(DataLoader(WithTargets(160, a.nan_index), batch_size=16, shuffle=True, num_workers=2))
 

@@ -33,6 +33,7 @@
 #include "crash_guard.hpp"
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/nan_sign.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
 #include "crashcap/formats/torch/optimizer.hpp"
@@ -1135,8 +1136,8 @@ void StepGuard::end(const at::Tensor& loss) {
   if (fp.nonFinite && m.policy.nonFinite == NonFinitePolicy::Raise) {
     bool lossBad = !std::isfinite(fp.loss);
     std::string what =
-        lossBad ? fmt::format("non-finite loss at step {}: {}", step_, fp.loss)
-                : fmt::format("non-finite gradient norm at step {}: {}{} (loss {})", step_, fp.gradNorm,
+        lossBad ? fmt::format("non-finite loss at step {}: {}", step_, formats::withoutNanSign(fp.loss))
+                : fmt::format("non-finite gradient norm at step {}: {}{} (loss {})", step_, formats::withoutNanSign(fp.gradNorm),
                               normOverflowed ? ", of gradients that are all finite but too large for a float32 norm" : "",
                               fp.loss);
     what += " (crashcap stopped the step before optimizer.step(); NonFinitePolicy::Raise)";

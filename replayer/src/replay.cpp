@@ -38,6 +38,7 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/nan_sign.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
 #include "crashcap/formats/torch/fingerprint.hpp"
@@ -1058,10 +1059,11 @@ struct Run {
     result.error = !last.error.empty() ? last.error
                    : last.laterBackward ? fmt::format("non-finite loss at step {}: {} (its backward() #{}; the first one's loss "
                                                       "{} was finite)",
-                                                      target, last.laterLoss, last.laterBackward, last.loss)
+                                                      target, formats::withoutNanSign(last.laterLoss), last.laterBackward, last.loss)
                    : replayNonFinite   ? (std::isfinite(last.loss) ? fmt::format("non-finite gradient norm at step {}: {} (loss {})",
-                                                                                 target, last.gradNorm, last.loss)
-                                                                     : fmt::format("non-finite loss at step {}: {}", target, last.loss))
+                                                                                 target, formats::withoutNanSign(last.gradNorm), last.loss)
+                                                                     : fmt::format("non-finite loss at step {}: {}", target,
+                                                                                   formats::withoutNanSign(last.loss)))
                                        : "";
     bool recordedFailure = view.crash && view.crash->step == target;
     bool allBitwise = true;

@@ -89,6 +89,10 @@ def test_a_non_finite_loss_is_sealed_with_the_python_stack(tmp_path):
     crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
     assert crash["kind"] == "nonfinite" and crash["step"] == 3
     assert any("train.py" in f and "rec.end(loss)" in f for f in crash["stack"]), crash["stack"]
+    # inf * 0 is a NaN with its sign bit set on x86; the message reads "nan" as Python writes it.
+    assert crash["error"].startswith("non-finite loss at step 3: nan ") and "-nan" not in r.stderr, crash["error"]
+    replay = crashcap_json("replay", only_bundle(tmp_path / "runs"))
+    assert replay["error"] == "non-finite loss at step 3: nan", replay
 
 
 def test_after_sigkill_crashcap_seal_keeps_what_reached_the_disk(tmp_path):

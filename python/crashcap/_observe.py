@@ -168,15 +168,13 @@ class _Several:
 
 # The modules the program made (and unpickled, or deep-copied) since install(): where the model is
 # looked for first. Weakly held: a module the program drops is gone from it.
-_modules_made = weakref.WeakSet()
-_made_order = weakref.WeakKeyDictionary()  # module -> the order its __init__ ended in
+_modules_made = weakref.WeakKeyDictionary()  # module -> the order its __init__ ended in
 _made_count = itertools.count()
 
 
 def _module_made(module):
     try:
-        _modules_made.add(module)
-        _made_order.setdefault(module, next(_made_count))
+        _modules_made.setdefault(module, next(_made_count))
     except TypeError:  # a module class whose __slots__ leave no room for a weak reference
         pass
 
@@ -227,7 +225,7 @@ def _parameters_with_gradients():
     modules = [m for m in (list(_modules_made) or _all_live_modules()) if type(m) is not _Roots]
     children = {id(c) for m in modules for c in m._modules.values() if c is not None}
     roots = sorted((m for m in modules if id(m) not in children),
-                   key=lambda m: (_made_order.get(m, math.inf), type(m).__name__, sum(p.numel() for p in m.parameters())))
+                   key=lambda m: (_modules_made.get(m, math.inf), type(m).__name__, sum(p.numel() for p in m.parameters())))
     params, seen = [], set()
     for m in roots:
         for p in m.parameters():

@@ -273,7 +273,9 @@ class Recorder:
         if self._replay is not None:
             self._native = None
             return
-        self._native = _native.Recorder(directory or "", policy)
+        # The NonFiniteError names the switch the user has: crashcap run's flag or this option.
+        go_on = "--nonfinite record" if _observed else 'nonfinite="record"'
+        self._native = _native.Recorder(directory or "", dict(policy, nonfinite_go_on=go_on))
         _observe.quiet_dataloader_workers()
         self._native.set_model(list(state.named_parameters()), list(state.named_buffers()))
         self._native.set_foreign(_state.program_sources(early=_observed), kind, groups, self._learning_rates,

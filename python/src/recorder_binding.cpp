@@ -74,6 +74,7 @@ rec::Policy policyFrom(const py::dict& o) {
                             "nonfinite must be \"raise\" or \"record\" (got \"" + v + "\")");
     p.nonFinite = v == "raise" ? rec::NonFinitePolicy::Raise : rec::NonFinitePolicy::Record;
   }
+  if (!get("nonfinite_go_on").is_none()) p.nonFiniteGoOn = get("nonfinite_go_on").cast<std::string>();
   if (!get("check_gradients").is_none()) p.checkGradients = get("check_gradients").cast<bool>();
   if (!get("zstd_level").is_none()) p.zstdLevel = get("zstd_level").cast<int>();
   if (!get("queue_bytes").is_none()) p.queueBytes = get("queue_bytes").cast<uint64_t>();

@@ -1140,7 +1140,8 @@ void StepGuard::end(const at::Tensor& loss) {
                 : fmt::format("non-finite gradient norm at step {}: {}{} (loss {})", step_, formats::withoutNanSign(fp.gradNorm),
                               normOverflowed ? ", of gradients that are all finite but too large for a float32 norm" : "",
                               fp.loss);
-    what += " (crashcap stopped the step before optimizer.step(); NonFinitePolicy::Raise)";
+    what += fmt::format(" (crashcap stopped the step before optimizer.step(); {} lets the training go on)",
+                        m.policy.nonFiniteGoOn);
     if (m.writer) {
       auto crash = m.crashHere("nonfinite", step_);
       crash.phase = lossBad ? "forward" : "backward";

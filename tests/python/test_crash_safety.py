@@ -91,6 +91,7 @@ def test_a_non_finite_loss_is_sealed_with_the_python_stack(tmp_path):
     assert any("train.py" in f and "rec.end(loss)" in f for f in crash["stack"]), crash["stack"]
     # inf * 0 is a NaN with its sign bit set on x86; the message reads "nan" as Python writes it.
     assert crash["error"].startswith("non-finite loss at step 3: nan ") and "-nan" not in r.stderr, crash["error"]
+    assert crash["error"].endswith('nonfinite="record" lets the training go on)'), crash["error"]
     replay = crashcap_json("replay", only_bundle(tmp_path / "runs"))
     assert replay["error"] == "non-finite loss at step 3: nan", replay
 

@@ -35,6 +35,8 @@ def test_a_nan_row_stops_the_training_at_its_step_and_triage_names_its_dataset_i
     r, runs = run_recorded(tmp_path, "mlp_loader.py", "--nan-index", 100, "--epochs", 2)
     assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
     assert "epoch 0:" not in r.stdout  # stopped at the step, before the epoch ended
+    # The error names the switch this user has, crashcap run's flag, not the C++ API's enum.
+    assert "--nonfinite record lets the training go on" in r.stderr and "NonFinitePolicy" not in r.stderr, r.stderr
     bundle = only_bundle(runs)
     replay = crashcap_json("replay", bundle)
     assert replay["verdict"] == "reproduced-bitwise", replay

@@ -84,6 +84,9 @@ struct Policy {
   /// traces the process (`crashcap run`): its trace file goes into the bundle instead.
   bool kernelTrace = true;
   NonFinitePolicy nonFinite = NonFinitePolicy::Raise;
+  /// What lets the training go on past a non-finite step, in the words of the API that made the
+  /// recorder (the Python package's option, crashcap run's flag): the NonFiniteError says it.
+  std::string nonFiniteGoOn = "NonFinitePolicy::Record";
   bool checkGradients = true;           ///< a non-finite gradient norm is non-finite too
   int zstdLevel = 1;                    ///< 0 stores raw
   /// compressionThreads's value for: chosen by the keyframe's size (compressionThreadsFor).

@@ -160,7 +160,8 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     if (!crash["signal"].is_null()) md += fmt::format("- The process died by {}.\n", crash["signal_name"].get<std::string>());
   }
   if (replay) {
-    md += fmt::format("- Replay verdict: {} over {} steps.\n", replayer::verdictName(replay->verdict), replay->steps.size());
+    md += fmt::format("- Replay verdict: {} over {} step{}.\n", replayer::verdictName(replay->verdict), replay->steps.size(),
+                      replay->steps.size() == 1 ? "" : "s");
     if (replay->raisingOp)
       md += fmt::format("- The error comes out of `{}` ({}).\n", replay->raisingOp->name, replay->raisingOp->phase);
     if (replay->firstNonFiniteOp)

@@ -770,15 +770,17 @@ Hypothesis judgeNondeterminism(const TriageFacts& f) {
     h.verdict = V::Refuted;
     h.evidence.push_back(fmt::format(
         "the replay from keyframe {} departs from the recording at step {}, but from keyframe {} it matched the "
-        "recording bit for bit over {} steps: the computation is deterministic, and the program keeps state between "
+        "recording bit for bit over {} step{}: the computation is deterministic, and the program keeps state between "
         "steps that keyframe {} does not hold (a model outside the optimizer, a counter of its own); every experiment "
         "replays from keyframe {} (a nondeterminism too rare to show twice would look the same: `crashcap replay {} "
         "--keyframe {}` replays from the skipped one again)",
-        r.skippedKeyframe->step, r.skippedKeyframe->divergedAt, r.keyframe, r.steps.size(), r.skippedKeyframe->step,
+        r.skippedKeyframe->step, r.skippedKeyframe->divergedAt, r.keyframe, r.steps.size(), r.steps.size() == 1 ? "" : "s",
+        r.skippedKeyframe->step,
         r.keyframe, f.bundle, r.skippedKeyframe->step));
   } else if (r.verdict == replayer::Verdict::ReproducedBitwise) {
     h.verdict = V::Refuted;
-    h.evidence.push_back(fmt::format("replay matched the recording bit for bit over {} steps", r.steps.size()));
+    h.evidence.push_back(fmt::format("replay matched the recording bit for bit over {} step{}", r.steps.size(),
+                                     r.steps.size() == 1 ? "" : "s"));
   } else if (r.verdict == replayer::Verdict::Diverged) {
     if (auto earlier = matchedFromEarlierKeyframe(f)) {
       h.verdict = V::Refuted;

@@ -11,6 +11,8 @@ bootstrap calls install(), which watches the training where PyTorch lets anyone 
 - ``torch.autograd.backward`` (which ``loss.backward()`` calls): the first backward of a one-element
   tensor in a step is the step's loss; crashcap fingerprints it and its gradient norm, and a
   NaN/Inf raises crashcap.NonFiniteError there, before the update, as ``rec.end(loss)`` does.
+  ``torch.autograd.grad`` of a one-element tensor for parameters (a training that takes its
+  gradients as values) is the same, with the gradients it returned (_seen_grad).
 - ``torch.optim.Optimizer``: every optimizer the program makes, in order; its ``step`` counts the
   updates (to tell gradient accumulation). The model is the modules that own the optimizers'
   parameters (found once, at the first step), named as those modules name them.
@@ -952,6 +954,34 @@ def _seen_backward(tensors):
         _observer.on_backward(tensors)
 
 
+@_guarded
+def _seen_grad(outputs, inputs, grads, create_graph):
+    """After torch.autograd.grad(): a training that takes its gradients so, and sets them or updates
+    with them itself, ends its step here as at backward(), when the output is one element and the
+    inputs hold parameters. One that builds a graph for a higher derivative (a gradient penalty, a
+    meta-learning inner loop) is a part of a loss, not the step's gradients, and so is one taken
+    for inputs that are no parameters (a saliency map). While crashcap reads the step's gradient
+    norm (and, in a training with no optimizer, which parameters train) those parameters hold the
+    gradients the call returned; their own .grad is theirs again before the program goes on."""
+    if create_graph:
+        return
+    outputs = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
+    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs
+    if len(outputs) != 1:
+        return
+    pairs = [(p, g) for p, g in zip(inputs, grads) if isinstance(p, torch.nn.Parameter)]
+    if not pairs or len({id(p) for p, _ in pairs}) != len(pairs):
+        return
+    held = [p.grad for p, _ in pairs]
+    try:
+        for p, g in pairs:
+            p.grad = g
+        _seen_backward(outputs[0])
+    finally:
+        for (p, _), own in zip(pairs, held):
+            p.grad = own
+
+
 # ---- install ---------------------------------------------------------------------------------
 
 
@@ -1074,6 +1104,23 @@ def install(policy=None, replay=False):
         return result
 
     torch.autograd.backward = autograd_backward
+
+    grad = torch.autograd.grad
+
+    @functools.wraps(grad)
+    def autograd_grad(outputs, inputs, *args, **kwargs):
+        # Sequences once, as grad() itself takes them: a generator (model.parameters()) is read
+        # by both grad() and crashcap.
+        outputs = outputs if isinstance(outputs, torch.Tensor) else tuple(outputs)
+        inputs = inputs if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        result = grad(outputs, inputs, *args, **kwargs)
+        try:
+            _seen_grad(outputs, inputs, result, kwargs.get("create_graph", args[2] if len(args) > 2 else False))
+        except _api.NonFiniteError as e:
+            raise e.with_traceback(None) from None  # raised where grad() was called, not in crashcap
+        return result
+
+    torch.autograd.grad = autograd_grad
 
     optimizer_init = torch.optim.Optimizer.__init__
 

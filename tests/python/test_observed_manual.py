@@ -1,11 +1,52 @@
 """`crashcap run --record` of a training that makes no torch.optim optimizer and updates its weights by
 its own code (`p -= lr * p.grad` under no_grad): the modules the first backward() gives gradients
 are the model, recorded from the next batch on (tests/python/observed/shapes_of_loops.py --case
-manual, and small programs of their own)."""
+manual, and small programs of their own); and of trainings that take their gradients with
+torch.autograd.grad() instead of backward()."""
 
+import subprocess
 import textwrap
 
 from conftest import PYTHON, crashcap, only_bundle, replay_and_triage, run_bare, run_recorded
+
+# A regression with a NaN at dataset index 77 under --nan; --way says how it takes its gradients:
+#   grad      torch.autograd.grad(loss, m.parameters()) (a generator), set as .grad, an SGD step
+#   penalty   backward() of a loss with a gradient penalty: a grad() of the output for the input,
+#             with create_graph=True, inside the loss (a part of the loss, not the step's gradients)
+#   manual    torch.autograd.grad(), no optimizer: `p -= lr * g` under no_grad
+GRAD_TRAINING = textwrap.dedent("""
+    import sys, torch, torch.nn as nn
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(1)
+    way = sys.argv[sys.argv.index("--way") + 1]
+    X = torch.randn(300, 6); Y = X[:, :2].sum(1, keepdim=True)
+    if "--nan" in sys.argv:
+        X[77, 3] = float("nan")
+    m = nn.Sequential(nn.Linear(6, 24), nn.Tanh(), nn.Linear(24, 1))
+    opt = None if way == "manual" else torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
+    for epoch in range(2):
+        for xb, yb in DataLoader(TensorDataset(X, Y), batch_size=15, shuffle=True):
+            if way == "penalty":
+                xb.requires_grad_(True)
+                out = m(xb)
+                slope, = torch.autograd.grad(out.sum(), xb, create_graph=True)
+                loss = nn.functional.mse_loss(out, yb) + 0.01 * slope.pow(2).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                continue
+            loss = nn.functional.mse_loss(m(xb), yb)
+            grads = torch.autograd.grad(loss, m.parameters())
+            if opt is None:
+                with torch.no_grad():
+                    for p, g in zip(m.parameters(), grads):
+                        p -= 0.05 * g
+            else:
+                for p, g in zip(m.parameters(), grads):
+                    p.grad = g
+                opt.step()
+        print("epoch", epoch, f"{float(loss):.6f}")
+""")
 
 
 def test_a_training_without_an_optimizer_that_updates_its_weights_itself_is_recorded_and_replays_from_a_later_keyframe(tmp_path):
@@ -74,3 +115,36 @@ def test_an_optimizer_made_after_the_first_backward_is_the_trainings_and_bare_te
     assert r.returncode == 0 and r.stdout.strip() == "done", r.stderr
     assert r.stderr.count("a model of bare tensors?") == 1 and "records nothing of this training" in r.stderr, r.stderr
     assert "makes its own batches" not in r.stderr, r.stderr  # its batches are a DataLoader's
+
+
+def test_trainings_that_take_their_gradients_with_autograd_grad_are_recorded_replayed_and_triaged(tmp_path):
+    # A grad() of a one-element loss for parameters ends the step as backward() does: its loss and the
+    # norm of the gradients it returned are the step's fingerprint, its NaN stops the step, and the
+    # recording changes nothing the training computes. One taken with create_graph=True inside a loss
+    # is not the step's. Before, such a training was recorded as batches with no steps ended (and
+    # said to draw its batches ahead).
+    (tmp_path / "train.py").write_text(GRAD_TRAINING)
+    for way, optimizer in (("grad", "optimizer SGD"), ("penalty", "optimizer SGD"), ("manual", "optimizer manual")):
+        (tmp_path / way).mkdir()
+        bare = subprocess.run([PYTHON, "train.py", "--way", way], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+        r = crashcap("run", "--record", "--dir", tmp_path / way / "clean", "--", PYTHON, "train.py", "--way", way,
+                     cwd=tmp_path)
+        assert r.returncode == 0 and bare.returncode == 0 and r.stdout == bare.stdout, (way, r.stderr, bare.stderr)
+        # No other warning (a loop drawing its batches ahead, a second backward()) than the two that
+        # say no optimizer was made and that the weights are updated by the program's own code.
+        warnings = [line for line in r.stderr.splitlines() if "warning" in line]
+        assert optimizer in r.stderr and len(warnings) == (2 if way == "manual" else 0), (way, r.stderr)
+        assert all("before any torch.optim optimizer was made" in line or "updates the weights itself" in line
+                   for line in warnings), (way, r.stderr)
+        bundle = record_written_program_at(tmp_path, way)
+        replay, triage = replay_and_triage(bundle)
+        assert triage["culprit"]["dataset_indices"] == [77], (way, triage["culprit"])
+        story = crashcap("inspect", bundle, "--json", check=True).stdout
+        assert "non-finite loss at step" in story and "more than once" not in story, (way, story[-2000:])
+
+
+def record_written_program_at(tmp_path, way):
+    r = crashcap("run", "--record", "--dir", tmp_path / way / "runs", "--", PYTHON, "train.py", "--way", way, "--nan",
+                 cwd=tmp_path)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, (way, r.stderr)
+    return only_bundle(tmp_path / way / "runs")

@@ -972,6 +972,8 @@ def _seen_grad(outputs, inputs, grads, create_graph):
     pairs = [(p, g) for p, g in zip(inputs, grads) if isinstance(p, torch.nn.Parameter)]
     if not pairs or len({id(p) for p, _ in pairs}) != len(pairs):
         return
+    if any(g is not None and g.shape != p.shape for p, g in pairs):
+        return  # is_grads_batched: a batch of vector-Jacobian products, not the step's gradients
     held = [p.grad for p, _ in pairs]
     try:
         for p, g in pairs:

@@ -967,8 +967,8 @@ def _seen_grad(outputs, inputs, grads, create_graph):
         return
     outputs = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
     inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs
-    if len(outputs) != 1:
-        return
+    if len(outputs) != 1 or not isinstance(outputs[0], torch.Tensor) or outputs[0].numel() != 1:
+        return  # not a loss: on_backward would not take it either
     pairs = [(p, g) for p, g in zip(inputs, grads) if isinstance(p, torch.nn.Parameter)]
     if not pairs or len({id(p) for p, _ in pairs}) != len(pairs):
         return

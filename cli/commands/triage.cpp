@@ -44,7 +44,10 @@ void printTriage(const investigate::Triage& t) {
                              f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
   else
     std::cout << fmt::format("triage of {}: crash {} {}; replay {}\n", f.bundle,
-                             crash ? crash->kind : killed ? "killed" : "(none recorded)",
+                             crash                ? crash->kind
+                             : killed             ? "killed"
+                             : view.supervision   ? view.supervision->classification + " (seen by crashcap run)"
+                                                  : "(none recorded)",
                              f.step() < 0 ? std::string("before any step")
                              : fmt::format("{} step {}", formats::stepPreposition(crash ? crash->phase : ""), f.step()),
                              f.replay ? replayer::verdictName(f.replay->verdict) : "failed");
@@ -78,6 +81,10 @@ void printTriage(const investigate::Triage& t) {
                              c.rank ? fmt::format("rank {}, ", *c.rank) : "", c.step ? std::to_string(*c.step) : "null",
                              rowsText(*c.datasetIndices),
                              c.changes && !c.changes->empty() ? "; the outcome changes with " + json(*c.changes).dump() : "");
+    return;
+  }
+  if (view.stepBegins.empty() && !c.step) {
+    std::cout << "\nculprit: none: the bundle holds no step to replay\n";
     return;
   }
   std::cout << fmt::format(

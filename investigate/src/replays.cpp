@@ -22,6 +22,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/signal_name.hpp"
+#include "crashcap/replayer/no_steps.hpp"
 #include "crashcap/replayer/program_replay.hpp"
 #include "crashcap/replayer/replay_json.hpp"
 #include "crashcap/supervisor/child_process.hpp"
@@ -44,11 +45,7 @@ struct RecordedProgram {
 RecordedProgram recordedProgram(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);
   auto view = formats::readRecords(*reader);
-  if (!view.program) {
-    auto env = reader->environment();
-    throw replayer::noStepProgram(bundle, env ? env->fact("python.capture") : "",
-                                  env ? env->fact("python.observed.loader") : "");
-  }
+  if (!view.program) throw replayer::noStepProgram(bundle, *reader, view);
   const bool python = view.program->format == "python";
   if (view.program->format != "module" && !python)
     throw Error(ErrorCode::Internal, fmt::format("{} holds a {} step program, which replays in crashcap", bundle,

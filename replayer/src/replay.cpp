@@ -2,6 +2,7 @@
 #include "crashcap/replayer/replay_module.hpp"
 #include "crashcap/replayer/driven_replay.hpp"
 #include "crashcap/replayer/batch_cut.hpp"
+#include "crashcap/replayer/no_steps.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -654,10 +655,7 @@ struct Run {
     testing::installFaultInjection();
     reader = formats::BundleReader::open(bundle);
     view = formats::readRecords(*reader);
-    if (!view.program) {
-      auto env = reader->environment();
-      throw noStepProgram(bundle, env ? env->fact("python.capture") : "", env ? env->fact("python.observed.loader") : "");
-    }
+    if (!view.program) throw noStepProgram(bundle, *reader, view);
     if (!view.optimizer) throw Error(ErrorCode::Unsupported, fmt::format("{} has no optimizer spec", bundle));
     if (view.stepBegins.empty()) throw Error(ErrorCode::NotFound, fmt::format("{} holds no recorded steps", bundle));
     if (!options.dtype.empty() && options.dtype != "float64")
@@ -1739,6 +1737,31 @@ Error noStepProgram(const std::string& bundle, const std::string& pythonCapture,
                  "`crashcap inspect` shows the crash; a replay needs at least one recorded step");
   return Error(ErrorCode::Unsupported, fmt::format("{} has no step program record", bundle),
                "record with Recorder::setProgram (TorchScript), or Recorder::setModel with Recorder::setStep");
+}
+
+Error noStepProgram(const std::string& bundle, const formats::BundleReader& reader, const formats::BundleRecords& view) {
+  const auto env = reader.environment();
+  const std::string capture = env ? env->fact("python.capture") : "";
+  if (capture.empty() && view.supervision) {
+    // Sealed by crashcap run, with no recorder's record in it: none ran in the process.
+    const auto& s = *view.supervision;
+    const bool observed = std::any_of(s.environment.begin(), s.environment.end(),
+                                      [](const std::string& e) { return e.rfind("CRASHCAP_OBSERVE=", 0) == 0; });
+    const std::string ended = s.evidence.empty() ? s.classification : s.evidence;
+    if (observed)
+      return Error(ErrorCode::Unsupported,
+                   fmt::format("{} holds no steps: the process ended before its training's first batch ({}), and "
+                               "crashcap run --record begins recording there",
+                               bundle, ended),
+                   "`crashcap inspect` shows the crash and the end of the program's output");
+    return Error(ErrorCode::Unsupported,
+                 fmt::format("{} holds no steps: crashcap run sealed it without --record, so nothing in the process "
+                             "recorded ({})",
+                             bundle, ended),
+                 "rerun with `crashcap run --record` to record a Python training's steps; a C++ training records "
+                 "itself with crashcap::recorder::Recorder (docs/RECORDING.md)");
+  }
+  return noStepProgram(bundle, capture, env ? env->fact("python.observed.loader") : "");
 }
 
 }  // namespace crashcap::replayer

@@ -119,6 +119,36 @@ def test_a_training_without_a_dataloader_is_one_warning_and_keeps_its_crash(tmp_
     assert replay.returncode == 2 and "holds no steps" in replay.stderr, replay.stderr
 
 
+def test_a_program_that_fails_before_its_first_batch_leaves_a_bundle_that_says_why_it_holds_no_steps(tmp_path):
+    # The program dies while it sets up (its validation set is built wrong), before the first batch,
+    # where crashcap run --record begins recording: the bundle is crashcap run's, with the error.
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        model = torch.nn.Linear(3, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        train = DataLoader(TensorDataset(torch.randn(40, 3), torch.randn(40, 1)), batch_size=8)
+        validation = torch.randn(10, 3)[torch.tensor([2, 14])]
+    """))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "python-exception" in r.stderr, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    replay = crashcap("replay", bundle)
+    assert replay.returncode == 2 and "holds no steps: the process ended before its training's first batch" in \
+        replay.stderr and "index 14 is out of bounds" in replay.stderr, replay.stderr
+    triage = crashcap("triage", bundle)
+    assert triage.returncode == 0, triage.stderr
+    assert "crash python-exception (seen by crashcap run) before any step" in triage.stdout, triage.stdout
+    assert triage.stdout.rstrip().endswith("culprit: none: the bundle holds no step to replay"), triage.stdout
+    assert "Recorder::setProgram" not in triage.stdout + replay.stderr  # the C++ API's advice is not this user's
+    # Without --record nothing in the process recorded: the replay says so, and how to record.
+    (tmp_path / "plain").mkdir()
+    crashcap("run", "--dir", tmp_path / "plain", "--", PYTHON, "train.py", cwd=tmp_path)
+    replay = crashcap("replay", only_bundle(tmp_path / "plain"))
+    assert replay.returncode == 2 and "without --record" in replay.stderr and "crashcap run --record" in replay.stderr, \
+        replay.stderr
+
+
 def test_gradient_accumulation_is_one_warning_and_changes_nothing(tmp_path):
     bare = run_bare(tmp_path, "mlp_loader.py", "--accumulate", 2, "--epochs", 1)
     r, runs = run_recorded(tmp_path, "mlp_loader.py", "--accumulate", 2, "--epochs", 1)

@@ -490,6 +490,12 @@ class Observer:
         if ordinal == self.training_loader:
             self.training_loader_done = True
 
+    def training_parameters(self):
+        """The ids of the trainable parameters of the training being recorded; None before one is."""
+        if self.rec is None or self.capture_only:
+            return None
+        return {id(p) for g in self.rec.optimizer.param_groups for p in g["params"] if p.requires_grad}
+
     def on_backward(self, tensors):
         """After a backward(): the step's loss, when it is the step's first backward of a one-element tensor."""
         if self.batch_before_optimizer and self.training < 0 and not self.optimizers and not self.manual_looked:
@@ -955,18 +961,21 @@ def _seen_backward(tensors):
 
 
 @_guarded
-def _seen_grad(outputs, inputs, grads, create_graph):
+def _seen_grad(outputs, inputs, grads, keeps_graph):
     """After torch.autograd.grad(): a training that takes its gradients so, and sets them or updates
     with them itself, ends its step here as at backward(), when the output is one element and the
-    inputs hold parameters. One that builds a graph for a higher derivative (a gradient penalty, a
-    meta-learning inner loop) is a part of a loss, not the step's gradients, and so is one taken
-    for inputs that are no parameters (a saliency map). While crashcap reads the step's gradient
+    inputs are the training's parameters (all of them, once its optimizers are known). Left alone:
+    a call that keeps its graph (`keeps_graph`: create_graph, for a higher derivative, a gradient
+    penalty, a meta-learner's inner loop; or retain_graph, for a backward() or grad() still to come,
+    as an adaptive loss weight's gradient for the last layer is), one for a part of the parameters
+    (another model's, a copy's) and one for inputs that are no parameters (a saliency map): each is
+    a part of a computation, not the step's gradients. While crashcap reads the step's gradient
     norm (and, in a training with no optimizer, which parameters train) those parameters hold the
     gradients the call returned; their own .grad is theirs again before the program goes on."""
-    if create_graph:
+    if keeps_graph:
         return
-    outputs = (outputs,) if isinstance(outputs, torch.Tensor) else outputs
-    inputs = (inputs,) if isinstance(inputs, torch.Tensor) else inputs
+    outputs = (outputs,) if torch.overrides.is_tensor_like(outputs) else outputs
+    inputs = (inputs,) if torch.overrides.is_tensor_like(inputs) else inputs
     if len(outputs) != 1 or not isinstance(outputs[0], torch.Tensor) or outputs[0].numel() != 1:
         return  # not a loss: on_backward would not take it either
     pairs = [(p, g) for p, g in zip(inputs, grads) if isinstance(p, torch.nn.Parameter)]
@@ -974,6 +983,9 @@ def _seen_grad(outputs, inputs, grads, create_graph):
         return
     if any(g is not None and g.shape != p.shape for p, g in pairs):
         return  # is_grads_batched: a batch of vector-Jacobian products, not the step's gradients
+    training = _observer.training_parameters()
+    if training is not None and not training <= {id(p) for p, _ in pairs}:
+        return
     held = [p.grad for p, _ in pairs]
     try:
         for p, g in pairs:
@@ -1113,11 +1125,14 @@ def install(policy=None, replay=False):
     def autograd_grad(outputs, inputs, *args, **kwargs):
         # Sequences once, as grad() itself takes them: a generator (model.parameters()) is read
         # by both grad() and crashcap.
-        outputs = outputs if isinstance(outputs, torch.Tensor) else tuple(outputs)
-        inputs = inputs if isinstance(inputs, torch.Tensor) else tuple(inputs)
+        outputs = outputs if torch.overrides.is_tensor_like(outputs) else tuple(outputs)
+        inputs = inputs if torch.overrides.is_tensor_like(inputs) else tuple(inputs)
         result = grad(outputs, inputs, *args, **kwargs)
         try:
-            _seen_grad(outputs, inputs, result, kwargs.get("create_graph", args[2] if len(args) > 2 else False))
+            # grad(outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
+            keeps_graph = (kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
+                           or kwargs.get("create_graph", args[2] if len(args) > 2 else False))
+            _seen_grad(outputs, inputs, result, keeps_graph)
         except _api.NonFiniteError as e:
             raise e.with_traceback(None) from None  # raised where grad() was called, not in crashcap
         return result

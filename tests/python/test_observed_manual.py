@@ -4,6 +4,7 @@ are the model, recorded from the next batch on (tests/python/observed/shapes_of_
 manual, and small programs of their own); and of trainings that take their gradients with
 torch.autograd.grad() instead of backward()."""
 
+import math
 import subprocess
 import textwrap
 
@@ -11,9 +12,11 @@ from conftest import PYTHON, crashcap, only_bundle, replay_and_triage, run_bare,
 
 # A regression with a NaN at dataset index 77 under --nan; --way says how it takes its gradients:
 #   grad      torch.autograd.grad(loss, m.parameters()) (a generator), set as .grad, an SGD step
-#   penalty   backward() of a loss with a gradient penalty: a grad() of the output for the input,
+#   penalty   backward() of a loss with a gradient penalty: a grad() of the loss for the parameters,
 #             with create_graph=True, inside the loss (a part of the loss, not the step's gradients)
-#   manual    torch.autograd.grad(), no optimizer: `p -= lr * g` under no_grad
+#   adaptive  backward() of a loss weighted by the norm of its gradient for the last layer, taken by a
+#             grad() with retain_graph=True before it (as VQGAN's adaptive weight is)
+#   manual    torch.autograd.grad(), no optimizer: `p -= lr * g` under no_grad; .grad stays None
 GRAD_TRAINING = textwrap.dedent("""
     import sys, torch, torch.nn as nn
     from torch.utils.data import DataLoader, TensorDataset
@@ -26,17 +29,22 @@ GRAD_TRAINING = textwrap.dedent("""
     opt = None if way == "manual" else torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9)
     for epoch in range(2):
         for xb, yb in DataLoader(TensorDataset(X, Y), batch_size=15, shuffle=True):
-            if way == "penalty":
-                xb.requires_grad_(True)
-                out = m(xb)
-                slope, = torch.autograd.grad(out.sum(), xb, create_graph=True)
-                loss = nn.functional.mse_loss(out, yb) + 0.01 * slope.pow(2).mean()
+            if way in ("penalty", "adaptive"):
+                fit = nn.functional.mse_loss(m(xb), yb)
+                if way == "penalty":
+                    slopes = torch.autograd.grad(fit, m.parameters(), create_graph=True)
+                    loss = fit + 0.01 * sum(g.pow(2).sum() for g in slopes)
+                else:
+                    last, = torch.autograd.grad(fit, m[2].weight, retain_graph=True)
+                    loss = fit / (1.0 + last.norm().detach())
                 opt.zero_grad()
                 loss.backward()
                 opt.step()
                 continue
             loss = nn.functional.mse_loss(m(xb), yb)
             grads = torch.autograd.grad(loss, m.parameters())
+            assert all(p.grad is None for p in m.parameters()) or opt is not None, "crashcap left a .grad"
+            print("norm", f"{float(torch.stack([g.norm() for g in grads]).norm()):.9g}")
             if opt is None:
                 with torch.no_grad():
                     for p, g in zip(m.parameters(), grads):
@@ -124,7 +132,8 @@ def test_trainings_that_take_their_gradients_with_autograd_grad_are_recorded_rep
     # is not the step's. Before, such a training was recorded as batches with no steps ended (and
     # said to draw its batches ahead).
     (tmp_path / "train.py").write_text(GRAD_TRAINING)
-    for way, optimizer in (("grad", "optimizer SGD"), ("penalty", "optimizer SGD"), ("manual", "optimizer manual")):
+    for way, optimizer in (("grad", "optimizer SGD"), ("penalty", "optimizer SGD"), ("adaptive", "optimizer SGD"),
+                           ("manual", "optimizer manual")):
         (tmp_path / way).mkdir()
         bare = subprocess.run([PYTHON, "train.py", "--way", way], cwd=tmp_path, capture_output=True, text=True, timeout=300)
         r = crashcap("run", "--record", "--dir", tmp_path / way / "clean", "--", PYTHON, "train.py", "--way", way,
@@ -136,8 +145,16 @@ def test_trainings_that_take_their_gradients_with_autograd_grad_are_recorded_rep
         assert optimizer in r.stderr and len(warnings) == (2 if way == "manual" else 0), (way, r.stderr)
         assert all("before any torch.optim optimizer was made" in line or "updates the weights itself" in line
                    for line in warnings), (way, r.stderr)
-        bundle = record_written_program_at(tmp_path, way)
+        bundle, printed = record_written_program_at(tmp_path, way)
         replay, triage = replay_and_triage(bundle)
+        if way == "grad":
+            # The fingerprint's gradient norm is that of the gradients grad() returned (recorded step s
+            # is the program's batch s: its optimizer came before the loop).
+            norms = [float(line.split()[1]) for line in printed.splitlines() if line.startswith("norm ")]
+            finite = [s for s in replay["steps"] if isinstance(s["recorded_grad_norm"], float)
+                      and math.isfinite(s["recorded_grad_norm"])]
+            assert finite and all(math.isclose(s["recorded_grad_norm"], norms[s["step"]], rel_tol=1e-5)
+                                  for s in finite), (norms, replay["steps"])
         assert triage["culprit"]["dataset_indices"] == [77], (way, triage["culprit"])
         story = crashcap("inspect", bundle, "--json", check=True).stdout
         assert "non-finite loss at step" in story and "more than once" not in story, (way, story[-2000:])
@@ -147,4 +164,4 @@ def record_written_program_at(tmp_path, way):
     r = crashcap("run", "--record", "--dir", tmp_path / way / "runs", "--", PYTHON, "train.py", "--way", way, "--nan",
                  cwd=tmp_path)
     assert r.returncode != 0 and "nonfinite-loss" in r.stderr, (way, r.stderr)
-    return only_bundle(tmp_path / way / "runs")
+    return only_bundle(tmp_path / way / "runs"), r.stdout

@@ -9,6 +9,7 @@
 
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/observed_run.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/tensor_info.hpp"
 #include "crashcap/inspect/stats.hpp"
@@ -506,8 +507,7 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
   if (j["status"].is_null() && !j["supervision"].is_null() && j["steps"]["count"].get<uint64_t>() == 0) {
     // Under crashcap run --record the recorder starts at the training's first batch; without it,
     // nothing in the process recorded.
-    bool observed = false;
-    for (const auto& e : j["supervision"]["environment"]) observed = observed || str(e).rfind("CRASHCAP_OBSERVE=", 0) == 0;
+    const bool observed = formats::askedToRecord(j["supervision"]["environment"].get<std::vector<std::string>>());
     s += observed ? "\nrecorder   none yet: the process ended before its training's first batch, where crashcap run --record "
                     "begins recording; no steps, batches or weights to replay\n"
                   : "\nrecorder   none in the process: no steps, batches or weights to replay (crashcap run --record "

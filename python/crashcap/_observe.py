@@ -979,12 +979,13 @@ def _seen_grad(outputs, inputs, grads, keeps_graph):
     if len(outputs) != 1 or not isinstance(outputs[0], torch.Tensor) or outputs[0].numel() != 1:
         return  # not a loss: on_backward would not take it either
     pairs = [(p, g) for p, g in zip(inputs, grads) if isinstance(p, torch.nn.Parameter)]
-    if not pairs or len({id(p) for p, _ in pairs}) != len(pairs):
+    ids = {id(p) for p, _ in pairs}
+    if not pairs or len(ids) != len(pairs):
         return
     if any(g is not None and g.shape != p.shape for p, g in pairs):
         return  # is_grads_batched: a batch of vector-Jacobian products, not the step's gradients
     training = _observer.training_parameters()
-    if training is not None and not training <= {id(p) for p, _ in pairs}:
+    if training is not None and not training <= ids:
         return
     held = [p.grad for p, _ in pairs]
     try:

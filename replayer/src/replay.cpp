@@ -3,6 +3,7 @@
 #include "crashcap/replayer/driven_replay.hpp"
 #include "crashcap/replayer/batch_cut.hpp"
 #include "crashcap/replayer/no_steps.hpp"
+#include "crashcap/formats/observed_run.hpp"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -1745,8 +1746,7 @@ Error noStepProgram(const std::string& bundle, const formats::BundleReader& read
   if (capture.empty() && view.supervision) {
     // Sealed by crashcap run, with no recorder's record in it: none ran in the process.
     const auto& s = *view.supervision;
-    const bool observed = std::any_of(s.environment.begin(), s.environment.end(),
-                                      [](const std::string& e) { return e.rfind("CRASHCAP_OBSERVE=", 0) == 0; });
+    const bool observed = formats::askedToRecord(s.environment);
     const std::string ended = s.evidence.empty() ? s.classification : s.evidence;
     if (observed)
       return Error(ErrorCode::Unsupported,

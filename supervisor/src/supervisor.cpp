@@ -25,6 +25,7 @@
 #include "crashcap/formats/bundle_check.hpp"
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/bundle_writer.hpp"
+#include "crashcap/formats/observed_run.hpp"
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/cuda_errors.hpp"
 #include "crashcap/formats/directory.hpp"
@@ -469,7 +470,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     const char* user = std::getenv("PYTHONPATH");
     if (user && *user) path += std::string(":") + user;
     extraEnv.push_back("PYTHONPATH=" + path);
-    extraEnv.push_back("CRASHCAP_OBSERVE=" + o.observePolicy);
+    extraEnv.push_back(std::string(formats::kObserveVariable) + "=" + o.observePolicy);
   }
   if (o.kernelTrace && !std::getenv("CUDA_INJECTION64_PATH")) {
     std::string lib = injectionLibrary();

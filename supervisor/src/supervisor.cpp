@@ -617,13 +617,33 @@ SuperviseReport supervise(const SuperviseOptions& o) {
         if (pid && ranks[i].pid == pid) return i;
       return primary;
     };
+    // A training --record observed that ended clean before another began in the same process (the
+    // first run of a sweep, the folds before the one that failed) is not evidence of the crash when
+    // the process left the crash's own: a bundle its recorder sealed, or a recording it never
+    // closed. It is left to the clean recordings' rule below, not sealed as the crash's bundle.
+    const auto names = listing(dir);
+    auto isCrashBundle = [](const std::string& name) {
+      return name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap";
+    };
+    auto endedClean = [&](const std::string& path) {
+      return o.observePython && recorder::recordingState(path) == "finished" && observedRecording(path);
+    };
+    std::vector<bool> leftCrashEvidence(members.size(), false);
+    for (const auto& name : names) {
+      if (before.count(name)) continue;
+      auto path = (fs::path(dir) / name).string();
+      if (isCrashBundle(name) ||
+          (name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) && recorder::recordingState(path) != "finished"))
+        leftCrashEvidence[ownerOf(name)] = true;
+    }
     std::vector<std::vector<std::string>> bundlesOf(members.size());
-    for (const auto& name : listing(dir)) {
+    for (const auto& name : names) {
       if (before.count(name)) continue;
       auto path = (fs::path(dir) / name).string();
       size_t who = ownerOf(name);
-      if (name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap") bundlesOf[who].push_back(path);
-      if (crashedMember(who) && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path)) {
+      if (isCrashBundle(name)) bundlesOf[who].push_back(path);
+      if (crashedMember(who) && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) &&
+          !(leftCrashEvidence[who] && endedClean(path))) {
         SealOptions so;
         so.supervision = records[who];
         so.kernelTraces = traces;

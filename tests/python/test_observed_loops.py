@@ -4,6 +4,7 @@ folds, a loader made anew each epoch, a sampler that draws with replacement, a d
 before training (a loader that fails to load: test_observed_loading.py; state the program keeps
 across steps: test_observed_program_state.py)."""
 
+import os
 import textwrap
 
 from conftest import crashcap_json, only_bundle, record_written_program, replay_and_triage, run_bare, run_recorded
@@ -36,6 +37,10 @@ def test_the_second_fold_of_a_cross_validation_is_recorded_anew_and_replays_afte
     r, runs = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "kfold", "--nan-index", 120)
     assert "fold 1" in r.stdout and "a new training" in r.stderr, r.stderr
     bundle = only_bundle(runs)
+    # Fold 0 ended clean before fold 1 failed: its recording is no evidence of the crash, so it is
+    # neither sealed nor named as the run's bundle, and goes as a clean run's recording does.
+    assert sorted(os.listdir(runs)) == [os.path.basename(bundle), "runs.jsonl"], os.listdir(runs)
+    assert f"bundle    {bundle}" in r.stderr, r.stderr
     facts = crashcap_json("inspect", bundle)["env"]["facts"]
     assert facts["python.observed.training"] == "1"
     replay, triage = replay_and_triage(bundle)

@@ -4,17 +4,29 @@
 // writing, the op ring, the crash guard and the sealing, as for a C++ training.
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
+#include <dlfcn.h>
 
 #include "bindings.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/recorder/environment.hpp"
 #include "crashcap/recorder/recorder.hpp"
+#include "crashcap/recorder/signal_context.hpp"
 
 namespace py = pybind11;
 namespace rec = crashcap::recorder;
 
 namespace crashcap::python {
 namespace {
+
+/// CPython's dump of one thread's stack, what faulthandler writes on a fatal signal (exported by
+/// every CPython 3, declared only in its internal headers); nullptr where the interpreter lacks it.
+using DumpTraceback = void (*)(int fd, PyThreadState* thread);
+DumpTraceback gDumpTraceback = nullptr;
+
+/// The Python stack of the thread a fatal signal hit (none on a thread Python never ran on).
+void dumpPythonStack(int fd) {
+  if (PyThreadState* thread = PyGILState_GetThisThreadState()) gDumpTraceback(fd, thread);
+}
 
 /// One step in flight, as Python holds it: ended by end(loss), finished by finish() when the
 /// step's code is done (the next step, or the loop's end).
@@ -114,6 +126,9 @@ py::dict statsOf(const rec::RecorderStats& s) {
 }  // namespace
 
 void bindRecorder(py::module_& m) {
+  // A fatal signal's crash record names the Python line that was running.
+  gDumpTraceback = reinterpret_cast<DumpTraceback>(::dlsym(RTLD_DEFAULT, "_Py_DumpTraceback"));
+  if (gDumpTraceback) rec::setSignalContextDump(&dumpPythonStack);
   // Calls fn(*args), again when a Python signal handler raised into it before it could run (the
   // DataLoader's SIGCHLD handler raises as soon as a worker dies, which can be the moment the
   // training's own error reaches sys.excepthook): a pending handler fires at the first bytecode of

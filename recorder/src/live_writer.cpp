@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -23,6 +24,7 @@
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/signal_name.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
+#include "crashcap/recorder/signal_context.hpp"
 
 namespace crashcap::recorder::detail {
 
@@ -54,6 +56,53 @@ struct SignalCrash {
   int64_t timeNs = 0;
 };
 SignalCrash gSignal;
+
+/// The interpreter's stack dump (setSignalContextDump) and the memory file it writes into: made
+/// before any signal, since a handler cannot open files safely.
+std::atomic<crashcap::recorder::SignalContextDump> gContextDump{nullptr};
+std::atomic<int> gContextFd{-1};
+std::atomic<bool> gContextWritten{false};
+
+/// Frames `File "X", line N, in F` from a CPython stack dump (`  File "X", line N in F`, most
+/// recent call first), in that order.
+std::vector<std::string> interpreterFrames(const std::string& text) {
+  std::vector<std::string> frames;
+  size_t at = 0;
+  while (at < text.size()) {
+    size_t end = text.find('\n', at);
+    if (end == std::string::npos) end = text.size();
+    std::string line = text.substr(at, end - at);
+    at = end + 1;
+    const auto start = line.find("File \"");
+    const auto in = line.rfind(" in ");
+    if (start == std::string::npos || in == std::string::npos || in < start) continue;
+    frames.push_back(line.substr(start, in - start) + ", in " + line.substr(in + 4));
+  }
+  return frames;
+}
+
+/// Whether a frame is in the interpreter's libraries (the standard library, installed packages)
+/// rather than in the program's own code.
+bool libraryFrame(const std::string& frame) {
+  return frame.find("/lib/python") != std::string::npos || frame.find("-packages/") != std::string::npos;
+}
+
+/// "; in Python at <the program's innermost frame> (calling <the innermost>)", for the error.
+std::string interpreterLineText(const std::vector<std::string>& frames) {
+  const auto own = std::find_if(frames.begin(), frames.end(), [](const auto& f) { return !libraryFrame(f); });
+  if (own == frames.end() || own == frames.begin()) return "; in Python at " + frames.front();
+  return fmt::format("; in Python at {} (calling {})", *own, frames.front());
+}
+
+/// What the dump wrote for this signal, as frames (empty: none).
+std::vector<std::string> readInterpreterFrames() {
+  const int fd = gContextFd.load();
+  if (!gContextWritten.load() || fd < 0) return {};
+  std::string text(64 * 1024, '\0');
+  const ssize_t n = ::pread(fd, text.data(), text.size(), 0);
+  text.resize(n > 0 ? static_cast<size_t>(n) : 0);
+  return interpreterFrames(text);
+}
 
 
 uint64_t threadId() { return static_cast<uint64_t>(::syscall(SYS_gettid)); }
@@ -613,6 +662,14 @@ bool LiveWriter::crashFromSignal(int signal, void* address, void* const* frames,
   struct timespec ts {};
   clock_gettime(CLOCK_REALTIME, &ts);
   gSignal.timeNs = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
+  // The interpreter's stack of this thread, into the memory file (lseek, ftruncate and write are
+  // plain system calls).
+  const int contextFd = gContextFd.load();
+  if (auto dump = gContextDump.load(); dump && contextFd >= 0 && ::lseek(contextFd, 0, SEEK_SET) == 0 &&
+                                       ::ftruncate(contextFd, 0) == 0) {
+    dump(contextFd);
+    gContextWritten.store(true);
+  }
   uint64_t before = crashDone_.load(std::memory_order_acquire);
   crashPending_.store(true, std::memory_order_release);
   double waited = 0, limit = 2 * options_.crashDrainSeconds + 5;
@@ -675,6 +732,11 @@ void LiveWriter::handleCrash() {
              gSignal.signal == SIGILL)
       crash.error += fmt::format(" at address {}", gSignal.address);
     crash.stack = symbolize(gSignal.frames, gSignal.frameCount);
+    // The interpreter's frames are outside the native ones (the interpreter called the code that
+    // faulted); the innermost is the program's line that was running.
+    const auto frames = readInterpreterFrames();
+    if (!frames.empty()) crash.error += interpreterLineText(frames);
+    crash.stack.insert(crash.stack.end(), frames.begin(), frames.end());
     crash.timeNs = gSignal.timeNs;
     crash.pid = static_cast<uint32_t>(::getpid());
     crash.thread = gSignal.thread;
@@ -782,3 +844,13 @@ void LiveWriter::close(formats::RunStatusData status, bool durable) {
 }
 
 }  // namespace crashcap::recorder::detail
+
+namespace crashcap::recorder {
+
+void setSignalContextDump(SignalContextDump dump) {
+  if (dump && detail::gContextFd.load() < 0)
+    detail::gContextFd.store(::memfd_create("crashcap-signal-context", MFD_CLOEXEC));
+  detail::gContextDump.store(dump);
+}
+
+}  // namespace crashcap::recorder

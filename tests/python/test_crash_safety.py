@@ -58,6 +58,14 @@ def test_a_segfault_in_native_code_is_sealed_and_faulthandler_still_reports_it(t
         assert "at address 0x" in crash["error"], crash["error"]
     else:  # faulthandler reports it and raises it again: the address is not in what crashcap sees
         assert "raised in the process (raise or kill, or a fault handler passing a fault on)" in crash["error"]
+    # The Python line that was running, in the error (the program's, calling into ctypes) and as
+    # the outermost frames of the stack, after the native ones.
+    script = tmp_path / "train.py"
+    line = script.read_text().splitlines().index("        import ctypes; ctypes.string_at(0)") + 1
+    program_frame = f'File "{script}", line {line}, in <module>'
+    assert f"; in Python at {program_frame} (calling File " in crash["error"], crash["error"]
+    assert crash["stack"][-1] == program_frame and "ctypes" in crash["stack"][-2], crash["stack"][-3:]
+    assert crash["stack"][0].startswith("/"), crash["stack"][0]  # the native frames first, innermost first
 
 
 def test_an_uncaught_exception_is_sealed_with_its_python_traceback_and_still_printed(tmp_path):

@@ -66,12 +66,22 @@ void printTriage(const investigate::Triage& t) {
   }
   if (f.replay)
     for (const auto& n : f.replay->notes) std::cout << fmt::format("note: {}\n", n);
+  // A replay that could not run blocks every hypothesis alike: why is said once, here, and each
+  // hypothesis points to it (--json keeps the whole sentence in each).
+  const auto blocked = f.replay ? std::nullopt : f.replayBlocked();
+  if (blocked && !f.replayOutcome.empty()) std::cout << fmt::format("note: replay could not run: {}\n", f.replayOutcome);
+  auto evidenceText = [&](const std::string& e) {
+    return blocked && !f.replayOutcome.empty() && e == *blocked
+               ? std::string("replay could not run (the note above), so nothing was tested")
+               : e;
+  };
   std::cout << "\n";
   std::cout << fmt::format("  {:<22} {:<13} {}\n", "hypothesis", "verdict", "evidence");
   for (const auto& h : t.hypotheses) {
     std::cout << fmt::format("  {:<22} {:<13} {}\n", h.id, investigate::verdictName(h.verdict),
-                             h.evidence.empty() ? "" : h.evidence[0]);
-    for (size_t i = 1; i < h.evidence.size(); ++i) std::cout << fmt::format("  {:<22} {:<13} {}\n", "", "", h.evidence[i]);
+                             h.evidence.empty() ? "" : evidenceText(h.evidence[0]));
+    for (size_t i = 1; i < h.evidence.size(); ++i)
+      std::cout << fmt::format("  {:<22} {:<13} {}\n", "", "", evidenceText(h.evidence[i]));
     std::cout << fmt::format("  {:<22} {:<13} rerun: {}\n", "", "", h.rerun);
   }
   const auto& c = t.culprit;

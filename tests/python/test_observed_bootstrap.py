@@ -140,6 +140,9 @@ def test_a_program_that_fails_before_its_first_batch_leaves_a_bundle_that_says_w
     assert triage.returncode == 0, triage.stderr
     assert "crash python-exception (seen by crashcap run) before any step" in triage.stdout, triage.stdout
     assert triage.stdout.rstrip().endswith("culprit: none: the bundle holds no step to replay"), triage.stdout
+    # Why the replay could not run is said once, in a note; each of the six hypotheses points to it.
+    assert triage.stdout.count("holds no steps: the process ended before") == 1, triage.stdout
+    assert triage.stdout.count("replay could not run (the note above), so nothing was tested") == 6, triage.stdout
     assert "Recorder::setProgram" not in triage.stdout + replay.stderr  # the C++ API's advice is not this user's
     # Without --record nothing in the process recorded: the replay says so, and how to record.
     (tmp_path / "plain").mkdir()

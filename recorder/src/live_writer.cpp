@@ -22,6 +22,7 @@
 
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/python_frames.hpp"
 #include "crashcap/formats/signal_name.hpp"
 #include "crashcap/recorder/recording_dir.hpp"
 #include "crashcap/recorder/signal_context.hpp"
@@ -81,16 +82,10 @@ std::vector<std::string> interpreterFrames(const std::string& text) {
   return frames;
 }
 
-/// Whether a frame is in the interpreter's libraries (the standard library, installed packages)
-/// rather than in the program's own code.
-bool libraryFrame(const std::string& frame) {
-  return frame.find("/lib/python") != std::string::npos || frame.find("-packages/") != std::string::npos;
-}
-
 /// "; in Python at <the program's innermost frame> (calling <the innermost>)", for the error.
 std::string interpreterLineText(const std::vector<std::string>& frames) {
-  const auto own = std::find_if(frames.begin(), frames.end(), [](const auto& f) { return !libraryFrame(f); });
-  if (own == frames.end() || own == frames.begin()) return "; in Python at " + frames.front();
+  const auto own = formats::programFrame(frames);
+  if (!own || *own == frames.front()) return "; in Python at " + frames.front();
   return fmt::format("; in Python at {} (calling {})", *own, frames.front());
 }
 

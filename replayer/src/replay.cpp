@@ -41,6 +41,7 @@
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/error.hpp"
 #include "crashcap/formats/nan_sign.hpp"
+#include "crashcap/formats/python_frames.hpp"
 #include "crashcap/formats/records.hpp"
 #include "crashcap/formats/torch/errors.hpp"
 #include "crashcap/formats/torch/fingerprint.hpp"
@@ -556,6 +557,18 @@ std::vector<std::string> availableDevices() {
     if (std::find(devices.begin(), devices.end(), d) == devices.end()) devices.push_back(d);
   return devices;
 }
+
+namespace {
+
+/// Where a crash's traceback says the error came from: the program's own innermost line when the
+/// stack holds one.
+std::string tracebackText(const std::vector<std::string>& stack) {
+  if (auto frame = formats::programFrame(stack))
+    return fmt::format("Its traceback says where: {} (crashcap inspect shows it all)", *frame);
+  return "Its traceback (crashcap inspect) says where";
+}
+
+}  // namespace
 
 namespace {
 
@@ -1110,15 +1123,14 @@ struct Run {
           result.notes.push_back(fmt::format(
               "the recorded error came in step {} after its backward(): in the optimizer's update, or in what the "
               "loop runs between backward() and the update (gradient clipping, logging, a file it writes), which a "
-              "replay, ending the failing step at its backward(), does not run. Its traceback (crashcap inspect) "
-              "says where",
-              target));
+              "replay, ending the failing step at its backward(), does not run. {}",
+              target, tracebackText(view.crash->stack)));
         else if (view.crash->phase == "between-steps")
           result.notes.push_back(fmt::format(
               "the recorded error came after step {}'s update, between steps: in what the loop runs after "
               "optimizer.step() (a scheduler, a validation pass, a checkpoint, logging), which a replay of the "
-              "recorded steps does not run. Its traceback (crashcap inspect) says where",
-              target));
+              "recorded steps does not run. {}",
+              target, tracebackText(view.crash->stack)));
       } else {
         // A non-finite target without a recorded fingerprint (a batch cut to some rows) is held
         // to the bits only through the steps before it: with none, nothing was compared.

@@ -4,7 +4,9 @@ samples), a model's deliberate infinities (a mask) are no finding while its in-p
 masked whole are, a crash in a validation pass falls between steps, and an error raised about a NaN
 names the op that made it (tests/python/observed/)."""
 
-from conftest import crashcap, crashcap_json, only_bundle, replay_and_triage, run_recorded, verdicts
+import os
+
+from conftest import OBSERVED, crashcap, crashcap_json, only_bundle, replay_and_triage, run_recorded, verdicts
 
 
 def test_a_sequence_first_batch_is_cut_by_its_sample_dimension_and_triage_names_the_bad_label(tmp_path):
@@ -40,6 +42,10 @@ def test_a_crash_in_the_validation_pass_is_after_the_step_and_a_bias_before_batc
     replay = crashcap_json("replay", bundle)
     assert replay["verdict"] == "not-reproduced" and not replay["error"], replay
     assert any("came after step 1's update, between steps" in n for n in replay["notes"]), replay["notes"]
+    # The note names the program's line that raised, from the crash's traceback.
+    script = os.path.join(OBSERVED, "validation_pass.py")
+    line = next(i for i, text in enumerate(open(script).read().splitlines(), 1) if "raise ValueError(f\"non-finite" in text)
+    assert any(f'Its traceback says where: File "{script}", line {line}, in ' in n for n in replay["notes"]), replay["notes"]
     triage = crashcap_json("triage", bundle)
     hypotheses = {h["id"]: h for h in triage["hypotheses"]}
     assert hypotheses["nondeterminism"]["verdict"] == "inconclusive", hypotheses["nondeterminism"]

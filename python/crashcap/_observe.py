@@ -291,6 +291,7 @@ class Observer:
         self.batch_before_optimizer = False  # a DataLoader batch came before any optimizer was made
         self.manual_update = None       # the _ManualUpdate of a training that makes no optimizer
         self.manual_looked = False      # its parameters were looked for (at the first backward() after a batch)
+        self.gradients_by = "backward()"  # how the training takes its gradients, as the warnings name it
         self.failed = None              # why the observer stopped (None while it runs)
         self.said = set()               # the warnings said (one each)
         self.pending_warnings = []      # said before the recording began: kept in it when it does
@@ -441,8 +442,8 @@ class Observer:
                               f"step may be its successor's; replay and triage then name the wrong rows (a loop that "
                               f"skips its first batch does the same, and is recorded right)")
             elif self.updates == 0 and not manual:
-                self.warn("accumulation", f"step {self.in_flight} ran backward() without an optimizer step: gradient "
-                          f"accumulation? Each batch is recorded as a step, and keyframes wait for the step after "
+                self.warn("accumulation", f"step {self.in_flight} ran {self.gradients_by} without an optimizer step: "
+                          f"gradient accumulation? Each batch is recorded as a step, and keyframes wait for the step after "
                           f"an update (a keyframe holds no gradients)")
         self.training_loader_done = False
         self._finish()
@@ -496,8 +497,10 @@ class Observer:
             return None
         return {id(p) for g in self.rec.optimizer.param_groups for p in g["params"] if p.requires_grad}
 
-    def on_backward(self, tensors):
-        """After a backward(): the step's loss, when it is the step's first backward of a one-element tensor."""
+    def on_backward(self, tensors, by="backward()"):
+        """After a backward() (or the torch.autograd.grad() call `by` names): the step's loss, when it
+        is the step's first backward of a one-element tensor."""
+        self.gradients_by = by
         if self.batch_before_optimizer and self.training < 0 and not self.optimizers and not self.manual_looked:
             self.manual_looked = True  # once: a model of bare tensors is not looked for at every backward()
             self._manual_training()
@@ -509,12 +512,12 @@ class Observer:
                 if self.rec is None:
                     self._start(None)
                 if self.loaderless_backwards == 2 and self.batch_before_optimizer and not self.optimizers:
-                    self.warn("no-model", "backward() runs on DataLoader batches, but no torch.optim optimizer was made "
+                    self.warn("no-model", f"{by} runs on DataLoader batches, but no torch.optim optimizer was made "
                               "and no nn.Module's parameters got gradients (a model of bare tensors?): crashcap has "
                               "no model to record, and records nothing of this training. Keep its parameters in an "
                               "nn.Module, or give them to a torch.optim optimizer")
                 elif self.loaderless_backwards == 2:
-                    self.warn("no-loader", "backward() runs, but no DataLoader batch came before it with gradients "
+                    self.warn("no-loader", f"{by} runs, but no DataLoader batch came before it with gradients "
                               "enabled: this training makes its own batches, so crashcap records no steps (no "
                               "batches, weights or replay); it keeps the crash with its Python traceback, the last "
                               "ops and the environment. To record its steps, use crashcap.Recorder's "
@@ -525,7 +528,7 @@ class Observer:
         self.backwards += 1
         if self.ended:
             if self.backwards == 2:
-                self.warn("backwards", f"step {self.in_flight} ran backward() more than once; the first one's loss is "
+                self.warn("backwards", f"step {self.in_flight} ran {by} more than once; the first one's loss is "
                           f"the step's fingerprint, and a later one's NaN/Inf loss is the step's failure as the "
                           f"first one's would be")
             self._later_backward(tensors)
@@ -682,7 +685,7 @@ class Observer:
             self._begin_training()
             self.training_loader = ordinal
             if optimizer is self.manual_update:
-                self.warn("manual-update", f"backward() ran on a DataLoader batch and no torch.optim optimizer was made: "
+                self.warn("manual-update", f"{self.gradients_by} ran on a DataLoader batch and no torch.optim optimizer was made: "
                           f"the program updates the weights itself? crashcap records {words} (the modules whose "
                           f"parameters got gradients) as the model, from this batch on; a keyframe holds their "
                           f"weights, and not what the update keeps of its own (a momentum buffer, a learning rate "
@@ -955,9 +958,9 @@ def _seen_end(iterator):
 
 
 @_guarded
-def _seen_backward(tensors):
+def _seen_backward(tensors, by="backward()"):
     if not _api._recorder._user_recorder_made or _observer.rec is not None:
-        _observer.on_backward(tensors)
+        _observer.on_backward(tensors, by)
 
 
 @_guarded
@@ -991,7 +994,7 @@ def _seen_grad(outputs, inputs, grads, keeps_graph):
     try:
         for p, g in pairs:
             p.grad = g
-        _seen_backward(outputs[0])
+        _seen_backward(outputs[0], "torch.autograd.grad()")
     finally:
         for (p, _), own in zip(pairs, held):
             p.grad = own

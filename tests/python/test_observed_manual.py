@@ -145,6 +145,9 @@ def test_trainings_that_take_their_gradients_with_autograd_grad_are_recorded_rep
         assert optimizer in r.stderr and len(warnings) == (2 if way == "manual" else 0), (way, r.stderr)
         assert all("before any torch.optim optimizer was made" in line or "updates the weights itself" in line
                    for line in warnings), (way, r.stderr)
+        # ... naming how this training takes its gradients.
+        assert way != "manual" or ("torch.autograd.grad() ran on a DataLoader batch" in r.stderr
+                                   and "backward() ran" not in r.stderr), (way, r.stderr)
         bundle, printed = record_written_program_at(tmp_path, way)
         replay, triage = replay_and_triage(bundle)
         if way == "grad":

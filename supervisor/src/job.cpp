@@ -13,6 +13,7 @@
 #include "crashcap/formats/bundle_reader.hpp"
 #include "crashcap/formats/clock.hpp"
 #include "crashcap/formats/error.hpp"
+#include "crashcap/formats/python_frames.hpp"
 #include "crashcap/formats/signal_name.hpp"
 #include "crashcap/inspect/story.hpp"
 #include "crashcap/supervisor/job_archive.hpp"
@@ -128,6 +129,7 @@ std::optional<JobRank> rankOf(const std::string& path, const formats::BundleRead
       r.phase = c.phase;
     }
     r.nonfiniteLoss = c.kind == "nonfinite" && c.error.rfind("non-finite loss", 0) == 0;
+    if (auto line = formats::programFrame(c.stack)) r.pythonLine = *line;
     r.fromPeer = r.outcome == "failed" && isPeerError(c.error);
   }
   // A rank without an account of its own (SIGKILLed), under a launcher: the signal the launcher saw
@@ -449,6 +451,7 @@ json rankJson(const JobRank& r, const Job& job, int64_t firstNs) {
           {"how", r.how},
           {"classification", r.classification},
           {"error", r.error},
+          {"python_line", r.pythonLine.empty() ? json(nullptr) : json(r.pythonLine)},
           {"step", r.step >= 0 ? json(r.step) : json(nullptr)},
           {"phase", r.phase.empty() ? json(nullptr) : json(r.phase)},
           {"op", r.op.empty() ? json(nullptr) : json(r.op)},
@@ -537,6 +540,7 @@ std::string jobsText(const JobStories& stories) {
                        r.outcome == "healthy" && r.bundle.empty() ? std::string("(no bundle: it ended cleanly)") : whereText(r));
       if (&r != first && !r.error.empty() && r.outcome == "failed")
         s += fmt::format("           {}{}\n", r.error, r.fromPeer ? "  (another rank's failure reached it)" : "");
+      if (!r.pythonLine.empty()) s += fmt::format("           in Python at {}\n", r.pythonLine);
       if (!r.bundle.empty() || r.opTrace) s += fmt::format("           {}\n", collectiveStory(r, job));
       if (!r.bundle.empty()) s += fmt::format("           {}\n", name(r.bundle));
     }

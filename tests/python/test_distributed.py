@@ -157,6 +157,12 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
     text = crashcap("inspect", job_dir, check=True).stdout
     assert "FIRST      rank 1 killed by SIGKILL at step 3" in text, text
     assert f"its last collective #{hung['collectives'][-1]['seq']} gloo:" in text, text
+    # Where the stopped rank was: its Python line, from the stack SIGTERM's handler wrote (the sleep
+    # it hangs in); the SIGKILLed rank wrote none.
+    line = next(i for i, t in enumerate(open(DDP).read().splitlines(), 1) if "time.sleep(3600)" in t)
+    assert ranks[0]["python_line"] == f'File "{DDP}", line {line}, in main', ranks[0]
+    assert ranks[1]["python_line"] is None, ranks[1]
+    assert f"in Python at {ranks[0]['python_line']}" in text, text
 
     # The job replayed: rank 1 kills itself again at step 3 and rank 0 hangs again, stopped 30 s
     # later as crashcap run stopped it -- unless SIGKILL beat rank 1's writer to step 3's batch, and

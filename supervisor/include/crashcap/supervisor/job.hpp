@@ -40,6 +40,9 @@ struct JobRank {
   int64_t step = -1;                    ///< the failing step, else the last step begun; -1 none
   std::string phase;                    ///< "" unknown
   std::string op;                       ///< the last op observed in `step`; "" unknown
+  /// The program's Python line it was at when it failed or was stopped (its crash's stack: a
+  /// signal's Python stack, an exception's traceback); "" unknown.
+  std::string pythonLine;
   bool opTrace = false;                 ///< its op trace (ops and collectives) is in the bundle
   /// No op trace (a SIGKILL), but its progress file kept the newest op and the collectives issued
   /// (the last one's name and step; whether it ended is not known).

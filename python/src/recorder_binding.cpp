@@ -18,8 +18,9 @@ namespace rec = crashcap::recorder;
 namespace crashcap::python {
 namespace {
 
-/// CPython's dump of one thread's stack, what faulthandler writes on a fatal signal (exported by
-/// every CPython 3, declared only in its internal headers); nullptr where the interpreter lacks it.
+/// CPython's dump of one thread's stack, what faulthandler writes on a fatal signal, declared only
+/// in its internal headers; nullptr where the interpreter does not export it (Debian's 3.11 does;
+/// a build of hidden symbols, as 3.13's may be, does not).
 using DumpTraceback = void (*)(int fd, PyThreadState* thread);
 DumpTraceback gDumpTraceback = nullptr;
 
@@ -129,6 +130,7 @@ void bindRecorder(py::module_& m) {
   // A fatal signal's crash record names the Python line that was running.
   gDumpTraceback = reinterpret_cast<DumpTraceback>(::dlsym(RTLD_DEFAULT, "_Py_DumpTraceback"));
   if (gDumpTraceback) rec::setSignalContextDump(&dumpPythonStack);
+  m.attr("python_stack_on_signal") = gDumpTraceback != nullptr;
   // Calls fn(*args), again when a Python signal handler raised into it before it could run (the
   // DataLoader's SIGCHLD handler raises as soon as a worker dies, which can be the moment the
   // training's own error reaches sys.excepthook): a pending handler fires at the first bytecode of

@@ -13,6 +13,8 @@
 #include <mutex>
 #include <typeinfo>
 
+#include "crashcap/recorder/signal_context.hpp"
+
 #include "live_writer.hpp"
 
 namespace crashcap::recorder::detail {
@@ -46,6 +48,7 @@ int slotOf(int sig) {
 }
 
 void onFatalSignal(int sig, siginfo_t* info, void* /*context*/) {
+  recorder::escapeSignalContextDump();  // a fault inside the interpreter's stack dump: back to before it
   if (::getpid() == gOwnerPid && !gHandled.exchange(true)) {
     if (LiveWriter* w = activeWriter()) {
       void* frames[64];

@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -63,6 +64,11 @@ SignalCrash gSignal;
 std::atomic<crashcap::recorder::SignalContextDump> gContextDump{nullptr};
 std::atomic<int> gContextFd{-1};
 std::atomic<bool> gContextWritten{false};
+/// The thread inside the dump (0: none), and where a fault in it jumps back to: a native crash
+/// may have left the interpreter's frames damaged, and a fault while reading them must not cost
+/// the crash its bundle (escapeSignalContextDump).
+std::atomic<uint64_t> gDumpingThread{0};
+sigjmp_buf gDumpJump;
 
 /// Frames `File "X", line N, in F` from a CPython stack dump (`  File "X", line N in F`, most
 /// recent call first), in that order.
@@ -659,11 +665,22 @@ bool LiveWriter::crashFromSignal(int signal, void* address, void* const* frames,
   gSignal.timeNs = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
   // The interpreter's stack of this thread, into the memory file (lseek, ftruncate and write are
   // plain system calls).
+  // A fault inside the dump comes back here through escapeSignalContextDump: the faults are
+  // unblocked for it (this handler blocks its own signal), and sigsetjmp keeps the mask to restore.
   const int contextFd = gContextFd.load();
   if (auto dump = gContextDump.load(); dump && contextFd >= 0 && ::lseek(contextFd, 0, SEEK_SET) == 0 &&
                                        ::ftruncate(contextFd, 0) == 0) {
-    dump(contextFd);
-    gContextWritten.store(true);
+    sigset_t faults, held;
+    sigemptyset(&faults);
+    for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL}) sigaddset(&faults, s);
+    if (sigsetjmp(gDumpJump, 1) == 0) {
+      gDumpingThread.store(gSignal.thread);
+      pthread_sigmask(SIG_UNBLOCK, &faults, &held);
+      dump(contextFd);
+      pthread_sigmask(SIG_SETMASK, &held, nullptr);
+      gContextWritten.store(true);
+    }
+    gDumpingThread.store(0);
   }
   uint64_t before = crashDone_.load(std::memory_order_acquire);
   crashPending_.store(true, std::memory_order_release);
@@ -841,6 +858,11 @@ void LiveWriter::close(formats::RunStatusData status, bool durable) {
 }  // namespace crashcap::recorder::detail
 
 namespace crashcap::recorder {
+
+void escapeSignalContextDump() {
+  if (detail::gDumpingThread.load() != 0 && detail::gDumpingThread.load() == detail::threadId())
+    siglongjmp(detail::gDumpJump, 1);
+}
 
 void setSignalContextDump(SignalContextDump dump) {
   if (dump && detail::gContextFd.load() < 0)

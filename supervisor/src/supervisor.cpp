@@ -380,6 +380,19 @@ std::vector<formats::KernelTraceData> collectTraces(const std::string& dir, cons
   return traces;
 }
 
+/// The number of the training --record's observer recorded into the recording or bundle at `path`
+/// (python.observed.training: 0 for a process's first); nullopt when the observer did not record it.
+std::optional<int> observedTraining(const std::string& path) {
+  try {
+    const auto file = fs::is_directory(path) ? (fs::path(path) / recorder::kRunFileName).string() : path;
+    auto env = formats::BundleReader::open(file)->environment();
+    if (!env || env->fact("python.capture") != "observed") return std::nullopt;
+    return std::stoi(env->fact("python.observed.training"));
+  } catch (const std::exception&) {
+    return std::nullopt;  // unreadable, or no number
+  }
+}
+
 /// Whether the recording at `path` was started by `--record`'s observer (python.capture = observed).
 bool observedRecording(const std::string& path) {
   try {
@@ -619,23 +632,29 @@ SuperviseReport supervise(const SuperviseOptions& o) {
     };
     // A training --record observed that ended clean before another began in the same process (the
     // first run of a sweep, the folds before the one that failed) is not evidence of the crash when
-    // the process left the crash's own: a bundle its recorder sealed, or a recording it never
-    // closed. It is left to the clean recordings' rule below, not sealed as the crash's bundle.
+    // a later training of the process left the crash's own: a bundle its recorder sealed, or a
+    // recording it never closed. It is left to the clean recordings' rule below, not sealed as the
+    // crash's bundle. A recording that ended clean after the process's last training's bundle (the
+    // fresh recording after a NaN that --nonfinite record let the training go past, closed at exit)
+    // is still the crash's.
     const auto names = listing(dir);
     auto isCrashBundle = [](const std::string& name) {
       return name.rfind("crash-", 0) == 0 && fs::path(name).extension() == ".ccap";
     };
-    auto endedClean = [&](const std::string& path) {
-      return o.observePython && recorder::recordingState(path) == "finished" && observedRecording(path);
-    };
-    std::vector<bool> leftCrashEvidence(members.size(), false);
+    std::vector<int> lastTrainingFailed(members.size(), -1);  // the latest training that left evidence
     for (const auto& name : names) {
-      if (before.count(name)) continue;
+      if (before.count(name) || !o.observePython) continue;
       auto path = (fs::path(dir) / name).string();
-      if (isCrashBundle(name) ||
-          (name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) && recorder::recordingState(path) != "finished"))
-        leftCrashEvidence[ownerOf(name)] = true;
+      const bool evidence = isCrashBundle(name) || (name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) &&
+                                                    recorder::recordingState(path) != "finished");
+      if (auto training = evidence ? observedTraining(path) : std::nullopt)
+        lastTrainingFailed[ownerOf(name)] = std::max(lastTrainingFailed[ownerOf(name)], *training);
     }
+    auto endedBeforeTheCrash = [&](const std::string& path, size_t who) {
+      if (!o.observePython || recorder::recordingState(path) != "finished") return false;
+      auto training = observedTraining(path);
+      return training && *training < lastTrainingFailed[who];
+    };
     std::vector<std::vector<std::string>> bundlesOf(members.size());
     for (const auto& name : names) {
       if (before.count(name)) continue;
@@ -643,7 +662,7 @@ SuperviseReport supervise(const SuperviseOptions& o) {
       size_t who = ownerOf(name);
       if (isCrashBundle(name)) bundlesOf[who].push_back(path);
       if (crashedMember(who) && name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) &&
-          !(leftCrashEvidence[who] && endedClean(path))) {
+          !endedBeforeTheCrash(path, who)) {
         SealOptions so;
         so.supervision = records[who];
         so.kernelTraces = traces;

@@ -16,6 +16,15 @@ SAMPLE = os.path.join(SOURCE, "samples", "python", "train.py")
 TRAININGS = os.path.join(os.path.dirname(__file__), "trainings")
 
 
+def python_stack_on_signal():
+    """Whether this interpreter lets crashcap write its Python stack on a fatal signal (it exports
+    CPython's _Py_DumpTraceback; Debian's 3.11 does)."""
+    r = subprocess.run([PYTHON, "-c", "import crashcap._native as n; print(n.python_stack_on_signal)"],
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr
+    return r.stdout.strip() == "True"
+
+
 def crashcap(*args, cwd=None, check=False, timeout=900, env=None):
     """Runs the crashcap CLI; returns the CompletedProcess (text). `env`: variables added to this
     process's environment."""

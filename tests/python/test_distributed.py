@@ -9,7 +9,7 @@ import time
 import pytest
 from torch.utils.data import DistributedSampler
 
-from conftest import PYTHON, TRAININGS, crashcap, crashcap_json
+from conftest import PYTHON, TRAININGS, crashcap, crashcap_json, python_stack_on_signal
 
 DDP = os.path.join(TRAININGS, "ddp_gloo.py")
 SPAWN = os.path.join(TRAININGS, "ddp_spawn.py")
@@ -160,9 +160,10 @@ def test_nproc_starts_the_ranks_and_a_rank_killed_at_step_n_and_a_hung_one_are_b
     # Where the stopped rank was: its Python line, from the stack SIGTERM's handler wrote (the sleep
     # it hangs in); the SIGKILLed rank wrote none.
     line = next(i for i, t in enumerate(open(DDP).read().splitlines(), 1) if "time.sleep(3600)" in t)
-    assert ranks[0]["python_line"] == f'File "{DDP}", line {line}, in main', ranks[0]
     assert ranks[1]["python_line"] is None, ranks[1]
-    assert f"in Python at {ranks[0]['python_line']}" in text, text
+    if python_stack_on_signal():
+        assert ranks[0]["python_line"] == f'File "{DDP}", line {line}, in main', ranks[0]
+        assert f"in Python at {ranks[0]['python_line']}" in text, text
 
     # The job replayed: rank 1 kills itself again at step 3 and rank 0 hangs again, stopped 30 s
     # later as crashcap run stopped it -- unless SIGKILL beat rank 1's writer to step 3's batch, and

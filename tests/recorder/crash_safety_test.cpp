@@ -106,6 +106,39 @@ TEST_CASE("every way a training step dies leaves one sealed bundle naming the st
   }
 }
 
+TEST_CASE("a fatal signal carries the interpreter's stack its dump writes, and a fault inside the dump still seals",
+          "[recorder][crash]") {
+  for (std::string how : {"text", "faulty"}) {
+    DYNAMIC_SECTION(how) {
+      TempDir dir;
+      auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--fail", "segv", "--fail-step",
+                          "3", "--steps", "6", "--stack-dump", how});
+      INFO(r.err);
+      CHECK(r.exitCode == -SIGSEGV);
+      auto reader = formats::BundleReader::open(onlyBundle(dir.path()));
+      auto crash = inspect::storyJson(*reader)["crash"];
+      INFO(crash.dump(2));
+      CHECK(crash["kind"] == "signal");
+      CHECK(crash["step"] == 3);
+      const auto error = crash["error"].get<std::string>();
+      const auto& stack = crash["stack"];
+      REQUIRE(stack.size() >= 2);
+      if (how == "text") {
+        // The program's innermost line, and the library call it was in; the frames follow the
+        // native ones, innermost first.
+        CHECK(error.find("; in Python at File \"/work/train.py\", line 12, in <module> (calling File "
+                         "\"/usr/lib/python3.11/ctypes/__init__.py\", line 519, in string_at)") != std::string::npos);
+        CHECK(stack[stack.size() - 1] == "File \"/work/train.py\", line 12, in <module>");
+        CHECK(stack[stack.size() - 2] == "File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519, in string_at");
+      } else {
+        // The dump faulted after writing: the handler came back from it and sealed without them.
+        CHECK(error.find("in Python at") == std::string::npos);
+        CHECK(stack.back().get<std::string>().rfind("File \"", 0) != 0);
+      }
+    }
+  }
+}
+
 TEST_CASE("a failure before the first step is sealed with its text though no segment exists", "[recorder][crash]") {
   TempDir dir;
   auto r = test::run({test::binPath("crashcap-test-victim"), "--dir", dir.path(), "--fail", "setup"});

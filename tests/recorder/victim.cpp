@@ -9,9 +9,13 @@
 // "written N" after each step: the newest step the recorder has handed to the OS. --collective
 // opens, after each step's backward, the user-scope RecordFunction a torch.distributed backend
 // opens for a collective ("gloo:all_reduce"), with nothing behind it: there is no peer here.
+// --stack-dump text|faulty sets the interpreter stack dump a fatal signal runs (as the Python
+// module does): "text" writes two frames in CPython's format, "faulty" faults inside the dump.
 #include <ATen/record_function.h>
 #include <torch/script.h>
 #include <torch/torch.h>
+
+#include <unistd.h>
 
 #include <csignal>
 #include <cstdio>
@@ -21,6 +25,7 @@
 #include <thread>
 
 #include "crashcap/recorder/recorder.hpp"
+#include "crashcap/recorder/signal_context.hpp"
 
 namespace {
 
@@ -39,6 +44,23 @@ torch::jit::Module makeProgram() {
   )");
   m.train();
   return m;
+}
+
+/// Two frames as CPython's dump writes them, most recent call first: a library's, then the program's.
+void dumpTwoFrames(int fd) {
+  const char text[] =
+      "Stack (most recent call first):\n"
+      "  File \"/usr/lib/python3.11/ctypes/__init__.py\", line 519 in string_at\n"
+      "  File \"/work/train.py\", line 12 in <module>\n";
+  ssize_t ignored = ::write(fd, text, sizeof(text) - 1);
+  (void)ignored;
+}
+
+/// A dump that faults, as CPython's may on a damaged interpreter.
+void dumpThatFaults(int fd) {
+  dumpTwoFrames(fd);
+  volatile int* nowhere = nullptr;
+  *nowhere = 1;
 }
 
 }  // namespace
@@ -61,6 +83,10 @@ int main(int argc, char** argv) {
     else if (a == "--report") report = true;
     else if (a == "--collective") collective = true;
     else if (a == "--close-unsynced") closeUnsynced = true;  // close(durable=false)
+    else if (a == "--stack-dump") {
+      const auto how = next();
+      crashcap::recorder::setSignalContextDump(how == "faulty" ? &dumpThatFaults : &dumpTwoFrames);
+    }
     else if (a == "--api-key") (void)next();  // accepted and ignored: the secrets test passes one
     else {
       std::cerr << "usage: crashcap-test-victim --dir DIR [--fail KIND] [--fail-step S] [--steps N] "

@@ -14,11 +14,13 @@ namespace crashcap::formats {
 inline bool isPythonFrame(const std::string& frame) { return frame.rfind("File \"", 0) == 0; }
 
 /// Whether a Python frame is in the interpreter's libraries (the standard library, installed
-/// packages: a path through `/lib/python` or `-packages/`) rather than in the program's code.
+/// packages: a path through `/lib/python` or `-packages/`, or a module frozen into the interpreter,
+/// `<frozen os>`) rather than in the program's code.
 inline bool isLibraryFrame(const std::string& frame) {
   const auto end = frame.find('"', 6);
   const std::string path = frame.substr(0, end);
-  return path.find("/lib/python") != std::string::npos || path.find("-packages/") != std::string::npos;
+  return path.find("/lib/python") != std::string::npos || path.find("-packages/") != std::string::npos ||
+         path.rfind("File \"<frozen ", 0) == 0;
 }
 
 /// The innermost Python frame of the program's own code in `stack` (innermost first); nullopt

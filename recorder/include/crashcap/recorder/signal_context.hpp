@@ -14,4 +14,8 @@ using SignalContextDump = void (*)(int fd);
 /// after the native frames, innermost first, and the innermost is named in the error.
 void setSignalContextDump(SignalContextDump dump);
 
+/// Called first by the crash guard's handler: a fault inside the dump returns to the handler that
+/// ran it, which seals the crash without the interpreter's frames. Does nothing otherwise.
+void escapeSignalContextDump();
+
 }  // namespace crashcap::recorder

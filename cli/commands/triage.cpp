@@ -68,12 +68,10 @@ void printTriage(const investigate::Triage& t) {
     for (const auto& n : f.replay->notes) std::cout << fmt::format("note: {}\n", n);
   // A replay that could not run blocks every hypothesis alike: why is said once, here, and each
   // hypothesis points to it (--json keeps the whole sentence in each).
-  const auto blocked = f.replay ? std::nullopt : f.replayBlocked();
-  if (blocked && !f.replayOutcome.empty()) std::cout << fmt::format("note: replay could not run: {}\n", f.replayOutcome);
+  const auto blocked = f.replay || f.replayOutcome.empty() ? std::nullopt : f.replayBlocked();
+  if (blocked) std::cout << fmt::format("note: replay could not run: {}\n", f.replayOutcome);
   auto evidenceText = [&](const std::string& e) {
-    return blocked && !f.replayOutcome.empty() && e == *blocked
-               ? std::string("replay could not run (the note above), so nothing was tested")
-               : e;
+    return blocked && e == *blocked ? std::string("replay could not run (the note above), so nothing was tested") : e;
   };
   std::cout << "\n";
   std::cout << fmt::format("  {:<22} {:<13} {}\n", "hypothesis", "verdict", "evidence");

@@ -664,9 +664,9 @@ bool LiveWriter::crashFromSignal(int signal, void* address, void* const* frames,
   clock_gettime(CLOCK_REALTIME, &ts);
   gSignal.timeNs = static_cast<int64_t>(ts.tv_sec) * 1000000000 + ts.tv_nsec;
   // The interpreter's stack of this thread, into the memory file (lseek, ftruncate and write are
-  // plain system calls).
-  // A fault inside the dump comes back here through escapeSignalContextDump: the faults are
-  // unblocked for it (this handler blocks its own signal), and sigsetjmp keeps the mask to restore.
+  // plain system calls). A fault inside the dump comes back here through escapeSignalContextDump:
+  // the faults are unblocked for it (this handler blocks its own signal), and sigsetjmp keeps the
+  // mask to restore.
   const int contextFd = gContextFd.load();
   if (auto dump = gContextDump.load(); dump && contextFd >= 0 && ::lseek(contextFd, 0, SEEK_SET) == 0 &&
                                        ::ftruncate(contextFd, 0) == 0) {

@@ -647,8 +647,10 @@ SuperviseReport supervise(const SuperviseOptions& o) {
       auto path = (fs::path(dir) / name).string();
       const bool evidence = isCrashBundle(name) || (name.rfind(kRecordingPrefix, 0) == 0 && isRecording(path) &&
                                                     recorder::recordingState(path) != "finished");
-      if (auto training = evidence ? observedTraining(path) : std::nullopt)
-        lastTrainingFailed[ownerOf(name)] = std::max(lastTrainingFailed[ownerOf(name)], *training);
+      if (auto training = evidence ? observedTraining(path) : std::nullopt) {
+        auto& last = lastTrainingFailed[ownerOf(name)];
+        last = std::max(last, *training);
+      }
     }
     auto endedBeforeTheCrash = [&](const std::string& path, size_t who) {
       if (!o.observePython || recorder::recordingState(path) != "finished") return false;

@@ -101,13 +101,24 @@ std::string trimmed(std::string line) {
   return line;
 }
 
+/// The first line from `from` on that is not a traceback's frame (those are indented): the line
+/// that names a traceback's exception. npos when there is none.
+size_t firstUnindented(const std::vector<std::string>& all, size_t from) {
+  for (size_t k = from; k < all.size(); ++k)
+    if (!all[k].empty() && all[k][0] != ' ' && all[k][0] != '\t') return k;
+  return std::string::npos;
+}
+
 /// The line that names the exception of the last traceback Python printed: the first line after
-/// "Traceback (most recent call last):" that is not one of its frames (those are indented). The
-/// last, because a chained exception prints the one raised last at the end, and a launcher
+/// "Traceback (most recent call last):" that is not one of its frames. The last, because a
+/// chained exception prints the one raised last at the end, and a launcher
 /// (torch.multiprocessing.spawn) ends with its rank's traceback inside its own exception's text;
 /// whatever the program prints after it (a warning at exit) is not the exception. A traceback
 /// Python prints for an exception it ignored ("Exception ignored in: ...", a failing atexit
-/// callback) is skipped. "" when no traceback is there.
+/// callback) is skipped. An exception PyTorch raised again in the main process for one of its
+/// DataLoader workers ("RuntimeError: Caught RuntimeError in DataLoader worker process 0." and the
+/// worker's "Original Traceback") is the worker's own exception line, with where it was raised:
+/// "RuntimeError: stack expects ... (in DataLoader worker process 0)". "" when no traceback is there.
 std::string exceptionLine(const std::vector<std::string>& all) {
   std::string found;
   for (size_t i = 0; i < all.size(); ++i) {
@@ -115,13 +126,24 @@ std::string exceptionLine(const std::vector<std::string>& all) {
     size_t before = i;
     while (before > 0 && all[before - 1].empty()) --before;
     if (before > 0 && all[before - 1].rfind("Exception ignored", 0) == 0) continue;
-    std::string line = all[i];  // a traceback cut off before its exception line: the traceback itself
-    for (size_t k = i + 1; k < all.size(); ++k)
-      if (!all[k].empty() && all[k][0] != ' ' && all[k][0] != '\t') {
-        line = all[k];
-        break;
-      }
-    found = line;
+    const size_t at = firstUnindented(all, i + 1);
+    if (at == std::string::npos) {
+      found = all[i];  // a traceback cut off before its exception line: the traceback itself
+      continue;
+    }
+    found = all[at];
+    static const std::string caught = ": Caught ";
+    const size_t c = found.find(caught);
+    if (c == std::string::npos || at + 1 >= all.size() ||
+        all[at + 1].rfind("Original Traceback (most recent call last):", 0) != 0)
+      continue;
+    // "Caught RuntimeError in DataLoader worker process 0." names its type, then where.
+    const size_t in = found.find(" in ", c + caught.size());
+    const size_t original = firstUnindented(all, at + 2);
+    if (in == std::string::npos || original == std::string::npos) continue;
+    std::string where = found.substr(in + 4);
+    if (!where.empty() && where.back() == '.') where.pop_back();
+    found = trimmed(all[original]) + " (in " + where + ")";
   }
   return found;
 }

@@ -123,6 +123,21 @@ TEST_CASE("classification: the earliest GPU error decides, from the messages rea
        "Exception ignored in atexit callback: <function flush at 0x7f>\n"
        "Traceback (most recent call last):\n  File \"log.py\", line 2, in flush\nOSError: [Errno 28] No space left\n",
        "python-exception", "ValueError: config has no lr"},
+      // torch/_utils.py's ExceptionWrapper: a DataLoader worker's exception, raised again in the
+      // main process with the worker's traceback in its text; the worker's line is the evidence
+      {"Traceback (most recent call last):\n  File \"train.py\", line 16, in <module>\n    for xb, yb in dl:\n"
+       "  File \"/usr/lib/python3/dist-packages/torch/_utils.py\", line 543, in reraise\n    raise exception\n"
+       "RuntimeError: Caught RuntimeError in DataLoader worker process 0.\n"
+       "Original Traceback (most recent call last):\n"
+       "  File \"/usr/lib/python3/dist-packages/torch/utils/data/_utils/worker.py\", line 302, in _worker_loop\n"
+       "    data = fetcher.fetch(index)\n"
+       "RuntimeError: Trying to resize storage that is not resizable\n\n",
+       "python-exception", "RuntimeError: Trying to resize storage that is not resizable (in DataLoader worker process 0)"},
+      {"Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n"
+       "KeyError: Caught KeyError in pin memory thread for device 0.\n"
+       "Original Traceback (most recent call last):\n  File \"pin_memory.py\", line 3, in do_one_step\n"
+       "KeyError: 'image'\n",
+       "python-exception", "KeyError: 'image' (in pin memory thread for device 0)"},
   };
   for (const auto& c : cases) {
     INFO(c.stderrText);
@@ -177,6 +192,19 @@ class D(Dataset):
 for batch in DataLoader(D(), batch_size=4, num_workers=2, collate_fn=list): pass
 )",
        1, "dataloader-worker-died", "RuntimeError: DataLoader worker (pid"},
+      // A worker's own exception: PyTorch raises it again in the main process, and the evidence is
+      // the worker's line, not PyTorch's "Caught ValueError in DataLoader worker process N."
+      {"DataLoader worker raises", R"(
+import torch
+from torch.utils.data import DataLoader, Dataset
+class D(Dataset):
+    def __len__(self): return 64
+    def __getitem__(self, i):
+        if i == 37: raise ValueError(f"corrupt record {i}")
+        return i
+for batch in DataLoader(D(), batch_size=4, num_workers=2): pass
+)",
+       1, "python-exception", "ValueError: corrupt record 37 (in DataLoader worker process "},
       {"segfault in native code", R"(
 import ctypes, torch
 torch.zeros(3).sum()

@@ -247,8 +247,21 @@ std::optional<ValueFloor> valueFloorOf(const replayer::ProbedOp& op) {
   return floor;
 }
 
+std::optional<ZeroGiven> zeroGivenOf(const replayer::ProbedOp& op) {
+  std::string name = op.name;
+  if (name.size() > 1 && name.back() == '_') name.pop_back();
+  static const std::set<std::string> noFiniteResultAtZero = {
+      "aten::div", "aten::true_divide", "aten::reciprocal", "aten::log", "aten::log2", "aten::log10",
+      "aten::rsqrt", "aten::pow"};
+  if (!noFiniteResultAtZero.count(name)) return std::nullopt;
+  for (const auto& in : op.inputs)
+    if ((in.min && *in.min == 0.0) || (in.max && *in.max == 0.0)) return ZeroGiven{op.name, op.phase};
+  return std::nullopt;
+}
+
 std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows,
-                                        const std::vector<IndexDomain>& domains, const std::optional<ValueFloor>& floor) {
+                                        const std::vector<IndexDomain>& domains, const std::optional<ValueFloor>& floor,
+                                        const std::optional<ZeroGiven>& zero) {
   std::vector<RowFinding> out;
   auto reader = formats::BundleReader::open(bundle);
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
@@ -468,6 +481,19 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       if (othersFit(*l, inferred)) l->applicable.push_back(inferred);
     }
   }
+  // No value of the rows that work is 0, judged against enough values that a feature often 0
+  // would have shown one: 8 other rows and 64 values at least, as for a sign.
+  auto othersNeverZero = [&](const Loaded& l) {
+    int64_t otherRows = 0;
+    uint64_t otherValues = 0;
+    for (int64_t o = 0; o < batch; ++o) {
+      if (isCulprit(o)) continue;
+      if (l.stats[o].zeroCount > 0) return false;
+      ++otherRows;
+      otherValues += l.stats[o].count;
+    }
+    return otherRows >= 8 && otherValues >= 64;
+  };
   for (const Loaded& l : loaded) {
     const auto* info = l.info;
     const int rowDim = l.rowDim;
@@ -575,6 +601,16 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
         out.back().tensor = info->name;
       } else if (st.count > 1 && st.zeroCount == st.count && !othersAllZero) {
         f.kind = RowFinding::Kind::AllZeros;
+        out.push_back(f);
+      } else if (zero && floating && st.zeroCount > 0 && othersNeverZero(l)) {
+        // Exact zeros no other row has, and an op that has no finite result at 0 was given one:
+        // what it divided by, or took the log of.
+        f.kind = RowFinding::Kind::ZeroGiven;
+        f.value = static_cast<double>(st.zeroCount);
+        f.zero = zero;
+        if (rowDim == 0 && t.shape.size() == 2)
+          for (int64_t j = 0; j < t.shape[1] && f.column < 0; ++j)
+            if (t.at(static_cast<uint64_t>(r * t.shape[1] + j)) == 0.0) f.column = j;
         out.push_back(f);
       }
     }
@@ -873,8 +909,12 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     const auto domains = findIndexDomains(bundle);
     if (!rows.empty()) {
       std::optional<ValueFloor> floor;
-      if (f.replay && f.replay->firstNonFiniteOp) floor = valueFloorOf(*f.replay->firstNonFiniteOp);
-      f.rowFindings = findRowOddities(bundle, f.step(), rows, domains, floor);
+      std::optional<ZeroGiven> zero;
+      if (f.replay && f.replay->firstNonFiniteOp) {
+        floor = valueFloorOf(*f.replay->firstNonFiniteOp);
+        zero = zeroGivenOf(*f.replay->firstNonFiniteOp);
+      }
+      f.rowFindings = findRowOddities(bundle, f.step(), rows, domains, floor, zero);
     } else if (f.samples ? !f.samples->cutsFail.empty() : !f.samplesOutcome.empty()) {
       // No part of the batch can run, or the search gave no result (a batch that cannot be cut to
       // some of its rows: a PackedSequence; a timeout), so no row was tested: what each row holds

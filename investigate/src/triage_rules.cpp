@@ -72,6 +72,11 @@ std::string rowFindingText(const RowFinding& r) {
       return fmt::format("row {} of {} is 0, while the batch's other rows are {:.0f}..{:.0f}: a length or count of "
                          "nothing?",
                          r.row, r.tensor, r.othersMin, r.othersMax);
+    case RowFinding::Kind::ZeroGiven:
+      return fmt::format("row {} of {} holds {}{}, while no value of the batch's other rows is 0, and the step's first "
+                         "NaN/Inf is {}'s ({}), which was given a 0: what it divided by, or took the log of?",
+                         r.row, r.tensor, r.value == 1 ? "an exact 0" : fmt::format("{:.0f} exact zeros", r.value),
+                         r.column >= 0 ? fmt::format(" (feature {})", r.column) : "", r.zero->op, r.zero->phase);
     case RowFinding::Kind::Negative:
       if (r.floor)
         return fmt::format("row {} of {} {} {:.3g}, while every value of the batch's other rows is >= 0, and the step's "

@@ -1362,6 +1362,58 @@ TEST_CASE("a negative value in a small batch is invalid data when the step's fir
   CHECK(judgeLossNumerics(f).verdict == V::Confirmed);
 }
 
+TEST_CASE("an exact 0 no other row holds is named when the step's first NaN/Inf is a division given a 0, as a trait "
+          "of the data, not invalid",
+          "[investigate][triage]") {
+  // A custom backward that divides by its input: features in 0.1..1.1, one of row 5 exactly 0.
+  auto write = [](const std::string& path, bool secondZero) {
+    auto w = formats::BundleWriter::create(path);
+    std::vector<float> x(16 * 6), y(16, 1.0f);
+    for (size_t i = 0; i < x.size(); ++i) x[i] = 0.1f + 0.01f * static_cast<float>(i % 97);
+    x[5 * 6 + 2] = 0.0f;
+    if (secondZero) x[9 * 6 + 4] = 0.0f;  // another row holds a 0 too: an ordinary value here
+    w->writeTensor(formats::batchTensorName(6, "0"), formats::DType::Float32, {16, 6}, x.data(), x.size() * 4);
+    w->writeTensor(formats::batchTensorName(6, "1"), formats::DType::Float32, {16}, y.data(), y.size() * 4);
+    sealStep6(*w, {"0", "1"});
+  };
+  test::TempDir dir;
+  const std::string bundle = dir.file("zero.ccap"), shared = dir.file("shared.ccap");
+  write(bundle, false);
+  write(shared, true);
+
+  auto div = nonFiniteOp("aten::div", {stats(0, 0, -0.4, 2.0), stats(0, 0, 0.0, 1.1)});
+  div.phase = "backward";
+  const auto zero = zeroGivenOf(div);
+  REQUIRE(zero);
+  CHECK(zero->op == "aten::div");
+  CHECK(zero->phase == "backward");
+  CHECK_FALSE(zeroGivenOf(nonFiniteOp("aten::div", {stats(0, 0, -0.4, 2.0), stats(0, 0, 0.1, 1.1)})));  // no 0
+  CHECK_FALSE(zeroGivenOf(nonFiniteOp("aten::exp", {stats(0, 0, 0.0, 90.0)})));  // finite at 0
+  CHECK(zeroGivenOf(nonFiniteOp("aten::log_", {stats(0, 0, -2.0, 0.0)})));         // reaches 0 from below
+
+  auto findings = findRowOddities(bundle, 6, {5}, {}, std::nullopt, zero);
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].kind == RowFinding::Kind::ZeroGiven);
+  CHECK(findings[0].tensor == "steps/6/batch/0");
+  CHECK(findings[0].column == 2);
+  CHECK_FALSE(findings[0].invalid());
+  CHECK(findRowOddities(bundle, 6, {5}, {}).empty());                        // no op was given a 0
+  CHECK(findRowOddities(bundle, 6, {3}, {}, std::nullopt, zero).empty());    // an ordinary row
+  CHECK(findRowOddities(shared, 6, {5}, {}, std::nullopt, zero).empty());    // another row has a 0
+
+  auto f = reproducedAt6();
+  f.samples = samplesFound({5});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.replay->firstNonFiniteOp = div;
+  f.rowFindings = findings;
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "row 5 of steps/6/batch/0 holds an exact 0 (feature 2), while no value of the batch's other rows is 0, "
+               "and the step's first NaN/Inf is aten::div's (backward), which was given a 0: what it divided by, or "
+               "took the log of?"));
+  CHECK(judgeLossNumerics(f).verdict == V::Confirmed);  // an edge case the arithmetic meets
+}
+
 TEST_CASE("a gather's or a scatter's index domain is read from the op trace, and an out-of-bounds error names its own",
           "[investigate][triage]") {
   // PyTorch's wording, alone and after an op's name; other errors name none.

@@ -76,6 +76,15 @@ struct ValueFloor {
 };
 std::optional<ValueFloor> valueFloorOf(const replayer::ProbedOp& op);
 
+/// The step's first op to go non-finite where it has no finite result at 0 (a division, a log, a
+/// reciprocal, a negative power) and an input of it reaches 0 (its lowest or highest value is 0):
+/// a 0 of the data may be what it was given.
+struct ZeroGiven {
+  std::string op;     ///< "aten::div"
+  std::string phase;  ///< "backward"
+};
+std::optional<ZeroGiven> zeroGivenOf(const replayer::ProbedOp& op);
+
 /// Something in one culprit row of one batch tensor, judged against the op's domain and the
 /// batch's other rows: ordinary values are never findings.
 struct RowFinding {
@@ -88,6 +97,9 @@ struct RowFinding {
     Negative,     ///< holds negative values (value: the lowest) where every other row is >= 0
     LoneZero,     ///< a single integer 0 where every other row's is positive (othersMin..othersMax),
                   ///< in a tensor no op indexes with: an empty length or count; a trait, not invalid
+    ZeroGiven,    ///< floating values exactly 0 (count in `value`, the first in `column`) where no
+                  ///< value of the other rows is, and the step's first NaN/Inf is an op's that was
+                  ///< given a 0 (`zero`): what it may have divided by; a trait, not invalid
   };
   int64_t row = 0;
   std::string tensor;                      ///< the bundle's tensor name, "steps/6/batch/label"
@@ -101,6 +113,7 @@ struct RowFinding {
   /// Negative: the step's ValueFloor whose op was given this row's lowest value, where the batch
   /// alone was too small to tell.
   std::optional<ValueFloor> floor;
+  std::optional<ZeroGiven> zero;           ///< ZeroGiven: the op given a 0
   /// OutOfDomain: other ops whose index input has this tensor's shape too, each with the row's
   /// first value outside its domain (none: the row fits it). The op trace keeps shapes, not which
   /// tensor an op took, so where a batch holds inputs and targets of one shape (a language
@@ -110,7 +123,7 @@ struct RowFinding {
   /// The row's dataset index, set where no sample bisection names it (an untested finding).
   std::optional<int64_t> datasetIndex;
   /// A value the training cannot have meant: non-finite, outside an op's domain, a far outlier.
-  bool invalid() const { return kind != Kind::AllZeros && kind != Kind::LoneZero; }
+  bool invalid() const { return kind != Kind::AllZeros && kind != Kind::LoneZero && kind != Kind::ZeroGiven; }
 };
 
 /// A rank of a multi-process job, triaged with its job: every experiment replays all the job's
@@ -272,10 +285,12 @@ std::vector<IndexDomain> findIndexDomains(const std::string& bundle);
 /// What is invalid or odd in `rows` of step `step`'s batch (the dataset index tensor excluded):
 /// NaN/Inf, integers outside one of `domains` (matched to the tensor by shape), magnitudes far
 /// beyond every other row's, rows all zeros where the others are not, negative values where the
-/// others have none (against `floor` where given).
+/// others have none (against `floor` where given), zeros where the others have none and the
+/// step's first NaN/Inf is an op given a 0 (`zero`).
 std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step, const std::vector<int64_t>& rows,
                                         const std::vector<IndexDomain>& domains,
-                                        const std::optional<ValueFloor>& floor = std::nullopt);
+                                        const std::optional<ValueFloor>& floor = std::nullopt,
+                                        const std::optional<ZeroGiven>& zero = std::nullopt);
 
 /// The values of step `step`'s batch tensors that hold the samples concatenated
 /// (formats::concatenatedBatchTensors) outside one of `domains` (matched by the tensor's shape at

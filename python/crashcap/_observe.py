@@ -299,6 +299,7 @@ class Observer:
         self._reset_steps()
         self.replay_steps = None        # in a replay: the recorded batches, in place of the training loader's
         self.replay_training = None     # in a replay: the number of the training recorded
+        self.freed_graph = None         # (roots, step) of the last backward() that freed its graph
 
     def _reset_steps(self):
         self.step = 0                   # the next step's index
@@ -546,6 +547,39 @@ class Observer:
                                       f"non-finite loss at step {self.in_flight}: {value} (recorded; the training "
                                       f"went on: --nonfinite record)", _api._recorder._stack_here(), "forward")
         self.rec.end(tensors)  # a NonFiniteError here is the training's, not crashcap's
+
+    def on_graph_freed(self, tensors, by):
+        """After a backward() (or the grad() call `by` names) that freed its graph's saved values: its
+        roots, held until the next one (its nodes, not the values it freed), so that a later one
+        that fails going through them can say which graph it reached."""
+        self.freed_graph = (_graph_roots(tensors), self.in_flight, by)
+
+    def freed_graph_note(self, tensors, by):
+        """A backward() (or the grad() call `by` names) failed on a graph whose saved values were
+        freed: how much of the graph the last one freed it reached, and where it went in; None where
+        it reached none of it."""
+        if self.freed_graph is None:
+            return None
+        roots, step, freed_by = self.freed_graph
+        old = _graph_nodes(roots)
+        entries, reached = _graph_nodes(_graph_roots(tensors), stop=old)
+        if not entries:
+            return None
+        shared = _graph_nodes([node for node, _ in entries.values()])
+        if step is None:
+            whose = f"the {freed_by} before it"
+        elif step == self.in_flight:
+            whose = f"this step's (step {step}'s) earlier {freed_by}"
+        else:
+            whose = f"step {step}'s {freed_by}"
+        where = ", ".join(f"{type(node).__name__} (from {type(parent).__name__})"
+                          for node, parent in list(entries.values())[:3])
+        return (f"crashcap: this {by} reached {len(shared)} node{'' if len(shared) == 1 else 's'} of the "
+                f"graph that {whose} freed, entering it at {where}: a tensor made before that call and used "
+                f"again since still holds its graph (an RNN's hidden state carried from step to step, a running total "
+                f"of losses, a generator's output that a discriminator's backward() went through). Detach it where "
+                f"it is kept (h = h.detach(), fake.detach()), keep a number (loss.item()), or pass retain_graph=True "
+                f"to the earlier call if going through the graph twice is meant")
 
     def _manual_training(self):
         """backward() ran on a DataLoader batch and no optimizer exists: the program updates its
@@ -957,6 +991,54 @@ def _seen_end(iterator):
     _observer.loader_ended(getattr(iterator, "_crashcap_loader", -1))
 
 
+def _graph_roots(tensors):
+    """The autograd nodes a backward() over `tensors` (one or a sequence) starts from."""
+    tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
+    return [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+
+
+def _graph_nodes(roots, stop=None, limit=1_000_000):
+    """The autograd nodes reachable from `roots`, by id, leaves' gradient accumulators left out (a
+    parameter's is in every step's graph). With `stop` (such a dict), the walk does not go into its
+    nodes: (the nodes of `stop` it reached, each with the node it came from; the nodes it went
+    through)."""
+    seen, entries = {}, {}
+    todo = [(node, None) for node in roots]
+    while todo and len(seen) < limit:
+        node, by = todo.pop()
+        if id(node) in seen or id(node) in entries or type(node).__name__ == "AccumulateGrad":
+            continue
+        if stop is not None and id(node) in stop:
+            entries[id(node)] = (node, by)
+            continue
+        seen[id(node)] = node
+        todo.extend((n, node) for n, _ in node.next_functions if n is not None)
+    return seen if stop is None else (entries, seen)
+
+
+@_guarded
+def _seen_freed_graph(tensors, error, by="backward()"):
+    """backward() raised: where it failed on a graph an earlier backward() freed, the error says so."""
+    if "backward through the graph a second time" not in str(error):
+        return
+    note = _observer.freed_graph_note(tensors, by)
+    if note is None:
+        return
+    if hasattr(error, "add_note"):  # Python 3.11: printed under the error, and kept with it in the bundle
+        error.add_note(note)
+    else:
+        _observer.warn("freed-graph", note[len("crashcap: "):])
+
+
+@_guarded
+def _graph_freed(tensors, retain, create, by="backward()"):
+    """After a backward() or grad(): retain_graph (by default create_graph) keeps the graph."""
+    if not (create if retain is None else retain):
+        _observer.on_graph_freed(tensors, by)
+    else:
+        _observer.freed_graph = None
+
+
 @_guarded
 def _seen_backward(tensors, by="backward()"):
     if not _api._recorder._user_recorder_made or _observer.rec is not None:
@@ -1114,7 +1196,14 @@ def install(policy=None, replay=False):
 
     @functools.wraps(backward)
     def autograd_backward(tensors, *args, **kwargs):
-        result = backward(tensors, *args, **kwargs)
+        try:
+            result = backward(tensors, *args, **kwargs)
+        except RuntimeError as e:
+            _seen_freed_graph(tensors, e)
+            raise
+        # backward(tensors, grad_tensors, retain_graph, create_graph, ...)
+        _graph_freed(tensors, kwargs.get("retain_graph", args[1] if len(args) > 1 else None),
+                     kwargs.get("create_graph", args[2] if len(args) > 2 else False))
         try:
             _seen_backward(tensors)
         except _api.NonFiniteError as e:
@@ -1131,12 +1220,17 @@ def install(policy=None, replay=False):
         # by both grad() and crashcap.
         outputs = outputs if torch.overrides.is_tensor_like(outputs) else tuple(outputs)
         inputs = inputs if torch.overrides.is_tensor_like(inputs) else tuple(inputs)
-        result = grad(outputs, inputs, *args, **kwargs)
         try:
-            # grad(outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
-            keeps_graph = (kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
-                           or kwargs.get("create_graph", args[2] if len(args) > 2 else False))
-            _seen_grad(outputs, inputs, result, keeps_graph)
+            result = grad(outputs, inputs, *args, **kwargs)
+        except RuntimeError as e:
+            _seen_freed_graph(outputs, e, "torch.autograd.grad()")
+            raise
+        # grad(outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
+        retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
+        create = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+        _graph_freed(outputs, retain, create, "torch.autograd.grad()")
+        try:
+            _seen_grad(outputs, inputs, result, retain or create)
         except _api.NonFiniteError as e:
             raise e.with_traceback(None) from None  # raised where grad() was called, not in crashcap
         return result

@@ -7,7 +7,7 @@ the earliest keyframe rebuilds.
 import textwrap
 
 import pytest
-from conftest import crashcap, crashcap_json, record_written_program, replay_and_triage
+from conftest import PYTHON, crashcap, crashcap_json, only_bundle, record_written_program, replay_and_triage
 
 
 def test_a_layer_frozen_before_the_keyframe_stays_frozen_and_keeps_moving_with_its_momentum_in_the_replay(tmp_path):
@@ -153,3 +153,69 @@ def test_state_the_program_keeps_outside_the_keyframes_replays_bit_for_bit_from_
     assert all(t["command"].endswith("--keyframe 0") for t in samples["experiments"]), samples
     refused = crashcap("bisect", "steps", bundle, "--keyframe", 0)
     assert refused.returncode != 0 and "--keyframe is for ops, samples and config" in refused.stderr, refused
+
+
+TBPTT = """
+    import torch
+    from torch.utils.data import DataLoader
+    torch.manual_seed(0)
+    chunks = torch.sin(torch.linspace(0, 60, 40 * 4 * 20)).reshape(40, 4, 20, 1)
+    gru, head = torch.nn.GRU(1, 16, batch_first=True), torch.nn.Linear(16, 1)
+    opt = torch.optim.Adam(list(gru.parameters()) + list(head.parameters()), lr=0.01)
+    h = None
+    for x in DataLoader(chunks, batch_size=None):
+        y, h = gru(x[:, :-1], h)  # h carried into the next step with its graph: h.detach() is missing
+        loss = torch.nn.functional.mse_loss(head(y), x[:, 1:])
+        opt.zero_grad(); loss.backward(); opt.step()
+"""
+
+GAN = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    gen, dis = torch.nn.Linear(4, 8), torch.nn.Linear(8, 1)
+    og, od = torch.optim.Adam(gen.parameters()), torch.optim.Adam(dis.parameters())
+    bce = torch.nn.BCEWithLogitsLoss()
+    for real, in DataLoader(TensorDataset(torch.randn(64, 8)), batch_size=16):
+        fake = gen(torch.randn(16, 4))
+        d_loss = bce(dis(real), torch.ones(16, 1)) + bce(dis(fake), torch.zeros(16, 1))  # fake.detach() is missing
+        od.zero_grad(); d_loss.backward(); od.step()
+        g_loss = bce(dis(fake), torch.ones(16, 1))
+        og.zero_grad(); g_loss.backward(); og.step()
+"""
+
+
+RUNNING_MEAN = """
+    import torch
+    from torch.utils.data import DataLoader, TensorDataset
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(5, 12), torch.nn.ReLU(), torch.nn.Linear(12, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    mean = None
+    for x, y in DataLoader(TensorDataset(torch.randn(200, 5), torch.randn(200, 1)), batch_size=20):
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        mean = loss if mean is None else 0.9 * mean + 0.1 * loss  # loss.item() is missing
+        for p, g in zip(model.parameters(), torch.autograd.grad(mean, list(model.parameters()))):
+            p.grad = g
+        opt.step()
+"""
+
+
+@pytest.mark.parametrize("program,by,whose", [
+    (TBPTT, "backward()", "step 0's backward() freed"),
+    (GAN, "backward()", "this step's (step 0's) earlier backward() freed"),
+    (RUNNING_MEAN, "torch.autograd.grad()", "step 0's torch.autograd.grad() freed")],
+    ids=["hidden-state-carried", "generator-output-twice", "running-mean-by-grad"])
+def test_a_backward_through_a_graph_an_earlier_backward_freed_says_whose_graph_it_reached(tmp_path, program, by, whose):
+    # PyTorch says only "Trying to backward through the graph a second time". The graph the last
+    # backward() freed is known to crashcap (its roots, held until the next one): the failing
+    # backward() is told which backward's graph it reached, under the error and in the bundle.
+    (tmp_path / "train.py").write_text(textwrap.dedent(program))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode == 1, r.stderr
+    assert "RuntimeError: Trying to backward through the graph a second time" in r.stderr, r.stderr
+    said = [line for line in r.stderr.splitlines() if line.startswith(f"crashcap: this {by} reached ")]
+    assert len(said) == 1 and whose in said[0] and "entering it at " in said[0], r.stderr
+    crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
+    assert crash["error"].endswith(said[0]), crash["error"]
+    assert crash["classification"] == "python-exception"

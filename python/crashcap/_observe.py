@@ -574,10 +574,12 @@ class Observer:
             whose = f"step {step}'s {freed_by}"
         where = ", ".join(f"{type(node).__name__} (from {type(parent).__name__})"
                           for node, parent in list(entries.values())[:3])
+        holders = _program_names_holding(old.keys() - {id(root) for root in roots})  # the loss is no carrier
         return (f"crashcap: this {by} reached {len(shared)} node{'' if len(shared) == 1 else 's'} of the "
                 f"graph that {whose} freed, entering it at {where}: a tensor made before that call and used "
-                f"again since still holds its graph (an RNN's hidden state carried from step to step, a running total "
-                f"of losses, a generator's output that a discriminator's backward() went through). Detach it where "
+                f"again since still holds its graph{holders} (an RNN's hidden state carried from step to step, a "
+                f"running total of losses, a generator's output that a discriminator's backward() went through). "
+                f"Detach it where "
                 f"it is kept (h = h.detach(), fake.detach()), keep a number (loss.item()), or pass retain_graph=True "
                 f"to the earlier call if going through the graph twice is meant")
 
@@ -995,6 +997,27 @@ def _graph_roots(tensors):
     """The autograd nodes a backward() over `tensors` (one or a sequence) starts from."""
     tensors = [tensors] if isinstance(tensors, torch.Tensor) else list(tensors)
     return [t.grad_fn for t in tensors if isinstance(t, torch.Tensor) and t.grad_fn is not None]
+
+
+def _program_names_holding(nodes):
+    """', as `fake` does (File "train.py", line 12, in <module>)': the variables of the program's
+    innermost frame (the first outside torch and crashcap) whose tensor's own graph node is one of
+    `nodes`, in a tuple, list or dict value too; "" where none is."""
+    skip = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+    frame = sys._getframe(1)
+    while frame is not None and frame.f_code.co_filename.startswith(skip):
+        frame = frame.f_back
+    if frame is None:
+        return ""
+    names = []
+    for name, value in frame.f_locals.items():
+        values = value.values() if isinstance(value, dict) else value if isinstance(value, (tuple, list)) else [value]
+        if any(isinstance(v, torch.Tensor) and v.grad_fn is not None and id(v.grad_fn) in nodes for v in values):
+            names.append(f"`{name}`")
+    if not names:
+        return ""
+    return (f", as {', '.join(names[:4])} {'does' if len(names) == 1 else 'do'} (File \"{frame.f_code.co_filename}\", "
+            f"line {frame.f_lineno}, in {frame.f_code.co_name})")
 
 
 def _graph_nodes(roots, stop=None, limit=1_000_000):

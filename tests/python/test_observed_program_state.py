@@ -201,21 +201,29 @@ RUNNING_MEAN = """
 """
 
 
-@pytest.mark.parametrize("program,by,whose", [
-    (TBPTT, "backward()", "step 0's backward() freed"),
-    (GAN, "backward()", "this step's (step 0's) earlier backward() freed"),
-    (RUNNING_MEAN, "torch.autograd.grad()", "step 0's torch.autograd.grad() freed")],
+@pytest.mark.parametrize("program,by,whose,holder", [
+    (TBPTT, "backward()", "step 0's backward() freed", None),
+    (GAN, "backward()", "this step's (step 0's) earlier backward() freed", "`fake`"),
+    (RUNNING_MEAN, "torch.autograd.grad()", "step 0's torch.autograd.grad() freed", None)],
     ids=["hidden-state-carried", "generator-output-twice", "running-mean-by-grad"])
-def test_a_backward_through_a_graph_an_earlier_backward_freed_says_whose_graph_it_reached(tmp_path, program, by, whose):
+def test_a_backward_through_a_graph_an_earlier_backward_freed_says_whose_graph_it_reached(tmp_path, program, by, whose,
+                                                                                          holder):
     # PyTorch says only "Trying to backward through the graph a second time". The graph the last
     # backward() freed is known to crashcap (its roots, held until the next one): the failing
-    # backward() is told which backward's graph it reached, under the error and in the bundle.
+    # backward() is told which backward's graph it reached, under the error and in the bundle, and
+    # which of the program's variables holds a tensor of that graph, where one still does (the
+    # GAN's `fake`; the carried hidden state and running mean were replaced by this step's, and
+    # the earlier call's loss is no carrier).
     (tmp_path / "train.py").write_text(textwrap.dedent(program))
     r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
     assert r.returncode == 1, r.stderr
     assert "RuntimeError: Trying to backward through the graph a second time" in r.stderr, r.stderr
     said = [line for line in r.stderr.splitlines() if line.startswith(f"crashcap: this {by} reached ")]
     assert len(said) == 1 and whose in said[0] and "entering it at " in said[0], r.stderr
+    if holder:
+        assert f'its graph, as {holder} does (File "{tmp_path / "train.py"}", line ' in said[0], said[0]
+    else:
+        assert "its graph, as `" not in said[0], said[0]
     crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
     assert crash["error"].endswith(said[0]), crash["error"]
     assert crash["classification"] == "python-exception"

@@ -100,7 +100,10 @@ void printTriage(const investigate::Triage& t) {
       c.step ? std::to_string(*c.step) : "null",
       c.rows    ? "rows " + rowsText(*c.rows)
       : c.value ? investigate::culpritValueText(*c.value)
-                : std::string("no batch rows singled out"),
+      : t.facts.shortBatch
+          ? fmt::format("its short batch of {} row{} (earlier steps had {})", t.facts.shortBatch->rows,
+                        t.facts.shortBatch->rows == 1 ? "" : "s", t.facts.shortBatch->usualRows)
+          : std::string("no batch rows singled out"),
       c.datasetIndices ? " (dataset indices " + rowsText(*c.datasetIndices) + ")" : "",
       c.op                                          ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?"))
       : t.facts.replay && t.facts.replay->steps.empty() ? std::string("no op seen (the replay gave no step back)")

@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <regex>
 #include <set>
 
@@ -710,6 +711,29 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
   return out;
 }
 
+std::optional<ShortBatch> findShortBatch(const std::string& bundle, int64_t step) {
+  auto reader = formats::BundleReader::open(bundle);
+  const auto records = formats::readRecords(*reader);
+  const formats::StepBeginData* begin = stepBeginOf(records, step);
+  if (!begin) return std::nullopt;
+  const int64_t rows = formats::batchRows(*begin, *reader).count;
+  if (rows <= 0) return std::nullopt;
+  std::map<int64_t, int64_t> counts;  // rows -> earlier steps with that many
+  int64_t earlier = 0;
+  for (const auto& b : records.stepBegins) {
+    if (b.step >= step || b.batch.size() != begin->batch.size()) continue;  // another loader's batch
+    const int64_t n = formats::batchRows(b, *reader).count;
+    if (n <= 0) continue;  // its tensors are gone (retention)
+    ++earlier;
+    ++counts[n];
+  }
+  const auto usual = std::max_element(counts.begin(), counts.end(),
+                                      [](const auto& a, const auto& b) { return a.second < b.second; });
+  if (usual == counts.end() || usual->first <= rows || usual->second < 3 || 2 * usual->second <= earlier)
+    return std::nullopt;
+  return ShortBatch{rows, usual->first, usual->second};
+}
+
 std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step,
                                          const std::optional<replayer::RowOrder>& order) {
   auto reader = formats::BundleReader::open(bundle);
@@ -946,6 +970,7 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     }
     try {
       f.paddingRow = findPaddingRow(bundle, f.step(), f.replay ? f.replay->rowOrder : std::nullopt);
+      f.shortBatch = findShortBatch(bundle, f.step());
       f.concatenatedValues = findConcatenatedValues(bundle, f.step(), domains, f.replay ? f.replay->rowOrder : std::nullopt);
     } catch (const Error&) {
       // A batch tensor that cannot be read: the experiments above said what they could.

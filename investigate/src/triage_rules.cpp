@@ -408,6 +408,14 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
                              : fmt::format("sample bisection did not finish ({})", f.samplesOutcome));
     addUntested();
   }
+  if (f.shortBatch) {
+    const auto& s = *f.shortBatch;
+    h.evidence.push_back(fmt::format(
+        "{}step {}'s batch has {} row{}, where {} earlier recorded steps had {}: a short batch, the last of an epoch "
+        "whose dataset the batch size does not divide (the DataLoader's drop_last=True leaves it out){}",
+        whose, f.step(), s.rows, s.rows == 1 ? "" : "s", s.stepsUsual, s.usualRows,
+        s.rows == 1 ? "; a single row is what BatchNorm in training, or any statistic over the batch, cannot take" : ""));
+  }
   // Targets a CTC loss cannot align, where no rows were tested: named by their place in the loss's batch.
   if (h.verdict != V::Confirmed && f.unalignableRows().empty() && f.replay && f.replay->firstNonFiniteOp)
     for (const auto& t : f.replay->firstNonFiniteOp->unalignable)

@@ -456,6 +456,55 @@ TEST_CASE("invalid-data is inconclusive when the crash does not reproduce or no 
   CHECK(has(k, "sample bisection named rows [0], the whole batch"));
 }
 
+TEST_CASE("a step whose batch has fewer rows than most earlier steps' is a short batch, said beside the whole batch "
+          "sample bisection named",
+          "[investigate][triage]") {
+  // 401 samples in batches of 16: the epoch's last batch has 1 row, which BatchNorm cannot train on.
+  test::TempDir dir;
+  auto write = [](const std::string& path, std::vector<int64_t> rowsPerStep) {
+    auto w = formats::BundleWriter::create(path);
+    for (size_t step = 0; step < rowsPerStep.size(); ++step) {
+      const auto s = static_cast<int64_t>(step);
+      std::vector<float> x(static_cast<size_t>(rowsPerStep[step]) * 4, 0.5f);
+      std::vector<int64_t> y(static_cast<size_t>(rowsPerStep[step]), 1);
+      w->writeTensor(formats::batchTensorName(s, "0"), formats::DType::Float32, {rowsPerStep[step], 4}, x.data(),
+                     x.size() * 4);
+      w->writeTensor(formats::batchTensorName(s, "1"), formats::DType::Int64, {rowsPerStep[step]}, y.data(), y.size() * 8);
+      formats::StepBeginData begin;
+      begin.step = s;
+      begin.batch = {formats::batchTensorName(s, "0"), formats::batchTensorName(s, "1")};
+      begin.rowDims = {0, 0};
+      formats::writeMetaRecord(*w, begin);
+    }
+    w->seal();
+  };
+  const std::string last = dir.file("last.ccap"), full = dir.file("full.ccap"), few = dir.file("few.ccap"),
+                    ragged = dir.file("ragged.ccap");
+  write(last, {16, 16, 16, 16, 16, 16, 1});
+  write(full, {16, 16, 16, 16, 16, 16, 16});
+  write(few, {16, 16, 1});                   // two earlier steps cannot tell what is usual
+  write(ragged, {16, 12, 9, 16, 12, 9, 1});  // sizes vary (a bucketing sampler): none is usual
+  const auto s = findShortBatch(last, 6);
+  REQUIRE(s);
+  CHECK(s->rows == 1);
+  CHECK(s->usualRows == 16);
+  CHECK(s->stepsUsual == 6);
+  CHECK_FALSE(findShortBatch(full, 6));
+  CHECK_FALSE(findShortBatch(few, 2));
+  CHECK_FALSE(findShortBatch(ragged, 6));
+  CHECK_FALSE(findShortBatch(last, 9));  // no such step
+
+  auto f = reproducedAt6();
+  f.samples = samplesFound({0});
+  f.shortBatch = s;
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "sample bisection named rows [0], the whole batch"));
+  CHECK(has(h, "step 6's batch has 1 row, where 6 earlier recorded steps had 16: a short batch, the last of an epoch "
+               "whose dataset the batch size does not divide (the DataLoader's drop_last=True leaves it out); a single "
+               "row is what BatchNorm in training, or any statistic over the batch, cannot take"));
+}
+
 TEST_CASE("invalid-data is inconclusive when no part of the batch can run, and names what its rows hold untested",
           "[investigate][triage]") {
   // A hidden state carried from the previous batch: every cut fails another way, so the search

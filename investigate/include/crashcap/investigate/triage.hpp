@@ -143,6 +143,14 @@ struct JobTriage {
 /// which is zero beyond: the batch's padded size is that row's. Cutting rows from the recorded
 /// batch cannot shrink it, so a failure of that size (a sequence longer than the position table,
 /// a sample with more columns than the model takes) fails without the row too.
+/// A step's batch with fewer rows than the batches before it had: the last, partial batch of an
+/// epoch whose dataset the batch size does not divide (DataLoader's drop_last=False).
+struct ShortBatch {
+  int64_t rows = 0;         ///< the step's
+  int64_t usualRows = 0;    ///< the rows most of the earlier recorded steps had
+  int64_t stepsUsual = 0;   ///< how many earlier recorded steps had usualRows
+};
+
 struct PaddingRow {
   std::string tensor;
   int dim = 0;             ///< the dimension it reaches along
@@ -189,6 +197,7 @@ struct TriageFacts {
   std::vector<RowFinding> untestedRowFindings;
   size_t untestedFindingsLeftOut = 0;               ///< beyond kListedUntestedFindings
   std::optional<PaddingRow> paddingRow;              ///< of the failing step's batch
+  std::optional<ShortBatch> shortBatch;              ///< the failing step's batch, when short
   std::vector<ConcatenatedValue> concatenatedValues; ///< of the failing step's batch
   std::optional<JobTriage> job;                      ///< the bundle is a rank of a multi-process job
 
@@ -309,6 +318,10 @@ std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle,
 /// rows. Its dataset index follows `order` (datasetIndices).
 std::optional<PaddingRow> findPaddingRow(const std::string& bundle, int64_t step,
                                          const std::optional<replayer::RowOrder>& order = std::nullopt);
+
+/// The ShortBatch of step `step`, when at least 3 earlier steps whose batches the bundle holds
+/// had more rows than it, and more than half of those earlier steps had one count.
+std::optional<ShortBatch> findShortBatch(const std::string& bundle, int64_t step);
 
 /// A culprit's value as the triage table and the report name it: "the value 53 at element 64 of
 /// steps/6/batch/1 (batch row 10 by its offsets, dataset index 150)"; `quote` wraps the tensor's

@@ -7,7 +7,8 @@ across steps: test_observed_program_state.py)."""
 import os
 import textwrap
 
-from conftest import crashcap_json, only_bundle, record_written_program, replay_and_triage, run_bare, run_recorded
+from conftest import (PYTHON, crashcap, crashcap_json, only_bundle, record_written_program, replay_and_triage,
+                      run_bare, run_recorded)
 
 
 def test_spawned_persistent_dataloader_workers_are_left_alone_and_the_training_replays(tmp_path):
@@ -170,3 +171,30 @@ def test_a_program_that_changes_directory_before_it_trains_replays_from_where_it
     assert crashcap_json("inspect", bundle)["env"]["facts"]["process.cwd"] == str(tmp_path)
     replay = crashcap_json("replay", bundle, cwd=tmp_path / "data")
     assert replay["verdict"] == "reproduced-bitwise", replay
+
+
+def test_the_epochs_last_batch_of_one_sample_that_batchnorm_refuses_is_named_a_short_batch(tmp_path):
+    # 81 samples in batches of 16 (drop_last=False): step 5 is the epoch's last batch, of 1 row,
+    # and BatchNorm raises on it. Sample bisection can only name that row, the whole batch; triage
+    # says the batch is short, beside it and on the culprit line.
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        torch.manual_seed(0)
+        x, y = torch.randn(81, 6), torch.randint(0, 3, (81,))
+        model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12), torch.nn.ReLU(),
+                                    torch.nn.Linear(12, 3))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+        for xb, yb in DataLoader(TensorDataset(x, y), batch_size=16, shuffle=True):
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(xb), yb).backward()
+            opt.step()
+    """))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode == 1 and "Expected more than 1 value per channel when training" in r.stderr, r.stderr
+    bundle = only_bundle(tmp_path / "runs")
+    triage = crashcap("triage", bundle)
+    assert triage.returncode == 0, triage.stderr
+    assert ("step 5's batch has 1 row, where 5 earlier recorded steps had 16: a short batch, the last of an epoch"
+            in triage.stdout), triage.stdout
+    assert "culprit: step 5, its short batch of 1 row (earlier steps had 16)" in triage.stdout, triage.stdout

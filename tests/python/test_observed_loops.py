@@ -1,7 +1,7 @@
 """`crashcap run --record` follows the shapes a training's loops and data take (tests/python/observed/
 shapes_of_loops.py and small programs of their own): workers, iterable datasets, a statistics pass,
 folds, a loader made anew each epoch, a sampler that draws with replacement, a directory changed
-before training (a loader that fails to load: test_observed_loading.py; state the program keeps
+before training, an epoch's last batch of one sample (a loader that fails to load: test_observed_loading.py; state the program keeps
 across steps: test_observed_program_state.py)."""
 
 import os

@@ -1,7 +1,8 @@
 """`crashcap run --record` over programs that keep state of their own across steps: a layer frozen
 before the keyframe, a warm-up set from the program's own step counter, and state the keyframes do
 not hold (a mean teacher's weights, a loss weight the program anneals itself), which a replay from
-the earliest keyframe rebuilds.
+the earliest keyframe rebuilds; and state that keeps a graph an earlier backward() freed (a hidden
+state not detached), which the failing backward() is told of.
 (Split from test_observed_loops.py, which follows how a training loops over its data.)"""
 
 import textwrap

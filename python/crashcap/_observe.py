@@ -548,11 +548,12 @@ class Observer:
                                       f"went on: --nonfinite record)", _api._recorder._stack_here(), "forward")
         self.rec.end(tensors)  # a NonFiniteError here is the training's, not crashcap's
 
-    def on_graph_freed(self, tensors, by):
-        """After a backward() (or the grad() call `by` names) that freed its graph's saved values: its
-        roots, held until the next one (its nodes, not the values it freed), so that a later one
-        that fails going through them can say which graph it reached."""
-        self.freed_graph = (_graph_roots(tensors), self.in_flight, by)
+    def on_graph_freed(self, tensors, by, keeps_graph):
+        """After a backward() (or the grad() call `by` names) that freed its graph's saved values
+        (unless `keeps_graph`: retain_graph or create_graph): its roots, held until the next one (its
+        nodes, not the values it freed), so that a later one that fails going through them can say
+        which graph it reached."""
+        self.freed_graph = None if keeps_graph else (_graph_roots(tensors), self.in_flight, by)
 
     def freed_graph_note(self, tensors, by):
         """A backward() (or the grad() call `by` names) failed on a graph whose saved values were
@@ -1054,16 +1055,8 @@ def _seen_freed_graph(tensors, error, by="backward()"):
 
 
 @_guarded
-def _graph_freed(tensors, retain, create, by="backward()"):
-    """After a backward() or grad(): retain_graph (by default create_graph) keeps the graph."""
-    if not (create if retain is None else retain):
-        _observer.on_graph_freed(tensors, by)
-    else:
-        _observer.freed_graph = None
-
-
-@_guarded
-def _seen_backward(tensors, by="backward()"):
+def _seen_backward(tensors, by="backward()", keeps_graph=False):
+    _observer.on_graph_freed(tensors, by, keeps_graph)
     if not _api._recorder._user_recorder_made or _observer.rec is not None:
         _observer.on_backward(tensors, by)
 
@@ -1080,6 +1073,7 @@ def _seen_grad(outputs, inputs, grads, keeps_graph):
     a part of a computation, not the step's gradients. While crashcap reads the step's gradient
     norm (and, in a training with no optimizer, which parameters train) those parameters hold the
     gradients the call returned; their own .grad is theirs again before the program goes on."""
+    _observer.on_graph_freed(outputs, "torch.autograd.grad()", keeps_graph)
     if keeps_graph:
         return
     outputs = (outputs,) if torch.overrides.is_tensor_like(outputs) else outputs
@@ -1224,11 +1218,10 @@ def install(policy=None, replay=False):
         except RuntimeError as e:
             _seen_freed_graph(tensors, e)
             raise
-        # backward(tensors, grad_tensors, retain_graph, create_graph, ...)
-        _graph_freed(tensors, kwargs.get("retain_graph", args[1] if len(args) > 1 else None),
-                     kwargs.get("create_graph", args[2] if len(args) > 2 else False))
         try:
-            _seen_backward(tensors)
+            # backward(tensors, grad_tensors, retain_graph, create_graph, ...)
+            _seen_backward(tensors, keeps_graph=(kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
+                                                 or kwargs.get("create_graph", args[2] if len(args) > 2 else False)))
         except _api.NonFiniteError as e:
             raise e.with_traceback(None) from None  # raised where backward() was called, not in crashcap
         return result
@@ -1248,12 +1241,11 @@ def install(policy=None, replay=False):
         except RuntimeError as e:
             _seen_freed_graph(outputs, e, "torch.autograd.grad()")
             raise
-        # grad(outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
-        retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
-        create = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
-        _graph_freed(outputs, retain, create, "torch.autograd.grad()")
         try:
-            _seen_grad(outputs, inputs, result, retain or create)
+            # grad(outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
+            keeps_graph = (kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
+                           or kwargs.get("create_graph", args[2] if len(args) > 2 else False))
+            _seen_grad(outputs, inputs, result, keeps_graph)
         except _api.NonFiniteError as e:
             raise e.with_traceback(None) from None  # raised where grad() was called, not in crashcap
         return result

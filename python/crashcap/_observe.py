@@ -299,7 +299,7 @@ class Observer:
         self._reset_steps()
         self.replay_steps = None        # in a replay: the recorded batches, in place of the training loader's
         self.replay_training = None     # in a replay: the number of the training recorded
-        self.freed_graph = None         # (roots, step) of the last backward() that freed its graph
+        self.freed_graph = None         # (roots, step, call) of the last backward() or grad() that freed its graph
 
     def _reset_steps(self):
         self.step = 0                   # the next step's index
@@ -563,7 +563,7 @@ class Observer:
             return None
         roots, step, freed_by = self.freed_graph
         old = _graph_nodes(roots)
-        entries, reached = _graph_nodes(_graph_roots(tensors), stop=old)
+        entries, _ = _graph_nodes(_graph_roots(tensors), stop=old)
         if not entries:
             return None
         shared = _graph_nodes([node for node, _ in entries.values()])
@@ -580,9 +580,8 @@ class Observer:
                 f"graph that {whose} freed, entering it at {where}: a tensor made before that call and used "
                 f"again since still holds its graph{holders} (an RNN's hidden state carried from step to step, a "
                 f"running total of losses, a generator's output that a discriminator's backward() went through). "
-                f"Detach it where "
-                f"it is kept (h = h.detach(), fake.detach()), keep a number (loss.item()), or pass retain_graph=True "
-                f"to the earlier call if going through the graph twice is meant")
+                f"Detach it where it is kept (h = h.detach(), fake.detach()), keep a number (loss.item()), or pass "
+                f"retain_graph=True to the earlier call if going through the graph twice is meant")
 
     def _manual_training(self):
         """backward() ran on a DataLoader batch and no optimizer exists: the program updates its
@@ -1029,11 +1028,11 @@ def _graph_nodes(roots, stop=None, limit=1_000_000):
     seen, entries = {}, {}
     todo = [(node, None) for node in roots]
     while todo and len(seen) < limit:
-        node, by = todo.pop()
+        node, parent = todo.pop()
         if id(node) in seen or id(node) in entries or type(node).__name__ == "AccumulateGrad":
             continue
         if stop is not None and id(node) in stop:
-            entries[id(node)] = (node, by)
+            entries[id(node)] = (node, parent)
             continue
         seen[id(node)] = node
         todo.extend((n, node) for n, _ in node.next_functions if n is not None)

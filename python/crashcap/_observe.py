@@ -299,7 +299,6 @@ class Observer:
         self._reset_steps()
         self.replay_steps = None        # in a replay: the recorded batches, in place of the training loader's
         self.replay_training = None     # in a replay: the number of the training recorded
-        self.freed_graph = None         # (roots, step, call) of the last backward() or grad() that freed its graph
 
     def _reset_steps(self):
         self.step = 0                   # the next step's index
@@ -309,6 +308,7 @@ class Observer:
         self.backwards = 0              # backward() calls of the step in flight
         self.updates = 0                # optimizer steps of the step in flight
         self.sealed_nonfinite = False   # with keep_going: the first non-finite loss's bundle is sealed
+        self.freed_graph = None         # (roots, step, call) of the last backward() or grad() that freed its graph
 
     # ---- bookkeeping ------------------------------------------------------------------------
 
@@ -342,6 +342,7 @@ class Observer:
             return
         rec, self.rec = self.rec, None
         self.in_flight = None  # no step of this training is recorded from now on
+        self.freed_graph = None
         if rec is None:
             return
         try:
@@ -548,12 +549,13 @@ class Observer:
                                       f"went on: --nonfinite record)", _api._recorder._stack_here(), "forward")
         self.rec.end(tensors)  # a NonFiniteError here is the training's, not crashcap's
 
-    def on_graph_freed(self, tensors, by, keeps_graph):
-        """After a backward() (or the grad() call `by` names) that freed its graph's saved values
-        (unless `keeps_graph`: retain_graph or create_graph): its roots, held until the next one (its
-        nodes, not the values it freed), so that a later one that fails going through them can say
-        which graph it reached."""
-        self.freed_graph = None if keeps_graph else (_graph_roots(tensors), self.in_flight, by)
+    def on_graph_freed(self, tensors, by, frees):
+        """After a backward() (or the grad() call `by` names) that `frees` its graph's saved values:
+        its roots, held until the next such call (its nodes, not the values it freed), so that a later
+        one that fails going through them can say which graph it reached. A call that keeps its graph
+        (retain_graph; create_graph unless retain_graph=False) frees nothing and leaves the hold."""
+        if frees:
+            self.freed_graph = (_graph_roots(tensors), self.in_flight, by)
 
     def freed_graph_note(self, tensors, by):
         """A backward() (or the grad() call `by` names) failed on a graph whose saved values were
@@ -566,16 +568,22 @@ class Observer:
         entries, _ = _graph_nodes(_graph_roots(tensors), stop=old)
         if not entries:
             return None
-        shared = _graph_nodes([node for node, _ in entries.values()])
         if step is None:
             whose = f"the {freed_by} before it"
         elif step == self.in_flight:
             whose = f"this step's (step {step}'s) earlier {freed_by}"
         else:
             whose = f"step {step}'s {freed_by}"
+        started = [node for node, parent in entries.values() if parent is None]
+        if started:  # a root of this call is a node of the freed graph: the same tensor, again
+            return (f"crashcap: this {by} starts from a tensor whose graph {whose} already went through and "
+                    f"freed (at its node {type(started[0]).__name__}): the same loss given to backward() twice? "
+                    f"Call it once, or pass retain_graph=True to the earlier call if twice is meant")
+        shared = _graph_nodes([node for node, _ in entries.values()])
         where = ", ".join(f"{type(node).__name__} (from {type(parent).__name__})"
                           for node, parent in list(entries.values())[:3])
-        holders = _program_names_holding(old.keys() - {id(root) for root in roots})  # the loss is no carrier
+        holders = (_program_names_holding(entries.keys())  # a tensor this call went into the freed graph by
+                   or _program_names_holding(old.keys() - {id(root) for root in roots}))  # the loss is no carrier
         return (f"crashcap: this {by} reached {len(shared)} node{'' if len(shared) == 1 else 's'} of the "
                 f"graph that {whose} freed, entering it at {where}: a tensor made before that call and used "
                 f"again since still holds its graph{holders} (an RNN's hidden state carried from step to step, a "
@@ -658,6 +666,7 @@ class Observer:
         rec, self.rec = self.rec, None
         stopped, self.stopped_dir = self.stopped_dir, None
         self.training_loader = None
+        self.freed_graph = None
         if rec is None or rec._native is None:
             if remove and stopped and os.path.isdir(stopped):  # closed clean by stop(): nothing crashed in it
                 shutil.rmtree(stopped, ignore_errors=True)
@@ -1003,7 +1012,7 @@ def _program_names_holding(nodes):
     """', as `fake` does (File "train.py", line 12, in <module>)': the variables of the program's
     innermost frame (the first outside torch and crashcap) whose tensor's own graph node is one of
     `nodes`, in a tuple, list or dict value too; "" where none is."""
-    skip = (os.path.dirname(torch.__file__), os.path.dirname(__file__))
+    skip = (os.path.dirname(torch.__file__) + os.sep, os.path.dirname(__file__) + os.sep)
     frame = sys._getframe(1)
     while frame is not None and frame.f_code.co_filename.startswith(skip):
         frame = frame.f_back
@@ -1044,7 +1053,10 @@ def _seen_freed_graph(tensors, error, by="backward()"):
     """backward() raised: where it failed on a graph an earlier backward() freed, the error says so."""
     if "backward through the graph a second time" not in str(error):
         return
-    note = _observer.freed_graph_note(tensors, by)
+    try:
+        note = _observer.freed_graph_note(tensors, by)
+    except Exception:  # a hint only: an error of its own must not stop the recording of the crash under way
+        return
     if note is None:
         return
     if hasattr(error, "add_note"):  # Python 3.11: printed under the error, and kept with it in the bundle
@@ -1054,14 +1066,14 @@ def _seen_freed_graph(tensors, error, by="backward()"):
 
 
 @_guarded
-def _seen_backward(tensors, by="backward()", keeps_graph=False):
-    _observer.on_graph_freed(tensors, by, keeps_graph)
+def _seen_backward(tensors, by="backward()", frees=True):
+    _observer.on_graph_freed(tensors, by, frees)
     if not _api._recorder._user_recorder_made or _observer.rec is not None:
         _observer.on_backward(tensors, by)
 
 
 @_guarded
-def _seen_grad(outputs, inputs, grads, keeps_graph):
+def _seen_grad(outputs, inputs, grads, keeps_graph, frees):
     """After torch.autograd.grad(): a training that takes its gradients so, and sets them or updates
     with them itself, ends its step here as at backward(), when the output is one element and the
     inputs are the training's parameters (all of them, once its optimizers are known). Left alone:
@@ -1072,7 +1084,7 @@ def _seen_grad(outputs, inputs, grads, keeps_graph):
     a part of a computation, not the step's gradients. While crashcap reads the step's gradient
     norm (and, in a training with no optimizer, which parameters train) those parameters hold the
     gradients the call returned; their own .grad is theirs again before the program goes on."""
-    _observer.on_graph_freed(outputs, "torch.autograd.grad()", keeps_graph)
+    _observer.on_graph_freed(outputs, "torch.autograd.grad()", frees)
     if keeps_graph:
         return
     outputs = (outputs,) if torch.overrides.is_tensor_like(outputs) else outputs
@@ -1212,6 +1224,7 @@ def install(policy=None, replay=False):
 
     @functools.wraps(backward)
     def autograd_backward(tensors, *args, **kwargs):
+        tensors = tensors if torch.overrides.is_tensor_like(tensors) else tuple(tensors)  # a generator, read once
         try:
             result = backward(tensors, *args, **kwargs)
         except RuntimeError as e:
@@ -1219,8 +1232,9 @@ def install(policy=None, replay=False):
             raise
         try:
             # backward(tensors, grad_tensors, retain_graph, create_graph, ...)
-            _seen_backward(tensors, keeps_graph=(kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
-                                                 or kwargs.get("create_graph", args[2] if len(args) > 2 else False)))
+            retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
+            create = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+            _seen_backward(tensors, frees=not (create if retain is None else retain))
         except _api.NonFiniteError as e:
             raise e.with_traceback(None) from None  # raised where backward() was called, not in crashcap
         return result
@@ -1242,9 +1256,9 @@ def install(policy=None, replay=False):
             raise
         try:
             # grad(outputs, inputs, grad_outputs, retain_graph, create_graph, ...)
-            keeps_graph = (kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
-                           or kwargs.get("create_graph", args[2] if len(args) > 2 else False))
-            _seen_grad(outputs, inputs, result, keeps_graph)
+            retain = kwargs.get("retain_graph", args[1] if len(args) > 1 else None)
+            create = kwargs.get("create_graph", args[2] if len(args) > 2 else False)
+            _seen_grad(outputs, inputs, result, retain or create, not (create if retain is None else retain))
         except _api.NonFiniteError as e:
             raise e.with_traceback(None) from None  # raised where grad() was called, not in crashcap
         return result

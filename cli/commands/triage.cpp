@@ -24,6 +24,13 @@ struct Options {
 
 std::string rowsText(const std::vector<int64_t>& v) { return fmt::format("[{}]", joinRows(v)); }
 
+/// Whether invalid-data was left open (not refuted): a short batch is a culprit only then.
+bool invalidDataOpen(const investigate::Triage& t) {
+  return std::none_of(t.hypotheses.begin(), t.hypotheses.end(), [](const investigate::Hypothesis& h) {
+    return h.id == "invalid-data" && h.verdict == investigate::HypothesisVerdict::Refuted;
+  });
+}
+
 void printTriage(const investigate::Triage& t) {
   const auto& f = t.facts;
   auto reader = formats::BundleReader::open(f.bundle);
@@ -100,7 +107,7 @@ void printTriage(const investigate::Triage& t) {
       c.step ? std::to_string(*c.step) : "null",
       c.rows    ? "rows " + rowsText(*c.rows)
       : c.value ? investigate::culpritValueText(*c.value)
-      : t.facts.shortBatch
+      : t.facts.shortBatch && invalidDataOpen(t)
           ? fmt::format("its short batch of {} row{} (earlier steps had {})", t.facts.shortBatch->rows,
                         t.facts.shortBatch->rows == 1 ? "" : "s", t.facts.shortBatch->usualRows)
           : std::string("no batch rows singled out"),

@@ -255,8 +255,12 @@ std::optional<ZeroGiven> zeroGivenOf(const replayer::ProbedOp& op) {
       "aten::div", "aten::true_divide", "aten::reciprocal", "aten::log", "aten::log2", "aten::log10",
       "aten::rsqrt", "aten::pow"};
   if (!noFiniteResultAtZero.count(name)) return std::nullopt;
-  for (const auto& in : op.inputs)
-    if ((in.min && *in.min == 0.0) || (in.max && *in.max == 0.0)) return ZeroGiven{op.name, op.phase};
+  // The input that has no finite result at 0: a division's divisor (a 0 it divides is 0), else the
+  // one the op takes the log, reciprocal or power of.
+  const size_t at = name == "aten::div" || name == "aten::true_divide" ? 1 : 0;
+  if (op.inputs.size() <= at) return std::nullopt;
+  const auto& in = op.inputs[at];
+  if ((in.min && *in.min == 0.0) || (in.max && *in.max == 0.0)) return ZeroGiven{op.name, op.phase};
   return std::nullopt;
 }
 

@@ -412,7 +412,7 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     const auto& s = *f.shortBatch;
     h.evidence.push_back(fmt::format(
         "{}step {}'s batch has {} row{}, where {} earlier recorded steps had {}: a short batch, the last of an epoch "
-        "whose dataset the batch size does not divide (the DataLoader's drop_last=True leaves it out){}",
+        "whose dataset the batch size does not divide? (the DataLoader's drop_last=True leaves it out){}",
         whose, f.step(), s.rows, s.rows == 1 ? "" : "s", s.stepsUsual, s.usualRows,
         s.rows == 1 ? "; a single row is what BatchNorm in training, or any statistic over the batch, cannot take" : ""));
   }

@@ -137,13 +137,17 @@ std::string exceptionLine(const std::vector<std::string>& all) {
     if (c == std::string::npos || at + 1 >= all.size() ||
         all[at + 1].rfind("Original Traceback (most recent call last):", 0) != 0)
       continue;
-    // "Caught RuntimeError in DataLoader worker process 0." names its type, then where.
+    // "Caught RuntimeError in DataLoader worker process 0." names its type, then where. The worker's
+    // traceback is read as one (its own chained exceptions included), and it ends the text.
     const size_t in = found.find(" in ", c + caught.size());
-    const size_t original = firstUnindented(all, at + 2);
-    if (in == std::string::npos || original == std::string::npos) continue;
+    if (in == std::string::npos) continue;
+    std::vector<std::string> original(all.begin() + static_cast<std::ptrdiff_t>(at + 1), all.end());
+    original.front() = "Traceback (most recent call last):";
+    const std::string line = exceptionLine(original);
+    if (line.empty() || line == original.front()) continue;  // cut off before its exception line
     std::string where = found.substr(in + 4);
     if (!where.empty() && where.back() == '.') where.pop_back();
-    found = trimmed(all[original]) + " (in " + where + ")";
+    return trimmed(line) + " (in " + where + ")";
   }
   return found;
 }

@@ -483,7 +483,7 @@ TEST_CASE("a step whose batch has fewer rows than most earlier steps' is a short
   write(last, {16, 16, 16, 16, 16, 16, 1});
   write(full, {16, 16, 16, 16, 16, 16, 16});
   write(few, {16, 16, 1});                   // two earlier steps cannot tell what is usual
-  write(ragged, {16, 12, 9, 16, 12, 9, 1});  // sizes vary (a bucketing sampler): none is usual
+  write(ragged, {16, 12, 9, 16, 12, 9, 16, 12, 9, 1});  // sizes vary (a bucketing sampler): none is usual
   const auto s = findShortBatch(last, 6);
   REQUIRE(s);
   CHECK(s->rows == 1);
@@ -491,7 +491,7 @@ TEST_CASE("a step whose batch has fewer rows than most earlier steps' is a short
   CHECK(s->stepsUsual == 6);
   CHECK_FALSE(findShortBatch(full, 6));
   CHECK_FALSE(findShortBatch(few, 2));
-  CHECK_FALSE(findShortBatch(ragged, 6));
+  CHECK_FALSE(findShortBatch(ragged, 9));  // 16 for 3 steps of 9: not more than half
   CHECK_FALSE(findShortBatch(last, 9));  // no such step
 
   auto f = reproducedAt6();
@@ -501,7 +501,7 @@ TEST_CASE("a step whose batch has fewer rows than most earlier steps' is a short
   CHECK(h.verdict == V::Inconclusive);
   CHECK(has(h, "sample bisection named rows [0], the whole batch"));
   CHECK(has(h, "step 6's batch has 1 row, where 6 earlier recorded steps had 16: a short batch, the last of an epoch "
-               "whose dataset the batch size does not divide (the DataLoader's drop_last=True leaves it out); a single "
+               "whose dataset the batch size does not divide? (the DataLoader's drop_last=True leaves it out); a single "
                "row is what BatchNorm in training, or any statistic over the batch, cannot take"));
 }
 
@@ -1437,6 +1437,7 @@ TEST_CASE("an exact 0 no other row holds is named when the step's first NaN/Inf 
   CHECK(zero->op == "aten::div");
   CHECK(zero->phase == "backward");
   CHECK_FALSE(zeroGivenOf(nonFiniteOp("aten::div", {stats(0, 0, -0.4, 2.0), stats(0, 0, 0.1, 1.1)})));  // no 0
+  CHECK_FALSE(zeroGivenOf(nonFiniteOp("aten::div", {stats(0, 0, 0.0, 2.0), stats(0, 0, 0.1, 1.1)})));  // 0 divided
   CHECK_FALSE(zeroGivenOf(nonFiniteOp("aten::exp", {stats(0, 0, 0.0, 90.0)})));  // finite at 0
   CHECK(zeroGivenOf(nonFiniteOp("aten::log_", {stats(0, 0, -2.0, 0.0)})));         // reaches 0 from below
 

@@ -196,5 +196,5 @@ def test_the_epochs_last_batch_of_one_sample_that_batchnorm_refuses_is_named_a_s
     triage = crashcap("triage", bundle)
     assert triage.returncode == 0, triage.stderr
     assert ("step 5's batch has 1 row, where 5 earlier recorded steps had 16: a short batch, the last of an epoch"
-            in triage.stdout), triage.stdout
+            " whose dataset the batch size does not divide?" in triage.stdout), triage.stdout
     assert "culprit: step 5, its short batch of 1 row (earlier steps had 16)" in triage.stdout, triage.stdout

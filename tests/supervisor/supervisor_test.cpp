@@ -133,6 +133,14 @@ TEST_CASE("classification: the earliest GPU error decides, from the messages rea
        "    data = fetcher.fetch(index)\n"
        "RuntimeError: Trying to resize storage that is not resizable\n\n",
        "python-exception", "RuntimeError: Trying to resize storage that is not resizable (in DataLoader worker process 0)"},
+      // the worker's own chained exception: its last, still the worker's
+      {"Traceback (most recent call last):\n  File \"train.py\", line 16, in <module>\n"
+       "ValueError: Caught ValueError in DataLoader worker process 1.\n"
+       "Original Traceback (most recent call last):\n  File \"data.py\", line 8, in __getitem__\n"
+       "KeyError: 'label'\n\nDuring handling of the above exception, another exception occurred:\n\n"
+       "Traceback (most recent call last):\n  File \"data.py\", line 10, in __getitem__\n"
+       "ValueError: record 37 has no label\n",
+       "python-exception", "ValueError: record 37 has no label (in DataLoader worker process 1)"},
       {"Traceback (most recent call last):\n  File \"train.py\", line 9, in <module>\n"
        "KeyError: Caught KeyError in pin memory thread for device 0.\n"
        "Original Traceback (most recent call last):\n  File \"pin_memory.py\", line 3, in do_one_step\n"

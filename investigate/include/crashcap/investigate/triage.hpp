@@ -77,8 +77,9 @@ struct ValueFloor {
 std::optional<ValueFloor> valueFloorOf(const replayer::ProbedOp& op);
 
 /// The step's first op to go non-finite where it has no finite result at 0 (a division, a log, a
-/// reciprocal, a negative power) and an input of it reaches 0 (its lowest or highest value is 0):
-/// a 0 of the data may be what it was given.
+/// reciprocal, a negative power) and the input it cannot take 0 in (a division's divisor, the
+/// others' first) reaches 0 (its lowest or highest value is 0): a 0 of the data may be what it was
+/// given.
 struct ZeroGiven {
   std::string op;     ///< "aten::div"
   std::string phase;  ///< "backward"
@@ -139,18 +140,18 @@ struct JobTriage {
   std::vector<std::pair<int, std::string>> verdicts;
 };
 
-/// One row of a padded batch that alone reaches further along a dimension than every other row,
-/// which is zero beyond: the batch's padded size is that row's. Cutting rows from the recorded
-/// batch cannot shrink it, so a failure of that size (a sequence longer than the position table,
-/// a sample with more columns than the model takes) fails without the row too.
-/// A step's batch with fewer rows than the batches before it had: the last, partial batch of an
-/// epoch whose dataset the batch size does not divide (DataLoader's drop_last=False).
+/// A step's batch with fewer rows than the batches before it had: often the last, partial batch of
+/// an epoch whose dataset the batch size does not divide (DataLoader's drop_last=False).
 struct ShortBatch {
   int64_t rows = 0;         ///< the step's
   int64_t usualRows = 0;    ///< the rows most of the earlier recorded steps had
   int64_t stepsUsual = 0;   ///< how many earlier recorded steps had usualRows
 };
 
+/// One row of a padded batch that alone reaches further along a dimension than every other row,
+/// which is zero beyond: the batch's padded size is that row's. Cutting rows from the recorded
+/// batch cannot shrink it, so a failure of that size (a sequence longer than the position table,
+/// a sample with more columns than the model takes) fails without the row too.
 struct PaddingRow {
   std::string tensor;
   int dim = 0;             ///< the dimension it reaches along

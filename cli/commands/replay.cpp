@@ -10,6 +10,7 @@
 #include "crashcap/formats/torch/settings.hpp"
 #include "crashcap/investigate/replays.hpp"
 #include "crashcap/investigate/results_json.hpp"
+#include "crashcap/investigate/triage.hpp"
 #include "replays.hpp"
 #include "crashcap/replayer/replay.hpp"
 
@@ -136,6 +137,7 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
       std::cout << fmt::format("  element {} of its batch: a CTC target of {} labels needs {} input frames, has {}: no "
                                "alignment exists\n",
                                t.element, t.targetLength, t.framesNeeded, t.inputLength);
+    if (f.emptyMean) std::cout << fmt::format("  a mean of nothing: {}\n", investigate::emptyMeanText(*f.emptyMean));
   }
 }
 

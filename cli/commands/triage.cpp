@@ -24,11 +24,22 @@ struct Options {
 
 std::string rowsText(const std::vector<int64_t>& v) { return fmt::format("[{}]", joinRows(v)); }
 
-/// Whether invalid-data was left open (not refuted): a short batch is a culprit only then.
-bool invalidDataOpen(const investigate::Triage& t) {
-  return std::none_of(t.hypotheses.begin(), t.hypotheses.end(), [](const investigate::Hypothesis& h) {
-    return h.id == "invalid-data" && h.verdict == investigate::HypothesisVerdict::Refuted;
-  });
+/// A whole batch's dataset indices can be hundreds: the first few and how many (--json has all).
+std::string indicesText(const std::vector<int64_t>& v) {
+  constexpr size_t kShown = 24;
+  if (v.size() <= kShown) return rowsText(v);
+  return fmt::format("[{},...] ({} in all)", joinRows(std::vector<int64_t>(v.begin(), v.begin() + kShown)), v.size());
+}
+
+/// "the whole batch, which gives the loss no target to count (all 16 are ignore_index -100)"
+std::string emptyMeanCulpritText(const replayer::EmptyMean& m) {
+  if (m.empty) return "the whole batch, which leaves the loss an empty tensor to average";
+  const std::string ignored = m.ignoreIndex ? fmt::format("ignore_index {}", *m.ignoreIndex) : "ignored";
+  return fmt::format("the whole batch, which gives the loss no target to count ({})",
+                     m.ignored == m.targets ? fmt::format("all {} are {}", m.targets, ignored)
+                     : m.ignored == 0       ? fmt::format("all {} are of classes weighted 0", m.targets)
+                                            : fmt::format("{} are {}, {} of classes weighted 0", m.ignored, ignored,
+                                                          m.targets - m.ignored));
 }
 
 void printTriage(const investigate::Triage& t) {
@@ -107,11 +118,12 @@ void printTriage(const investigate::Triage& t) {
       c.step ? std::to_string(*c.step) : "null",
       c.rows    ? "rows " + rowsText(*c.rows)
       : c.value ? investigate::culpritValueText(*c.value)
-      : t.facts.shortBatch && invalidDataOpen(t)
-          ? fmt::format("its short batch of {} row{} (earlier steps had {})", t.facts.shortBatch->rows,
-                        t.facts.shortBatch->rows == 1 ? "" : "s", t.facts.shortBatch->usualRows)
+      : c.emptyMean ? emptyMeanCulpritText(*c.emptyMean)
+      : c.shortBatch
+          ? fmt::format("its short batch of {} row{} (earlier steps had {})", c.shortBatch->rows,
+                        c.shortBatch->rows == 1 ? "" : "s", c.shortBatch->usualRows)
           : std::string("no batch rows singled out"),
-      c.datasetIndices ? " (dataset indices " + rowsText(*c.datasetIndices) + ")" : "",
+      c.datasetIndices ? " (dataset indices " + indicesText(*c.datasetIndices) + ")" : "",
       c.op                                          ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?"))
       : t.facts.replay && t.facts.replay->steps.empty() ? std::string("no op seen (the replay gave no step back)")
                                                         : std::string("no op output went non-finite"),

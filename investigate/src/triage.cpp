@@ -975,6 +975,12 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     try {
       f.paddingRow = findPaddingRow(bundle, f.step(), f.replay ? f.replay->rowOrder : std::nullopt);
       f.shortBatch = findShortBatch(bundle, f.step());
+      if (f.emptyMean()) {
+        // The batch as a whole is the finding: all its samples are named.
+        std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(batchSize, 0)));
+        for (int64_t r = 0; r < batchSize; ++r) all[static_cast<size_t>(r)] = r;
+        f.batchDatasetIndices = datasetIndices(bundle, f.step(), all, f.replay->rowOrder);
+      }
       f.concatenatedValues = findConcatenatedValues(bundle, f.step(), domains, f.replay ? f.replay->rowOrder : std::nullopt);
     } catch (const Error&) {
       // A batch tensor that cannot be read: the experiments above said what they could.
@@ -1026,7 +1032,17 @@ json toJson(const Triage& t, bool withReplay) {
                                                                 : json(nullptr)},
                                          {"row", opt(c.value->row)},
                                          {"dataset_index", opt(c.value->datasetIndex)}}
-                                  : json(nullptr)}}},
+                                  : json(nullptr)},
+                {"short_batch", c.shortBatch ? json{{"rows", c.shortBatch->rows},
+                                                    {"usual_rows", c.shortBatch->usualRows},
+                                                    {"steps_usual", c.shortBatch->stepsUsual}}
+                                             : json(nullptr)},
+                {"empty_mean", c.emptyMean ? json{{"empty", c.emptyMean->empty},
+                                                  {"targets", c.emptyMean->targets},
+                                                  {"ignored", c.emptyMean->ignored},
+                                                  {"ignore_index", opt(c.emptyMean->ignoreIndex)},
+                                                  {"of", c.emptyMean->of.empty() ? json(nullptr) : json(c.emptyMean->of)}}
+                                           : json(nullptr)}}},
               {"notes", f.replay ? json(f.replay->notes) : json::array()},
               {"job", nullptr},
               {"experiments", experimentLogJson(t.experiments)}};

@@ -266,6 +266,11 @@ std::vector<replayer::UnalignableTarget> TriageFacts::unalignableRows() const {
   return out;
 }
 
+const replayer::EmptyMean* TriageFacts::emptyMean() const {
+  if (!reproduced() || !replay->firstNonFiniteOp || !replay->firstNonFiniteOp->emptyMean) return nullptr;
+  return &*replay->firstNonFiniteOp->emptyMean;
+}
+
 std::vector<const ConcatenatedValue*> TriageFacts::culpritValuesInRows() const {
   std::vector<const ConcatenatedValue*> out;
   const auto rows = culpritRows();
@@ -362,6 +367,22 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
           rows.size() == 1 ? "it" : "them"));
       for (const auto& r : f.rowFindings) h.evidence.push_back(rowFindingText(r));
     }
+  } else if (const auto* empty = f.emptyMean()) {
+    // Nothing in the batch for the loss to count: a finding about the batch as a whole, which
+    // cutting rows cannot test (the rows left give the loss nothing either).
+    h.evidence.push_back(fmt::format("{}step {}'s batch as a whole gives {} nothing to average: {}{}", whose, f.step(),
+                                     f.replay->firstNonFiniteOp->name, emptyMeanText(*empty),
+                                     f.batchDatasetIndices
+                                         ? fmt::format(" (dataset indices {})", joinRows(*f.batchDatasetIndices))
+                                         : ""));
+    if (withoutRowsFails)
+      h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}], the rows left giving it nothing to "
+                                       "count either: no one sample is to blame",
+                                       f.step(), whose, joinRows(rows)));
+    if (!empty->empty)
+      h.evidence.push_back("whether that is bad data is the program's call: unlabelled samples that one batch drew "
+                           "together (a loader without shuffle over data sorted by label?), or a loss that must skip "
+                           "such a batch");
   } else if (withoutRowsFails && f.paddingRow) {
     // The recorded batch keeps its padded size whatever rows are cut: the row that set it cannot
     // be tested by leaving it out.
@@ -467,6 +488,12 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
                                        where, elements.size() == 1 ? "" : "s", joinRows(elements),
                                        elements.size() == 1 ? "" : "s", elements.size() == 1 ? "s" : "",
                                        elements.size() == 1 ? "it" : "they", elements.size() == 1 ? "s" : "ve"));
+    } else if (bad == 0 && op->emptyMean) {
+      // 0/0, the mean of nothing: the arithmetic is right, and the step does not guard the edge case.
+      h.verdict = V::Confirmed;
+      h.evidence.push_back(fmt::format("{} makes NaN as a mean of nothing: {}", where, emptyMeanText(*op->emptyMean)));
+      h.evidence.push_back("a batch with nothing for the loss to average is an edge case the step does not guard "
+                           "(skip such a batch, or divide a reduction='sum' loss by the count, at least 1)");
     } else if (bad == 0 && largest > 1e15) {
       // Overflow of values that were already huge: they came from the data or from weights
       // running away, not from the loss's arithmetic.
@@ -888,7 +915,29 @@ Culprit findCulprit(const TriageFacts& f) {
   if (f.config) c.changes = f.config->changesOutcome;
   if (!c.rows)
     if (const auto* v = raisingOpValue(f)) c.value = *v;
+  if (!c.rows && !c.value) {
+    if (const auto* empty = f.emptyMean()) {
+      c.emptyMean = *empty;
+      c.datasetIndices = f.batchDatasetIndices;
+    } else if (f.shortBatch && judgeInvalidData(f).verdict != V::Refuted) {
+      c.shortBatch = f.shortBatch;
+    }
+  }
   return c;
+}
+
+std::string emptyMeanText(const replayer::EmptyMean& m) {
+  if (m.empty)
+    return fmt::format("{} an empty tensor (a mask that selected nothing?), dividing a sum of nothing by 0",
+                       m.of.empty() ? "it averages" : "it is the mean " + m.of + " takes of");
+  const std::string ignored = m.ignoreIndex ? fmt::format("ignore_index {}", *m.ignoreIndex) : "ignored";
+  const char* all = m.targets == 1 ? "it is" : "all are";
+  const std::string which = m.ignored == m.targets ? fmt::format("{} {}", all, ignored)
+                            : m.ignored == 0       ? fmt::format("{} of classes whose weight is 0", all)
+                                                   : fmt::format("{} are {}, the other {} of classes whose weight is 0",
+                                                                 m.ignored, ignored, m.targets - m.ignored);
+  return fmt::format("none of its {} target{} counts ({}), so its mean divides a sum of nothing by a total weight of 0",
+                     m.targets, m.targets == 1 ? "" : "s", which);
 }
 
 std::string culpritValueText(const ConcatenatedValue& v, std::string_view quote) {

@@ -228,6 +228,7 @@ struct OpCall : at::ObserverContext {
   std::vector<at::Tensor> tensors;
   std::vector<UnalignableTarget> unalignable;  ///< a CTC loss's, told from its arguments as it began
   bool meantInfinity = false;                  ///< a CTC loss with zero_infinity
+  std::optional<EmptyMean> emptyMean;          ///< an nll_loss's none of whose targets counts, told as it began
   bool outer = false;
   uint64_t began = 0;  ///< the probe's op count as it began (ProbedOp::began)
   int unwinding = 0;  ///< std::uncaught_exceptions() as it began: more at its end, it raised
@@ -312,6 +313,47 @@ std::vector<UnalignableTarget> unalignableTargets(const at::RecordFunction& fn) 
   return out;
 }
 
+/// A negative log-likelihood's forward kernel (cross_entropy's, nll_loss's), whose arguments are
+/// input, target, weight, reduction and ignore_index.
+bool nllLoss(const char* name) {
+  return name && (std::strcmp(name, "aten::nll_loss_forward") == 0 || std::strcmp(name, "aten::nll_loss2d_forward") == 0);
+}
+
+/// An nll_loss with reduction='mean' none of whose targets counts, each being ignore_index or of a
+/// class whose weight is 0: it divides a sum of nothing by a total weight of 0.
+std::optional<EmptyMean> uncountedTargets(const at::RecordFunction& fn) {
+  constexpr int64_t kMean = 1;  // at::Reduction::Mean
+  const auto args = formats::torch::opArguments(fn);
+  if (args.size() < 5 || !args[1].isTensor() || !args[3].isInt() || !args[4].isInt() || args[3].toInt() != kMean)
+    return std::nullopt;
+  const at::Tensor target = args[1].toTensor().detach().reshape({-1});
+  const at::Tensor counted = target != args[4].toInt();
+  const at::Tensor classes = target.masked_select(counted);
+  if (classes.numel() > 0) {
+    if (!args[2].isTensor() || !args[2].toTensor().defined()) return std::nullopt;
+    const at::Tensor weight = args[2].toTensor().detach();
+    if (classes.min().item<int64_t>() < 0 || classes.max().item<int64_t>() >= weight.numel())
+      return std::nullopt;  // the op's own error
+    if (weight.index_select(0, classes.to(weight.device())).ne(0).any().item<bool>()) return std::nullopt;
+  }
+  EmptyMean m;
+  m.empty = target.numel() == 0;
+  m.targets = target.numel();
+  m.ignored = target.numel() - classes.numel();
+  m.ignoreIndex = args[4].toInt();
+  return m;
+}
+
+/// The op's tensors as it began were all empty: a NaN it or an op inside it makes is a mean (or a
+/// loss's mean) over nothing.
+bool givenOnlyEmpty(const OpCall& call) {
+  return !call.tensors.empty() &&
+         std::all_of(call.tensors.begin(), call.tensors.end(), [](const at::Tensor& t) { return t.defined() && t.numel() == 0; });
+}
+
+/// The outermost op under way, when it was given only empty tensors (its name); "" otherwise.
+thread_local std::string tOuterGivenOnlyEmpty;
+
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
   if (tInside || !gProbe) return nullptr;
   if (fn.name() && std::strncmp(fn.name(), "autograd::engine::", 18) == 0) ++tEngineDepth;
@@ -338,7 +380,11 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
         at::DisableRecordFunctionGuard quiet;  // its reads are the probe's, not the step's
         ctx->meantInfinity = zeroesInfinity(fn);
         if (!ctx->meantInfinity) ctx->unalignable = unalignableTargets(fn);
+      } else if (nllLoss(fn.name())) {
+        at::DisableRecordFunctionGuard quiet;  // its reads are the probe's, not the step's
+        ctx->emptyMean = uncountedTargets(fn);
       }
+      if (ctx->outer) tOuterGivenOnlyEmpty = givenOnlyEmpty(*ctx) && fn.name() ? fn.name() : "";
     } catch (...) {
     }
   }
@@ -467,6 +513,14 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
           });
           op.afterGivenInfinity = gProbe->deliberateInfinity;
           if (call) op.unalignable = call->unalignable;
+          if (call && !op.outputs.empty() && op.outputs.front().nanCount > 0) {
+            if (call->emptyMean) {
+              op.emptyMean = call->emptyMean;
+            } else if (givenOnlyEmpty(*call) || !tOuterGivenOnlyEmpty.empty()) {
+              op.emptyMean = EmptyMean{true};
+              if (!givenOnlyEmpty(*call)) op.emptyMean->of = tOuterGivenOnlyEmpty;
+            }
+          }
           gProbe->found = std::move(op);
         }
       }

@@ -144,6 +144,17 @@ std::optional<ProbedOp> probedOpFromJson(const json& j, const char* key) {
       op.unalignable.push_back({integer(t, "element"), integer(t, "target_length"), integer(t, "frames_needed"),
                                 integer(t, "input_length")});
   }
+  if (o.contains("empty_mean") && !o["empty_mean"].is_null()) {  // absent before it existed
+    const json& m = o["empty_mean"];
+    if (!m.is_object()) throw Error(ErrorCode::Corrupt, fmt::format("result JSON: {}.empty_mean is not an object", key));
+    EmptyMean e;
+    e.empty = m.contains("empty") && m["empty"].is_boolean() && m["empty"].get<bool>();
+    e.targets = integer(m, "targets");
+    e.ignored = integer(m, "ignored");
+    if (m.contains("ignore_index") && !m["ignore_index"].is_null()) e.ignoreIndex = integer(m, "ignore_index");
+    if (m.contains("of") && m["of"].is_string()) e.of = m["of"].get<std::string>();
+    op.emptyMean = e;
+  }
   return op;
 }
 
@@ -251,7 +262,13 @@ json toJson(const std::optional<ProbedOp>& op) {
           {"inputs", statsListJson(op->inputs)},
           {"outputs", statsListJson(op->outputs)},
           {"after_given_infinity", op->afterGivenInfinity},
-          {"unalignable", unalignableJson(op->unalignable)}};
+          {"unalignable", unalignableJson(op->unalignable)},
+          {"empty_mean", op->emptyMean ? json{{"empty", op->emptyMean->empty},
+                                              {"targets", op->emptyMean->targets},
+                                              {"ignored", op->emptyMean->ignored},
+                                              {"ignore_index", op->emptyMean->ignoreIndex ? json(*op->emptyMean->ignoreIndex) : json(nullptr)},
+                                              {"of", op->emptyMean->of.empty() ? json(nullptr) : json(op->emptyMean->of)}}
+                                       : json(nullptr)}};
 }
 
 json toJson(const std::optional<BatchLoad>& load) {

@@ -503,6 +503,13 @@ TEST_CASE("a step whose batch has fewer rows than most earlier steps' is a short
   CHECK(has(h, "step 6's batch has 1 row, where 6 earlier recorded steps had 16: a short batch, the last of an epoch "
                "whose dataset the batch size does not divide? (the DataLoader's drop_last=True leaves it out); a single "
                "row is what BatchNorm in training, or any statistic over the batch, cannot take"));
+  // Named in the culprit while invalid-data is open, not once refuted.
+  CHECK(findCulprit(f).shortBatch.has_value());
+  CHECK(findCulprit(f).shortBatch->usualRows == 16);
+  f.withoutRows = replayOf(Verdict::Reproduced);
+  f.samples = samplesFound({0, 1});
+  REQUIRE(judgeInvalidData(f).verdict == V::Refuted);
+  CHECK_FALSE(findCulprit(f).shortBatch);
 }
 
 TEST_CASE("invalid-data is inconclusive when no part of the batch can run, and names what its rows hold untested",
@@ -707,6 +714,65 @@ TEST_CASE("a CTC target longer than its input can align is invalid data of its r
   // Targets that all align: the loss's arithmetic is the suspect, as for any op.
   f.replay->firstNonFiniteOp->unalignable.clear();
   CHECK(judgeLossNumerics(f).verdict == V::Confirmed);
+}
+
+TEST_CASE("a loss's mean of nothing (every target ignore_index, or an empty tensor) is an edge case of the step, "
+          "said of the batch as a whole, not a sample refuted",
+          "[investigate][triage]") {
+  // 16 rows all labelled -100: cross_entropy's nll_loss averages over a total weight of 0.
+  auto f = reproducedAt6();
+  f.samples = samplesFound({0, 1, 2, 3});
+  f.withoutRows = replayOf(Verdict::Reproduced);  // the rows left are unlabelled too
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::nll_loss_forward", {stats(0, 0, -4.0, -0.1), stats(0, 0, -100, -100)});
+  f.replay->firstNonFiniteOp->outputs = {stats(1, 0, 0, 0), stats(0, 0, 0, 0)};
+  f.batchDatasetIndices = std::vector<int64_t>{96, 97, 98};
+  replayer::EmptyMean m;
+  m.targets = 16;
+  m.ignored = 16;
+  m.ignoreIndex = -100;
+  f.replay->firstNonFiniteOp->emptyMean = m;
+  auto loss = judgeLossNumerics(f);
+  CHECK(loss.verdict == V::Confirmed);
+  CHECK(has(loss, "aten::nll_loss_forward (forward, step 6) makes NaN as a mean of nothing: none of its 16 targets "
+                  "counts (all are ignore_index -100), so its mean divides a sum of nothing by a total weight of 0"));
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);  // not refuted by the rows left failing too
+  CHECK(has(h, "step 6's batch as a whole gives aten::nll_loss_forward nothing to average: none of its 16 targets "
+               "counts (all are ignore_index -100), so its mean divides a sum of nothing by a total weight of 0 "
+               "(dataset indices 96,97,98)"));
+  CHECK(has(h, "step 6 still fails without rows [0,1,2,3], the rows left giving it nothing to count either"));
+  auto c = findCulprit(f);
+  REQUIRE(c.emptyMean);
+  CHECK(c.emptyMean->ignored == 16);
+  CHECK_FALSE(c.rows);
+  CHECK(c.datasetIndices == std::vector<int64_t>{96, 97, 98});  // the whole batch's
+  CHECK(c.op == "aten::nll_loss_forward");
+
+  // Some ignored, the rest of classes weighted 0.
+  m.ignored = 10;
+  CHECK(emptyMeanText(m) == "none of its 16 targets counts (10 are ignore_index -100, the other 6 of classes whose "
+                            "weight is 0), so its mean divides a sum of nothing by a total weight of 0");
+  m.ignored = 0;
+  CHECK(emptyMeanText(m).find("(all are of classes whose weight is 0)") != std::string::npos);
+  // An empty tensor: a mask that selected nothing.
+  f.replay->firstNonFiniteOp->name = "aten::mse_loss";
+  f.replay->firstNonFiniteOp->emptyMean = replayer::EmptyMean{true};
+  CHECK(has(judgeLossNumerics(f), "aten::mse_loss (forward, step 6) makes NaN as a mean of nothing: it averages an "
+                                  "empty tensor"));
+  // The NaN of a division inside the op the step called with the empty tensor.
+  replayer::EmptyMean inside{true};
+  inside.of = "aten::mse_loss";
+  CHECK(emptyMeanText(inside).rfind("it is the mean aten::mse_loss takes of an empty tensor", 0) == 0);
+  h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK_FALSE(has(h, "whether that is bad data"));  // said of unlabelled targets only
+
+  // Not reproduced: nothing is said of the batch.
+  f.replay->verdict = Verdict::NotReproduced;
+  f.replay->error.clear();
+  REQUIRE(f.replay->firstNonFiniteOp->emptyMean);
+  CHECK_FALSE(f.emptyMean());
+  CHECK_FALSE(findCulprit(f).emptyMean);
 }
 
 TEST_CASE("loss-numerics: NaN made of the infinities a mask wrote on purpose is an edge case of the step, unless the "

@@ -200,6 +200,9 @@ struct TriageFacts {
   std::optional<PaddingRow> paddingRow;              ///< of the failing step's batch
   std::optional<ShortBatch> shortBatch;              ///< the failing step's batch, when short
   std::vector<ConcatenatedValue> concatenatedValues; ///< of the failing step's batch
+  /// The failing step's whole batch's dataset indices, read where the batch as a whole is the
+  /// finding (emptyMean()); nullopt when not read or the batch has no index tensor.
+  std::optional<std::vector<int64_t>> batchDatasetIndices;
   std::optional<JobTriage> job;                      ///< the bundle is a rank of a multi-process job
 
   /// The replay brought the recorded failure back (replayer::showsFailure).
@@ -215,6 +218,8 @@ struct TriageFacts {
   /// The first non-finite op's CTC targets that cannot be aligned, in the culprit rows (its batch's
   /// elements are the step batch's rows).
   std::vector<replayer::UnalignableTarget> unalignableRows() const;
+  /// The reproduced failure's first NaN is a mean of nothing (replayer::EmptyMean); null otherwise.
+  const replayer::EmptyMean* emptyMean() const;
   /// The failing step: the replayed one, else the recorded crash's (-1 unknown).
   int64_t step() const { return replay ? replay->step : crashStep; }
   /// The recorded error came where a replay does not run, and the replay of the step ran clean:
@@ -268,8 +273,16 @@ struct Culprit {
   /// Without rows: the value outside the domain of the op that raised, in a tensor of the
   /// samples concatenated, and the row it lies in when the batch's offsets say.
   std::optional<ConcatenatedValue> value;
+  /// Without rows, what the whole batch is: short (where invalid-data is not refuted), or giving
+  /// the loss nothing to average (`datasetIndices` then are the whole batch's).
+  std::optional<ShortBatch> shortBatch;
+  std::optional<replayer::EmptyMean> emptyMean;
 };
 Culprit findCulprit(const TriageFacts& facts);
+
+/// "none of its 16 targets counts (all are ignore_index -100)", "it averages an empty tensor":
+/// why a mean of nothing is NaN, said of the op that took it.
+std::string emptyMeanText(const replayer::EmptyMean& m);
 
 struct Triage {
   TriageFacts facts;

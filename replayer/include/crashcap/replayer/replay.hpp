@@ -99,6 +99,20 @@ struct UnalignableTarget {
   int64_t targetLength = 0, framesNeeded = 0, inputLength = 0;
 };
 
+/// A mean with nothing to average, NaN (0/0) whatever the values: a negative log-likelihood
+/// (cross_entropy's) with reduction='mean' none of whose targets counts, each being ignore_index
+/// or of a class whose weight is 0 (`targets` may be 0 too); or a mean, or a loss's mean, over an
+/// empty tensor (`empty`: a mask that selected nothing).
+struct EmptyMean {
+  bool empty = false;                   ///< over an empty tensor, not over targets that all weigh 0
+  int64_t targets = 0;                  ///< the loss's targets
+  int64_t ignored = 0;                  ///< of them, equal to ignore_index (the rest weigh 0 by class)
+  std::optional<int64_t> ignoreIndex;   ///< the loss's, when it has one
+  /// The op the step called with the empty tensor, when the NaN came from an op inside it (the
+  /// division of mse_loss's mean); "" when the op itself was.
+  std::string of;
+};
+
 /// An op of the target step that the replay singled out (the first whose output holds a NaN or
 /// Inf, the one the step's error came out of), with its inputs' values as the op began and its
 /// outputs'.
@@ -116,6 +130,8 @@ struct ProbedOp {
   bool afterGivenInfinity = false;
   /// A CTC loss's elements whose targets need more frames than they have (UnalignableTarget).
   std::vector<UnalignableTarget> unalignable;
+  /// Its NaN is the mean of nothing (EmptyMean).
+  std::optional<EmptyMean> emptyMean;
 };
 
 struct StepReplay {

@@ -17,7 +17,7 @@
 namespace crashcap::replayer {
 
 /// `crashcap replay --json`. Keys: verdict, step, keyframe, error, recorded_error, diverged_at,
-/// first_nonfinite_op, raising_op (both {name, phase, seq, index, inputs, outputs, after_given_infinity, unalignable} or null), steps [{step, loss, grad_norm, recorded_loss, recorded_grad_norm, bitwise,
+/// first_nonfinite_op, raising_op (both {name, phase, seq, index, inputs, outputs, after_given_infinity, unalignable, empty_mean} or null), steps [{step, loss, grad_norm, recorded_loss, recorded_grad_norm, bitwise,
 /// error, lr, weight_norm, weights_finite}], steps_replayed, batch_size, rows, lost_steps (verdict
 /// "recording-incomplete": the steps of the window the recording lost), load_ms, replay_ms, device,
 /// recorded_device, dtype, settings, recorded_settings, same_setup, threads, keyframe_written (the

@@ -24,13 +24,6 @@ struct Options {
 
 std::string rowsText(const std::vector<int64_t>& v) { return fmt::format("[{}]", joinRows(v)); }
 
-/// A whole batch's dataset indices can be hundreds: the first few and how many (--json has all).
-std::string indicesText(const std::vector<int64_t>& v) {
-  constexpr size_t kShown = 24;
-  if (v.size() <= kShown) return rowsText(v);
-  return fmt::format("[{},...] ({} in all)", joinRows(std::vector<int64_t>(v.begin(), v.begin() + kShown)), v.size());
-}
-
 /// "the whole batch, which gives the loss no target to count (all 16 are ignore_index -100)"
 std::string emptyMeanCulpritText(const replayer::EmptyMean& m) {
   if (m.empty) return "the whole batch, which leaves the loss an empty tensor to average";
@@ -123,7 +116,7 @@ void printTriage(const investigate::Triage& t) {
           ? fmt::format("its short batch of {} row{} (earlier steps had {})", c.shortBatch->rows,
                         c.shortBatch->rows == 1 ? "" : "s", c.shortBatch->usualRows)
           : std::string("no batch rows singled out"),
-      c.datasetIndices ? " (dataset indices " + indicesText(*c.datasetIndices) + ")" : "",
+      c.datasetIndices ? " (dataset indices [" + investigate::leadingIndicesText(*c.datasetIndices) + "])" : "",
       c.op                                          ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?"))
       : t.facts.replay && t.facts.replay->steps.empty() ? std::string("no op seen (the replay gave no step back)")
                                                         : std::string("no op output went non-finite"),

@@ -373,7 +373,7 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
     h.evidence.push_back(fmt::format("{}step {}'s batch as a whole gives {} nothing to average: {}{}", whose, f.step(),
                                      f.replay->firstNonFiniteOp->name, emptyMeanText(*empty),
                                      f.batchDatasetIndices
-                                         ? fmt::format(" (dataset indices {})", joinRows(*f.batchDatasetIndices))
+                                         ? fmt::format(" (dataset indices {})", leadingIndicesText(*f.batchDatasetIndices))
                                          : ""));
     if (withoutRowsFails)
       h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}], the rows left giving it nothing to "
@@ -924,6 +924,13 @@ Culprit findCulprit(const TriageFacts& f) {
     }
   }
   return c;
+}
+
+std::string leadingIndicesText(const std::vector<int64_t>& indices) {
+  constexpr size_t kShown = 24;
+  if (indices.size() <= kShown) return joinRows(indices);
+  return fmt::format("{},... ({} in all)", joinRows(std::vector<int64_t>(indices.begin(), indices.begin() + kShown)),
+                     indices.size());
 }
 
 std::string emptyMeanText(const replayer::EmptyMean& m) {

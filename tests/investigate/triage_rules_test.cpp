@@ -748,6 +748,12 @@ TEST_CASE("a loss's mean of nothing (every target ignore_index, or an empty tens
   CHECK(c.datasetIndices == std::vector<int64_t>{96, 97, 98});  // the whole batch's
   CHECK(c.op == "aten::nll_loss_forward");
 
+  // A batch of 100: its first 24 indices, and how many.
+  std::vector<int64_t> hundred(100);
+  for (int64_t i = 0; i < 100; ++i) hundred[static_cast<size_t>(i)] = 1000 + i;
+  CHECK(leadingIndicesText(hundred).find(",1023,... (100 in all)") != std::string::npos);
+  CHECK(leadingIndicesText({96, 97}) == "96,97");
+
   // Some ignored, the rest of classes weighted 0.
   m.ignored = 10;
   CHECK(emptyMeanText(m) == "none of its 16 targets counts (10 are ignore_index -100, the other 6 of classes whose "

@@ -284,6 +284,10 @@ Culprit findCulprit(const TriageFacts& facts);
 /// why a mean of nothing is NaN, said of the op that took it.
 std::string emptyMeanText(const replayer::EmptyMean& m);
 
+/// "96,97,98", or for a list longer than 24 its first 24 and how many in all ("0,1,...,23,... (512
+/// in all)"): a whole batch's dataset indices in a line of text (--json keeps the list whole).
+std::string leadingIndicesText(const std::vector<int64_t>& indices);
+
 struct Triage {
   TriageFacts facts;
   std::vector<Hypothesis> hypotheses;

@@ -24,17 +24,6 @@ struct Options {
 
 std::string rowsText(const std::vector<int64_t>& v) { return fmt::format("[{}]", joinRows(v)); }
 
-/// "the whole batch, which gives the loss no target to count (all 16 are ignore_index -100)"
-std::string emptyMeanCulpritText(const replayer::EmptyMean& m) {
-  if (m.empty) return "the whole batch, which leaves the loss an empty tensor to average";
-  const std::string ignored = m.ignoreIndex ? fmt::format("ignore_index {}", *m.ignoreIndex) : "ignored";
-  return fmt::format("the whole batch, which gives the loss no target to count ({})",
-                     m.ignored == m.targets ? fmt::format("all {} are {}", m.targets, ignored)
-                     : m.ignored == 0       ? fmt::format("all {} are of classes weighted 0", m.targets)
-                                            : fmt::format("{} are {}, {} of classes weighted 0", m.ignored, ignored,
-                                                          m.targets - m.ignored));
-}
-
 void printTriage(const investigate::Triage& t) {
   const auto& f = t.facts;
   auto reader = formats::BundleReader::open(f.bundle);
@@ -111,11 +100,7 @@ void printTriage(const investigate::Triage& t) {
       c.step ? std::to_string(*c.step) : "null",
       c.rows    ? "rows " + rowsText(*c.rows)
       : c.value ? investigate::culpritValueText(*c.value)
-      : c.emptyMean ? emptyMeanCulpritText(*c.emptyMean)
-      : c.shortBatch
-          ? fmt::format("its short batch of {} row{} (earlier steps had {})", c.shortBatch->rows,
-                        c.shortBatch->rows == 1 ? "" : "s", c.shortBatch->usualRows)
-          : std::string("no batch rows singled out"),
+      : investigate::culpritBatchText(c).value_or("no batch rows singled out"),
       c.datasetIndices ? " (dataset indices [" + investigate::leadingIndicesText(*c.datasetIndices) + "])" : "",
       c.op                                          ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?"))
       : t.facts.replay && t.facts.replay->steps.empty() ? std::string("no op seen (the replay gave no step back)")

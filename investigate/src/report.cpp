@@ -212,6 +212,10 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
       where.push_back(fmt::format("batch rows {}{}", jsonList(*c.rows),
                                   c.datasetIndices ? " (dataset indices " + jsonList(*c.datasetIndices) + ")" : ""));
     if (c.value) where.push_back(investigate::culpritValueText(*c.value, "`"));
+    if (auto batch = investigate::culpritBatchText(c)) {
+      where.push_back(*batch);
+      if (c.datasetIndices && !loading) where.push_back("dataset indices " + jsonList(*c.datasetIndices));
+    }
     if (c.op) where.push_back(fmt::format("op `{}`{}", *c.op, c.phase ? " (" + *c.phase + ")" : ""));
     if (c.changes && !c.changes->empty()) where.push_back("the outcome changes with " + json(*c.changes).dump());
     md += fmt::format("\nCulprit: {}.\n", where.empty() ? std::string("not placed") : fmt::format("{}", fmt::join(where, ", ")));

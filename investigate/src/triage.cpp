@@ -975,15 +975,19 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     try {
       f.paddingRow = findPaddingRow(bundle, f.step(), f.replay ? f.replay->rowOrder : std::nullopt);
       f.shortBatch = findShortBatch(bundle, f.step());
-      if (f.emptyMean()) {
-        // The batch as a whole is the finding: all its samples are named.
-        std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(batchSize, 0)));
-        for (int64_t r = 0; r < batchSize; ++r) all[static_cast<size_t>(r)] = r;
-        f.batchDatasetIndices = datasetIndices(bundle, f.step(), all, f.replay->rowOrder);
-      }
       f.concatenatedValues = findConcatenatedValues(bundle, f.step(), domains, f.replay ? f.replay->rowOrder : std::nullopt);
     } catch (const Error&) {
       // A batch tensor that cannot be read: the experiments above said what they could.
+    }
+    if (f.emptyMean()) {
+      // The batch as a whole is the finding: all its samples are named.
+      std::vector<int64_t> all(static_cast<size_t>(std::max<int64_t>(batchSize, 0)));
+      for (int64_t r = 0; r < batchSize; ++r) all[static_cast<size_t>(r)] = r;
+      try {
+        f.batchDatasetIndices = datasetIndices(bundle, f.step(), all, f.replay->rowOrder);
+      } catch (const Error&) {
+        // An index tensor that cannot be read: the batch is named without its samples.
+      }
     }
   }
   // Ops and settings are tested at the failing step: pointless when replay cannot reach it. A batch

@@ -375,10 +375,17 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
                                      f.batchDatasetIndices
                                          ? fmt::format(" (dataset indices {})", leadingIndicesText(*f.batchDatasetIndices))
                                          : ""));
-    if (withoutRowsFails)
+    const bool leftNothing = withoutRowsFails && f.withoutRows->firstNonFiniteOp && f.withoutRows->firstNonFiniteOp->emptyMean;
+    if (leftNothing)
       h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}], the rows left giving it nothing to "
                                        "count either: no one sample is to blame",
                                        f.step(), whose, joinRows(rows)));
+    else if (withoutRowsFails)
+      h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}]: no particular sample is needed",
+                                       f.step(), whose, joinRows(rows)));
+    else if (!f.samplesOutcome.empty())
+      h.evidence.push_back(fmt::format("sample bisection did not finish ({})", f.samplesOutcome));
+    addUntested();
     if (!empty->empty)
       h.evidence.push_back("whether that is bad data is the program's call: unlabelled samples that one batch drew "
                            "together (a loader without shuffle over data sorted by label?), or a loss that must skip "
@@ -931,6 +938,22 @@ std::string leadingIndicesText(const std::vector<int64_t>& indices) {
   if (indices.size() <= kShown) return joinRows(indices);
   return fmt::format("{},... ({} in all)", joinRows(std::vector<int64_t>(indices.begin(), indices.begin() + kShown)),
                      indices.size());
+}
+
+std::optional<std::string> culpritBatchText(const Culprit& c) {
+  if (c.shortBatch)
+    return fmt::format("its short batch of {} row{} (earlier steps had {})", c.shortBatch->rows,
+                       c.shortBatch->rows == 1 ? "" : "s", c.shortBatch->usualRows);
+  if (!c.emptyMean) return std::nullopt;
+  const auto& m = *c.emptyMean;
+  if (m.empty) return "the whole batch, which leaves the loss an empty tensor to average";
+  const std::string ignored = m.ignoreIndex ? fmt::format("ignore_index {}", *m.ignoreIndex) : "ignored";
+  const std::string all = m.targets == 1 ? "its one target is" : fmt::format("all {} are", m.targets);
+  return fmt::format("the whole batch, which gives the loss no target to count ({})",
+                     m.ignored == m.targets ? fmt::format("{} {}", all, ignored)
+                     : m.ignored == 0       ? fmt::format("{} of classes weighted 0", all)
+                                            : fmt::format("{} are {}, {} of classes weighted 0", m.ignored, ignored,
+                                                          m.targets - m.ignored));
 }
 
 std::string emptyMeanText(const replayer::EmptyMean& m) {

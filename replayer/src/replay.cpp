@@ -344,15 +344,28 @@ std::optional<EmptyMean> uncountedTargets(const at::RecordFunction& fn) {
   return m;
 }
 
-/// The op's tensors as it began were all empty: a NaN it or an op inside it makes is a mean (or a
-/// loss's mean) over nothing.
-bool givenOnlyEmpty(const OpCall& call) {
-  return !call.tensors.empty() &&
+/// An op that averages what it is given: a mean, a variance, a loss (whose default reduction is
+/// the mean). Not its backward.
+bool averages(const char* name) {
+  if (!name || std::strncmp(name, "aten::", 6) != 0 || std::strstr(name, "backward")) return false;
+  const std::string_view n(name + 6);
+  auto endsWith = [&](std::string_view tail) { return n.size() >= tail.size() && n.substr(n.size() - tail.size()) == tail; };
+  return n.find("mean") != n.npos || n.rfind("var", 0) == 0 || n.rfind("std", 0) == 0 || endsWith("_loss") ||
+         n.find("cross_entropy") != n.npos || n == "kl_div";
+}
+
+/// An op that averages (averages()) given only empty tensors as it began: a NaN it, or an op
+/// inside it, makes is a mean over nothing (mse_loss(out[mask], y[mask]) with a mask that selected
+/// nothing; torch's CPU kernel makes it in the division inside).
+bool averagesNothing(const char* name, const OpCall& call) {
+  return averages(name) && !call.tensors.empty() &&
          std::all_of(call.tensors.begin(), call.tensors.end(), [](const at::Tensor& t) { return t.defined() && t.numel() == 0; });
 }
 
-/// The outermost op under way, when it was given only empty tensors (its name); "" otherwise.
-thread_local std::string tOuterGivenOnlyEmpty;
+/// The outermost op under way, when it averages nothing (averagesNothing; its name); "" otherwise.
+/// Set as an outermost op begins, cleared as it ends; saved across an autograd node's ops.
+thread_local std::string tOuterAveragesNothing;
+thread_local std::vector<std::string> tSavedOuterAveragesNothing;
 
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
   if (tInside || !gProbe) return nullptr;
@@ -361,6 +374,7 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
   ctx->outer = tDepth++ == 0;
   ctx->began = gProbe->ops;
   ctx->unwinding = std::uncaught_exceptions();
+  if (ctx->outer) tOuterAveragesNothing.clear();
   if (!gProbe->found || (ctx->outer && !gProbe->raising)) {
     try {
       // An in-place op (add_, masked_fill_, log_) overwrites its first argument: a copy keeps the
@@ -384,7 +398,7 @@ std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
         at::DisableRecordFunctionGuard quiet;  // its reads are the probe's, not the step's
         ctx->emptyMean = uncountedTargets(fn);
       }
-      if (ctx->outer) tOuterGivenOnlyEmpty = givenOnlyEmpty(*ctx) && fn.name() ? fn.name() : "";
+      if (ctx->outer && averagesNothing(fn.name(), *ctx)) tOuterAveragesNothing = fn.name();
     } catch (...) {
     }
   }
@@ -516,9 +530,10 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
           if (call && !op.outputs.empty() && op.outputs.front().nanCount > 0) {
             if (call->emptyMean) {
               op.emptyMean = call->emptyMean;
-            } else if (givenOnlyEmpty(*call) || !tOuterGivenOnlyEmpty.empty()) {
-              op.emptyMean = EmptyMean{true};
-              if (!givenOnlyEmpty(*call)) op.emptyMean->of = tOuterGivenOnlyEmpty;
+            } else if (const bool inside = !call->outer && !tOuterAveragesNothing.empty();
+                       inside || averagesNothing(fn.name(), *call)) {
+              op.emptyMean.emplace().empty = true;
+              if (inside) op.emptyMean->of = tOuterAveragesNothing;
             }
           }
           gProbe->found = std::move(op);
@@ -540,12 +555,15 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
       // An observer must never throw into the op it observes.
     }
   }
+  if (call && call->outer) tOuterAveragesNothing.clear();
   tInside = false;
 }
 
 std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction&) {
   ++tBackwardDepth;
   tSavedDepth.push_back(tDepth);
+  tSavedOuterAveragesNothing.push_back(std::move(tOuterAveragesNothing));
+  tOuterAveragesNothing.clear();
   tDepth = 0;  // the ops an autograd node calls are outermost
   return nullptr;
 }
@@ -554,6 +572,10 @@ void onBackwardEnd(const at::RecordFunction&, at::ObserverContext*) {
   if (!tSavedDepth.empty()) {
     tDepth = tSavedDepth.back();
     tSavedDepth.pop_back();
+  }
+  if (!tSavedOuterAveragesNothing.empty()) {
+    tOuterAveragesNothing = std::move(tSavedOuterAveragesNothing.back());
+    tSavedOuterAveragesNothing.pop_back();
   }
 }
 
@@ -577,6 +599,8 @@ class ProbeScope {
     tBackwardDepth = 0;
     tEngineDepth = 0;
     tSavedDepth.clear();
+    tOuterAveragesNothing.clear();
+    tSavedOuterAveragesNothing.clear();
   }
 
  private:

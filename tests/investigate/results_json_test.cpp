@@ -41,9 +41,11 @@ replayer::ReplayResult sampleReplay() {
   r.firstNonFiniteOp = op;
   r.firstNonFiniteOp->afterGivenInfinity = true;
   r.firstNonFiniteOp->unalignable = {{3, 7, 9, 8}};
+  r.firstNonFiniteOp->emptyMean = replayer::EmptyMean{false, 16, 10, -100, ""};
   op.name = "aten::nll_loss";
   op.outputs.clear();
   r.raisingOp = op;
+  r.raisingOp->emptyMean = replayer::EmptyMean{true, 0, 0, std::nullopt, "aten::mse_loss"};
   for (int64_t s = 4; s <= 6; ++s) {
     replayer::StepReplay sr;
     sr.step = s;
@@ -98,6 +100,15 @@ TEST_CASE("a replay result reads back from its JSON, NaN and infinities included
   CHECK(std::isinf(*back.firstNonFiniteOp->inputs[0].max));
   CHECK(back.firstNonFiniteOp->afterGivenInfinity);
   REQUIRE(back.firstNonFiniteOp->unalignable.size() == 1);
+  REQUIRE(back.firstNonFiniteOp->emptyMean);
+  CHECK(back.firstNonFiniteOp->emptyMean->targets == 16);
+  CHECK(back.firstNonFiniteOp->emptyMean->ignored == 10);
+  CHECK(back.firstNonFiniteOp->emptyMean->ignoreIndex == -100);
+  CHECK(back.firstNonFiniteOp->emptyMean->of.empty());
+  REQUIRE(back.raisingOp->emptyMean);
+  CHECK(back.raisingOp->emptyMean->empty);
+  CHECK_FALSE(back.raisingOp->emptyMean->ignoreIndex);
+  CHECK(back.raisingOp->emptyMean->of == "aten::mse_loss");
   CHECK(back.firstNonFiniteOp->unalignable[0].element == 3);
   CHECK(back.firstNonFiniteOp->unalignable[0].targetLength == 7);
   CHECK(back.firstNonFiniteOp->unalignable[0].framesNeeded == 9);

@@ -44,10 +44,12 @@ def test_a_mask_that_selects_no_row_of_the_batch_is_named_as_a_mean_of_an_empty_
     r, runs = run_recorded(tmp_path, "unlabelled_batch.py", "--unlabelled-from", 64, "--loss", "masked")
     assert r.returncode != 0 and "non-finite loss" in r.stderr, r.stderr
     bundle = only_bundle(runs)
+    op = crashcap_json("replay", bundle)["first_nonfinite_op"]
+    assert op["empty_mean"]["empty"] is True and op["empty_mean"]["of"] == "aten::mse_loss", op
     triage = crashcap_json("triage", bundle)
     assert triage["step"] == 4, triage
     assert verdicts(triage)["loss-numerics"] == "confirmed", triage["hypotheses"]
-    assert verdicts(triage)["invalid-data"] != "refuted", triage["hypotheses"]
+    assert verdicts(triage)["invalid-data"] == "inconclusive", triage["hypotheses"]
     # torch's mse_loss divides the sum of nothing by 0 itself: the NaN comes from inside it.
     assert "makes NaN as a mean of nothing: it is the mean aten::mse_loss takes of an empty tensor" in \
         evidence_of(triage, "loss-numerics")

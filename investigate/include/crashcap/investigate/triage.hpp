@@ -284,6 +284,11 @@ Culprit findCulprit(const TriageFacts& facts);
 /// why a mean of nothing is NaN, said of the op that took it.
 std::string emptyMeanText(const replayer::EmptyMean& m);
 
+/// What the culprit says of its whole batch, where no rows are named: "the whole batch, which gives
+/// the loss no target to count (all 16 are ignore_index -100)", "its short batch of 1 row (earlier
+/// steps had 16)"; nullopt when it says nothing of it.
+std::optional<std::string> culpritBatchText(const Culprit& c);
+
 /// "96,97,98", or for a list longer than 24 its first 24 and how many in all ("0,1,...,23,... (512
 /// in all)"): a whole batch's dataset indices in a line of text (--json keeps the list whole).
 std::string leadingIndicesText(const std::vector<int64_t>& indices);

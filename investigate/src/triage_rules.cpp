@@ -204,6 +204,31 @@ std::string outsideReplayText(const TriageFacts& f) {
                      f.step(), f.step());
 }
 
+/// A floating dtype's name as the docs write it, and its largest finite value.
+std::optional<std::pair<const char*, double>> floatRange(const std::string& dtype) {
+  if (dtype == "Float") return std::pair{"float32", 3.4028234663852886e38};
+  if (dtype == "BFloat16") return std::pair{"bfloat16", 3.3895313892515355e38};
+  if (dtype == "Half") return std::pair{"float16", 65504.0};
+  return std::nullopt;
+}
+
+/// The first op departing from float64 is non-finite as replayed and finite in float64, where its
+/// value passes the largest the replay's dtype holds: an overflow, the dtype's range and not its
+/// rounding. (A float32 value that rounding alone turns non-finite, a denominator rounded to 0,
+/// has a float64 value within float32's range.) The text, or nullopt.
+std::optional<std::string> departsPastRange(const OpBisection& ops) {
+  const auto& d = ops.firstDeparting;
+  if (!d || d->replayed.nanCount + d->replayed.infCount == 0 || d->reference.nanCount + d->reference.infCount > 0 ||
+      !d->reference.min || !d->reference.max)
+    return std::nullopt;
+  const auto range = floatRange(d->replayed.dtype);
+  const double magnitude = std::max(std::abs(*d->reference.min), std::abs(*d->reference.max));
+  if (!range || magnitude <= range->second) return std::nullopt;
+  return fmt::format("the float64 CPU replay of the step runs clean, where {} ({}) reaches {:.3g}, past {}'s largest "
+                     "{:.3g}: {}'s range is involved, not its rounding",
+                     d->name, d->phase, magnitude, range->first, range->second, range->first);
+}
+
 }  // namespace
 
 const char* verdictName(HypothesisVerdict verdict) {
@@ -575,6 +600,8 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       // mixed dtypes), not from its values.
       h.evidence.push_back("the float64 CPU replay of the step runs clean: the error depends on the dtype the step "
                            "runs in (an op's dtype rule, autocast, tensors of mixed dtypes), not on float32 rounding");
+    else if (const auto overflow = departsPastRange(*f.ops); f.reproduced() && overflow)
+      h.evidence.push_back(*overflow);
     else if (f.reproduced())
       h.evidence.push_back("the float64 CPU replay of the step runs clean: float32 rounding or range is involved");
     if (const auto& d = f.ops->firstDeparting)

@@ -949,6 +949,32 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   f.ops->reference.error.clear();
   f.ops->reference.firstNonFiniteOp.reset();
   CHECK(has(judgeLossNumerics(f), "the float64 CPU replay of the step runs clean: float32 rounding or range is involved"));
+  // The first op departing is infinite in float32 and, in float64, finite past float32's largest
+  // value: an overflow (of values a diverging training grew), the range and not the rounding.
+  auto overflow = f;
+  auto& od = *overflow.ops->firstDeparting;
+  od.name = "aten::mse_loss";
+  od.replayed = stats(0, 1, std::nullopt, std::nullopt);
+  od.replayed.dtype = "Float";
+  od.reference = stats(0, 0, 5.16e42, 5.16e42);
+  od.reference.dtype = "Double";
+  auto past = judgeLossNumerics(overflow);
+  CHECK(has(past, "the float64 CPU replay of the step runs clean, where aten::mse_loss (forward) reaches 5.16e+42, "
+                  "past float32's largest 3.4e+38: float32's range is involved, not its rounding"));
+  CHECK_FALSE(has(past, "float32 rounding or range"));
+  od.reference = stats(0, 0, -3e39, 10.0);  // a negative magnitude past the range counts the same
+  od.reference.dtype = "Double";
+  CHECK(has(judgeLossNumerics(overflow), "reaches 3e+39, past float32's largest"));
+  od.replayed.dtype = "Half";  // float16's range is far smaller
+  od.reference = stats(0, 0, 1.0, 7e4);
+  CHECK(has(judgeLossNumerics(overflow), "reaches 7e+04, past float16's largest 6.55e+04: float16's range"));
+  // Within float32's range in float64: rounding alone may have made it (a denominator rounded to 0).
+  od.replayed.dtype = "Float";
+  CHECK(has(judgeLossNumerics(overflow), "float32 rounding or range is involved"));
+  od.reference = stats(0, 0, 1e40, 1e40);
+  od.replayed = stats(0, 0, 1.0, 2.0);  // finite in the replay: a departure, not an overflow
+  od.replayed.dtype = "Float";
+  CHECK(has(judgeLossNumerics(overflow), "float32 rounding or range is involved"));
   // An error that is no NaN (a dtype mismatch under autocast) and is gone in float64: the dtype.
   auto raised = f;
   raised.replay->firstNonFiniteOp.reset();

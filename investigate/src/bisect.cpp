@@ -299,7 +299,8 @@ std::vector<int64_t> SampleBisection::culprits() const {
   return out;
 }
 
-std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra) {
+std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra,
+                                    bool instrument) {
   std::vector<std::string> args = {"replay", bundle};
   if (step >= 0) {
     args.push_back("--step");
@@ -307,7 +308,7 @@ std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std
   }
   args.insert(args.end(), extra.begin(), extra.end());
   args.push_back("--json");
-  args.push_back("--no-instrument");
+  if (!instrument) args.push_back("--no-instrument");
   return args;
 }
 

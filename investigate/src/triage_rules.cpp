@@ -412,9 +412,12 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
       h.evidence.push_back(fmt::format("sample bisection did not finish ({})", f.samplesOutcome));
     addUntested();
     if (!empty->empty)
-      h.evidence.push_back("whether that is bad data is the program's call: unlabelled samples that one batch drew "
-                           "together (a loader without shuffle over data sorted by label?), or a loss that must skip "
-                           "such a batch");
+      h.evidence.push_back(fmt::format(
+          "whether that is bad data is the program's call: {} that one batch drew together (a loader without "
+          "shuffle over data sorted by label?), or a loss that must skip such a batch",
+          empty->ignored == empty->targets ? "unlabelled samples"
+          : empty->ignored == 0            ? "samples only of classes the loss weighs 0"
+                                           : "samples unlabelled or of classes the loss weighs 0"));
   } else if (withoutRowsFails && f.paddingRow) {
     // The recorded batch keeps its padded size whatever rows are cut: the row that set it cannot
     // be tested by leaving it out.

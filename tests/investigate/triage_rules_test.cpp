@@ -742,6 +742,7 @@ TEST_CASE("a loss's mean of nothing (every target ignore_index, or an empty tens
                "counts (all are ignore_index -100), so its mean divides a sum of nothing by a total weight of 0 "
                "(dataset indices 96,97,98)"));
   CHECK(has(h, "step 6 still fails without rows [0,1,2,3], the rows left giving it nothing to count either"));
+  CHECK(has(h, "whether that is bad data is the program's call: unlabelled samples that one batch drew together"));
   auto c = findCulprit(f);
   REQUIRE(c.emptyMean);
   CHECK(c.emptyMean->ignored == 16);
@@ -765,8 +766,12 @@ TEST_CASE("a loss's mean of nothing (every target ignore_index, or an empty tens
   m.ignored = 10;
   CHECK(emptyMeanText(m) == "none of its 16 targets counts (10 are ignore_index -100, the other 6 of classes whose "
                             "weight is 0), so its mean divides a sum of nothing by a total weight of 0");
+  f.replay->firstNonFiniteOp->emptyMean = m;
+  CHECK(has(judgeInvalidData(f), "the program's call: samples unlabelled or of classes the loss weighs 0 that one"));
   m.ignored = 0;
   CHECK(emptyMeanText(m).find("(all are of classes whose weight is 0)") != std::string::npos);
+  f.replay->firstNonFiniteOp->emptyMean = m;
+  CHECK(has(judgeInvalidData(f), "the program's call: samples only of classes the loss weighs 0 that one batch drew"));
   Culprit one;
   one.emptyMean = replayer::EmptyMean{false, 1, 1, -100, ""};
   CHECK(culpritBatchText(one) == "the whole batch, which gives the loss no target to count (its one target is ignore_index -100)");

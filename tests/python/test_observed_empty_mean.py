@@ -30,6 +30,10 @@ def test_a_batch_whose_targets_are_all_ignore_index_is_named_whole_as_a_mean_of_
         evidence_of(triage, "loss-numerics")
     assert "step 8's batch as a whole gives aten::nll_loss_forward nothing to average" in \
         evidence_of(triage, "invalid-data")
+    # The rows left after the sample bisection's cut are unlabelled too: their replay says so.
+    assert "the rows left giving it nothing to count either: no one sample is to blame" in \
+        evidence_of(triage, "invalid-data")
+    assert "no particular sample is needed" not in evidence_of(triage, "invalid-data")
     culprit = triage["culprit"]
     assert culprit["rows"] is None and culprit["empty_mean"]["ignored"] == 16, culprit
     assert culprit["dataset_indices"] == list(range(128, 144)), culprit
@@ -54,6 +58,7 @@ def test_a_mask_that_selects_no_row_of_the_batch_is_named_as_a_mean_of_an_empty_
     assert "makes NaN as a mean of nothing: it is the mean aten::mse_loss takes of an empty tensor" in \
         evidence_of(triage, "loss-numerics")
     assert "step 4's batch as a whole gives" in evidence_of(triage, "invalid-data")
+    assert "the rows left giving it nothing to count either" in evidence_of(triage, "invalid-data")
     culprit = triage["culprit"]
     assert culprit["empty_mean"]["empty"] is True and culprit["empty_mean"]["of"] == "aten::mse_loss", culprit
     assert culprit["dataset_indices"] == list(range(64, 80)), culprit

@@ -207,8 +207,10 @@ struct ConfigBisection {
 /// `keyframe` >= 0: every replay starts from that keyframe; -1: from the one the baseline settles on.
 ConfigBisection bisectConfig(const std::string& bundle, int64_t step, ExperimentRunner& runner, int64_t keyframe = -1);
 
-/// The replay arguments every child experiment of a step shares.
-std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra);
+/// The replay arguments every child experiment of a step shares. Uninstrumented (--no-instrument,
+/// faster) unless `instrument`: then the replay's first non-finite op is read.
+std::vector<std::string> replayArgs(const std::string& bundle, int64_t step, std::vector<std::string> extra,
+                                    bool instrument = false);
 
 /// `rows` repeated in turn to `batchSize` rows ({3, 5} in 5: {3, 5, 3, 5, 3}): a batch of the whole
 /// size made of the kept rows only, for a step that cannot run on fewer.

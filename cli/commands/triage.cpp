@@ -102,7 +102,7 @@ void printTriage(const investigate::Triage& t) {
       : c.value ? investigate::culpritValueText(*c.value)
       : investigate::culpritBatchText(c).value_or("no batch rows singled out"),
       c.datasetIndices ? " (dataset indices [" + investigate::leadingIndicesText(*c.datasetIndices) + "])" : "",
-      c.op                                          ? fmt::format("op {} ({})", *c.op, c.phase.value_or("?"))
+      c.op ? fmt::format("op {} ({}{})", *c.op, c.phase.value_or("?"), investigate::nodeText(c.node.value_or("")))
       : t.facts.replay && t.facts.replay->steps.empty() ? std::string("no op seen (the replay gave no step back)")
                                                         : std::string("no op output went non-finite"),
       c.changes && !c.changes->empty() ? "; the outcome changes with " + json(*c.changes).dump() : "");

@@ -216,7 +216,9 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
       where.push_back(*batch);
       if (c.datasetIndices && !loading) where.push_back("dataset indices " + jsonList(*c.datasetIndices));
     }
-    if (c.op) where.push_back(fmt::format("op `{}`{}", *c.op, c.phase ? " (" + *c.phase + ")" : ""));
+    if (c.op)
+      where.push_back(fmt::format("op `{}`{}", *c.op,
+                                  c.phase ? " (" + *c.phase + nodeText(c.node.value_or("")) + ")" : ""));
     if (c.changes && !c.changes->empty()) where.push_back("the outcome changes with " + json(*c.changes).dump());
     md += fmt::format("\nCulprit: {}.\n", where.empty() ? std::string("not placed") : fmt::format("{}", fmt::join(where, ", ")));
   }

@@ -1028,6 +1028,7 @@ json toJson(const Triage& t, bool withReplay) {
                 {"dataset_indices", opt(c.datasetIndices)},
                 {"op", opt(c.op)},
                 {"phase", opt(c.phase)},
+                {"node", opt(c.node)},
                 {"changes", opt(c.changes)},
                 {"value", c.value ? json{{"tensor", c.value->tensor},
                                          {"element", c.value->element},

@@ -4,6 +4,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <optional>
 
@@ -202,6 +203,53 @@ std::string outsideReplayText(const TriageFacts& f) {
                      "optimizer.step(): a scheduler, a validation pass, a checkpoint, logging), and step {} replays "
                      "clean",
                      f.step(), f.step());
+}
+
+/// The forward op whose gradient a native autograd node computes: "SqrtBackward0" -> "sqrt",
+/// "LinalgVectorNormBackward0" -> "linalg_vector_norm"; "" for another node (AccumulateGrad, a
+/// Python autograd.Function's "MyFnBackward").
+std::string forwardOf(const std::string& node) {
+  auto end = node.rfind("Backward");
+  if (end == std::string::npos || end == 0 || end + 8 == node.size() ||
+      !std::all_of(node.begin() + static_cast<std::ptrdiff_t>(end) + 8, node.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); }) ||
+      !std::all_of(node.begin(), node.begin() + static_cast<std::ptrdiff_t>(end), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)); }))
+    return "";
+  std::string out;
+  for (size_t i = 0; i < end; ++i) {
+    const auto ch = static_cast<unsigned char>(node[i]);
+    if (std::isupper(ch) && i > 0) out += '_';
+    out += static_cast<char>(std::tolower(ch));
+  }
+  return out;
+}
+
+}  // namespace
+
+std::string nodeText(const std::string& node) {
+  if (node.empty()) return "";
+  const auto forward = forwardOf(node);
+  return forward.empty() ? ", in " + node : fmt::format(", in {}, the gradient of {}", node, forward);
+}
+
+namespace {
+
+/// A NaN/Inf made in the gradient of an op whose derivative is infinite at a point where the op
+/// itself is finite: the forward ran clean and backward() did not. nullopt for other nodes. (Torch's
+/// own norms, distances and std give 0 as their gradient at 0, and are not among them.)
+std::optional<std::string> infiniteDerivativeText(const std::string& node) {
+  const auto forward = forwardOf(node);
+  if (forward == "sqrt" || forward == "pow")
+    return fmt::format("the derivative of {} is infinite at 0, where its value is finite: a distance or norm taken by "
+                       "hand, sqrt(sum(d * d)), of a zero difference (two equal rows, a row of zeros), or a fractional "
+                       "power of 0; the forward ran clean and its gradient did not (an epsilon under the root, "
+                       "sqrt(x + 1e-12), or torch.linalg.vector_norm, whose gradient at 0 is 0, mends it)",
+                       forward == "pow" ? "a fractional power (x ** 0.5)" : "sqrt");
+  if (forward == "acos" || forward == "asin" || forward == "atanh")
+    return fmt::format("the derivative of {} is infinite at -1 and 1, where its value is finite (the angle of two "
+                       "parallel vectors, a cosine of exactly 1); the forward ran clean and its gradient did not "
+                       "(clamp the input to (-1 + eps, 1 - eps))",
+                       forward);
+  return std::nullopt;
 }
 
 /// A floating dtype's name as the docs write it, and its largest finite value.
@@ -510,7 +558,7 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       if (in.max) largest = std::max(largest, std::abs(*in.max));
       reachesZero = reachesZero || (in.min && *in.min == 0.0);
     }
-    std::string where = fmt::format("{} ({}, step {})", op->name, op->phase, f.step());
+    std::string where = fmt::format("{} ({}, step {}{})", op->name, op->phase, f.step(), nodeText(op->node));
     const bool lossNaN = !op->outputs.empty() && op->outputs[0].nanCount > 0;
     if (bad == 0 && !op->unalignable.empty() && !lossNaN) {
       // Infinite by definition: no alignment of the target exists, which the arithmetic reports rightly.
@@ -548,7 +596,8 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
     } else if (bad == 0) {
       h.verdict = V::Confirmed;
       h.evidence.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));
-      if (reachesZero) h.evidence.push_back(fmt::format("an input of {} reaches 0 (a division or log of zero?)", op->name));
+      if (auto point = infiniteDerivativeText(op->node)) h.evidence.push_back(*point);
+      else if (reachesZero) h.evidence.push_back(fmt::format("an input of {} reaches 0 (a division or log of zero?)", op->name));
       if (f.rowsTrigger() && !f.rowsInvalid())
         h.evidence.push_back(edgeCaseRowsText(f, "loss"));
     } else if (nans == 0 && op->afterGivenInfinity && !f.rowsInvalid()) {
@@ -941,6 +990,7 @@ Culprit findCulprit(const TriageFacts& f) {
   if (op) {
     c.op = op->name;
     c.phase = op->phase;
+    if (!op->node.empty()) c.node = op->node;
   }
   if (f.reproduced() && f.replay->batchLoad && !f.replay->batchLoad->culprits.empty()) {
     // The samples of the batch that never came: named by dataset index, not by recorded rows.
@@ -948,6 +998,7 @@ Culprit findCulprit(const TriageFacts& f) {
     for (const auto& l : f.replay->batchLoad->culprits) indices.push_back(l.datasetIndex);
     c.datasetIndices = indices;
     c.phase = "loading";
+    c.node.reset();
   }
   if (f.config) c.changes = f.config->changesOutcome;
   if (!c.rows)

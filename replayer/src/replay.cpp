@@ -366,6 +366,8 @@ bool averagesNothing(const char* name, const OpCall& call) {
 /// Set as an outermost op begins, cleared as it ends; saved across an autograd node's ops.
 thread_local std::string tOuterAveragesNothing;
 thread_local std::vector<std::string> tSavedOuterAveragesNothing;
+/// The autograd nodes under way ("SqrtBackward0"), innermost last.
+thread_local std::vector<std::string> tNodes;
 
 std::unique_ptr<at::ObserverContext> onOpStart(const at::RecordFunction& fn) {
   if (tInside || !gProbe) return nullptr;
@@ -487,6 +489,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
         ProbedOp op;
         op.name = name;
         op.phase = phase;
+        if (phase == "backward" && !tNodes.empty()) op.node = tNodes.back();
         op.seq = fn.seqNr();
         op.index = index;
         op.began = call->began;
@@ -517,6 +520,7 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
           ProbedOp op;
           op.name = name;
           op.phase = phase;
+          if (phase == "backward" && !tNodes.empty()) op.node = tNodes.back();
           op.seq = fn.seqNr();
           op.index = index;
           op.began = call ? call->began : index;
@@ -559,8 +563,9 @@ void onOpEnd(const at::RecordFunction& fn, at::ObserverContext* context) {
   tInside = false;
 }
 
-std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction&) {
+std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction& fn) {
   ++tBackwardDepth;
+  tNodes.emplace_back(fn.name() ? fn.name() : "");
   tSavedDepth.push_back(tDepth);
   tSavedOuterAveragesNothing.push_back(std::move(tOuterAveragesNothing));
   tOuterAveragesNothing.clear();
@@ -569,6 +574,7 @@ std::unique_ptr<at::ObserverContext> onBackwardStart(const at::RecordFunction&) 
 }
 void onBackwardEnd(const at::RecordFunction&, at::ObserverContext*) {
   if (tBackwardDepth > 0) --tBackwardDepth;
+  if (!tNodes.empty()) tNodes.pop_back();
   if (!tSavedDepth.empty()) {
     tDepth = tSavedDepth.back();
     tSavedDepth.pop_back();
@@ -601,6 +607,7 @@ class ProbeScope {
     tSavedDepth.clear();
     tOuterAveragesNothing.clear();
     tSavedOuterAveragesNothing.clear();
+    tNodes.clear();
   }
 
  private:

@@ -130,6 +130,7 @@ std::optional<ProbedOp> probedOpFromJson(const json& j, const char* key) {
   ProbedOp op;
   op.name = text(o, "name");
   op.phase = text(o, "phase");
+  if (o.contains("node") && o["node"].is_string()) op.node = o["node"].get<std::string>();  // absent before it existed
   op.seq = integer(o, "seq");
   op.index = static_cast<uint64_t>(integer(o, "index"));
   if (o.contains("began_at")) op.began = static_cast<uint64_t>(integer(o, "began_at"));  // absent before it existed
@@ -256,6 +257,7 @@ json toJson(const std::optional<ProbedOp>& op) {
   if (!op) return nullptr;
   return {{"name", op->name},
           {"phase", op->phase},
+          {"node", op->node.empty() ? json(nullptr) : json(op->node)},
           {"seq", op->seq},
           {"index", op->index},
           {"began_at", op->began},

@@ -42,6 +42,7 @@ replayer::ReplayResult sampleReplay() {
   r.firstNonFiniteOp->afterGivenInfinity = true;
   r.firstNonFiniteOp->unalignable = {{3, 7, 9, 8}};
   r.firstNonFiniteOp->emptyMean = replayer::EmptyMean{false, 16, 10, -100, ""};
+  r.firstNonFiniteOp->node = "SqrtBackward0";
   op.name = "aten::nll_loss";
   op.outputs.clear();
   r.raisingOp = op;
@@ -105,6 +106,8 @@ TEST_CASE("a replay result reads back from its JSON, NaN and infinities included
   CHECK(back.firstNonFiniteOp->emptyMean->ignored == 10);
   CHECK(back.firstNonFiniteOp->emptyMean->ignoreIndex == -100);
   CHECK(back.firstNonFiniteOp->emptyMean->of.empty());
+  CHECK(back.firstNonFiniteOp->node == "SqrtBackward0");
+  CHECK(back.raisingOp->node.empty());  // a forward op has none (null in the JSON)
   REQUIRE(back.raisingOp->emptyMean);
   CHECK(back.raisingOp->emptyMean->empty);
   CHECK_FALSE(back.raisingOp->emptyMean->ignoreIndex);

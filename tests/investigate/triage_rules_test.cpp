@@ -906,6 +906,47 @@ TEST_CASE("loss-numerics is inconclusive when the program died of its signal aga
   CHECK_FALSE(has(h, "no op output went non-finite"));
 }
 
+TEST_CASE("a NaN made in backward names its autograd node, and why a root's or an arccosine's gradient is infinite "
+          "where the op is finite",
+          "[investigate][triage]") {
+  CHECK(nodeText("SqrtBackward0") == ", in SqrtBackward0, the gradient of sqrt");
+  CHECK(nodeText("LinalgVectorNormBackward0") == ", in LinalgVectorNormBackward0, the gradient of linalg_vector_norm");
+  CHECK(nodeText("MyDistanceBackward") == ", in MyDistanceBackward");  // a Python autograd.Function's: no native op
+  CHECK(nodeText("torch::autograd::AccumulateGrad") == ", in torch::autograd::AccumulateGrad");
+  CHECK(nodeText("") == "");
+
+  auto f = reproducedAt6();
+  f.samples = samplesFound({16});
+  f.withoutRows = replayOf(Verdict::NotReproduced);
+  f.replay->firstNonFiniteOp = nonFiniteOp("aten::div", {stats(0, 0, -0.2, 0.3), stats(0, 0, 0.0, 4.1)});
+  f.replay->firstNonFiniteOp->phase = "backward";
+  f.replay->firstNonFiniteOp->node = "SqrtBackward0";
+  auto h = judgeLossNumerics(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "aten::div (backward, step 6, in SqrtBackward0, the gradient of sqrt) turns finite inputs into NaN/Inf"));
+  CHECK(has(h, "the derivative of sqrt is infinite at 0, where its value is finite: a distance or norm taken by hand"));
+  CHECK_FALSE(has(h, "a division or log of zero"));  // the node says why
+  auto c = findCulprit(f);
+  CHECK(c.node == "SqrtBackward0");
+  CHECK(c.phase == "backward");
+
+  f.replay->firstNonFiniteOp->node = "PowBackward0";
+  CHECK(has(judgeLossNumerics(f), "the derivative of a fractional power (x ** 0.5) is infinite at 0"));
+  f.replay->firstNonFiniteOp->node = "AcosBackward0";
+  CHECK(has(judgeLossNumerics(f), "the derivative of acos is infinite at -1 and 1"));
+  // A node whose gradient has no such point: only named, and the zero input still said.
+  f.replay->firstNonFiniteOp->node = "DivBackward0";
+  h = judgeLossNumerics(f);
+  CHECK(has(h, "aten::div (backward, step 6, in DivBackward0, the gradient of div)"));
+  CHECK_FALSE(has(h, "the derivative of"));
+  CHECK(has(h, "an input of aten::div reaches 0 (a division or log of zero?)"));
+  // A forward op: no node, the text as before.
+  f.replay->firstNonFiniteOp->phase = "forward";
+  f.replay->firstNonFiniteOp->node.clear();
+  CHECK(has(judgeLossNumerics(f), "aten::div (forward, step 6) turns finite inputs into NaN/Inf"));
+  CHECK_FALSE(findCulprit(f).node);
+}
+
 TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigate][triage]") {
   auto f = reproducedAt6();
   f.replay->firstNonFiniteOp = nonFiniteOp("aten::div", {stats(0, 0, 0.0, 1.0)});

@@ -269,6 +269,7 @@ struct Culprit {
   std::optional<int64_t> step;
   std::optional<std::vector<int64_t>> rows, datasetIndices;
   std::optional<std::string> op, phase;
+  std::optional<std::string> node;         ///< the autograd node of a backward op ("SqrtBackward0")
   std::optional<std::vector<std::string>> changes;
   /// Without rows: the value outside the domain of the op that raised, in a tensor of the
   /// samples concatenated, and the row it lies in when the batch's offsets say.
@@ -283,6 +284,10 @@ Culprit findCulprit(const TriageFacts& facts);
 /// "none of its 16 targets counts (all are ignore_index -100)", "it averages an empty tensor":
 /// why a mean of nothing is NaN, said of the op that took it.
 std::string emptyMeanText(const replayer::EmptyMean& m);
+
+/// ", in SqrtBackward0, the gradient of sqrt" for a backward op's autograd node (", in MyFnBackward"
+/// for a node that names no native op); "" for none. Follows an op's phase: "(backward, in ...)".
+std::string nodeText(const std::string& node);
 
 /// What the culprit says of its whole batch, where no rows are named: "the whole batch, which gives
 /// the loss no target to count (all 16 are ignore_index -100)", "its short batch of 1 row (earlier

@@ -119,6 +119,9 @@ struct EmptyMean {
 struct ProbedOp {
   std::string name;
   std::string phase;             ///< "forward" | "backward"
+  /// In backward: the autograd node whose gradient the op computes ("SqrtBackward0": the gradient
+  /// of the forward's sqrt); "" in forward, or when no node was under way.
+  std::string node;
   int64_t seq = -1;              ///< autograd sequence number
   uint64_t index = 0;            ///< ops into the target step (counted as they end)
   /// Ops that had ended when it began: an op whose index is below it ran before it, one at or

@@ -125,13 +125,13 @@ void printReplay(const std::string& bundle, const replayer::ReplayResult& r) {
   if (r.raisingOp) {
     const auto& f = *r.raisingOp;
     std::cout << fmt::format("raised in {} ({}{}, op #{} of the step)\n", f.name, f.phase,
-                             f.node.empty() ? "" : " in " + f.node, f.index);
+                             investigate::nodeText(f.node), f.index);
     for (const auto& v : f.inputs) std::cout << valueLine("input ", v);
   }
   if (r.firstNonFiniteOp) {
     const auto& f = *r.firstNonFiniteOp;
     std::cout << fmt::format("first op with a non-finite output: {} ({}{}, op #{} of the step, autograd seq {})\n",
-                             f.name, f.phase, f.node.empty() ? "" : " in " + f.node, f.index, f.seq);
+                             f.name, f.phase, investigate::nodeText(f.node), f.index, f.seq);
     for (const auto& v : f.inputs) std::cout << valueLine("input ", v);
     for (const auto& v : f.outputs) std::cout << valueLine("output", v);
     for (const auto& t : f.unalignable)

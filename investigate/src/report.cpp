@@ -163,10 +163,11 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     md += fmt::format("- Replay verdict: {} over {} step{}.\n", replayer::verdictName(replay->verdict), replay->steps.size(),
                       replay->steps.size() == 1 ? "" : "s");
     if (replay->raisingOp)
-      md += fmt::format("- The error comes out of `{}` ({}).\n", replay->raisingOp->name, replay->raisingOp->phase);
+      md += fmt::format("- The error comes out of `{}` ({}{}).\n", replay->raisingOp->name, replay->raisingOp->phase,
+                        nodeText(replay->raisingOp->node));
     if (replay->firstNonFiniteOp)
-      md += fmt::format("- First op whose output goes non-finite: `{}` ({}).\n", replay->firstNonFiniteOp->name,
-                        replay->firstNonFiniteOp->phase);
+      md += fmt::format("- First op whose output goes non-finite: `{}` ({}{}).\n", replay->firstNonFiniteOp->name,
+                        replay->firstNonFiniteOp->phase, nodeText(replay->firstNonFiniteOp->node));
   }
   for (const auto& t : story["crash_tensors"]) {
     if (!t.contains("stats") || t["stats"].is_null()) continue;

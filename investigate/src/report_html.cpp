@@ -21,6 +21,7 @@
 #include "crashcap/inspect/demangle.hpp"
 #include "crashcap/inspect/story.hpp"
 #include "crashcap/investigate/report.hpp"
+#include "crashcap/investigate/triage.hpp"
 
 namespace crashcap::investigate {
 
@@ -202,8 +203,8 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
   if (replay && replay->firstNonFiniteOp) {
     const auto& op = *replay->firstNonFiniteOp;
     section("The first op whose output is not finite");
-    body += fmt::format("<p><code>{}</code> ({} phase, op #{} of step {})</p>\n", escape(op.name), escape(op.phase), op.index,
-                        replay->step);
+    body += fmt::format("<p><code>{}</code> ({} phase{}, op #{} of step {})</p>\n", escape(op.name), escape(op.phase),
+                        escape(nodeText(op.node)), op.index, replay->step);
     body += "<table><tr><th></th><th>dtype</th><th>shape</th><th>NaN</th><th>Inf</th><th>finite min</th><th>finite max</th></tr>";
     for (size_t i = 0; i < op.inputs.size(); ++i) body += fmt::format("<tr><td>input {}</td>{}</tr>", i, statsCells(op.inputs[i]));
     for (size_t i = 0; i < op.outputs.size(); ++i)

@@ -924,8 +924,10 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       if (!f.samples->filledBecause.empty()) rest = filledRows(rest, batchSize);
       std::vector<std::string> extra = {"--rows", fmt::format("{}", fmt::join(rest, ","))};
       for (auto& a : keyframeArgs(*f.replay)) extra.push_back(std::move(a));
-      // Instrumented: the op the rows left fail at tells whether they too give a loss nothing to average.
-      f.withoutRows = run("without-rows", replayArgs(bundle, f.step(), extra, true), bundleReplayFromJson);
+      // Instrumented for a mean of nothing: the op the rows left fail at tells whether they too give
+      // the loss nothing to average.
+      f.withoutRows = run("without-rows", replayArgs(bundle, f.step(), extra, f.emptyMean() != nullptr),
+                          bundleReplayFromJson);
       if (!f.withoutRows) {
         f.withoutRowsOutcome = runner.log().back().outcome;
       } else if (f.withoutRows->steps.empty() && f.withoutRows->diedInStep && *f.withoutRows->diedInStep < f.step()) {

@@ -217,7 +217,8 @@ std::string forwardOf(const std::string& node) {
   std::string out;
   for (size_t i = 0; i < end; ++i) {
     const auto ch = static_cast<unsigned char>(node[i]);
-    if (std::isupper(ch) && i > 0) out += '_';
+    // Torch title-cases the op's name: "Log1PBackward0" is log1p's, "MaxPool2DWith..." max_pool2d_with...
+    if (std::isupper(ch) && i > 0 && !std::isdigit(static_cast<unsigned char>(node[i - 1]))) out += '_';
     out += static_cast<char>(std::tolower(ch));
   }
   return out;
@@ -234,17 +235,20 @@ std::string nodeText(const std::string& node) {
 namespace {
 
 /// A NaN/Inf made in the gradient of an op whose derivative is infinite at a point where the op
-/// itself is finite: the forward ran clean and backward() did not. nullopt for other nodes. (Torch's
+/// itself is finite: the forward ran clean and backward() did not. nullopt for other nodes; said
+/// only of an op given a 0 (the root's value, 1 - x^2 of an arccosine). (Torch's
 /// own norms, distances and std give 0 as their gradient at 0, and are not among them.)
 std::optional<std::string> infiniteDerivativeText(const std::string& node) {
   const auto forward = forwardOf(node);
-  if (forward == "sqrt" || forward == "pow")
+  // PowBackward0 is a power by a number; PowBackward1's exponent is a tensor, whose gradient takes
+  // the log of the base.
+  if (forward == "sqrt" || node == "PowBackward0")
     return fmt::format("the derivative of {} is infinite at 0, where its value is finite: a distance or norm taken by "
                        "hand, sqrt(sum(d * d)), of a zero difference (two equal rows, a row of zeros), or a fractional "
                        "power of 0; the forward ran clean and its gradient did not (an epsilon under the root, "
                        "sqrt(x + 1e-12), or torch.linalg.vector_norm, whose gradient at 0 is 0, mends it)",
                        forward == "pow" ? "a fractional power (x ** 0.5)" : "sqrt");
-  if (forward == "acos" || forward == "asin" || forward == "atanh")
+  if (forward == "acos" || forward == "asin")
     return fmt::format("the derivative of {} is infinite at -1 and 1, where its value is finite (the angle of two "
                        "parallel vectors, a cosine of exactly 1); the forward ran clean and its gradient did not "
                        "(clamp the input to (-1 + eps, 1 - eps))",
@@ -448,7 +452,9 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
                                      f.batchDatasetIndices
                                          ? fmt::format(" (dataset indices {})", leadingIndicesText(*f.batchDatasetIndices))
                                          : ""));
-    const bool leftNothing = withoutRowsFails && f.withoutRows->firstNonFiniteOp && f.withoutRows->firstNonFiniteOp->emptyMean;
+    const bool leftNothing = withoutRowsFails && f.withoutRows->firstNonFiniteOp &&
+                             f.withoutRows->firstNonFiniteOp->emptyMean &&
+                             f.withoutRows->firstNonFiniteOp->name == f.replay->firstNonFiniteOp->name;
     if (leftNothing)
       h.evidence.push_back(fmt::format("step {} still fails without {}rows [{}], the rows left giving it nothing to "
                                        "count either: no one sample is to blame",
@@ -596,7 +602,8 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
     } else if (bad == 0) {
       h.verdict = V::Confirmed;
       h.evidence.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));
-      if (auto point = infiniteDerivativeText(op->node)) h.evidence.push_back(*point);
+      // Given a 0 inside a node whose gradient is infinite at a point where its op is finite: that point.
+      if (const auto point = reachesZero ? infiniteDerivativeText(op->node) : std::nullopt) h.evidence.push_back(*point);
       else if (reachesZero) h.evidence.push_back(fmt::format("an input of {} reaches 0 (a division or log of zero?)", op->name));
       if (f.rowsTrigger() && !f.rowsInvalid())
         h.evidence.push_back(edgeCaseRowsText(f, "loss"));

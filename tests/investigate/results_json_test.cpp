@@ -108,6 +108,8 @@ TEST_CASE("a replay result reads back from its JSON, NaN and infinities included
   CHECK(back.firstNonFiniteOp->emptyMean->of.empty());
   CHECK(back.firstNonFiniteOp->node == "SqrtBackward0");
   CHECK(back.raisingOp->node.empty());  // a forward op has none (null in the JSON)
+  CHECK(j["raising_op"]["node"].is_null());
+  CHECK(j["first_nonfinite_op"]["node"] == "SqrtBackward0");
   REQUIRE(back.raisingOp->emptyMean);
   CHECK(back.raisingOp->emptyMean->empty);
   CHECK_FALSE(back.raisingOp->emptyMean->ignoreIndex);

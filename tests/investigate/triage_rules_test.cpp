@@ -755,6 +755,9 @@ TEST_CASE("a loss's mean of nothing (every target ignore_index, or an empty tens
   CHECK_FALSE(has(judgeInvalidData(f), "the rows left giving it nothing"));
   CHECK(has(judgeInvalidData(f), "step 6 still fails without rows [0,1,2,3]: no particular sample is needed"));
   f.withoutRows->firstNonFiniteOp = f.replay->firstNonFiniteOp;
+  f.withoutRows->firstNonFiniteOp->name = "aten::mean";  // a mean of nothing, but at another op
+  CHECK_FALSE(has(judgeInvalidData(f), "the rows left giving it nothing"));
+  f.withoutRows->firstNonFiniteOp = f.replay->firstNonFiniteOp;
 
   // A batch of 100: its first 24 indices, and how many.
   std::vector<int64_t> hundred(100);
@@ -911,6 +914,9 @@ TEST_CASE("a NaN made in backward names its autograd node, and why a root's or a
           "[investigate][triage]") {
   CHECK(nodeText("SqrtBackward0") == ", in SqrtBackward0, the gradient of sqrt");
   CHECK(nodeText("LinalgVectorNormBackward0") == ", in LinalgVectorNormBackward0, the gradient of linalg_vector_norm");
+  CHECK(nodeText("Log1PBackward0") == ", in Log1PBackward0, the gradient of log1p");  // title-cased by torch
+  CHECK(nodeText("MaxPool2DWithIndicesBackward0") == ", in MaxPool2DWithIndicesBackward0, the gradient of "
+                                                     "max_pool2d_with_indices");
   CHECK(nodeText("MyDistanceBackward") == ", in MyDistanceBackward");  // a Python autograd.Function's: no native op
   CHECK(nodeText("torch::autograd::AccumulateGrad") == ", in torch::autograd::AccumulateGrad");
   CHECK(nodeText("") == "");
@@ -932,8 +938,17 @@ TEST_CASE("a NaN made in backward names its autograd node, and why a root's or a
 
   f.replay->firstNonFiniteOp->node = "PowBackward0";
   CHECK(has(judgeLossNumerics(f), "the derivative of a fractional power (x ** 0.5) is infinite at 0"));
+  f.replay->firstNonFiniteOp->node = "PowBackward1";  // a tensor exponent: its gradient takes log(base)
+  CHECK_FALSE(has(judgeLossNumerics(f), "the derivative of"));
   f.replay->firstNonFiniteOp->node = "AcosBackward0";
   CHECK(has(judgeLossNumerics(f), "the derivative of acos is infinite at -1 and 1"));
+  f.replay->firstNonFiniteOp->node = "AtanhBackward0";  // atanh(1) is itself infinite: the forward's finding
+  CHECK_FALSE(has(judgeLossNumerics(f), "the derivative of"));
+  // A root's gradient given no 0 (a subnormal value overflowing the division): no claim about 0.
+  f.replay->firstNonFiniteOp->node = "SqrtBackward0";
+  f.replay->firstNonFiniteOp->inputs = {stats(0, 0, -0.2, 0.3), stats(0, 0, 1e-40, 4.1)};
+  CHECK_FALSE(has(judgeLossNumerics(f), "the derivative of sqrt"));
+  f.replay->firstNonFiniteOp->inputs = {stats(0, 0, -0.2, 0.3), stats(0, 0, 0.0, 4.1)};
   // A node whose gradient has no such point: only named, and the zero input still said.
   f.replay->firstNonFiniteOp->node = "DivBackward0";
   h = judgeLossNumerics(f);
@@ -1020,6 +1035,11 @@ TEST_CASE("loss-numerics carries the float64 reference's evidence", "[investigat
   od.reference = stats(0, 0, 1e40, 1e40);
   od.replayed = stats(0, 0, 1.0, 2.0);  // finite in the replay: a departure, not an overflow
   od.replayed.dtype = "Float";
+  CHECK(has(judgeLossNumerics(overflow), "float32 rounding or range is involved"));
+  od.replayed = stats(0, 1, std::nullopt, std::nullopt);
+  od.replayed.dtype = "Float";
+  od.reference = stats(1, 0, 1e40, 1e40);  // the reference holds a NaN of its own: no claim of range
+  od.reference.dtype = "Double";
   CHECK(has(judgeLossNumerics(overflow), "float32 rounding or range is involved"));
   // An error that is no NaN (a dtype mismatch under autocast) and is gone in float64: the dtype.
   auto raised = f;

@@ -25,7 +25,7 @@ def test_a_nan_made_in_backward_names_the_autograd_node_and_why_its_gradient_is_
     assert replay["verdict"] == "reproduced-bitwise", replay
     op = replay["first_nonfinite_op"]
     assert op["phase"] == "backward" and op["node"] == node, op
-    assert f"(backward in {node}, op #" in crashcap("replay", bundle).stdout
+    assert f"(backward, in {node}, the gradient of {root}, op #" in crashcap("replay", bundle).stdout
     triage = crashcap_json("triage", bundle)
     v = verdicts(triage)
     assert v["loss-numerics"] == "confirmed", triage["hypotheses"]

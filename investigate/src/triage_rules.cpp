@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <optional>
+#include <string_view>
 
 #include "crashcap/formats/records.hpp"
 #include "crashcap/investigate/triage.hpp"
@@ -209,11 +210,14 @@ std::string outsideReplayText(const TriageFacts& f) {
 /// "LinalgVectorNormBackward0" -> "linalg_vector_norm"; "" for another node (AccumulateGrad, a
 /// Python autograd.Function's "MyFnBackward").
 std::string forwardOf(const std::string& node) {
-  auto end = node.rfind("Backward");
-  if (end == std::string::npos || end == 0 || end + 8 == node.size() ||
-      !std::all_of(node.begin() + static_cast<std::ptrdiff_t>(end) + 8, node.end(), [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)); }) ||
-      !std::all_of(node.begin(), node.begin() + static_cast<std::ptrdiff_t>(end), [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)); }))
-    return "";
+  static const std::string kBackward = "Backward";
+  const auto end = node.rfind(kBackward);
+  if (end == std::string::npos || end == 0 || end + kBackward.size() == node.size()) return "";
+  const auto digit = [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; };
+  const auto alnum = [](char ch) { return std::isalnum(static_cast<unsigned char>(ch)) != 0; };
+  const std::string_view name(node);
+  const auto op = name.substr(0, end), number = name.substr(end + kBackward.size());
+  if (!std::all_of(number.begin(), number.end(), digit) || !std::all_of(op.begin(), op.end(), alnum)) return "";
   std::string out;
   for (size_t i = 0; i < end; ++i) {
     const auto ch = static_cast<unsigned char>(node[i]);
@@ -603,8 +607,11 @@ Hypothesis judgeLossNumerics(const TriageFacts& f) {
       h.verdict = V::Confirmed;
       h.evidence.push_back(fmt::format("{} turns finite inputs into NaN/Inf", where));
       // Given a 0 inside a node whose gradient is infinite at a point where its op is finite: that point.
-      if (const auto point = reachesZero ? infiniteDerivativeText(op->node) : std::nullopt) h.evidence.push_back(*point);
-      else if (reachesZero) h.evidence.push_back(fmt::format("an input of {} reaches 0 (a division or log of zero?)", op->name));
+      if (reachesZero) {
+        const auto point = infiniteDerivativeText(op->node);
+        h.evidence.push_back(point ? *point
+                                   : fmt::format("an input of {} reaches 0 (a division or log of zero?)", op->name));
+      }
       if (f.rowsTrigger() && !f.rowsInvalid())
         h.evidence.push_back(edgeCaseRowsText(f, "loss"));
     } else if (nans == 0 && op->afterGivenInfinity && !f.rowsInvalid()) {

@@ -17,7 +17,9 @@
 
 namespace crashcap::cli {
 
-void printJson(const json& j) { std::cout << j.dump(2, ' ', false, json::error_handler_t::replace) << "\n"; }
+std::string jsonText(const json& j) { return j.dump(2, ' ', false, json::error_handler_t::replace) + "\n"; }
+
+void printJson(const json& j) { std::cout << jsonText(j); }
 
 formats::Progress progressPrinter(const char* what) {
   if (!isatty(2)) return {};

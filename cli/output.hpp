@@ -25,6 +25,8 @@ constexpr int kExitInternal = 3;
 /// Prints JSON; bytes from a bundle that are not valid UTF-8 (a note, a hostname) become U+FFFD
 /// instead of aborting the output.
 void printJson(const json& j);
+/// The text printJson prints, for a file (--json-out).
+std::string jsonText(const json& j);
 
 /// Progress on stderr for long scans ("what: 42% (...)"), only when stderr is a terminal.
 formats::Progress progressPrinter(const char* what);

@@ -19,6 +19,7 @@ struct Options {
   std::string bundle;
   double timeout = 600;
   bool json = false;
+  std::string jsonOut;  ///< also write the JSON object here
   bool allowDamaged = false;
 };
 
@@ -115,6 +116,10 @@ int triage(const Options& o) {
   to.experiments.timeoutSeconds = o.timeout;
   to.experiments.progress = !o.json;
   auto t = investigate::runTriage(o.bundle, to);
+  if (!o.jsonOut.empty()) {
+    writeFileAtomically(o.jsonOut, namedAsTheArchive(jsonText(investigate::toJson(t))));
+    if (!o.json) std::cerr << "wrote " << o.jsonOut << "\n";
+  }
   if (o.json)
     printJson(investigate::toJson(t));
   else
@@ -131,6 +136,8 @@ Command triageCommand(CLI::App& root) {
       ->required();
   cmd->add_option("--timeout", o->timeout, "Seconds per experiment before it is killed")->capture_default_str();
   cmd->add_flag("--json", o->json, "Print one JSON object instead of text");
+  cmd->add_option("--json-out", o->jsonOut,
+                  "Also write the JSON object to this file: the text and the JSON of one triage, which takes minutes");
   addAllowDamaged(cmd, o->allowDamaged);
   addAllowChangedSource(cmd);
   cmd->footer("Hypotheses: invalid-data, loss-numerics, optimizer-divergence, device-specific, config-dependent,\n"

@@ -46,6 +46,15 @@ def crashcap_json(*args, cwd=None):
                              f"{r.stdout}\n{r.stderr}")
 
 
+def triage_json_and_text(bundle):
+    """One `crashcap triage` (minutes), both its forms: (the JSON --json-out wrote, the text printed)."""
+    out = os.path.join(os.path.dirname(str(bundle)), "triage.json")
+    r = crashcap("triage", bundle, "--json-out", out, check=True)
+    assert f"wrote {out}" in r.stderr, r.stderr
+    with open(out) as f:
+        return json.load(f), r.stdout
+
+
 def run_python(script, *args, cwd, env=None, timeout=600):
     """Runs a Python training as a user would: the crashcap package on PYTHONPATH."""
     e = dict(os.environ)

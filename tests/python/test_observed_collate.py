@@ -8,7 +8,7 @@ import re
 import textwrap
 
 import torch
-from conftest import PYTHON, crashcap, crashcap_json, only_bundle, verdicts
+from conftest import PYTHON, crashcap, crashcap_json, only_bundle, triage_json_and_text, verdicts
 from torch.utils.data import DataLoader, Dataset, Subset
 
 from crashcap import _replay
@@ -80,10 +80,9 @@ def test_a_collate_that_sorts_by_length_names_the_culprits_dataset_index_not_the
     samples = crashcap_json("bisect", "samples", bundle)
     assert samples["rows"] == [row] and samples["dataset_indices"] == [211], samples
     assert samples["row_order"]["order"] == "reordered", samples
-    triage = crashcap_json("triage", bundle)
+    triage, text = triage_json_and_text(bundle)
     assert verdicts(triage)["invalid-data"] == "confirmed", triage["hypotheses"]
     assert triage["culprit"]["rows"] == [row] and triage["culprit"]["dataset_indices"] == [211], triage["culprit"]
-    text = crashcap("triage", bundle).stdout
     assert "dataset index 211" in text and "collate function reordered" in text, text
     text = crashcap("replay", bundle).stdout
     assert "the collate function reorders the samples" in text, text

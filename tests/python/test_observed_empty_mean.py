@@ -4,7 +4,7 @@ that selects the labelled rows selects none. The NaN is 0/0, the right value of 
 triage says so of the batch as a whole and names all its samples, instead of refuting the data
 because no single sample is needed."""
 
-from conftest import crashcap, crashcap_json, only_bundle, run_recorded, verdicts
+from conftest import crashcap, crashcap_json, only_bundle, run_recorded, triage_json_and_text, verdicts
 
 
 def evidence_of(triage, hypothesis):
@@ -22,7 +22,7 @@ def test_a_batch_whose_targets_are_all_ignore_index_is_named_whole_as_a_mean_of_
     op = replay["first_nonfinite_op"]
     assert op["name"] == "aten::nll_loss_forward", op
     assert op["empty_mean"] == {"empty": False, "targets": 16, "ignored": 16, "ignore_index": -1, "of": None}, op
-    triage = crashcap_json("triage", bundle)
+    triage, text = triage_json_and_text(bundle)
     v = verdicts(triage)
     assert v["loss-numerics"] == "confirmed", triage["hypotheses"]
     assert v["invalid-data"] == "inconclusive", triage["hypotheses"]  # not refuted: the batch as a whole
@@ -38,7 +38,6 @@ def test_a_batch_whose_targets_are_all_ignore_index_is_named_whole_as_a_mean_of_
     assert culprit["rows"] is None and culprit["empty_mean"]["ignored"] == 16, culprit
     assert culprit["dataset_indices"] == list(range(128, 144)), culprit
     assert culprit["op"] == "aten::nll_loss_forward", culprit
-    text = crashcap("triage", bundle).stdout
     assert "culprit: step 8, the whole batch, which gives the loss no target to count (all 16 are ignore_index -1) " \
         "(dataset indices [128,129," in text, text
     assert "a mean of nothing: none of its 16 targets counts" in crashcap("replay", bundle).stdout

@@ -6,7 +6,7 @@ and triage names it, says why that op's gradient is infinite there, and convicts
 
 import pytest
 
-from conftest import crashcap, crashcap_json, only_bundle, run_recorded, verdicts
+from conftest import crashcap, crashcap_json, only_bundle, run_recorded, triage_json_and_text, verdicts
 
 
 def evidence_of(triage, hypothesis):
@@ -26,7 +26,7 @@ def test_a_nan_made_in_backward_names_the_autograd_node_and_why_its_gradient_is_
     op = replay["first_nonfinite_op"]
     assert op["phase"] == "backward" and op["node"] == node, op
     assert f"(backward, in {node}, the gradient of {root}, op #" in crashcap("replay", bundle).stdout
-    triage = crashcap_json("triage", bundle)
+    triage, text = triage_json_and_text(bundle)
     v = verdicts(triage)
     assert v["loss-numerics"] == "confirmed", triage["hypotheses"]
     assert v["optimizer-divergence"] == "refuted", triage["hypotheses"]
@@ -37,5 +37,4 @@ def test_a_nan_made_in_backward_names_the_autograd_node_and_why_its_gradient_is_
     assert "a division or log of zero" not in numerics, numerics  # the node's own reason instead
     culprit = triage["culprit"]
     assert culprit["dataset_indices"] == [211] and culprit["node"] == node and culprit["phase"] == "backward", culprit
-    text = crashcap("triage", bundle).stdout
     assert f"(dataset indices [211]), op {culprit['op']} (backward, in {node}, the gradient of {root})" in text, text

@@ -6,7 +6,8 @@ names the op that made it (tests/python/observed/)."""
 
 import os
 
-from conftest import OBSERVED, crashcap, crashcap_json, only_bundle, replay_and_triage, run_recorded, verdicts
+from conftest import (OBSERVED, crashcap_json, only_bundle, replay_and_triage, run_recorded, triage_json_and_text,
+                      verdicts)
 
 
 def test_a_sequence_first_batch_is_cut_by_its_sample_dimension_and_triage_names_the_bad_label(tmp_path):
@@ -46,13 +47,12 @@ def test_a_crash_in_the_validation_pass_is_after_the_step_and_a_bias_before_batc
     script = os.path.join(OBSERVED, "validation_pass.py")
     line = next(i for i, text in enumerate(open(script).read().splitlines(), 1) if "raise ValueError(f\"non-finite" in text)
     assert any(f'Its traceback says where: File "{script}", line {line}, in ' in n for n in replay["notes"]), replay["notes"]
-    triage = crashcap_json("triage", bundle)
+    triage, text = triage_json_and_text(bundle)
     hypotheses = {h["id"]: h for h in triage["hypotheses"]}
     assert hypotheses["nondeterminism"]["verdict"] == "inconclusive", hypotheses["nondeterminism"]
     assert "which a replay does not run" in " ".join(hypotheses["nondeterminism"]["evidence"])
     assert hypotheses["invalid-data"]["verdict"] == "inconclusive", hypotheses["invalid-data"]
     assert "between steps" in hypotheses["invalid-data"]["evidence"][0], hypotheses["invalid-data"]
-    text = crashcap("triage", bundle).stdout
     assert "crash exception after step 1" in text, text
     # The first Linear's bias gradient is 0 in exact arithmetic: float32's rounding noise against
     # float64's is not an op departing from float64.

@@ -174,6 +174,9 @@ void printConfig(const investigate::ConfigBisection& b) {
   };
   for (const auto& f : b.flips) row(fmt::format("{}={} (was {})", f.setting, f.value, f.recorded), f);
   for (const auto& d : b.devices) row("device " + d.device, d);
+  if (!b.notTried.empty())
+    std::cout << fmt::format("not tried on {}: {}, which change only CUDA kernels (a flip would replay the same bits)\n",
+                             b.baseline.device, fmt::join(b.notTried, ", "));
   if (b.changesOutcome.empty())
     std::cout << "no single setting or device changes the outcome\n";
   else

@@ -540,6 +540,10 @@ ConfigBisection bisectConfig(const std::string& bundle, int64_t step, Experiment
   for (const auto& name : formats::torch::settingNames()) {
     auto it = base.recordedSettings.find(name);
     if (it == base.recordedSettings.end()) continue;  // an older recording without it
+    if (!replayer::settingActsOn(name, base.device)) {
+      b.notTried.push_back(name);
+      continue;
+    }
     // A value the recording does not know (TF32 set through fp32_precision) has no flip: both.
     const std::vector<std::string> values =
         it->second == formats::torch::kSetThroughPrecisionApi

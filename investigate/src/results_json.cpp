@@ -219,6 +219,7 @@ json toJson(const ConfigBisection& b) {
           {"flips", flips},
           {"flips_at_target", b.flipsAtTarget},
           {"devices", devices},
+          {"not_tried", b.notTried},
           {"changes_outcome", b.changesOutcome},
           {"experiments", experimentLogJson(b.experiments)}};
 }
@@ -237,6 +238,7 @@ ConfigBisection configBisectionFromJson(const json& j) {
   b.flips = configTrialsFrom(j, "flips");
   b.flipsAtTarget = j.is_object() && j.value("flips_at_target", false);  // absent before it existed
   b.devices = configTrialsFrom(j, "devices");
+  if (j.contains("not_tried")) b.notTried = strings(j, "not_tried");  // absent before it existed
   b.changesOutcome = strings(j, "changes_outcome");
   return b;
 }

@@ -872,7 +872,12 @@ Hypothesis judgeConfigDependent(const TriageFacts& f) {
                                      *c.baseline.divergedAt));
   }
   const std::string recordedDevice = f.replay ? f.replay->recordedDevice : "";
-  if (c.baseline.device == "cpu" && !recordedDevice.empty() && recordedDevice != "cpu")
+  const bool recordedOnGpu = c.baseline.device == "cpu" && !recordedDevice.empty() && recordedDevice != "cpu";
+  if (!c.notTried.empty())
+    h.evidence.push_back(fmt::format("{} not tried: they change only CUDA kernels, and the replay runs on the CPU{}",
+                                     fmt::join(c.notTried, ", "),
+                                     recordedOnGpu ? ": replay on " + recordedDevice + " for them to count" : ""));
+  else if (recordedOnGpu)
     h.evidence.push_back("cudnn.* and TF32 settings do not change CPU kernels: replay on " + recordedDevice +
                          " for them to count");
   return h;

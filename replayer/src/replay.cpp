@@ -643,6 +643,13 @@ std::vector<std::string> availableDevices() {
   return devices;
 }
 
+bool settingActsOn(const std::string& setting, const std::string& device) {
+  if (device != "cpu" || !formats::torch::changesOnlyCudaKernels(setting)) return true;
+  testing::installFaultInjection();
+  const auto hooked = testing::faultSettings();
+  return std::find(hooked.begin(), hooked.end(), setting) != hooked.end();
+}
+
 namespace {
 
 /// Where a crash's traceback says the error came from: the program's own innermost line when the

@@ -180,6 +180,13 @@ bool isFakeDevice(const std::string& device) {
   return false;
 }
 
+std::vector<std::string> faultSettings() {
+  std::vector<std::string> names;
+  if (gState)
+    for (const auto& [name, value] : gState->spec.when) names.push_back(name);
+  return names;
+}
+
 int faultHits() { return gState ? gState->hits.load() : 0; }
 
 }  // namespace crashcap::testing

@@ -22,6 +22,15 @@ TEST_CASE("settings: read, applied, flipped, by name", "[formats_torch][settings
   CHECK_THROWS_AS(settings::applySetting("cudnn.benchmark", "maybe"), crashcap::Error);
 }
 
+TEST_CASE("settings: the cudnn and TF32 ones change only CUDA kernels, the others the CPU's too",
+          "[formats_torch][settings]") {
+  std::vector<std::string> cudaOnly;
+  for (const auto& name : settings::settingNames())
+    if (settings::changesOnlyCudaKernels(name)) cudaOnly.push_back(name);
+  CHECK(cudaOnly == std::vector<std::string>{"cudnn.enabled", "cudnn.benchmark", "cudnn.deterministic",
+                                             "cudnn.allow_tf32", "cuda.matmul.allow_tf32"});
+}
+
 TEST_CASE("settings: TF32 set through the fp32_precision API is recorded as such, not a failure",
           "[formats_torch][settings]") {
   // A LibTorch of 2.9 or later can answer the boolean TF32 getters with c10::Error; this one

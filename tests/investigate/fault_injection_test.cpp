@@ -73,7 +73,11 @@ TEST_CASE("config-dependent: an op that fails only under cudnn.benchmark is foun
   auto c = json::parse(cfg.out);
   CHECK(c["baseline"]["fails"] == true);
   CHECK(c["baseline"]["settings"]["cudnn.benchmark"] == "true");  // the recorded value, applied again
-  CHECK(c["flips"].size() == 8);
+  // On the CPU the cudnn and TF32 settings change nothing, so they are not tried; but the hook reads
+  // cudnn.benchmark here, so it is.
+  CHECK(c["flips"].size() == 4);
+  CHECK(c["not_tried"] ==
+        json::array({"cudnn.enabled", "cudnn.deterministic", "cudnn.allow_tf32", "cuda.matmul.allow_tf32"}));
   CHECK(c["changes_outcome"] == json::array({"cudnn.benchmark=false"}));
   for (const auto& f : c["flips"])
     CHECK(f["command"].get<std::string>().find("--set " + f["setting"].get<std::string>() + "=") != std::string::npos);
@@ -140,11 +144,16 @@ TEST_CASE("bisect config changes a setting for the failing step alone: the steps
   REQUIRE(cfg.exitCode == 0);
   auto c = json::parse(cfg.out);
   CHECK(c["flips_at_target"] == true);
-  REQUIRE(c["flips"].size() == 8);
+  // The settings that act on the CPU: the cudnn and TF32 ones would replay the same bits again.
+  REQUIRE(c["flips"].size() == 3);
+  CHECK(c["not_tried"] == json::array({"cudnn.enabled", "cudnn.benchmark", "cudnn.deterministic", "cudnn.allow_tf32",
+                                       "cuda.matmul.allow_tf32"}));
   for (const auto& f : c["flips"]) CHECK(f["command"].get<std::string>().find("--set-at-target") != std::string::npos);
   CHECK(c["changes_outcome"].empty());  // the fault ignores every setting
   auto text = runWithFault(spec, {test::binPath("crashcap"), "bisect", "config", bundle});
   CHECK(text.out.find("each setting below is changed for step 6 alone") != std::string::npos);
+  CHECK(text.out.find("not tried on cpu: cudnn.enabled, cudnn.benchmark, cudnn.deterministic, cudnn.allow_tf32, "
+                      "cuda.matmul.allow_tf32, which change only CUDA kernels") != std::string::npos);
 
   // A setting of the thread's own (autocast) that the failure needs: recorded on, the fault fires
   // only under it, and turning it off for step 6 alone is what makes the step run clean.

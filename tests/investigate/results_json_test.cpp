@@ -231,7 +231,12 @@ TEST_CASE("sample, config, step and op bisections read back from their JSON", "[
   d.otherFailure = "step 4 throws: no kernel";
   c.devices = {d};
   c.changesOutcome = {"torch.threads=1"};
+  c.notTried = {"cudnn.enabled", "cuda.matmul.allow_tf32"};
   auto cb = configBisectionFromJson(toJson(c));
+  CHECK(cb.notTried == c.notTried);
+  auto withoutNotTried = toJson(c);
+  withoutNotTried.erase("not_tried");  // results written before it existed
+  CHECK(configBisectionFromJson(withoutNotTried).notTried.empty());
   CHECK(cb.baseline.fails);
   CHECK(cb.baseline.settings == c.baseline.settings);
   REQUIRE(cb.flips.size() == 1);

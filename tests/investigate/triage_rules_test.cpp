@@ -1246,6 +1246,16 @@ TEST_CASE("config-dependent is inconclusive when the step passes and no flip mak
   CHECK(h.verdict == V::Inconclusive);
   CHECK(h.evidence.at(0) == "no single setting change makes the step fail");
   CHECK(has(h, "cudnn.* and TF32 settings do not change CPU kernels: replay on cuda:0 for them to count"));
+
+  // The settings config bisection left untried on the CPU are named, and where they would count.
+  f.config->notTried = {"cudnn.enabled", "cuda.matmul.allow_tf32"};
+  auto g = judgeConfigDependent(f);
+  CHECK(has(g, "cudnn.enabled, cuda.matmul.allow_tf32 not tried: they change only CUDA kernels, and the replay runs on "
+               "the CPU: replay on cuda:0 for them to count"));
+  CHECK_FALSE(has(g, "cudnn.* and TF32 settings do not change CPU kernels"));
+  f.replay->recordedDevice = "cpu";
+  CHECK(has(judgeConfigDependent(f),
+            "cudnn.enabled, cuda.matmul.allow_tf32 not tried: they change only CUDA kernels, and the replay runs on the CPU"));
 }
 
 TEST_CASE("nondeterminism is refuted by a bitwise replay or bitwise steps before a reproduced failure, confirmed by a "

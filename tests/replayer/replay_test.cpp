@@ -277,6 +277,11 @@ TEST_CASE("crashcap replay --json has the verdict, the step and the first non-fi
     CHECK(cuda.err.find("cannot replay on cuda:0") != std::string::npos);
     CHECK(cuda.err.find("devices here: cpu") != std::string::npos);
   }
+  // A CUDA-only setting cannot change a CPU replay (no fault-injection hook reads it here).
+  CHECK_FALSE(replayer::settingActsOn("cudnn.benchmark", "cpu"));
+  CHECK_FALSE(replayer::settingActsOn("cuda.matmul.allow_tf32", "cpu"));
+  CHECK(replayer::settingActsOn("torch.threads", "cpu"));
+  CHECK(replayer::settingActsOn("cudnn.benchmark", "cuda:0"));
 }
 
 TEST_CASE("bisect steps finds the first failing step and shows the weights running away", "[replayer][bisect]") {

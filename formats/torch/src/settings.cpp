@@ -57,6 +57,10 @@ const std::vector<std::string>& settingNames() {
   return names;
 }
 
+bool changesOnlyCudaKernels(const std::string& name) {
+  return name.rfind("cudnn.", 0) == 0 || name.rfind("cuda.", 0) == 0;
+}
+
 std::string tf32Setting(const std::function<bool()>& read) {
   // Not yet seen on a LibTorch that refuses (2.9 and later): no such build has run here.
   try {

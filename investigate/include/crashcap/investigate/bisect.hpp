@@ -201,6 +201,9 @@ struct ConfigBisection {
   /// trial runs on its device from the keyframe on.
   bool flipsAtTarget = false;
   std::vector<ConfigTrial> flips, devices;
+  /// Settings not flipped: they change only CUDA kernels and the baseline replays on the CPU, where
+  /// a flip would replay the same bits again (replayer::settingActsOn). Empty in older results.
+  std::vector<std::string> notTried;
   std::vector<std::string> changesOutcome;       ///< "cudnn.benchmark=false", "device=cuda:0"
   std::vector<Experiment> experiments;
 };

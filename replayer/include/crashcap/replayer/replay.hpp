@@ -336,6 +336,11 @@ ComparisonSide parseComparisonSide(const std::string& text);
 /// devices (tests only).
 std::vector<std::string> availableDevices();
 
+/// Whether changing `setting` can change what a replay on `device` computes: not on the CPU for a
+/// setting that changes only CUDA kernels (cudnn.*, TF32), unless the fault-injection hook
+/// (testing/) conditions a fault on it, which it tests on any device.
+bool settingActsOn(const std::string& setting, const std::string& device);
+
 /// The error for a bundle with no step program record, saying why it has none: a Python training
 /// recorded from outside without a DataLoader records no steps; otherwise how to record one.
 /// `pythonCapture`: the environment's python.capture fact ("" for a C++ recording);

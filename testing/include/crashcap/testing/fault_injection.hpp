@@ -48,6 +48,10 @@ void setFaultDevice(const std::string& device);
 std::vector<std::string> fakeDevices();
 bool isFakeDevice(const std::string& device);
 
+/// The settings the spec's conditions (`when=`) name (none when no hook is installed): the hook
+/// reads them on any device, the CPU included.
+std::vector<std::string> faultSettings();
+
 /// How many times the hook has hit an op in this process.
 int faultHits();
 

@@ -17,6 +17,10 @@ namespace crashcap::formats::torch {
 /// the CPU and on CUDA (either enabled reads "true"); it is read on the recording thread.
 const std::vector<std::string>& settingNames();
 
+/// Whether `name` changes only what CUDA kernels compute (the cudnn.* and TF32 settings): a step
+/// replayed on the CPU computes the same bits with either value.
+bool changesOnlyCudaKernels(const std::string& name);
+
 /// The value of cudnn.allow_tf32 and cuda.matmul.allow_tf32 when LibTorch will not answer: from
 /// 2.9 on, the boolean TF32 getters can refuse (c10::Error, "a mix of the legacy and new APIs")
 /// for a program that set TF32 through the newer fp32_precision API. The recorder records this

@@ -174,11 +174,16 @@ void printConfig(const investigate::ConfigBisection& b) {
   };
   for (const auto& f : b.flips) row(fmt::format("{}={} (was {})", f.setting, f.value, f.recorded), f);
   for (const auto& d : b.devices) row("device " + d.device, d);
+  const std::string& recorded = b.baseline.recordedDevice;
   if (!b.notTried.empty())
-    std::cout << fmt::format("not tried on {}: {}, which change only CUDA kernels (a flip would replay the same bits)\n",
-                             b.baseline.device, fmt::join(b.notTried, ", "));
+    std::cout << fmt::format("not tried on {}: {}, which change only CUDA kernels (a flip would replay the same bits){}\n",
+                             b.baseline.device, fmt::join(b.notTried, ", "),
+                             !recorded.empty() && recorded != b.baseline.device
+                                 ? fmt::format("; replay on {}, where it was recorded, for them to count", recorded)
+                                 : "");
   if (b.changesOutcome.empty())
-    std::cout << "no single setting or device changes the outcome\n";
+    std::cout << (b.notTried.empty() ? "no single setting or device changes the outcome\n"
+                                     : "no single setting or device tried changes the outcome\n");
   else
     std::cout << fmt::format("the outcome depends on: {}\n", fmt::join(b.changesOutcome, ", "));
 }

@@ -2,7 +2,11 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <iostream>
 
 #include "../command.hpp"
@@ -109,21 +113,34 @@ void printTriage(const investigate::Triage& t) {
       c.changes && !c.changes->empty() ? "; the outcome changes with " + json(*c.changes).dump() : "");
 }
 
+/// A --json-out that cannot be written is refused before minutes of experiments, not after them.
+void checkWritableDirectoryOf(const std::string& path) {
+  const auto slash = path.find_last_of('/');
+  const std::string dir = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+  if (::access(dir.c_str(), W_OK | X_OK) != 0)
+    throw Error(ErrorCode::InvalidArgument, fmt::format("--json-out {}: cannot write into {}: {}", path, dir,
+                                                        std::strerror(errno)),
+                "name a file in a directory that exists and is writable");
+}
+
 int triage(const Options& o) {
   checkIntact(o.bundle, o.allowDamaged);
+  if (!o.jsonOut.empty()) checkWritableDirectoryOf(o.jsonOut);
   investigate::TriageOptions to;
   to.experiments.allowDamaged = o.allowDamaged;
   to.experiments.timeoutSeconds = o.timeout;
   to.experiments.progress = !o.json;
   auto t = investigate::runTriage(o.bundle, to);
-  if (!o.jsonOut.empty()) {
-    writeFileAtomically(o.jsonOut, namedAsTheArchive(jsonText(investigate::toJson(t))));
-    if (!o.json) std::cerr << "wrote " << o.jsonOut << "\n";
-  }
+  // Printed first: a file that cannot be written after all loses neither form.
   if (o.json)
     printJson(investigate::toJson(t));
   else
     printTriage(t);
+  if (!o.jsonOut.empty()) {
+    std::cout << std::flush;
+    writeFileAtomically(o.jsonOut, namedAsTheArchive(jsonText(investigate::toJson(t))));
+    if (!o.json) std::cerr << "wrote " << o.jsonOut << "\n";
+  }
   return kExitOk;
 }
 

@@ -847,6 +847,8 @@ Hypothesis judgeConfigDependent(const TriageFacts& f) {
     return h;
   }
   const auto& c = *f.config;
+  const std::string recordedDevice = f.replay ? f.replay->recordedDevice : "";
+  const bool recordedOnGpu = c.baseline.device == "cpu" && !recordedDevice.empty() && recordedDevice != "cpu";
   if (auto change = settingChange(c)) {
     h.verdict = V::Confirmed;
     h.evidence.push_back(*change);
@@ -855,7 +857,9 @@ Hypothesis judgeConfigDependent(const TriageFacts& f) {
     for (const auto& t : c.flips)
       if (!t.otherFailure.empty()) other.push_back(fmt::format("{}={} ({})", t.setting, t.value, t.otherFailure));
     if (other.size() < c.flips.size()) {
-      h.verdict = V::Refuted;
+      // A GPU recording replayed on the CPU: the settings that act only on the GPU were not tried,
+      // and any of them may be the one.
+      h.verdict = recordedOnGpu && !c.notTried.empty() ? V::Inconclusive : V::Refuted;
       h.evidence.push_back(fmt::format("the step fails under each of {} single-setting changes", c.flips.size() - other.size()));
     }
     if (!other.empty())
@@ -871,12 +875,11 @@ Hypothesis judgeConfigDependent(const TriageFacts& f) {
                                      "every trial starts from a state the training did not have",
                                      *c.baseline.divergedAt));
   }
-  const std::string recordedDevice = f.replay ? f.replay->recordedDevice : "";
-  const bool recordedOnGpu = c.baseline.device == "cpu" && !recordedDevice.empty() && recordedDevice != "cpu";
-  if (!c.notTried.empty())
-    h.evidence.push_back(fmt::format("{} not tried: they change only CUDA kernels, and the replay runs on the CPU{}",
-                                     fmt::join(c.notTried, ", "),
-                                     recordedOnGpu ? ": replay on " + recordedDevice + " for them to count" : ""));
+  // Of a training recorded on the CPU, the CUDA-only settings say nothing; of a GPU's, where they count.
+  if (recordedOnGpu && !c.notTried.empty())
+    h.evidence.push_back(fmt::format("{} not tried: they change only CUDA kernels, and the replay runs on the CPU: "
+                                     "replay on {} for them to count",
+                                     fmt::join(c.notTried, ", "), recordedDevice));
   else if (recordedOnGpu)
     h.evidence.push_back("cudnn.* and TF32 settings do not change CPU kernels: replay on " + recordedDevice +
                          " for them to count");

@@ -1253,9 +1253,32 @@ TEST_CASE("config-dependent is inconclusive when the step passes and no flip mak
   CHECK(has(g, "cudnn.enabled, cuda.matmul.allow_tf32 not tried: they change only CUDA kernels, and the replay runs on "
                "the CPU: replay on cuda:0 for them to count"));
   CHECK_FALSE(has(g, "cudnn.* and TF32 settings do not change CPU kernels"));
+  // Of a training recorded on the CPU they say nothing: not named.
   f.replay->recordedDevice = "cpu";
-  CHECK(has(judgeConfigDependent(f),
-            "cudnn.enabled, cuda.matmul.allow_tf32 not tried: they change only CUDA kernels, and the replay runs on the CPU"));
+  CHECK_FALSE(has(judgeConfigDependent(f), "not tried"));
+}
+
+TEST_CASE("config-dependent is refuted by a failure under every flip tried only when no setting that could count was "
+          "left untried",
+          "[investigate][triage]") {
+  auto f = reproducedAt6();
+  f.replay->recordedDevice = "cpu";
+  f.config = configOf(true, {flip("torch.threads", "1", "2", true), flip("torch.autocast", "false", "true", true)});
+  f.config->notTried = {"cudnn.enabled", "cudnn.benchmark"};
+  auto h = judgeConfigDependent(f);
+  CHECK(h.verdict == V::Refuted);  // recorded on the CPU: the CUDA-only settings never acted
+  CHECK(h.evidence.at(0) == "the step fails under each of 2 single-setting changes");
+  // Recorded on a GPU and replayed on the CPU: cudnn.benchmark may be the one, and was not tried.
+  f.replay->recordedDevice = "cuda:0";
+  auto g = judgeConfigDependent(f);
+  CHECK(g.verdict == V::Inconclusive);
+  CHECK(g.evidence.at(0) == "the step fails under each of 2 single-setting changes");
+  CHECK(has(g, "cudnn.enabled, cudnn.benchmark not tried: they change only CUDA kernels, and the replay runs on the "
+               "CPU: replay on cuda:0 for them to count"));
+  // Replayed on the recorded GPU, every setting tried: refuted again.
+  f.config->baseline.device = "cuda:0";
+  f.config->notTried.clear();
+  CHECK(judgeConfigDependent(f).verdict == V::Refuted);
 }
 
 TEST_CASE("nondeterminism is refuted by a bitwise replay or bitwise steps before a reproduced failure, confirmed by a "

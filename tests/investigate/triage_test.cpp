@@ -29,10 +29,16 @@ json triage(const std::string& sample, const std::string& fault, int64_t faultSt
   std::string bundle;
   for (const auto& e : fs::directory_iterator(dir.path()))
     if (e.path().extension() == ".ccap") bundle = e.path().string();
-  auto t = test::run({test::binPath("crashcap"), "triage", bundle, "--json"}, 900);
+  // A --json-out that cannot be written is refused before any experiment runs.
+  auto refused = test::run({test::binPath("crashcap"), "triage", bundle, "--json-out", dir.path() + "/no/such/t.json"});
+  CHECK(refused.exitCode == 2);
+  CHECK(refused.err.find("cannot write into " + dir.path() + "/no/such") != std::string::npos);
+  const std::string out = dir.path() + "/triage.json";
+  auto t = test::run({test::binPath("crashcap"), "triage", bundle, "--json", "--json-out", out}, 900);
   INFO(t.err);
   REQUIRE(t.exitCode == 0);
   auto j = json::parse(t.out);
+  CHECK(json::parse(test::readText(out)) == j);  // the same triage in the file as on stdout
   for (const auto& e : j["experiments"]) {
     CHECK(e["outcome"] == "ok");
     CHECK(e["command"].get<std::string>().rfind("crashcap ", 0) == 0);

@@ -18,7 +18,9 @@ namespace crashcap::formats::torch {
 const std::vector<std::string>& settingNames();
 
 /// Whether `name` changes only what CUDA kernels compute (the cudnn.* and TF32 settings): a step
-/// replayed on the CPU computes the same bits with either value.
+/// replayed on the CPU computes the same bits with either value. (LibTorch 2.x keeps TF32 in the
+/// float32 matmul precision, which oneDNN's CPU matmul reads too, but only as "medium", which
+/// neither true, "high", nor false, "highest", is.)
 bool changesOnlyCudaKernels(const std::string& name);
 
 /// The value of cudnn.allow_tf32 and cuda.matmul.allow_tf32 when LibTorch will not answer: from

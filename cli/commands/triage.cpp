@@ -131,14 +131,15 @@ int triage(const Options& o) {
   to.experiments.timeoutSeconds = o.timeout;
   to.experiments.progress = !o.json;
   auto t = investigate::runTriage(o.bundle, to);
+  const auto j = o.json || !o.jsonOut.empty() ? investigate::toJson(t) : json();
   // Printed first: a file that cannot be written after all loses neither form.
   if (o.json)
-    printJson(investigate::toJson(t));
+    printJson(j);
   else
     printTriage(t);
   if (!o.jsonOut.empty()) {
     std::cout << std::flush;
-    writeFileAtomically(o.jsonOut, namedAsTheArchive(jsonText(investigate::toJson(t))));
+    writeFileAtomically(o.jsonOut, namedAsTheArchive(jsonText(j)));
     if (!o.json) std::cerr << "wrote " << o.jsonOut << "\n";
   }
   return kExitOk;

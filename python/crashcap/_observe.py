@@ -284,6 +284,8 @@ class Observer:
         self.training_loader = None     # the ordinal of the loader whose batches are the current training's steps
         self.training_dataset = None    # a weakref to that loader's dataset: a loader made anew over it takes over
         self.training_loader_done = False  # the training loader's last iteration ran to its end
+        self.training_iterator = None   # a weakref to the iterator that gave the training loader's last batch
+        self.worker_death = None        # (pids, batches_in_flight) when the SIGCHLD handler saw a training worker die
         self.rec = None
         self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
         self.stopped_dir = None         # the recording stop() closed, until its training ends
@@ -666,6 +668,7 @@ class Observer:
         rec, self.rec = self.rec, None
         stopped, self.stopped_dir = self.stopped_dir, None
         self.training_loader = None
+        self.training_iterator = self.worker_death = None
         self.freed_graph = None
         if rec is None or rec._native is None:
             if remove and stopped and os.path.isdir(stopped):  # closed clean by stop(): nothing crashed in it
@@ -928,14 +931,62 @@ def _seen_failure(iterator, error):
 def _loading_failed(iterator, index, ahead, error):
     own = _indices_of(iterator, index, underlying=False)
     batches, first = 1, len(own or ())
-    for later in ahead:
-        more = _indices_of(iterator, later, underlying=False)
-        if own is None or more is None:
-            break
-        own, batches = own + more, batches + 1
+    if own is not None:
+        more, count = _drawn_batches(iterator, ahead)
+        own, batches = own + more, batches + count
     _observer.on_loading_failed(getattr(iterator, "_crashcap_loader", -1), own,
                                 None if own is None else _underlying_indices(getattr(iterator, "_dataset", None), own),
                                 (batches, first), error)
+
+
+def _drawn_batches(iterator, draws):
+    """The indices into the loader's dataset of the batches the sampler drew as `draws`, one after
+    another, as far as each is known, and how many batches they are."""
+    own, batches = [], 0
+    for draw in draws:
+        more = _indices_of(iterator, draw, underlying=False)
+        if more is None:
+            break
+        own, batches = own + more, batches + 1
+    return own, batches
+
+
+def batches_in_flight(rec, pids):
+    """When one of DataLoader worker processes `pids` is a worker of the training loader that `rec`
+    records: (the loader's ordinal, the indices into its dataset of the batches its workers drew
+    ahead and the loop has not had yet, the same in the data under any Subset, how many batches
+    they are); else None. A worker that dies while the loop runs a step (not waiting in the loader)
+    is seen by the DataLoader's SIGCHLD handler, which raises in the step: the sample that killed
+    it is in one of these batches, not in the step's. They are taken when the handler raises
+    (_seen_worker_death), while the loop's iterator lives: by the time the error ends the program,
+    it is gone."""
+    observer = _observer
+    if observer is None or rec is None or observer.rec is not rec:
+        return None
+    death = observer.worker_death
+    return death[1] if death is not None and death[0] & set(pids) else _loading_ahead(observer, pids)
+
+
+@_guarded
+def _seen_worker_death(error):
+    pids = _api._state.worker_death_pids(str(error))
+    drawn = None if _observer.replay else _loading_ahead(_observer, pids)
+    if drawn is not None:
+        _observer.worker_death = (frozenset(pids), drawn)
+
+
+def _loading_ahead(observer, pids):
+    """batches_in_flight() of the training loader's live iterator; None when it is gone."""
+    iterator = observer.training_iterator() if observer.training_iterator is not None else None
+    if iterator is None or getattr(iterator, "_crashcap_loader", -1) != observer.training_loader:
+        return None
+    workers = {getattr(w, "pid", None) for w in getattr(iterator, "_workers", None) or ()}
+    if not workers & set(pids):
+        return None  # another loader's worker (a validation loader's): not the training's batches
+    own, batches = _drawn_batches(iterator, list(getattr(iterator, "_crashcap_indices", None) or ()))
+    if not batches:
+        return None
+    return iterator._crashcap_loader, own, _underlying_indices(getattr(iterator, "_dataset", None), own), batches
 
 
 def _indices_of(iterator, index, underlying=True):
@@ -972,8 +1023,11 @@ def _seen_batch(iterator, batch):
     iteration = getattr(iterator, "_crashcap_iteration", None)
     first = getattr(iterator, "_crashcap_first", False)
     iterator._crashcap_first = False
-    _observer.on_batch(getattr(iterator, "_crashcap_loader", -1), _indices_of(iterator, _take_index(iterator)), batch,
+    ordinal = getattr(iterator, "_crashcap_loader", -1)
+    _observer.on_batch(ordinal, _indices_of(iterator, _take_index(iterator)), batch,
                        getattr(iterator, "_dataset", None), None if iteration is None else (iteration, first))
+    if ordinal == _observer.training_loader and ordinal >= 0:
+        _observer.training_iterator = weakref.ref(iterator)
 
 
 def _replay_takes_over(iterator):
@@ -1169,6 +1223,19 @@ def install(policy=None, replay=False):
         return loader_iter(self)
 
     dl.DataLoader.__iter__ = DataLoader_iter
+
+    # The DataLoader's SIGCHLD handler raises a worker's death wherever the main thread is; the
+    # batches its workers were loading are taken then, while the loop's iterator lives.
+    from torch.utils.data._utils import signal_handling
+    worker_check = getattr(signal_handling, "_error_if_any_worker_fails", None)
+    if worker_check is not None:
+        def error_if_any_worker_fails():
+            try:
+                worker_check()
+            except RuntimeError as e:
+                _seen_worker_death(e)
+                raise
+        signal_handling._error_if_any_worker_fails = error_if_any_worker_fails
 
     base = dl._BaseDataLoaderIter
     iter_init, next_index, reset, next_ = base.__init__, base._next_index, base._reset, base.__next__

@@ -420,6 +420,19 @@ class Recorder:
                              + (f", with the {batches - 1} batch{'es' if batches > 2 else ''} its workers drew ahead, "
                                 f"of dataset indices {indices[first:]} (the worker that died may have been loading "
                                 f"any of them)" if indices and batches > 1 else ""))
+            else:
+                # A worker that died while the step ran: the DataLoader's SIGCHLD handler raised
+                # in the step, wherever it was. The sample that killed it is in the batches the
+                # workers were loading ahead; the step itself did not fail.
+                pids = _state.worker_death_pids(f"{died or ''}\n{_chain_text(exc)}")
+                drawn = _observe.batches_in_flight(self, pids) if pids else None
+                if drawn is not None:
+                    ordinal, own, indices, batches = drawn
+                    phase = "loading"
+                    notes.append(f"a worker of DataLoader #{ordinal} died while step {self._step_index} ran, and the "
+                                 f"loader's SIGCHLD handler raised it there: the step's own computation did not fail. "
+                                 f"It was loading one of the {batches} batch{'es' if batches > 1 else ''} its "
+                                 f"workers drew ahead, of dataset indices {indices}")
             kind, type_name, text, stack = _describe(exc, notes)
             bundle = self._native.fail(kind, type_name, text, stack, phase, own or [], indices or [])
             try:

@@ -623,6 +623,12 @@ def load_again(loader, own, indices, search=True):
         return "", [], ""
     except Exception as e:
         error = _error_text(e)
+        # A worker's death is raised in other words depending on where this process was when the
+        # loader saw it ("exited unexpectedly" while it waited): the loader's report says how the
+        # worker ended, as the recording's crash text does beside the error it raised.
+        report = getattr(e, "_crashcap_worker_report", None)
+        if report and report not in error:
+            error = f"(the DataLoader reports: {report})\n{error}"
     if not search:
         return error, [], ""
     samples, culprits = {}, []
@@ -713,6 +719,10 @@ def _load_in_a_worker(loader, dataset, indices):
         try:
             for _ in it:
                 pass
+        except Exception as e:
+            if worker_died(e):  # while its worker is registered: the loader's own word on how it ended
+                e._crashcap_worker_report = _state.dataloader_worker_failure(e)
+            raise
         finally:
             del it  # its worker stops
 
@@ -734,9 +744,13 @@ def _each_in_a_worker(loader, dataset, indices):
                         start = len(indices)
                         break
                     except Exception as e:  # as the loader re-raises it: the worker's error is its last line
-                        out.append((position, None, _error_text(e).splitlines()[-1]))
-                        if worker_died(e):
+                        text = _error_text(e).splitlines()[-1]
+                        if worker_died(e):  # and how it ended, in the loader's words
+                            report = _state.dataloader_worker_failure(e)
+                            out.append((position, None, f"{text}; the DataLoader reports: {report}"
+                                        if report and report not in text else text))
                             break  # this worker is gone: a new one for the rest
+                        out.append((position, None, text))
             finally:
                 del it
     return out

@@ -16,6 +16,7 @@ import json
 import math
 import os
 import random
+import re
 import signal
 import struct
 import sys
@@ -358,14 +359,15 @@ def restore_numpy_generator(state):
 
 def dataloader_worker_failure(exc, wait=10.0, dumping_wait=120.0):
     """The DataLoader's own word on a worker that died ("DataLoader worker (pid 123) is killed by
-    signal: Segmentation fault."), or None. A broken pipe from a dying worker (ConnectionResetError,
-    EOFError) often reaches the training before the worker's exit does (a worker that segfaults
-    dumps core first), so for those, when DataLoader workers ran in this process, it waits up to
-    `wait` seconds for the exit to show. The wait ends as soon as it does; 2 s was too short on a
-    loaded 2-core machine, where writing a worker's core took longer and the bundle kept only
-    "Connection reset by peer". A child still writing its core file is dying for certain, and writing
-    a large one to a busy disk takes longer than that: the wait goes on while a child is writing
-    its core or exiting (up to `dumping_wait` seconds in all)."""
+    signal: Segmentation fault."), or None: from the loader's check of its workers, or from the
+    exit codes of the workers of a loader iterator `exc` was raised in. A broken pipe from a dying
+    worker (ConnectionResetError, EOFError) often reaches the training before the worker's exit
+    does (a worker that segfaults dumps core first), so for those, when DataLoader workers ran in
+    this process, it waits up to `wait` seconds for the exit to show. The wait ends as soon as it
+    does; 2 s was too short on a loaded 2-core machine, where writing a worker's core took longer
+    and the bundle kept only "Connection reset by peer". A child still writing its core file is
+    dying for certain, and writing a large one to a busy disk takes longer than that: the wait goes
+    on while a child is writing its core or exiting (up to `dumping_wait` seconds in all)."""
     check = getattr(torch._C, "_error_if_any_worker_fails", None)
     if check is None:
         return None
@@ -379,7 +381,9 @@ def dataloader_worker_failure(exc, wait=10.0, dumping_wait=120.0):
             check()
         except RuntimeError as e:
             return str(e).strip()
-        died = _worker_death_in_traceback(exc) if broken_pipe else None
+        # Its check knows a worker the loader has not reaped; one found dead by its own wait
+        # ("exited unexpectedly") was reaped, and its exit code is the iterator's to read.
+        died = _worker_death_in_traceback(exc)
         if died:
             return died
         now = time.monotonic()
@@ -387,6 +391,16 @@ def dataloader_worker_failure(exc, wait=10.0, dumping_wait=120.0):
             if not (broken_pipe and workers_ran and now < start + dumping_wait and _a_child_is_dying()):
                 return None
         time.sleep(0.005)
+
+
+def worker_death_pids(text):
+    """The process ids of the DataLoader workers whose death `text` reports, in the DataLoader's own
+    words ("DataLoader worker (pid 123) is killed by signal: ...", "DataLoader worker (pid(s) 12, 34)
+    exited unexpectedly"); empty when it reports none."""
+    pids = []
+    for group in re.findall(r"DataLoader worker \(pid(?:\(s\))? ([0-9, ]+)\)", text or ""):
+        pids += [int(p) for p in group.replace(",", " ").split()]
+    return pids
 
 
 def _worker_death_in_traceback(exc):

@@ -1420,9 +1420,35 @@ ReplayResult replayWith(const std::string& bundle, const ReplayOptions& options,
 
 }  // namespace
 
+namespace {
+
+/// How the DataLoader worker whose death `text` ends with ended: "signal: Segmentation fault",
+/// "exit code 1", or "" when the words raised do not say (the loader found the worker gone while
+/// it waited for a batch); nullopt when the last line reports no worker's death. The DataLoader
+/// raises one death in other words depending on where the program was (its SIGCHLD handler's report
+/// wherever the main thread runs; "exited unexpectedly" when that report came while the loader
+/// waited, which it then raises from), so how the worker ended is read from the whole text: the
+/// recording's and the replay's notes give the loader's own report beside the error raised.
+std::optional<std::string> workerDeath(const std::string& text) {
+  static const std::regex death(R"(DataLoader worker \(pid(\(s\))? [0-9, ]+\) (is killed by signal|exited unexpectedly))");
+  static const std::regex killed(R"(DataLoader worker \(pid [0-9]+\) is killed by signal: ([^.\n]*))");
+  static const std::regex exited(R"(DataLoader worker \(pid [0-9]+\) exited unexpectedly with exit code (-?[0-9]+))");
+  const std::string last = lastLine(text);
+  std::smatch m;
+  if (!std::regex_search(last, death)) return std::nullopt;
+  if (std::regex_search(text, m, killed)) return "signal: " + m[1].str();
+  if (std::regex_search(text, m, exited)) return "exit code " + m[1].str();
+  return std::string();
+}
+
+}  // namespace
+
 bool sameFailure(const std::string& replayed, const std::string& recorded) {
   static const std::regex numbers("0x[0-9a-fA-F]+|[0-9]+");
-  return std::regex_replace(lastLine(replayed), numbers, "#") == std::regex_replace(lastLine(recorded), numbers, "#");
+  if (std::regex_replace(lastLine(replayed), numbers, "#") == std::regex_replace(lastLine(recorded), numbers, "#"))
+    return true;
+  const auto a = workerDeath(replayed), b = workerDeath(recorded);
+  return a && b && (*a == *b || a->empty() || b->empty());
 }
 
 ReplayResult replay(const std::string& bundle, const ReplayOptions& options) {

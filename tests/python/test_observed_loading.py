@@ -195,6 +195,68 @@ def test_a_sample_that_kills_its_worker_is_found_in_the_awaited_batch_or_those_t
     assert [c["dataset_index"] for c in load["culprits"]] == [377] and load["culprits_by"] == "loaded alone", load
 
 
+def test_a_worker_that_dies_while_the_loop_runs_a_step_is_the_loading_s_failure_not_the_step_s(tmp_path):
+    # The loop is in step 8 (a slow step: a checkpoint, a validation pass) when the worker loading
+    # sample 377 dies; the DataLoader's SIGCHLD handler raises its death there, in the step. The
+    # step did not fail: the crash is the loading's, with the batches the workers were loading.
+    # Files order the two processes: the worker dies only once the loop is in step 8, and the step
+    # goes on until the worker has ended (in a replay, the worker is long gone).
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import os, signal, time, torch
+        from torch.utils.data import DataLoader, Dataset
+
+        class Decoded(Dataset):
+            def __len__(self):
+                return 400
+            def __getitem__(self, i):
+                if i == 377:
+                    while not os.path.exists("in_step"):
+                        time.sleep(0.01)
+                    with open("dying", "w") as f:
+                        f.write(str(os.getpid()))
+                    os.kill(os.getpid(), signal.SIGSEGV)
+                return torch.full((6,), i / 400.0), torch.tensor([i / 200.0])
+
+        def ended(pid):
+            try:
+                with open(f"/proc/{pid}/stat") as f:
+                    return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+            except OSError:
+                return True
+
+        model = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        opt = torch.optim.SGD(model.parameters(), lr=1e-2, momentum=0.9)
+        for i, (x, y) in enumerate(DataLoader(Decoded(), batch_size=32, num_workers=2)):
+            opt.zero_grad()
+            loss = torch.nn.functional.smooth_l1_loss(model(x), y)
+            if i == 8:
+                open("in_step", "w").close()
+                while not os.path.exists("dying"):
+                    time.sleep(0.01)
+                pid, deadline = int(open("dying").read()), time.monotonic() + 120
+                while not ended(pid) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                time.sleep(0.2)
+            loss.backward()
+            opt.step()
+        print("trained")
+    """))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "trained" not in r.stdout, r.stdout + r.stderr
+    assert "signal_handling.py" in r.stderr, r.stderr  # raised by the loader's SIGCHLD handler, in the step
+    crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
+    assert crash["phase"] == "loading" and crash["step"] == 8, crash
+    assert "Segmentation fault" in crash["error"] and "died while step 8 ran" in crash["error"], crash["error"]
+    # No shuffle: the batches drawn ahead and not yet given to the loop, from batch 9 (index 288) on.
+    drawn = crash["loading_dataset_indices"]
+    assert drawn == crash["loading_indices"] == list(range(288, 288 + len(drawn))) and 377 in drawn, crash
+    replay = crashcap_json("replay", only_bundle(tmp_path / "runs"))
+    assert replay["verdict"] in ("reproduced", "reproduced-bitwise"), replay
+    load = replay["batch_load"]
+    assert [c["dataset_index"] for c in load["culprits"]] == [377] and load["culprits_by"] == "loaded alone", load
+    assert "Segmentation fault" in load["error"] and "Segmentation fault" in load["culprits"][0]["error"], load
+
+
 # ---- load_again alone: the loader's own ways of fetching a batch, without a recording ----------
 
 class _Samples(torch.utils.data.Dataset):
@@ -260,6 +322,8 @@ def test_load_again_names_a_sample_the_rest_collate_without_and_one_that_kills_i
     error, culprits, by = _replay.load_again(killed, [12, 13, 14, 15], [12, 13, 14, 15])
     assert _replay.worker_died(RuntimeError(error)), error
     assert [c[0] for c in culprits] == [1] and by == "loaded alone", culprits  # the others load after it
+    # How the worker ended, in the loader's words, whichever words it raised the death in.
+    assert "Segmentation fault" in error and "Segmentation fault" in culprits[0][1], (error, culprits)
 
 
 def test_load_again_indexes_the_data_under_a_subset_as_the_recording_mapped_it():

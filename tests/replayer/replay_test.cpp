@@ -73,6 +73,28 @@ TEST_CASE("replay reproduces each sample crash bit for bit and names the first n
   }
 }
 
+TEST_CASE("the same failure: last lines equal but for numbers, and a worker's death in either of the loader's words",
+          "[replayer]") {
+  using replayer::sameFailure;
+  CHECK(sameFailure("Traceback ...\nIndexError: Target 12 is out of bounds.", "IndexError: Target 7 is out of bounds."));
+  CHECK_FALSE(sameFailure("IndexError: Target 7 is out of bounds.", "ValueError: Target 7 is out of bounds."));
+  CHECK_FALSE(sameFailure("IndexError: Target 7 is out of bounds.\nsomething else", "IndexError: Target 7 is out of bounds."));
+  const std::string killed = "RuntimeError: DataLoader worker (pid 1234) is killed by signal: Segmentation fault. ";
+  const std::string waited = "RuntimeError: DataLoader worker (pid(s) 77) exited unexpectedly";
+  const std::string reported = "(the DataLoader reports: DataLoader worker (pid 77) is killed by signal: Segmentation "
+                               "fault.)\n" + waited;
+  CHECK(sameFailure(waited, killed));                // how the worker ended is unknown on one side
+  CHECK(sameFailure(killed, waited));
+  CHECK(sameFailure(reported, killed));              // both say: the same signal
+  CHECK_FALSE(sameFailure(killed, "RuntimeError: DataLoader worker (pid 9) is killed by signal: Bus error. It is "
+                                  "possible that dataloader's workers are out of shared memory."));
+  CHECK_FALSE(sameFailure(reported, "RuntimeError: DataLoader worker (pid 9) exited unexpectedly with exit code 1. "
+                                    "Details are lost due to multiprocessing."));
+  // A worker's death is compared only when the error raised is one: a report in the notes of
+  // another error does not make it one.
+  CHECK_FALSE(sameFailure(reported.substr(0, reported.find('\n')) + "\nValueError: bad record", killed));
+}
+
 TEST_CASE("replay reproduces an exception with the same text, including the dropout RNG", "[replayer]") {
   test::TempDir dir;
   auto bundle = crashBundle(dir, "crashcap-sample-cls", "bad-label");

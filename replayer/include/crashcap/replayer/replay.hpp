@@ -289,7 +289,10 @@ struct ReplayResult {
 /// The errors name the same failure: their last lines (the exception's own, after any traceback)
 /// are equal once numbers and hex addresses are taken out ("Target 7 is out of bounds." and
 /// "Target 12 is out of bounds." are one failure; an IndexError and a ValueError, or two different
-/// messages, are two). A replay of the recorded setup reproduces an error only with the same failure.
+/// messages, are two). A DataLoader worker's death is one failure in whichever words the loader
+/// raised it ("is killed by signal: …" or "exited unexpectedly"), unless both texts say how the
+/// worker ended and the two differ (a segmentation fault and a bus error are two). A replay of the
+/// recorded setup reproduces an error only with the same failure.
 bool sameFailure(const std::string& replayed, const std::string& recorded);
 
 /// The replay shows a failure: it reproduces the recording (reproduces(verdict)) at a step where

@@ -429,8 +429,10 @@ class Recorder:
                 if drawn is not None:
                     ordinal, own, indices, batches = drawn
                     phase = "loading"
-                    notes.append(f"a worker of DataLoader #{ordinal} died while step {self._step_index} ran, and the "
-                                 f"loader's SIGCHLD handler raised it there: the step's own computation did not fail. "
+                    when = (f"while step {self._step_index} ran" if self._step is not None
+                            else f"after step {self._step_index} ended")
+                    notes.append(f"a worker of DataLoader #{ordinal} died {when}, and the loader's SIGCHLD handler "
+                                 f"raised it there, not in the loader: the step's own computation did not fail. "
                                  f"It was loading one of the {batches} batch{'es' if batches > 1 else ''} its "
                                  f"workers drew ahead, of dataset indices {indices}")
             kind, type_name, text, stack = _describe(exc, notes)

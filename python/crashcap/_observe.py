@@ -44,6 +44,7 @@ import math
 import operator
 import os
 import shutil
+import signal
 import sys
 import threading
 import traceback
@@ -895,9 +896,32 @@ def _guarded(fn):
             except _api.NonFiniteError:
                 raise
             except Exception as e:
+                if _raised_by_a_signal_handler(e):
+                    raise  # the program's, raised in crashcap's code only because the signal came then
                 _observer.stop(e)
                 return None
     return run
+
+
+def _raised_by_a_signal_handler(error):
+    """Whether a Python signal handler of the program raised `error` (the DataLoader's SIGCHLD
+    handler raises a worker's death; a cluster's preemption handler, its own error). A handler runs
+    wherever the main thread is when the signal comes, in crashcap's seams too: its error is the
+    training's, not crashcap's."""
+    codes = set()
+    for number in signal.valid_signals():
+        try:
+            code = getattr(signal.getsignal(number), "__code__", None)
+        except (ValueError, OSError):
+            continue
+        if code is not None:
+            codes.add(code)
+    tb = error.__traceback__
+    while tb is not None:
+        if tb.tb_frame.f_code in codes:
+            return True
+        tb = tb.tb_next
+    return False
 
 
 def _take_index(iterator):

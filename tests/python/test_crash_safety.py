@@ -160,6 +160,59 @@ def test_a_dataloader_worker_that_segfaults_is_the_trainings_error_not_a_crash_o
     assert "DataLoader worker (pid" in crash["error"] and "Segmentation fault" in crash["error"], crash["error"]
 
 
+def test_an_error_a_signal_handler_raises_inside_crashcap_is_the_trainings_crash_not_crashcaps(tmp_path):
+    # A handler of the program's (a cluster's preemption signal; the DataLoader's SIGCHLD handler)
+    # raises wherever the main thread is when the signal comes, in crashcap's own code too. That
+    # error is the training's: it ends the training, recorded as its crash, and does not stop the
+    # recording as an error of crashcap's own would (letting the training go on). The signal comes
+    # there every time here: the batch holds tags crashcap keeps by their repr, and one tag's repr,
+    # which crashcap calls as it records the batch, sends the signal.
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import os, signal, torch
+        from torch.utils.data import DataLoader, Dataset
+
+        def preempted(signum, frame):
+            raise RuntimeError("preempted: the cluster wants this node back")
+
+        signal.signal(signal.SIGUSR1, preempted)
+
+        class Tag:  # slots: no attributes crashcap could keep, so it keeps the repr
+            __slots__ = ("i",)
+            def __init__(self, i):
+                self.i = i
+            def __repr__(self):
+                if self.i == 43:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                return f"Tag({self.i})"
+
+        class Records(Dataset):
+            def __len__(self):
+                return 96
+            def __getitem__(self, i):
+                return torch.full((3,), i / 96.0), torch.tensor([float(i % 2)]), Tag(i)
+
+        def collate(samples):
+            xs, ys, tags = zip(*samples)
+            return torch.stack(xs), torch.stack(ys), list(tags)
+
+        torch.manual_seed(0)
+        model = torch.nn.Linear(3, 1)
+        opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+        for x, y, tags in DataLoader(Records(), batch_size=8, collate_fn=collate):
+            opt.zero_grad()
+            torch.nn.functional.binary_cross_entropy_with_logits(model(x), y).backward()
+            opt.step()
+        print("trained")
+    """))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "trained" not in r.stdout, r.stdout + r.stderr
+    assert "error of crashcap's own" not in r.stderr, r.stderr  # before: the training went on, the error lost
+    assert "RuntimeError: preempted" in r.stderr, r.stderr  # the program's own traceback, as without crashcap
+    crash = crashcap_json("inspect", only_bundle(tmp_path / "runs"))["crash"]
+    assert crash["error"].endswith("RuntimeError: preempted: the cluster wants this node back"), crash
+    assert crash["step"] == 4, crash  # batch 5 (samples 40..47) never became a step; steps 0..4 ran
+
+
 def test_an_error_raised_from_another_keeps_the_chain_and_still_replays_bit_for_bit(tmp_path):
     script = tmp_path / "train.py"
     script.write_text(textwrap.dedent("""

@@ -979,7 +979,7 @@ def batches_in_flight(rec, pids):
     """When one of DataLoader worker processes `pids` is a worker of the training loader that `rec`
     records: (the loader's ordinal, the indices into its dataset of the batches its workers drew
     ahead and the loop has not had yet, the same in the data under any Subset, how many batches
-    they are); else None. A worker that dies while the loop runs a step (not waiting in the loader)
+    they are; None, None, 0 when those are not known), else None. A worker that dies while the loop runs a step (not waiting in the loader)
     is seen by the DataLoader's SIGCHLD handler, which raises in the step: the sample that killed
     it is in one of these batches, not in the step's. They are taken when the handler raises
     (_seen_worker_death), while the loop's iterator lives: by the time the error ends the program,
@@ -1008,8 +1008,8 @@ def _loading_ahead(observer, pids):
     if not workers & set(pids):
         return None  # another loader's worker (a validation loader's): not the training's batches
     own, batches = _drawn_batches(iterator, list(getattr(iterator, "_crashcap_indices", None) or ()))
-    if not batches:
-        return None
+    if not batches:  # an IterableDataset's (its sampler draws no indices): the loading's all the same
+        return iterator._crashcap_loader, None, None, 0
     return iterator._crashcap_loader, own, _underlying_indices(getattr(iterator, "_dataset", None), own), batches
 
 

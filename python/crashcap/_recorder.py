@@ -433,8 +433,9 @@ class Recorder:
                             else f"after step {self._step_index} ended")
                     notes.append(f"a worker of DataLoader #{ordinal} died {when}, and the loader's SIGCHLD handler "
                                  f"raised it there, not in the loader: the step's own computation did not fail. "
-                                 f"It was loading one of the {batches} batch{'es' if batches > 1 else ''} its "
-                                 f"workers drew ahead, of dataset indices {indices}")
+                                 + (f"It was loading one of the {batches} batch{'es' if batches > 1 else ''} its "
+                                    f"workers drew ahead, of dataset indices {indices}" if batches else
+                                    "It was loading a batch drawn ahead, whose samples' indices are not known"))
             kind, type_name, text, stack = _describe(exc, notes)
             bundle = self._native.fail(kind, type_name, text, stack, phase, own or [], indices or [])
             try:

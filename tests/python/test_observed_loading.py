@@ -212,8 +212,9 @@ def test_a_worker_that_dies_while_the_loop_runs_a_step_is_the_loading_s_failure_
                 if i == 377:
                     while not os.path.exists("in_step"):
                         time.sleep(0.01)
-                    with open("dying", "w") as f:
+                    with open("dying.part", "w") as f:
                         f.write(str(os.getpid()))
+                    os.rename("dying.part", "dying")  # whole, as the loop reads it
                     os.kill(os.getpid(), signal.SIGSEGV)
                 return torch.full((6,), i / 400.0), torch.tensor([i / 200.0])
 

@@ -286,7 +286,7 @@ class Observer:
         self.training_dataset = None    # a weakref to that loader's dataset: a loader made anew over it takes over
         self.training_loader_done = False  # the training loader's last iteration ran to its end
         self.training_iterator = None   # a weakref to the iterator that gave the training loader's last batch
-        self.worker_death = None        # (pids, batches_in_flight) when the SIGCHLD handler saw a training worker die
+        self.worker_death = None        # (the error, batches_in_flight) of the SIGCHLD handler's report of a training worker
         self.rec = None
         self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
         self.stopped_dir = None         # the recording stop() closed, until its training ends
@@ -903,19 +903,36 @@ def _guarded(fn):
     return run
 
 
+_handler_codes = set()  # the code of each signal handler the program installed since crashcap's install
+
+
+def _add_handler_codes(handler, codes, depth=0):
+    """The code objects a call of signal handler `handler` runs first: a function's or method's; a
+    callable object's __call__ (a framework's handler that calls several in turn); a
+    functools.partial's function; a decorated function's __wrapped__."""
+    if handler is None or depth > 4:
+        return
+    code = getattr(handler, "__code__", None)
+    if code is not None:
+        codes.add(code)
+    elif callable(handler) and not isinstance(handler, type):
+        _add_handler_codes(getattr(type(handler), "__call__", None), codes, depth + 1)
+    _add_handler_codes(getattr(handler, "func", None), codes, depth + 1)
+    _add_handler_codes(getattr(handler, "__wrapped__", None), codes, depth + 1)
+
+
 def _raised_by_a_signal_handler(error):
     """Whether a Python signal handler of the program raised `error` (the DataLoader's SIGCHLD
     handler raises a worker's death; a cluster's preemption handler, its own error). A handler runs
     wherever the main thread is when the signal comes, in crashcap's seams too: its error is the
-    training's, not crashcap's."""
-    codes = set()
+    training's, not crashcap's. The handlers are those installed now and every one the program
+    installed since crashcap began (a handler that puts the default back before it raises)."""
+    codes = set(_handler_codes)
     for number in signal.valid_signals():
         try:
-            code = getattr(signal.getsignal(number), "__code__", None)
+            _add_handler_codes(signal.getsignal(number), codes)
         except (ValueError, OSError):
             continue
-        if code is not None:
-            codes.add(code)
     tb = error.__traceback__
     while tb is not None:
         if tb.tb_frame.f_code in codes:
@@ -975,39 +992,43 @@ def _drawn_batches(iterator, draws):
     return own, batches
 
 
-def batches_in_flight(rec, pids):
-    """When one of DataLoader worker processes `pids` is a worker of the training loader that `rec`
-    records: (the loader's ordinal, the indices into its dataset of the batches its workers drew
-    ahead and the loop has not had yet, the same in the data under any Subset, how many batches
-    they are; None, None, 0 when those are not known), else None. A worker that dies while the loop runs a step (not waiting in the loader)
-    is seen by the DataLoader's SIGCHLD handler, which raises in the step: the sample that killed
-    it is in one of these batches, not in the step's. They are taken when the handler raises
-    (_seen_worker_death), while the loop's iterator lives: by the time the error ends the program,
-    it is gone."""
+def batches_in_flight(rec, exc):
+    """When `exc` is, or came from, the error the DataLoader's SIGCHLD handler raised for a dead
+    worker of the training loader that `rec` records: (the loader's ordinal, the indices into its
+    dataset of the batches its workers drew ahead and the loop has not had yet, the same in the
+    data under any Subset, how many batches they are; None, None, 0 when those are not known);
+    else None. A worker that dies while the loop runs a step (not waiting in the loader) is seen by
+    that handler, which raises in the step: the sample that killed it is in one of these batches,
+    not in the step's. They are taken as the handler raises (_seen_worker_death), while the loop's
+    iterator lives: by the time the error ends the program, it is gone. Another error of the step,
+    raised while a worker lay dead, is the step's."""
     observer = _observer
-    if observer is None or rec is None or observer.rec is not rec:
+    if observer is None or rec is None or observer.rec is not rec or observer.worker_death is None:
         return None
-    death = observer.worker_death
-    return death[1] if death is not None and death[0] & set(pids) else _loading_ahead(observer, pids)
+    error, drawn = observer.worker_death
+    return drawn if _api._recorder._in_chain(error, exc) else None
 
 
 @_guarded
 def _seen_worker_death(error):
-    pids = _api._state.worker_death_pids(str(error))
-    drawn = None if _observer.replay else _loading_ahead(_observer, pids)
+    drawn = None if _observer.replay else _loading_ahead(_observer, _api._state.worker_death_pids(str(error)))
     if drawn is not None:
-        _observer.worker_death = (frozenset(pids), drawn)
+        _observer.worker_death = (error, drawn)
 
 
 def _loading_ahead(observer, pids):
-    """batches_in_flight() of the training loader's live iterator; None when it is gone."""
+    """batches_in_flight() of the training loader's live iterator, when one of `pids` is its
+    worker and it has drawn batches the loop has not had; else None."""
     iterator = observer.training_iterator() if observer.training_iterator is not None else None
     if iterator is None or getattr(iterator, "_crashcap_loader", -1) != observer.training_loader:
         return None
     workers = {getattr(w, "pid", None) for w in getattr(iterator, "_workers", None) or ()}
     if not workers & set(pids):
         return None  # another loader's worker (a validation loader's): not the training's batches
-    own, batches = _drawn_batches(iterator, list(getattr(iterator, "_crashcap_indices", None) or ()))
+    draws = list(getattr(iterator, "_crashcap_indices", None) or ())
+    if not draws:
+        return None  # no batch was being loaded (idle persistent workers, the epoch's last batch given)
+    own, batches = _drawn_batches(iterator, draws)
     if not batches:  # an IterableDataset's (its sampler draws no indices): the loading's all the same
         return iterator._crashcap_loader, None, None, 0
     return iterator._crashcap_loader, own, _underlying_indices(getattr(iterator, "_dataset", None), own), batches
@@ -1052,6 +1073,7 @@ def _seen_batch(iterator, batch):
                        getattr(iterator, "_dataset", None), None if iteration is None else (iteration, first))
     if ordinal == _observer.training_loader and ordinal >= 0:
         _observer.training_iterator = weakref.ref(iterator)
+        _observer.worker_death = None  # a death the program caught, and went on from
 
 
 def _replay_takes_over(iterator):
@@ -1242,11 +1264,27 @@ def install(policy=None, replay=False):
                 with _observer.lock:
                     if _observer.begins_training():
                         _api._state.prepare_before_fork()
-            except Exception:  # the recording does it when it begins
-                pass
+            except Exception as e:  # the recording does it when it begins
+                if _raised_by_a_signal_handler(e):
+                    raise  # the program's
+
         return loader_iter(self)
 
     dl.DataLoader.__iter__ = DataLoader_iter
+
+    # A signal handler the program installs is known as one when what it raises comes through
+    # crashcap's code (_raised_by_a_signal_handler), even after it has put the default back.
+    install_handler = signal.signal
+
+    @functools.wraps(install_handler)
+    def signal_signal(signalnum, handler):
+        previous = install_handler(signalnum, handler)
+        try:
+            _add_handler_codes(handler, _handler_codes)
+        except Exception:
+            pass
+        return previous
+    signal.signal = signal_signal
 
     # The DataLoader's SIGCHLD handler raises a worker's death wherever the main thread is; the
     # batches its workers were loading are taken then, while the loop's iterator lives.

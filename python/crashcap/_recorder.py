@@ -424,8 +424,7 @@ class Recorder:
                 # A worker that died while the step ran: the DataLoader's SIGCHLD handler raised
                 # in the step, wherever it was. The sample that killed it is in the batches the
                 # workers were loading ahead; the step itself did not fail.
-                pids = _state.worker_death_pids(f"{died or ''}\n{_chain_text(exc)}")
-                drawn = _observe.batches_in_flight(self, pids) if pids else None
+                drawn = _observe.batches_in_flight(self, exc)
                 if drawn is not None:
                     ordinal, own, indices, batches = drawn
                     phase = "loading"

@@ -359,15 +359,16 @@ def restore_numpy_generator(state):
 
 def dataloader_worker_failure(exc, wait=10.0, dumping_wait=120.0):
     """The DataLoader's own word on a worker that died ("DataLoader worker (pid 123) is killed by
-    signal: Segmentation fault."), or None: from the loader's check of its workers, or from the
-    exit codes of the workers of a loader iterator `exc` was raised in. A broken pipe from a dying
-    worker (ConnectionResetError, EOFError) often reaches the training before the worker's exit
-    does (a worker that segfaults dumps core first), so for those, when DataLoader workers ran in
-    this process, it waits up to `wait` seconds for the exit to show. The wait ends as soon as it
-    does; 2 s was too short on a loaded 2-core machine, where writing a worker's core took longer
-    and the bundle kept only "Connection reset by peer". A child still writing its core file is
-    dying for certain, and writing a large one to a busy disk takes longer than that: the wait goes
-    on while a child is writing its core or exiting (up to `dumping_wait` seconds in all)."""
+    signal: Segmentation fault."), or None: from the loader's check of its workers, or, for a
+    worker the loader found gone ("exited unexpectedly") or a broken pipe, from the exit codes of
+    the workers of a loader iterator `exc` was raised in. A broken pipe from a dying worker
+    (ConnectionResetError, EOFError) often reaches the training before the worker's exit does (a
+    worker that segfaults dumps core first), so for those, when DataLoader workers ran in this
+    process, it waits up to `wait` seconds for the exit to show. The wait ends as soon as it does;
+    2 s was too short on a loaded 2-core machine, where writing a worker's core took longer and the
+    bundle kept only "Connection reset by peer". A child still writing its core file is dying for
+    certain, and writing a large one to a busy disk takes longer than that: the wait goes on while
+    a child is writing its core or exiting (up to `dumping_wait` seconds in all)."""
     check = getattr(torch._C, "_error_if_any_worker_fails", None)
     if check is None:
         return None
@@ -382,8 +383,9 @@ def dataloader_worker_failure(exc, wait=10.0, dumping_wait=120.0):
         except RuntimeError as e:
             return str(e).strip()
         # Its check knows a worker the loader has not reaped; one found dead by its own wait
-        # ("exited unexpectedly") was reaped, and its exit code is the iterator's to read.
-        died = _worker_death_in_traceback(exc)
+        # ("exited unexpectedly") was reaped, and its exit code is the iterator's to read. Only
+        # then: reading it reaps a worker the loader's own check has yet to see.
+        died = _worker_death_in_traceback(exc) if broken_pipe or "exited unexpectedly" in str(exc) else None
         if died:
             return died
         now = time.monotonic()
@@ -404,9 +406,10 @@ def worker_death_pids(text):
 
 
 def _worker_death_in_traceback(exc):
-    """A DataLoader worker's death read from the loader iterator the broken pipe came out of (a
-    frame of its traceback has it as `self`): its worker processes' exit codes. PyTorch's own check
-    knows only the workers still registered; an iterator shut down meanwhile has forgotten them."""
+    """A DataLoader worker's death read from the loader iterator the broken pipe (or "exited
+    unexpectedly") came out of (a frame of its traceback has it as `self`): its worker processes'
+    exit codes. PyTorch's own check knows only the workers still registered; an iterator shut
+    down meanwhile has forgotten them."""
     try:
         tb = exc.__traceback__
         while tb is not None:

@@ -171,10 +171,12 @@ def test_an_error_a_signal_handler_raises_inside_crashcap_is_the_trainings_crash
         import os, signal, torch
         from torch.utils.data import DataLoader, Dataset
 
-        def preempted(signum, frame):
-            raise RuntimeError("preempted: the cluster wants this node back")
+        class Preemption:  # as a framework installs one: an object, which puts the default back first
+            def __call__(self, signum, frame):
+                signal.signal(signum, signal.SIG_DFL)
+                raise RuntimeError("preempted: the cluster wants this node back")
 
-        signal.signal(signal.SIGUSR1, preempted)
+        signal.signal(signal.SIGUSR1, Preemption())
 
         class Tag:  # slots: no attributes crashcap could keep, so it keeps the repr
             __slots__ = ("i",)

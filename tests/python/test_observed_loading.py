@@ -232,7 +232,10 @@ def test_a_worker_that_dies_while_the_loop_runs_a_step_is_the_loading_s_failure_
             loss = torch.nn.functional.smooth_l1_loss(model(x), y)
             if i == 8:
                 open("in_step", "w").close()
+                deadline = time.monotonic() + 120
                 while not os.path.exists("dying"):
+                    if time.monotonic() > deadline:
+                        raise SystemExit("no worker came to sample 377 while step 8 waited")
                     time.sleep(0.01)
                 pid, deadline = int(open("dying").read()), time.monotonic() + 120
                 while not ended(pid) and time.monotonic() < deadline:

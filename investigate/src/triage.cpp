@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 #include <map>
 #include <regex>
 #include <set>
@@ -112,6 +113,25 @@ std::optional<double> firstOutside(const inspect::HostTensor& row, const IndexDo
     if (v < 0 && !(d.ignoreIndex && v == static_cast<double>(*d.ignoreIndex))) return v;
   }
   return std::nullopt;
+}
+
+/// Whether an op's index input of shape `index` can be a part of a batch tensor of shape `shape`
+/// whose rows run along `rowDim`: the index's dimensions are the tensor's in order, some of them
+/// dropped (an integer index, `labels[:, 0]`) and the others no larger (a slice, a language model's
+/// `tokens[:, :-1]`), the rows kept whole. Shapes alone: the op trace does not say which tensor an
+/// op took.
+bool partOf(const std::vector<int64_t>& index, const std::vector<int64_t>& shape, int rowDim) {
+  if (index.empty() || index.size() > shape.size() || rowDim < 0 || static_cast<size_t>(rowDim) >= shape.size())
+    return false;
+  // Match index dimension i with tensor dimension j or a later one; the row dimension is never dropped.
+  std::function<bool(size_t, size_t)> match = [&](size_t i, size_t j) {
+    if (i == index.size()) return j > static_cast<size_t>(rowDim);
+    if (j == shape.size()) return false;
+    const bool row = j == static_cast<size_t>(rowDim);
+    if ((row ? index[i] == shape[j] : index[i] <= shape[j]) && match(i + 1, j + 1)) return true;
+    return !row && match(i, j + 1);
+  };
+  return match(0, 0);
 }
 
 /// Whether two domains are one table's, one logits' or one indexed tensor's: a loss and the ops
@@ -442,12 +462,23 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       continue;
     }
     std::vector<Loaded*> candidates;
-    for (auto& l : loaded)
-      if (l.integer && (d.indexShape == l.t.shape || elements(d.indexShape) == elements(l.t.shape)))
+    std::set<const Loaded*> parts;  // candidates the op's index input is only a part of, by shape
+    for (auto& l : loaded) {
+      if (!l.integer) continue;
+      if (d.indexShape == l.t.shape || elements(d.indexShape) == elements(l.t.shape)) {
         candidates.push_back(&l);
+      } else if (partOf(d.indexShape, l.t.shape, l.rowDim)) {
+        candidates.push_back(&l);
+        parts.insert(&l);
+      }
+    }
+    auto apply = [&](Loaded& l, IndexDomain applied) {
+      if (parts.count(&l)) applied.wholeShape = l.t.shape;
+      l.applicable.push_back(std::move(applied));
+    };
     if (!d.ignoreIndex) {
       for (Loaded* l : candidates)
-        if (othersFit(*l, d)) l->applicable.push_back(d);
+        if (othersFit(*l, d)) apply(*l, d);
       continue;
     }
     // A loss's target. Its ignore_index is not in the op trace. Where a tensor's working rows hold
@@ -469,7 +500,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
                                          [&](const Loaded* l) { return holdsDefault(*l) && othersFit(*l, d); });
     for (Loaded* l : candidates) {
       if (othersFit(*l, d)) {
-        l->applicable.push_back(d);
+        apply(*l, d);
         continue;
       }
       if (defaultHeld) continue;
@@ -483,7 +514,7 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       if (negatives.size() != 1) continue;
       IndexDomain inferred = d;
       inferred.ignoreIndex = static_cast<int64_t>(*negatives.begin());
-      if (othersFit(*l, inferred)) l->applicable.push_back(inferred);
+      if (othersFit(*l, inferred)) apply(*l, inferred);
     }
   }
   // No value of the rows that work is 0, judged against enough values that a feature often 0

@@ -1557,6 +1557,55 @@ TEST_CASE("a row outside a domain matched by shape alone says which other ops ta
   CHECK(findings[0].otherDomains.empty());
 }
 
+TEST_CASE("a domain applies to a batch tensor its op's index input is a slice or a column of, by shape, and the "
+          "finding says so",
+          "[investigate][triage]") {
+  // A language model's batch of [8,4] tokens, which the program feeds as tokens[:, :-1] ([8,3]) to
+  // its embedding; row 3's second token is past the vocabulary. And [8,2] labels of which the loss
+  // takes column 0.
+  test::TempDir dir;
+  const std::string bundle = dir.file("sliced.ccap");
+  {
+    auto w = formats::BundleWriter::create(bundle);
+    std::vector<int64_t> x(32), labels(16);
+    for (int64_t i = 0; i < 32; ++i) x[i] = (i * 7) % 40;
+    x[13] = 41;  // row 3, second token
+    for (int64_t r = 0; r < 8; ++r) labels[2 * r] = r % 5, labels[2 * r + 1] = 1;
+    labels[2 * 5] = 7;  // row 5's label, beyond 5 classes
+    w->writeTensor(formats::batchTensorName(6, "tokens"), formats::DType::Int64, {8, 4}, x.data(), x.size() * 8);
+    w->writeTensor(formats::batchTensorName(6, "labels"), formats::DType::Int64, {8, 2}, labels.data(), labels.size() * 8);
+    sealStep6(*w, {"tokens", "labels"});
+  }
+  const IndexDomain embedding{"aten::embedding", 40, {8, 3}, {40, 16}, std::nullopt};
+  auto findings = findRowOddities(bundle, 6, {3}, {embedding});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].tensor == "steps/6/batch/tokens");
+  CHECK(findings[0].value == 41);
+  CHECK(findings[0].domain->wholeShape == std::vector<int64_t>{8, 4});
+  CHECK(findRowOddities(bundle, 6, {2}, {embedding}).empty());  // row 2's tokens fit
+  auto facts = reproducedAt6();
+  facts.samples = samplesFound({3});
+  facts.withoutRows = replayOf(Verdict::NotReproduced);
+  facts.rowFindings = findings;
+  CHECK(judgeInvalidData(facts).verdict == V::Confirmed);
+  CHECK(has(judgeInvalidData(facts),
+            "row 3 of steps/6/batch/tokens holds 41, outside 0..39: the embedding (aten::embedding) has 40 rows (table "
+            "[40,16]), whose index input [8,3] has the shape of a part of this [8,4] tensor (a slice or a column of it)"));
+  // The loss's [8] targets: a column of the [8,2] labels (the tokens' other rows hold 7..39: not 5 classes).
+  const IndexDomain loss{"aten::nll_loss", 5, {8}, {8, 5}, -100};
+  findings = findRowOddities(bundle, 6, {5}, {loss});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].tensor == "steps/6/batch/labels");
+  CHECK(findings[0].value == 7);
+  CHECK(findings[0].domain->wholeShape == std::vector<int64_t>{8, 2});
+  // An input that does not keep the rows whole ([4,3]: half the batch) is no part of a batch tensor.
+  const IndexDomain halfRows{"aten::embedding", 40, {4, 3}, {40, 16}, std::nullopt};
+  CHECK(findRowOddities(bundle, 6, {3}, {halfRows}).empty());
+  // Nor is one larger than the tensor in a dimension ([8,5]).
+  const IndexDomain wider{"aten::embedding", 40, {8, 5}, {40, 16}, std::nullopt};
+  CHECK(findRowOddities(bundle, 6, {3}, {wider}).empty());
+}
+
 TEST_CASE("a negative value in a small batch is invalid data when the step's first NaN is a log given a negative "
           "value, and the log's arithmetic is not blamed",
           "[investigate][triage]") {

@@ -51,6 +51,9 @@ struct IndexDomain {
   /// only to a tensor whose culprit rows hold that value.
   std::optional<int64_t> raisedValue{};
   int64_t raisedDim = -1;
+  /// Set where the domain was applied to a batch tensor of this shape, of which the op's index
+  /// input is only a part by shape (a slice, `tokens[:, :-1]`, or a column, `labels[:, 0]`).
+  std::vector<int64_t> wholeShape{};
   /// "the embedding has 32 rows (table [32,8])", "the loss sees 10 classes (logits [32,10])".
   std::string describe() const;
 };

@@ -287,6 +287,10 @@ class Observer:
         self.training_loader_done = False  # the training loader's last iteration ran to its end
         self.training_iterator = None   # a weakref to the iterator that gave the training loader's last batch
         self.worker_death = None        # (the error, batches_in_flight) of the SIGCHLD handler's report of a training worker
+        # (ordinal, dataset indices, error) of a loader other than the training's since the last
+        # step's batch: the batch the program took from it last, its iteration not ended (error
+        # None), or the error it raised loading one (other_loader_note)
+        self.other_loader = None
         self.rec = None
         self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
         self.stopped_dir = None         # the recording stop() closed, until its training ends
@@ -401,6 +405,8 @@ class Observer:
         """A batch the loader `ordinal` (over `dataset`) yielded: a step when it is the training loader's.
         `iteration`: (the iteration it came from, a number per iterator and epoch; whether it is the
         iteration's first batch)."""
+        if self.rec is not None and not self.replay and ordinal != self.training_loader:
+            self.other_loader = (ordinal, indices, None)  # a validation loader's, as a rule
         if not torch.is_grad_enabled():
             return
         if self.replay:
@@ -461,6 +467,7 @@ class Observer:
             rows = len(indices)
             extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)  # made only when kept
         step = self.step
+        self.other_loader = None
         self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
         self.in_flight_from = iteration
         self.step += 1
@@ -486,7 +493,10 @@ class Observer:
         `indices`: the same in the data under any Subset (what triage names); None unknown.
         `batches`: (how many batches they hold, how many of them are the awaited batch's): when a
         worker died, they run on with the batches the workers drew ahead."""
-        if self.rec is None or ordinal != self.training_loader or self.replay:
+        if self.rec is None or self.replay:
+            return
+        if ordinal != self.training_loader:
+            self.other_loader = (ordinal, indices, error)
             return
         self._finish()
         self.rec._loading_failure = (self.step - 1, ordinal, own, indices, batches, error)
@@ -495,6 +505,8 @@ class Observer:
         """An iterator of loader `ordinal` ran to its end."""
         if ordinal == self.training_loader:
             self.training_loader_done = True
+        elif self.other_loader is not None and self.other_loader[0] == ordinal and self.other_loader[2] is None:
+            self.other_loader = None
 
     def training_parameters(self):
         """The ids of the trainable parameters of the training being recorded; None before one is."""
@@ -1007,6 +1019,30 @@ def batches_in_flight(rec, exc):
         return None
     error, drawn = observer.worker_death
     return drawn if _api._recorder._in_chain(error, exc) else None
+
+
+def other_loader_note(rec, exc, shown=64):
+    """What a crash of the training `rec` records owes to a DataLoader other than the training's (a
+    validation loader's), for the crash's text; None when nothing. Its batches are no step's, and a
+    replay of the steps does not run the code that iterates it; what is known is which samples it
+    was on: the batch it raised `exc` (or the error `exc` came from) loading, else the batch the
+    program took from it last while its iteration had not ended (the loop over it was running)."""
+    observer = _observer
+    if observer is None or rec is None or observer.rec is not rec or observer.other_loader is None:
+        return None
+    ordinal, indices, error = observer.other_loader
+    if error is not None and not _api._recorder._in_chain(error, exc):
+        return None
+    where = f"DataLoader #{ordinal}, not the training's #{observer.training_loader},"
+    if indices:
+        more = f", … ({len(indices)} in all)" if len(indices) > shown else ""
+        listed = f"of dataset indices [{', '.join(str(i) for i in indices[:shown])}{more}]"
+    else:
+        listed = "whose dataset indices are not known"
+    if error is not None:
+        return f"{where} raised it while loading its batch {listed}; a replay of the steps does not run that loop"
+    return (f"the program was iterating {where} and had taken its batch {listed} last (a validation pass?); a "
+            f"replay of the steps does not run that loop")
 
 
 @_guarded

@@ -435,6 +435,10 @@ class Recorder:
                                  + (f"It was loading one of the {batches} batch{'es' if batches > 1 else ''} its "
                                     f"workers drew ahead, of dataset indices {indices}" if batches else
                                     "It was loading a batch drawn ahead, whose samples' indices are not known"))
+                else:
+                    other = _observe.other_loader_note(self, exc)
+                    if other:
+                        notes.append(other)
             kind, type_name, text, stack = _describe(exc, notes)
             bundle = self._native.fail(kind, type_name, text, stack, phase, own or [], indices or [])
             try:

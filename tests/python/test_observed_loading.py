@@ -295,6 +295,61 @@ class _Batched(_Samples):
         return [_Samples.__getitem__(self, i) for i in indices]
 
 
+def test_a_crash_while_the_program_iterates_another_loader_names_that_loader_s_samples(tmp_path):
+    # A validation pass over a Subset of the data after each epoch, under no_grad: its loader's
+    # batches are no step's. Sample 237 (the Subset's 37th) has a label beyond the 4 classes, or
+    # raises in the validation loader's worker; or the validation ends and the checkpoint fails.
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import sys
+        import torch
+        from torch.utils.data import DataLoader, Dataset, Subset
+
+        class Data(Dataset):
+            def __len__(self):
+                return 320
+            def __getitem__(self, i):
+                if i == 237 and sys.argv[1] == "raise":
+                    raise ValueError(f"corrupt record {i}")
+                return torch.full((8,), i / 320), 9 if i == 237 and sys.argv[1] == "label" else i % 4
+
+        data = Data()
+        train = DataLoader(Subset(data, range(200)), batch_size=20, shuffle=True, num_workers=2)
+        val = DataLoader(Subset(data, range(200, 320)), batch_size=16, num_workers=1)
+        model = torch.nn.Linear(8, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for epoch in range(2):
+            for x, y in train:
+                opt.zero_grad()
+                torch.nn.functional.cross_entropy(model(x), y).backward()
+                opt.step()
+            with torch.no_grad():
+                total = sum(torch.nn.functional.cross_entropy(model(x), y).item() for x, y in val)
+            if sys.argv[1] == "checkpoint":
+                raise OSError("no space left for the checkpoint")
+    """))
+
+    def crash_of(case):
+        runs = tmp_path / f"runs-{case}"
+        r = crashcap("run", "--record", "--dir", runs, "--", PYTHON, "train.py", case, cwd=tmp_path)
+        assert r.returncode != 0, r.stderr
+        crash = crashcap_json("inspect", only_bundle(runs))["crash"]
+        assert crash["phase"] == "between-steps" and crash["step"] == 9, crash  # after the epoch's 10 steps
+        return crash
+
+    crash = crash_of("label")
+    assert crash["error"].endswith("IndexError: Target 9 is out of bounds."), crash
+    # The batch of the data's 232..247 (the Subset's third), which the validation had taken last.
+    assert ("the program was iterating DataLoader #1, not the training's #0, and had taken its batch of dataset "
+            f"indices {list(range(232, 248))} last (a validation pass?)" in crash["error"]), crash["error"]
+    crash = crash_of("raise")
+    assert crash["error"].endswith("ValueError: corrupt record 237"), crash
+    assert (f"DataLoader #1, not the training's #0, raised it while loading its batch of dataset indices "
+            f"{list(range(232, 248))}" in crash["error"]), crash["error"]
+    # The validation ran to its end: the checkpoint's error is not put on its samples.
+    crash = crash_of("checkpoint")
+    assert crash["error"].endswith("OSError: no space left for the checkpoint") and "DataLoader #1" not in crash["error"], crash
+
+
 def test_load_again_fetches_through_getitems_and_names_the_sample_that_raises_in_it():
     dataset = _Batched(bad=[21])
     loader = torch.utils.data.DataLoader(dataset, batch_size=8)

@@ -405,7 +405,7 @@ class Observer:
         """A batch the loader `ordinal` (over `dataset`) yielded: a step when it is the training loader's.
         `iteration`: (the iteration it came from, a number per iterator and epoch; whether it is the
         iteration's first batch)."""
-        if self.rec is not None and not self.replay and ordinal != self.training_loader:
+        if self.rec is not None and not self.replay and ordinal >= 0 and ordinal != self.training_loader:
             self.other_loader = (ordinal, indices, None)  # a validation loader's, as a rule
         if not torch.is_grad_enabled():
             return
@@ -496,7 +496,8 @@ class Observer:
         if self.rec is None or self.replay:
             return
         if ordinal != self.training_loader:
-            self.other_loader = (ordinal, indices, error)
+            if ordinal >= 0:
+                self.other_loader = (ordinal, indices, error)
             return
         self._finish()
         self.rec._loading_failure = (self.step - 1, ordinal, own, indices, batches, error)

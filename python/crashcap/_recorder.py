@@ -436,7 +436,10 @@ class Recorder:
                                     f"workers drew ahead, of dataset indices {indices}" if batches else
                                     "It was loading a batch drawn ahead, whose samples' indices are not known"))
                 else:
-                    other = _observe.other_loader_note(self, exc)
+                    try:
+                        other = _observe.other_loader_note(self, exc)
+                    except Exception:  # crashcap's own: the crash is recorded without the note
+                        other = None
                     if other:
                         notes.append(other)
             kind, type_name, text, stack = _describe(exc, notes)

@@ -517,6 +517,11 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
       if (othersFit(*l, inferred)) apply(*l, inferred);
     }
   }
+  // A domain matched by the tensor's whole shape (or named by the error) before one matched by a
+  // part of it: the first a row falls outside is the finding's.
+  for (auto& l : loaded)
+    std::stable_partition(l.applicable.begin(), l.applicable.end(),
+                          [](const IndexDomain& d) { return d.wholeShape.empty(); });
   // No value of the rows that work is 0, judged against enough values that a feature often 0
   // would have shown one: 8 other rows and 64 values at least, as for a sign.
   auto othersNeverZero = [&](const Loaded& l) {

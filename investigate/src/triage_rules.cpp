@@ -55,8 +55,9 @@ std::string rowFindingText(const RowFinding& r) {
       std::string s = fmt::format("row {} of {} {} {:.0f}, outside 0..{}: {}", r.row, r.tensor,
                                   r.oneElement ? "is" : "holds", r.value, d.size - 1, d.describe());
       if (!d.wholeShape.empty())
-        s += fmt::format(", whose index input [{}] has the shape of a part of this [{}] tensor (a slice or a column of it)",
-                         fmt::join(d.indexShape, ","), fmt::join(d.wholeShape, ","));
+        s += fmt::format("; the op's index input [{}] is shaped like a part of this [{}] tensor (a slice or a column of "
+                         "it), which may not hold the {:.0f}",
+                         fmt::join(d.indexShape, ","), fmt::join(d.wholeShape, ","), r.value);
       for (const auto& [other, bad] : r.otherDomains)
         s += bad ? fmt::format("; its shape fits another op's input as well: {}, and {:.0f} is outside 0..{} there too",
                                other.describe(), *bad, other.size - 1)

@@ -287,9 +287,10 @@ class Observer:
         self.training_loader_done = False  # the training loader's last iteration ran to its end
         self.training_iterator = None   # a weakref to the iterator that gave the training loader's last batch
         self.worker_death = None        # (the error, batches_in_flight) of the SIGCHLD handler's report of a training worker
-        # (ordinal, dataset indices, error) of a loader other than the training's since the last
-        # step's batch: the batch the program took from it last, its iteration not ended (error
-        # None), or the error it raised loading one (other_loader_note)
+        # (ordinal, dataset indices, error, batches) of a loader other than the training's, taken
+        # between steps since the last step's batch: the batch the program took from it last, its
+        # iteration not run to its end (error None), or the batch (and those its workers drew
+        # ahead) it raised the error loading (other_loader_note)
         self.other_loader = None
         self.rec = None
         self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
@@ -405,8 +406,8 @@ class Observer:
         """A batch the loader `ordinal` (over `dataset`) yielded: a step when it is the training loader's.
         `iteration`: (the iteration it came from, a number per iterator and epoch; whether it is the
         iteration's first batch)."""
-        if self.rec is not None and not self.replay and ordinal >= 0 and ordinal != self.training_loader:
-            self.other_loader = (ordinal, indices, None)  # a validation loader's, as a rule
+        if self._between_steps() and ordinal >= 0 and ordinal != self.training_loader:
+            self.other_loader = (ordinal, indices, None, None)  # a validation loader's, as a rule
         if not torch.is_grad_enabled():
             return
         if self.replay:
@@ -496,11 +497,19 @@ class Observer:
         if self.rec is None or self.replay:
             return
         if ordinal != self.training_loader:
-            if ordinal >= 0:
-                self.other_loader = (ordinal, indices, error)
+            if self._between_steps() and ordinal >= 0:
+                self.other_loader = (ordinal, indices, error, batches)
             return
         self._finish()
         self.rec._loading_failure = (self.step - 1, ordinal, own, indices, batches, error)
+
+    def _between_steps(self):
+        """Whether a training loader's steps are recorded and none is in flight: where another
+        loader's batches (a validation pass's) are no step's, and the replay of the steps does not
+        run the code that takes them. A second loader iterated inside a step (zip(labelled,
+        unlabelled)) is part of that step."""
+        return (self.rec is not None and not self.replay and not self.capture_only and self.training_loader is not None
+                and self.rec._step is None)
 
     def loader_ended(self, ordinal):
         """An iterator of loader `ordinal` ran to its end."""
@@ -682,7 +691,7 @@ class Observer:
         rec, self.rec = self.rec, None
         stopped, self.stopped_dir = self.stopped_dir, None
         self.training_loader = None
-        self.training_iterator = self.worker_death = None
+        self.training_iterator = self.worker_death = self.other_loader = None
         self.freed_graph = None
         if rec is None or rec._native is None:
             if remove and stopped and os.path.isdir(stopped):  # closed clean by stop(): nothing crashed in it
@@ -1023,27 +1032,38 @@ def batches_in_flight(rec, exc):
 
 
 def other_loader_note(rec, exc, shown=64):
-    """What a crash of the training `rec` records owes to a DataLoader other than the training's (a
-    validation loader's), for the crash's text; None when nothing. Its batches are no step's, and a
-    replay of the steps does not run the code that iterates it; what is known is which samples it
-    was on: the batch it raised `exc` (or the error `exc` came from) loading, else the batch the
-    program took from it last while its iteration had not ended (the loop over it was running)."""
+    """What a crash of the training `rec` between its steps owes to a DataLoader other than the
+    training's (a validation loader's), for the crash's text; None when nothing. Its batches are no
+    step's, and a replay of the steps does not run the code that takes them; what is known is which
+    samples it was on: the batch it raised `exc` (or the error `exc` came from) loading, with those
+    its workers drew ahead when one died, else the batch the program took from it last, its
+    iteration not run to its end (a loop over it running, or left with `break`)."""
     observer = _observer
     if observer is None or rec is None or observer.rec is not rec or observer.other_loader is None:
         return None
-    ordinal, indices, error = observer.other_loader
+    if rec._step is not None:
+        return None  # a step's crash: the other loader's batch came before that step began
+    ordinal, indices, error, batches = observer.other_loader
     if error is not None and not _api._recorder._in_chain(error, exc):
         return None
-    where = f"DataLoader #{ordinal}, not the training's #{observer.training_loader},"
-    if indices:
-        more = f", … ({len(indices)} in all)" if len(indices) > shown else ""
-        listed = f"of dataset indices [{', '.join(str(i) for i in indices[:shown])}{more}]"
-    else:
-        listed = "whose dataset indices are not known"
+
+    def listed(part):
+        more = f", … ({len(part)} in all)" if len(part) > shown else ""
+        return f"[{', '.join(str(i) for i in part[:shown])}{more}]"
+
+    where = f"DataLoader #{ordinal} (not the training's #{observer.training_loader})"
+    tail = "; a replay of the steps does not run the code that takes its batches"
     if error is not None:
-        return f"{where} raised it while loading its batch {listed}; a replay of the steps does not run that loop"
-    return (f"the program was iterating {where} and had taken its batch {listed} last (a validation pass?); a "
-            f"replay of the steps does not run that loop")
+        if not indices:
+            return f"{where} raised it while loading a batch whose dataset indices are not known{tail}"
+        count, first = batches or (1, len(indices))
+        ahead = (f", with the {count - 1} batch{'es' if count > 2 else ''} its workers drew ahead, of dataset indices "
+                 f"{listed(indices[first:])} (the worker that died may have been loading any of them)"
+                 if count > 1 else "")
+        return f"{where} raised it while loading its batch of dataset indices {listed(indices[:first])}{ahead}{tail}"
+    samples = f"of dataset indices {listed(indices)}" if indices else "(its dataset indices are not known)"
+    return (f"the last batch the program took before the crash came from {where}, {samples}, and that loader's "
+            f"iteration had not run to its end (a validation pass?){tail}")
 
 
 @_guarded

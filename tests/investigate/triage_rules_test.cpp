@@ -1590,7 +1590,8 @@ TEST_CASE("a domain applies to a batch tensor its op's index input is a slice or
   CHECK(judgeInvalidData(facts).verdict == V::Confirmed);
   CHECK(has(judgeInvalidData(facts),
             "row 3 of steps/6/batch/tokens holds 41, outside 0..39: the embedding (aten::embedding) has 40 rows (table "
-            "[40,16]), whose index input [8,3] has the shape of a part of this [8,4] tensor (a slice or a column of it)"));
+            "[40,16]); the op's index input [8,3] is shaped like a part of this [8,4] tensor (a slice or a column of "
+            "it), which may not hold the 41"));
   // The loss's [8] targets: a column of the [8,2] labels (the tokens' other rows hold 7..39: not 5 classes).
   const IndexDomain loss{"aten::nll_loss", 5, {8}, {8, 5}, -100};
   findings = findRowOddities(bundle, 6, {5}, {loss});
@@ -1598,6 +1599,16 @@ TEST_CASE("a domain applies to a batch tensor its op's index input is a slice or
   CHECK(findings[0].tensor == "steps/6/batch/labels");
   CHECK(findings[0].value == 7);
   CHECK(findings[0].domain->wholeShape == std::vector<int64_t>{8, 2});
+  // A domain of the tensor's whole shape comes first, whatever the trace's order: a label column's
+  // loss ([8]) and a loss over both columns ([8,2], flattened by the program) of 8 classes.
+  const IndexDomain whole{"aten::nll_loss", 8, {8, 2}, {16, 8}, -100};
+  findings = findRowOddities(bundle, 6, {5}, {loss, whole});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].domain->size == 5);  // 7 fits the 8 classes; outside the column's 5 only
+  findings = findRowOddities(bundle, 6, {5}, {{"aten::nll_loss", 7, {8}, {8, 7}, -100}, {"aten::nll_loss", 6, {8, 2}, {16, 6}, -100}});
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].domain->size == 6);  // both say 7 is outside: the whole shape's is named
+  CHECK(findings[0].domain->wholeShape.empty());
   // An input that does not keep the rows whole ([4,3]: half the batch) is no part of a batch tensor.
   const IndexDomain halfRows{"aten::embedding", 40, {4, 3}, {40, 16}, std::nullopt};
   CHECK(findRowOddities(bundle, 6, {3}, {halfRows}).empty());

@@ -40,9 +40,9 @@ def test_a_crash_in_the_validation_pass_is_after_the_step_and_a_bias_before_batc
     bundle = only_bundle(runs)
     crash = crashcap_json("inspect", bundle)["crash"]
     assert (crash["step"], crash["phase"]) == (1, "between-steps"), crash
-    # The validation loader's batch it was on: the second of 48, which holds sample 50.
-    assert (f"the program was iterating DataLoader #1, not the training's #0, and had taken its batch of dataset "
-            f"indices {list(range(48, 96))} last" in crash["error"]), crash["error"]
+    # The validation loader's batch it was on: its second batch of 48, which holds sample 50.
+    assert (f"the last batch the program took before the crash came from DataLoader #1 (not the training's #0), of "
+            f"dataset indices {list(range(48, 96))}, and that loader's iteration" in crash["error"]), crash["error"]
     replay = crashcap_json("replay", bundle)
     assert replay["verdict"] == "not-reproduced" and not replay["error"], replay
     assert any("came after step 1's update, between steps" in n for n in replay["notes"]), replay["notes"]

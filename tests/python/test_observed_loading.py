@@ -298,7 +298,8 @@ class _Batched(_Samples):
 def test_a_crash_while_the_program_iterates_another_loader_names_that_loader_s_samples(tmp_path):
     # A validation pass over a Subset of the data after each epoch, under no_grad: its loader's
     # batches are no step's. Sample 237 (the Subset's 37th) has a label beyond the 4 classes, or
-    # raises in the validation loader's worker; or the validation ends and the checkpoint fails.
+    # raises in the validation loader's worker; or the validation ends and the checkpoint fails; or
+    # the training draws a second loader's batch in each step (zip) and the step fails.
     (tmp_path / "train.py").write_text(textwrap.dedent("""
         import sys
         import torch
@@ -317,9 +318,12 @@ def test_a_crash_while_the_program_iterates_another_loader_names_that_loader_s_s
         val = DataLoader(Subset(data, range(200, 320)), batch_size=16, num_workers=1)
         model = torch.nn.Linear(8, 4)
         opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        unlabelled = DataLoader(Subset(data, range(200)), batch_size=20)  # as many batches as the training's
         for epoch in range(2):
-            for x, y in train:
+            for k, ((x, y), (u, _)) in enumerate(zip(train, unlabelled)):
                 opt.zero_grad()
+                if sys.argv[1] == "zip" and k == 3:
+                    raise RuntimeError("the consistency loss failed")
                 torch.nn.functional.cross_entropy(model(x), y).backward()
                 opt.step()
             with torch.no_grad():
@@ -328,26 +332,30 @@ def test_a_crash_while_the_program_iterates_another_loader_names_that_loader_s_s
                 raise OSError("no space left for the checkpoint")
     """))
 
-    def crash_of(case):
+    def crash_of(case, phase="between-steps", step=9):  # between steps: after the epoch's 10 steps
         runs = tmp_path / f"runs-{case}"
         r = crashcap("run", "--record", "--dir", runs, "--", PYTHON, "train.py", case, cwd=tmp_path)
         assert r.returncode != 0, r.stderr
         crash = crashcap_json("inspect", only_bundle(runs))["crash"]
-        assert crash["phase"] == "between-steps" and crash["step"] == 9, crash  # after the epoch's 10 steps
+        assert crash["phase"] == phase and crash["step"] == step, crash
         return crash
 
     crash = crash_of("label")
     assert crash["error"].endswith("IndexError: Target 9 is out of bounds."), crash
     # The batch of the data's 232..247 (the Subset's third), which the validation had taken last.
-    assert ("the program was iterating DataLoader #1, not the training's #0, and had taken its batch of dataset "
-            f"indices {list(range(232, 248))} last (a validation pass?)" in crash["error"]), crash["error"]
+    assert ("the last batch the program took before the crash came from DataLoader #1 (not the training's #0), of "
+            f"dataset indices {list(range(232, 248))}, and that loader's iteration had not run to its end"
+            in crash["error"]), crash["error"]
     crash = crash_of("raise")
     assert crash["error"].endswith("ValueError: corrupt record 237"), crash
-    assert (f"DataLoader #1, not the training's #0, raised it while loading its batch of dataset indices "
-            f"{list(range(232, 248))}" in crash["error"]), crash["error"]
+    assert (f"DataLoader #1 (not the training's #0) raised it while loading its batch of dataset indices "
+            f"{list(range(232, 248))}; a replay" in crash["error"]), crash["error"]
     # The validation ran to its end: the checkpoint's error is not put on its samples.
     crash = crash_of("checkpoint")
     assert crash["error"].endswith("OSError: no space left for the checkpoint") and "DataLoader #1" not in crash["error"], crash
+    # The second loader's batch is part of the step that failed: not a loop the replay leaves out.
+    crash = crash_of("zip", phase="forward", step=3)
+    assert crash["error"].endswith("RuntimeError: the consistency loss failed") and "DataLoader #1" not in crash["error"], crash
 
 
 def test_load_again_fetches_through_getitems_and_names_the_sample_that_raises_in_it():

@@ -406,7 +406,8 @@ class Observer:
         """A batch the loader `ordinal` (over `dataset`) yielded: a step when it is the training loader's.
         `iteration`: (the iteration it came from, a number per iterator and epoch; whether it is the
         iteration's first batch)."""
-        if self._between_steps() and ordinal >= 0 and ordinal != self.training_loader:
+        # The training loader's batches (the hot path) are not another loader's: tested first.
+        if ordinal != self.training_loader and ordinal >= 0 and self._between_steps():
             self.other_loader = (ordinal, indices, None, None)  # a validation loader's, as a rule
         if not torch.is_grad_enabled():
             return
@@ -497,7 +498,7 @@ class Observer:
         if self.rec is None or self.replay:
             return
         if ordinal != self.training_loader:
-            if self._between_steps() and ordinal >= 0:
+            if ordinal >= 0 and self._between_steps():
                 self.other_loader = (ordinal, indices, error, batches)
             return
         self._finish()

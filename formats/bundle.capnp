@@ -100,6 +100,7 @@ struct Entry {
 # recording). Tensor names follow fixed paths so tools find them without an index:
 #   steps/<step>/batch/<name>                       the batch as fed to the step
 #   steps/<step>/rng/<device>                       generator state before the step ("cpu", "cuda0")
+#   crash/batch/<name>                              another loader's batch, kept at a crash (Crash.otherBatch)
 #   keyframes/<step>/parameters/<name>              weights before the step ran
 #   keyframes/<step>/buffers/<name>                 buffers (batch-norm statistics) before the step
 #   keyframes/<step>/optimizer/<parameter>/<key>    optimizer state ("momentum_buffer", "exp_avg")
@@ -220,6 +221,10 @@ struct OpTrace {
   capacity @2 :UInt32;          # ring size
   collectives @3 :List(Collective);  # the last collectives the process issued, oldest first
   totalCollectives @4 :UInt64;  # collectives issued since recording began
+  indexOps @5 :List(Op);        # the last calls of ops that declare an index domain (an embedding, a
+                                # classification loss, a gather or scatter: formats::declaresIndexDomain)
+                                # that `ops` no longer holds, oldest first: a long backward or what
+                                # runs after it pushes the step's embedding out of the ring
 }
 
 # A collective (all-reduce, broadcast, barrier, ...) a process issued to its torch.distributed
@@ -274,6 +279,14 @@ struct Crash {
   loadingIndices @11 :List(Int64);         # into the loader's own dataset (what a replay loads)
   loadingDatasetIndices @12 :List(Int64);  # the same samples in the data under any Subset (what
                                            # triage names, like a recorded batch's dataset indices)
+  # A crash between steps while the program held a batch of a DataLoader other than the
+  # training's (a validation pass's): that batch, as it was at the crash. A Python front end's;
+  # its batches are no step's, and a replay of the steps does not run the code that takes them.
+  otherLoader @13 :Int32 = -1;  # the loader's number (the order loaders were first iterated); -1 none
+  otherBatch @14 :List(Text);   # its tensors, named crash/batch/<name> ("index": its samples'
+                                # dataset indices, as in a step's batch); CPU tensors only
+  otherStructure @15 :Text;     # how they nest, as StepBegin.structure
+  otherRowDims @16 :List(Int8); # per tensor (parallel to otherBatch), as StepBegin.rowDims
 }
 
 # Record type 12. The recorder's own health: written when a recording closes and into every

@@ -96,6 +96,16 @@ void printTriage(const investigate::Triage& t) {
                              c.changes && !c.changes->empty() ? "; the outcome changes with " + json(*c.changes).dump() : "");
     return;
   }
+  if (c.loader && c.rows) {
+    // Rows of the batch another loader gave between steps (a validation pass's): no step's, no op.
+    std::cout << fmt::format("\nculprit: {}rows {} of the batch DataLoader #{} gave after step {} (not a step's; kept in "
+                             "the bundle as crash/batch/){}\n",
+                             c.rank ? fmt::format("rank {}, ", *c.rank) : "", rowsText(*c.rows), *c.loader,
+                             c.step ? std::to_string(*c.step) : "null",
+                             c.datasetIndices ? " (dataset indices [" + investigate::leadingIndicesText(*c.datasetIndices) + "])"
+                                              : "");
+    return;
+  }
   if (view.stepBegins.empty() && !c.step) {
     std::cout << "\nculprit: none: the bundle holds no step to replay\n";
     return;

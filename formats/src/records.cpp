@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <cstring>
 #include <set>
 #include <unordered_map>
 
@@ -179,25 +180,25 @@ void setOpInputs(Inputs inputs, const std::vector<OpInputData>& from) {
     for (unsigned d = 0; d < from[k].shape.size(); ++d) shape.set(d, from[k].shape[d]);
   }
 }
+
+void setOp(schema::Op::Builder w, const OpData& o) {
+  w.setIndex(o.index);
+  w.setName(o.name);
+  w.setPhase(o.phase);
+  w.setSequenceNr(o.sequenceNr);
+  w.setStep(o.step);
+  w.setThread(o.thread);
+  w.setStartNs(o.startNs);
+  w.setEndNs(o.endNs);
+  setOpInputs(w.initInputs(o.inputs.size()), o.inputs);
+}
 }  // namespace
 
 std::vector<uint8_t> encodeMeta(const OpTraceData& v) {
   capnp::MallocMessageBuilder b;
   auto r = b.initRoot<schema::OpTrace>();
   auto ops = r.initOps(v.ops.size());
-  for (unsigned i = 0; i < v.ops.size(); ++i) {
-    const auto& o = v.ops[i];
-    auto w = ops[i];
-    w.setIndex(o.index);
-    w.setName(o.name);
-    w.setPhase(o.phase);
-    w.setSequenceNr(o.sequenceNr);
-    w.setStep(o.step);
-    w.setThread(o.thread);
-    w.setStartNs(o.startNs);
-    w.setEndNs(o.endNs);
-    setOpInputs(w.initInputs(o.inputs.size()), o.inputs);
-  }
+  for (unsigned i = 0; i < v.ops.size(); ++i) setOp(ops[i], v.ops[i]);
   r.setTotalOps(v.totalOps);
   r.setCapacity(v.capacity);
   auto collectives = r.initCollectives(v.collectives.size());
@@ -213,6 +214,8 @@ std::vector<uint8_t> encodeMeta(const OpTraceData& v) {
     setOpInputs(w.initInputs(c.inputs.size()), c.inputs);
   }
   r.setTotalCollectives(v.totalCollectives);
+  auto indexOps = r.initIndexOps(v.indexOps.size());
+  for (unsigned i = 0; i < v.indexOps.size(); ++i) setOp(indexOps[i], v.indexOps[i]);
   return toBytes(b);
 }
 
@@ -239,6 +242,14 @@ std::vector<uint8_t> encodeMeta(const CrashData& v) {
       own.set(i, v.loadingIndices[i]);
       data.set(i, v.loadingDatasetIndices[i]);
     }
+  }
+  // The other loader's batch: its names and row dimensions go together, or not at all.
+  if (v.otherLoader >= 0 && (v.otherRowDims.empty() || v.otherRowDims.size() == v.otherBatch.size())) {
+    r.setOtherLoader(v.otherLoader);
+    setTexts(r.initOtherBatch(v.otherBatch.size()), v.otherBatch);
+    r.setOtherStructure(v.otherStructure);
+    auto dims = r.initOtherRowDims(v.otherRowDims.size());
+    for (unsigned i = 0; i < v.otherRowDims.size(); ++i) dims.set(i, v.otherRowDims[i]);
   }
   return toBytes(b);
 }
@@ -393,25 +404,29 @@ std::vector<OpInputData> opInputs(Inputs inputs, const std::string& op) {
   for (auto in : inputs) out.push_back({text(in.getDtype(), 32, "op input dtype"), detail::shapeOf(in.getShape())});
   return out;
 }
+
+OpData opOf(schema::Op::Reader o) {
+  OpData d;
+  d.index = o.getIndex();
+  d.name = text(o.getName(), 512, "op name");
+  d.phase = text(o.getPhase(), 32, "op phase");
+  d.sequenceNr = o.getSequenceNr();
+  d.step = o.getStep();
+  d.thread = o.getThread();
+  d.startNs = o.getStartNs();
+  d.endNs = o.getEndNs();
+  d.inputs = opInputs(o.getInputs(), d.name);
+  return d;
+}
 }  // namespace
 
 OpTraceData decodeOpTrace(const std::vector<uint8_t>& meta, const ReaderLimits& limits) {
   return decode<schema::OpTrace>(meta, limits, "op_trace", [](auto r) {
     OpTraceData v;
     checkCount(r.getOps(), "op trace");
-    for (auto o : r.getOps()) {
-      OpData d;
-      d.index = o.getIndex();
-      d.name = text(o.getName(), 512, "op name");
-      d.phase = text(o.getPhase(), 32, "op phase");
-      d.sequenceNr = o.getSequenceNr();
-      d.step = o.getStep();
-      d.thread = o.getThread();
-      d.startNs = o.getStartNs();
-      d.endNs = o.getEndNs();
-      d.inputs = opInputs(o.getInputs(), d.name);
-      v.ops.push_back(std::move(d));
-    }
+    for (auto o : r.getOps()) v.ops.push_back(opOf(o));
+    checkCount(r.getIndexOps(), "op trace's index ops");
+    for (auto o : r.getIndexOps()) v.indexOps.push_back(opOf(o));
     v.totalOps = r.getTotalOps();
     v.capacity = r.getCapacity();
     checkCount(r.getCollectives(), "collective trace");
@@ -453,6 +468,27 @@ CrashData decodeCrash(const std::vector<uint8_t>& meta, const ReaderLimits& limi
                                                   own.size(), data.size(), kMaxLoadingIndices));
     for (int64_t i : own) v.loadingIndices.push_back(i);
     for (int64_t i : data) v.loadingDatasetIndices.push_back(i);
+    v.otherLoader = r.getOtherLoader();
+    if (v.otherLoader < -1)
+      throw Error(ErrorCode::Corrupt, fmt::format("crash names DataLoader #{}: expected -1 or more", v.otherLoader));
+    v.otherBatch = names(r.getOtherBatch(), "crash other batch tensor");
+    for (const auto& name : v.otherBatch)
+      if (name.rfind(batchTensorName(kCrashBatchStep, ""), 0) != 0)
+        throw Error(ErrorCode::Corrupt, fmt::format("crash names '{}' as another loader's batch tensor: expected {}<name>",
+                                                    name, batchTensorName(kCrashBatchStep, "")));
+    if (v.otherLoader < 0 && !v.otherBatch.empty())
+      throw Error(ErrorCode::Corrupt, "crash holds another loader's batch without naming the loader");
+    v.otherStructure = text(r.getOtherStructure(), 64 << 10, "crash other batch structure");
+    const auto dims = r.getOtherRowDims();
+    if (dims.size() != 0 && dims.size() != v.otherBatch.size())
+      throw Error(ErrorCode::Corrupt, fmt::format("crash has {} row dimensions for {} tensors of another loader's batch",
+                                                  dims.size(), v.otherBatch.size()));
+    for (int8_t d : dims) {
+      if (d < -1)
+        throw Error(ErrorCode::Corrupt,
+                    fmt::format("crash names row dimension {} in another loader's batch: expected -1 or more", d));
+      v.otherRowDims.push_back(d);
+    }
     return v;
   });
 }
@@ -866,8 +902,38 @@ void validateRecorderMeta(uint16_t type, const uint8_t* meta, size_t size, const
   handler->validate(std::vector<uint8_t>(meta, meta + size), limits);
 }
 
+bool declaresIndexDomain(const char* name) {
+  // Called for every op the recorder observes: most are "aten::<name>" whose first letter is in no
+  // case below, and leave after a few character comparisons.
+  if (!name || name[0] != 'a' || name[1] != 't' || name[2] != 'e' || name[3] != 'n' || name[4] != ':' || name[5] != ':')
+    return false;
+  const char* op = name[6] == '_' ? name + 7 : name + 6;  // aten::_embedding_bag
+  switch (op[0]) {
+    case 'e': if (std::strncmp(op, "embedding", 9) != 0) return false; break;
+    case 'n': if (std::strncmp(op, "nll_loss", 8) != 0) return false; break;
+    case 'c': if (std::strncmp(op, "cross_entropy", 13) != 0) return false; break;
+    case 'g': if (std::strcmp(op, "gather") != 0) return false; break;
+    case 's': if (std::strncmp(op, "scatter", 7) != 0) return false; break;
+    case 't': if (std::strcmp(op, "take_along_dim") != 0) return false; break;
+    default: return false;
+  }
+  return std::strstr(op, "backward") == nullptr;
+}
+
 std::string batchTensorName(int64_t step, const std::string& name) {
+  if (step == kCrashBatchStep) return "crash/batch/" + name;
   return fmt::format("steps/{}/batch/{}", step, name);
+}
+
+std::optional<StepBeginData> otherBatchBegin(const CrashData& crash) {
+  if (crash.otherLoader < 0 || crash.otherBatch.empty()) return std::nullopt;
+  StepBeginData begin;
+  begin.step = kCrashBatchStep;
+  begin.previousStep = -2;
+  begin.batch = crash.otherBatch;
+  begin.structure = crash.otherStructure;
+  begin.rowDims = crash.otherRowDims;
+  return begin;
 }
 
 std::string rngTensorName(int64_t step, const std::string& device) {

@@ -165,6 +165,10 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
       j["crash"]["loading_indices"] = c.loadingIndices;
       j["crash"]["loading_dataset_indices"] = c.loadingDatasetIndices;
     }
+    // Another loader's batch the program held at a crash between steps (a validation pass's).
+    j["crash"]["other_batch"] = formats::otherBatchBegin(c)
+                                    ? json{{"loader", c.otherLoader}, {"tensors", c.otherBatch}}
+                                    : json(nullptr);
   } else if (v.supervision) {
     // No recorder in the process (or it never got to record): what `crashcap run` saw.
     const auto& sv = *v.supervision;
@@ -437,6 +441,13 @@ std::string storyText(const formats::BundleReader& reader, const StoryOptions& o
     if (!c["classification"].is_null())
       s += fmt::format("class      {}  (crashcap run: {})\n", str(c["classification"]), str(c["evidence"]));
     if (!str(c["error_type"]).empty()) s += fmt::format("type       {}\n", str(c["error_type"]));
+    if (c.contains("other_batch") && !c["other_batch"].is_null()) {
+      std::string names;
+      for (const auto& n : c["other_batch"]["tensors"]) names += (names.empty() ? "" : ", ") + str(n);
+      s += fmt::format("held       DataLoader #{}'s batch, no step's, as the program held it at the crash: {} "
+                       "(crashcap show BUNDLE NAME)\n",
+                       str(c["other_batch"]["loader"]), names);
+    }
     size_t shown = 0;
     for (const auto& f : c["stack"]) {
       if (shown++ >= options.stackFrames) {

@@ -207,10 +207,16 @@ std::string markdownReport(const std::string& path, const std::optional<Triage>&
     std::vector<std::string> where;
     if (c.rank) where.push_back(fmt::format("rank {}", *c.rank));
     const bool loading = c.phase == "loading" && c.datasetIndices;
-    if (c.step) where.push_back(fmt::format(loading ? "the batch after step {}, which failed to load" : "step {}", *c.step));
+    if (c.step)
+      where.push_back(fmt::format(loading    ? "the batch after step {}, which failed to load"
+                                  : c.loader ? "between steps, after step {}"
+                                             : "step {}",
+                                  *c.step));
     if (loading) where.push_back("dataset indices " + jsonList(*c.datasetIndices));
     if (c.rows)
-      where.push_back(fmt::format("batch rows {}{}", jsonList(*c.rows),
+      where.push_back(fmt::format("{} {}{}", c.loader ? fmt::format("rows of DataLoader #{}'s batch (not a step's)", *c.loader)
+                                                      : std::string("batch rows"),
+                                  jsonList(*c.rows),
                                   c.datasetIndices ? " (dataset indices " + jsonList(*c.datasetIndices) + ")" : ""));
     if (c.value) where.push_back(investigate::culpritValueText(*c.value, "`"));
     if (auto batch = investigate::culpritBatchText(c)) {

@@ -232,7 +232,8 @@ std::string htmlReport(const std::string& path, const std::optional<Triage>& tri
     }
     std::vector<int64_t> culprits;
     std::string whose;
-    if (triage && triage->culprit.rows && triage->culprit.step && *triage->culprit.step == crashStep) {
+    if (triage && triage->culprit.rows && !triage->culprit.loader && triage->culprit.step &&
+        *triage->culprit.step == crashStep) {
       culprits = *triage->culprit.rows;
       whose = "the rows triage's sample bisection names";
     } else {

@@ -188,10 +188,10 @@ const formats::StepBeginData* stepBeginOf(const formats::BundleRecords& records,
 
 std::string IndexDomain::describe() const {
   if (raisedValue && ignoreIndex)
-    return fmt::format("the step's error says target {} is out of bounds, and the loss ({}) sees {} classes (logits [{}])",
+    return fmt::format("the error says target {} is out of bounds, and the loss ({}) sees {} classes (logits [{}])",
                        *raisedValue, op, size, fmt::join(sourceShape, ","));
   if (raisedValue)
-    return fmt::format("the step's error says index {} is out of bounds for dimension {} with size {}", *raisedValue,
+    return fmt::format("the error says index {} is out of bounds for dimension {} with size {}", *raisedValue,
                        raisedDim, size);
   if (ignoreIndex)
     return fmt::format("the loss ({}) sees {} classes (logits [{}])", op, size, fmt::join(sourceShape, ","));
@@ -239,8 +239,12 @@ std::vector<IndexDomain> findIndexDomains(const std::string& bundle) {
   auto reader = formats::BundleReader::open(bundle);
   auto records = formats::readRecords(*reader);
   std::vector<IndexDomain> out;
-  static const std::vector<formats::OpData> none;
-  const auto& ops = records.opTrace ? records.opTrace->ops : none;
+  // The ring's ops, then the index ops older than its oldest that the recorder kept beside it.
+  std::vector<formats::OpData> ops;
+  if (records.opTrace) {
+    ops = records.opTrace->indexOps;
+    ops.insert(ops.end(), records.opTrace->ops.begin(), records.opTrace->ops.end());
+  }
   // Every distinct domain, newest first (several embedding tables: tokens, positions, segments).
   for (auto it = ops.rbegin(); it != ops.rend(); ++it) {
     auto d = domainOf(*it);
@@ -292,7 +296,10 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   const std::string index = formats::batchTensorName(step, formats::kDatasetIndexName);
   auto isCulprit = [&](int64_t r) { return std::find(rows.begin(), rows.end(), r) != rows.end(); };
   const auto records = formats::readRecords(*reader);
-  const formats::StepBeginData* begin = stepBeginOf(records, step);
+  // Another loader's batch, kept at a crash between steps, is read as a step's.
+  const auto other = step == formats::kCrashBatchStep && records.crash ? formats::otherBatchBegin(*records.crash)
+                                                                       : std::nullopt;
+  const formats::StepBeginData* begin = other ? &*other : stepBeginOf(records, step);
   if (!begin) return out;
   const auto batchRows = formats::batchRows(*begin, *reader);
   const int64_t batch = batchRows.count;
@@ -659,6 +666,71 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   return out;
 }
 
+std::vector<RowFinding> findOtherBatchOddities(const std::string& bundle, const std::vector<IndexDomain>& domains) {
+  std::vector<IndexDomain> applied;
+  int64_t rows = 0;
+  {
+    auto reader = formats::BundleReader::open(bundle);
+    const auto records = formats::readRecords(*reader);
+    const auto other = records.crash ? formats::otherBatchBegin(*records.crash) : std::nullopt;
+    if (!other) return {};
+    rows = formats::batchRows(*other, *reader).count;
+    // The op trace holds the steps' ops (what runs between steps is not traced): an index input
+    // with the steps' row count first is the steps' batch's, and the same op given this batch
+    // takes it with this batch's row count (a validation batch of another size).
+    const int64_t stepRows = records.stepBegins.empty() ? 0 : formats::batchRows(records.stepBegins.back(), *reader).count;
+    for (const auto& d : domains) {
+      applied.push_back(d);
+      if (d.raisedValue || d.indexShape.empty() || stepRows <= 0 || rows == stepRows || d.indexShape[0] != stepRows)
+        continue;
+      IndexDomain resized = d;
+      resized.indexShape[0] = rows;
+      if (d.ignoreIndex && !resized.sourceShape.empty() && resized.sourceShape[0] == stepRows)
+        resized.sourceShape[0] = rows;  // a loss's logits have the batch's rows too
+      applied.push_back(std::move(resized));
+    }
+  }
+  if (rows <= 0) return {};
+  // No row was tested by leaving it out, so each row is judged against the batch's others. First
+  // the suspects: the rows holding NaN/Inf, and those outside a domain that some row fits (a domain
+  // every row falls outside is not this batch's: another vocabulary, a column no op indexes with;
+  // the value the error names stays). A loss's negative target is taken for its ignore_index, which
+  // the trace does not keep. Then the suspects against the other rows, as culprit rows are judged
+  // (a domain applies only where every other row fits it).
+  std::vector<int64_t> all(static_cast<size_t>(rows));
+  for (int64_t r = 0; r < rows; ++r) all[static_cast<size_t>(r)] = r;
+  auto padding = [](const RowFinding& r) {
+    return r.kind == RowFinding::Kind::OutOfDomain && r.domain->ignoreIndex && !r.domain->raisedValue && r.value < 0;
+  };
+  std::set<int64_t> suspects;
+  for (const auto& finding : findRowOddities(bundle, formats::kCrashBatchStep, all, {}))
+    if (finding.kind == RowFinding::Kind::NonFinite) suspects.insert(finding.row);
+  for (const auto& d : applied) {
+    std::set<int64_t> outside;
+    for (const auto& finding : findRowOddities(bundle, formats::kCrashBatchStep, all, {d}))
+      if (finding.kind == RowFinding::Kind::OutOfDomain && !padding(finding)) outside.insert(finding.row);
+    if (d.raisedValue || static_cast<int64_t>(outside.size()) < rows) suspects.insert(outside.begin(), outside.end());
+  }
+  std::vector<RowFinding> out;
+  if (suspects.empty()) return out;
+  if (static_cast<int64_t>(suspects.size()) < rows) {
+    out = findRowOddities(bundle, formats::kCrashBatchStep, {suspects.begin(), suspects.end()}, applied);
+  } else {
+    // Every row a suspect: the other rows tell nothing, so what needs no other row to judge it
+    // stays: NaN/Inf, and the value the error names.
+    for (auto& finding : findRowOddities(bundle, formats::kCrashBatchStep, all, applied))
+      if (finding.kind == RowFinding::Kind::NonFinite ||
+          (finding.kind == RowFinding::Kind::OutOfDomain && finding.domain->raisedValue))
+        out.push_back(std::move(finding));
+  }
+  out.erase(std::remove_if(out.begin(), out.end(), [&](const RowFinding& r) { return !r.invalid() || padding(r); }),
+            out.end());
+  for (auto& finding : out)
+    if (auto index = datasetIndices(bundle, formats::kCrashBatchStep, {finding.row}, std::nullopt))
+      finding.datasetIndex = index->front();
+  return out;
+}
+
 std::vector<ConcatenatedValue> findConcatenatedValues(const std::string& bundle, int64_t step,
                                                       const std::vector<IndexDomain>& domains,
                                                       const std::optional<replayer::RowOrder>& order) {
@@ -902,6 +974,8 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
     if (records->crash) {
       f.crashStep = records->crash->step;
       f.crashPhase = records->crash->phase;
+      f.crashError = records->crash->error;
+      if (formats::otherBatchBegin(*records->crash)) f.otherLoader = records->crash->otherLoader;
     }
     if (records->program && records->program->format != "torchscript") {
       // A setModel recording replays in its own program, which needs its step function and its
@@ -1029,6 +1103,12 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
       }
     }
   }
+  // Another loader's batch, kept at a crash between steps: no experiment can cut its rows.
+  if (f.otherLoader >= 0) try {
+      f.otherBatchFindings = findOtherBatchOddities(bundle, findIndexDomains(bundle));
+    } catch (const Error&) {
+      // A tensor of it that cannot be read (a damaged bundle): the crash is judged without it.
+    }
   // Ops and settings are tested at the failing step: pointless when replay cannot reach it. A batch
   // that failed to load failed in no op of the step (whose float64 replay loads nothing after it).
   if (!f.replayBlocked()) {
@@ -1062,6 +1142,7 @@ json toJson(const Triage& t, bool withReplay) {
               {"culprit",
                {{"rank", opt(c.rank)},
                 {"step", opt(c.step)},
+                {"loader", opt(c.loader)},
                 {"rows", opt(c.rows)},
                 {"dataset_indices", opt(c.datasetIndices)},
                 {"op", opt(c.op)},

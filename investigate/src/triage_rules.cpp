@@ -7,6 +7,7 @@
 #include <cctype>
 #include <cmath>
 #include <optional>
+#include <regex>
 #include <string_view>
 
 #include "crashcap/formats/records.hpp"
@@ -380,6 +381,58 @@ std::string loadCulpritText(const replayer::LoadCulprit& c, const std::string& b
                      lastLine(c.error));
 }
 
+/// Whether `error`'s own words (its last line) are those of an index out of its range (a class, a
+/// token, an element), on the host or as a device's assertion.
+bool indexError(const std::string& error) {
+  const auto line = lastLine(error);
+  for (const char* words : {"out of range", "out of bounds", "device-side assert"})
+    if (line.find(words) != std::string::npos) return true;
+  return false;
+}
+
+/// Whether `error`'s own words (its last line) are about a NaN or an infinity (a program's own
+/// check of its values, anomaly mode's "returned nan values").
+bool nonFiniteError(const std::string& error) {
+  static const std::regex words(R"(\b(nan|inf|infinite|infinity|non-?finite)\b)", std::regex::icase);
+  return std::regex_search(lastLine(error), words);
+}
+
+/// What the batch another loader gave between steps holds (TriageFacts::otherBatchFindings), for a
+/// crash the steps' replay does not run: no experiment can leave its rows out, so invalid-data is
+/// confirmed only where the error's own words tie it to a row: an index out of its range and a row
+/// holding one (the value the error names, or one outside a domain every other row of the batch
+/// fits), or a NaN/Inf and a row holding one.
+void addOtherBatch(const TriageFacts& f, Hypothesis& h) {
+  if (f.otherLoader < 0) return;
+  if (f.otherBatchFindings.empty()) {
+    h.evidence.push_back(fmt::format("the batch the program took last from DataLoader #{} (crash/batch/ in the bundle) "
+                                     "holds no NaN/Inf and no index outside a domain the op trace or the error shows",
+                                     f.otherLoader));
+    return;
+  }
+  bool confirmed = false;
+  for (const auto& r : f.otherBatchFindings) {
+    h.evidence.push_back(fmt::format("in the batch the program took last from DataLoader #{}, not a step's (kept at the "
+                                     "crash), {}{}",
+                                     f.otherLoader, rowFindingText(r),
+                                     r.datasetIndex ? fmt::format("; dataset index {}", *r.datasetIndex) : ""));
+    const bool outside = r.kind == RowFinding::Kind::OutOfDomain && r.domain;
+    confirmed = confirmed || (outside && (r.domain->raisedValue || indexError(f.crashError))) ||
+                (r.kind == RowFinding::Kind::NonFinite && nonFiniteError(f.crashError));
+  }
+  if (std::any_of(f.otherBatchFindings.begin(), f.otherBatchFindings.end(),
+                  [](const RowFinding& r) { return r.domain && !r.domain->op.empty(); }))
+    h.evidence.push_back("the ops named are the training steps', as the op trace holds them (what runs between steps is "
+                         "not traced), taken to index this batch alike");
+  if (confirmed) {
+    h.verdict = V::Confirmed;
+    h.rerun = fmt::format("crashcap show {} {}", f.bundle, f.otherBatchFindings.front().tensor);
+  } else {
+    h.evidence.push_back("not tested: the code that takes that loader's batches is not replayed, and the error does "
+                         "not name what the rows hold");
+  }
+}
+
 }  // namespace
 
 Hypothesis judgeInvalidData(const TriageFacts& f) {
@@ -397,8 +450,10 @@ Hypothesis judgeInvalidData(const TriageFacts& f) {
   };
   if (auto why = f.replayBlocked()) {
     h.evidence.push_back(*why);
+    addOtherBatch(f, h);
   } else if (f.failedOutsideReplay()) {
     h.evidence.push_back(outsideReplayText(f) + ": the batches the steps consumed are not where it failed");
+    addOtherBatch(f, h);
   } else if (!f.reproduced()) {
     h.evidence.push_back("the crash does not reproduce on replay, so its data cannot be tested");
   } else if (const auto& load = f.replay->batchLoad) {
@@ -1027,6 +1082,21 @@ Culprit findCulprit(const TriageFacts& f) {
     c.node.reset();
   }
   if (f.config) c.changes = f.config->changesOutcome;
+  if (!c.rows && f.otherLoader >= 0 && judgeInvalidData(f).verdict == V::Confirmed) {
+    // The rows of another loader's batch (a validation pass's), the step the one the crash came after.
+    std::vector<int64_t> rows, indices;
+    for (const auto& r : f.otherBatchFindings) {
+      if (std::find(rows.begin(), rows.end(), r.row) != rows.end()) continue;
+      rows.push_back(r.row);
+      if (r.datasetIndex) indices.push_back(*r.datasetIndex);
+    }
+    c.loader = f.otherLoader;
+    c.rows = rows;
+    if (indices.size() == rows.size()) c.datasetIndices = indices;
+    c.phase = f.crashPhase;
+    c.op.reset();  // what the replayed step ran is not where it failed
+    c.node.reset();
+  }
   if (!c.rows)
     if (const auto* v = raisingOpValue(f)) c.value = *v;
   if (!c.rows && !c.value) {

@@ -287,10 +287,11 @@ class Observer:
         self.training_loader_done = False  # the training loader's last iteration ran to its end
         self.training_iterator = None   # a weakref to the iterator that gave the training loader's last batch
         self.worker_death = None        # (the error, batches_in_flight) of the SIGCHLD handler's report of a training worker
-        # (ordinal, dataset indices, error, batches) of a loader other than the training's, taken
-        # between steps since the last step's batch: the batch the program took from it last, its
-        # iteration not run to its end (error None), or the batch (and those its workers drew
-        # ahead) it raised the error loading (other_loader_note)
+        # (ordinal, dataset indices, error, batches, batch) of a loader other than the training's,
+        # taken between steps since the last step's batch: the batch the program took from it last,
+        # its iteration not run to its end (error None; `batch` itself, kept in a crash's bundle:
+        # other_loader_batch), or the batch (and those its workers drew ahead) it raised the error
+        # loading (other_loader_note)
         self.other_loader = None
         self.rec = None
         self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
@@ -408,7 +409,7 @@ class Observer:
         iteration's first batch)."""
         # The training loader's batches (the hot path) are not another loader's: tested first.
         if ordinal != self.training_loader and ordinal >= 0 and self._between_steps():
-            self.other_loader = (ordinal, indices, None, None)  # a validation loader's, as a rule
+            self.other_loader = (ordinal, indices, None, None, batch)  # a validation loader's, as a rule
         if not torch.is_grad_enabled():
             return
         if self.replay:
@@ -499,7 +500,7 @@ class Observer:
             return
         if ordinal != self.training_loader:
             if ordinal >= 0 and self._between_steps():
-                self.other_loader = (ordinal, indices, error, batches)
+                self.other_loader = (ordinal, indices, error, batches, None)
             return
         self._finish()
         self.rec._loading_failure = (self.step - 1, ordinal, own, indices, batches, error)
@@ -1032,6 +1033,39 @@ def batches_in_flight(rec, exc):
     return drawn if _api._recorder._in_chain(error, exc) else None
 
 
+def _other_loader(rec, exc):
+    """The observer's other_loader when the crash of the training `rec` by `exc`, between its
+    steps, owes to it (other_loader_note); None when it owes nothing to another loader."""
+    observer = _observer
+    if observer is None or rec is None or observer.rec is not rec or observer.other_loader is None:
+        return None
+    if rec._step is not None:
+        return None  # a step's crash: the other loader's batch came before that step began
+    error = observer.other_loader[2]
+    if error is not None and not _api._recorder._in_chain(error, exc):
+        return None
+    return observer.other_loader
+
+
+def other_loader_batch(rec, exc):
+    """The batch the program took last from the other loader the crash owes to (other_loader_note),
+    for the bundle, as the training's batches are kept: (the loader's number, its tensors and their
+    structure as flatten() gives them, with its samples' dataset indices as "index" where its rows
+    are theirs, and its number of samples, -1 unknown). None when the crash owes nothing to a batch
+    taken from another loader (one that failed to load has no batch)."""
+    other = _other_loader(rec, exc)
+    if other is None or other[2] is not None or other[4] is None:
+        return None
+    ordinal, indices, _, _, batch = other
+    extra, rows = (), -1
+    if indices is not None and (any(_holds_rows(t, len(indices)) for t in _api._batch.tensors_of(batch))
+                                or _api._batch.holds_samples(batch, len(indices))):
+        rows = len(indices)
+        extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)
+    tensors, structure = _api._batch.flatten(batch, extra)
+    return ordinal, tensors, structure, rows
+
+
 def other_loader_note(rec, exc, shown=64):
     """What a crash of the training `rec` between its steps owes to a DataLoader other than the
     training's (a validation loader's), for the crash's text; None when nothing. Its batches are no
@@ -1039,14 +1073,11 @@ def other_loader_note(rec, exc, shown=64):
     samples it was on: the batch it raised `exc` (or the error `exc` came from) loading, with those
     its workers drew ahead when one died, else the batch the program took from it last, its
     iteration not run to its end (a loop over it running, or left with `break`)."""
+    other = _other_loader(rec, exc)
+    if other is None:
+        return None
+    ordinal, indices, error, batches, _ = other
     observer = _observer
-    if observer is None or rec is None or observer.rec is not rec or observer.other_loader is None:
-        return None
-    if rec._step is not None:
-        return None  # a step's crash: the other loader's batch came before that step began
-    ordinal, indices, error, batches = observer.other_loader
-    if error is not None and not _api._recorder._in_chain(error, exc):
-        return None
 
     def listed(part):
         more = f", … ({len(part)} in all)" if len(part) > shown else ""

@@ -409,7 +409,7 @@ class Recorder:
             for e in signals.run_pending():
                 if str(e).strip() != died and (not str(e).strip() or str(e).strip() not in _chain_text(exc)):
                     notes.append(f"meanwhile a signal handler raised {_exception_type_name(e)}: {e}".rstrip(": "))
-            phase, own, indices = "", None, None
+            phase, own, indices, other_batch = "", None, None, None
             if self._loading_failure is not None and _in_chain(self._loading_failure[5], exc):
                 # The batch after the last step never came: not a step's failure, and the step
                 # before it passed. The dataset indices its sampler drew say which samples to load.
@@ -442,8 +442,15 @@ class Recorder:
                         other = None
                     if other:
                         notes.append(other)
+                    try:
+                        other_batch = _observe.other_loader_batch(self, exc)  # kept in the bundle
+                    except Exception:  # crashcap's own: the crash is recorded without it
+                        other_batch = None
             kind, type_name, text, stack = _describe(exc, notes)
-            bundle = self._native.fail(kind, type_name, text, stack, phase, own or [], indices or [])
+            loader, tensors, structure, rows = other_batch or (-1, [], "", -1)
+            bundle = self._native.fail(kind, type_name, text, stack, phase, own or [], indices or [],
+                                       other_loader=loader, other_batch=tensors, other_structure=structure,
+                                       other_rows=rows)
             try:
                 exc._crashcap_bundle = bundle
             except AttributeError:  # an exception type with __slots__: it may be recorded twice

@@ -224,10 +224,15 @@ void bindRecorder(py::module_& m) {
            py::keep_alive<0, 1>())  // a step keeps its Recorder alive
       .def("fail",
            [](rec::Recorder& r, std::string kind, std::string type, std::string error, std::vector<std::string> stack,
-              std::string phase, std::vector<int64_t> loadingIndices, std::vector<int64_t> loadingDatasetIndices) {
+              std::string phase, std::vector<int64_t> loadingIndices, std::vector<int64_t> loadingDatasetIndices,
+              int32_t otherLoader, rec::Batch otherBatch, std::string otherStructure, int64_t otherRows) {
              rec::Failure f;
              f.loadingIndices = std::move(loadingIndices);
              f.loadingDatasetIndices = std::move(loadingDatasetIndices);
+             f.otherLoader = otherLoader;
+             f.otherBatch = std::move(otherBatch);
+             f.otherStructure = std::move(otherStructure);
+             f.otherRows = otherRows;
              f.kind = std::move(kind);
              f.errorType = std::move(type);
              f.error = std::move(error);
@@ -237,7 +242,9 @@ void bindRecorder(py::module_& m) {
              return r.fail(f);
            },
            py::arg("kind"), py::arg("type"), py::arg("error"), py::arg("stack"), py::arg("phase") = "",
-           py::arg("loading_indices") = std::vector<int64_t>{}, py::arg("loading_dataset_indices") = std::vector<int64_t>{})
+           py::arg("loading_indices") = std::vector<int64_t>{}, py::arg("loading_dataset_indices") = std::vector<int64_t>{},
+           py::arg("other_loader") = -1, py::arg("other_batch") = rec::Batch{}, py::arg("other_structure") = "",
+           py::arg("other_rows") = -1)
       .def(
           "close",
           [](rec::Recorder& r, bool durable) {

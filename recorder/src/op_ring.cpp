@@ -30,7 +30,8 @@ struct InputSlot {
 };
 
 struct Entry {
-  std::atomic<uint64_t> committed{0};  ///< op index + 1 once the entry is complete
+  std::atomic<uint64_t> committed{0};  ///< the ring's count of it + 1 once the entry is complete
+  uint64_t opIndex;                    ///< its index among all the ops observed
   std::atomic<int64_t> endNs{0};       ///< set when the op returns (0 while it runs)
   int64_t startNs;
   char name[kNameBytes];
@@ -58,6 +59,12 @@ std::unique_ptr<Ring> gCollectivesOwner;
 std::atomic<Ring*> gCollectives{nullptr};
 /// The process-wide callback that sees them (0: none).
 at::CallbackHandle gCollectiveHandle = 0;
+/// The ops that declare an index domain (formats::declaresIndexDomain: an embedding, a
+/// classification loss), in a small ring of their own too: a long backward, and what runs after it,
+/// push the step's embedding out of the main ring, and triage judges a batch's integers by them.
+constexpr size_t kIndexOpCapacity = 32;
+std::unique_ptr<Ring> gIndexOpsOwner;
+std::atomic<Ring*> gIndexOps{nullptr};
 std::atomic<int64_t>* gStep = nullptr;
 std::atomic<int>* gPhase = nullptr;
 /// The recording's progress page: the newest op and collective go there too, where they outlive
@@ -138,12 +145,13 @@ uint64_t thisThread(ThreadState& ts) {
 /// The step in progress (-1: none yet).
 int64_t currentStep() { return gStep ? gStep->load(std::memory_order_relaxed) : -1; }
 
-/// Fills `e` as the `index`-th entry of its ring.
-void fill(Entry& e, uint64_t index, const at::RecordFunction& fn, const char* name, bool backward, int64_t step,
-          ThreadState& ts) {
+/// Fills `e` as the `index`-th entry of its ring, for the `opIndex`-th op observed.
+void fill(Entry& e, uint64_t index, uint64_t opIndex, const at::RecordFunction& fn, const char* name, bool backward,
+          int64_t step, ThreadState& ts) {
   // A seqlock: 0 while the entry is being written, index + 1 once complete.
   e.committed.store(0, std::memory_order_relaxed);
   std::atomic_thread_fence(std::memory_order_release);
+  e.opIndex = opIndex;
   e.startNs = monotonicNs();
   e.endNs.store(0, std::memory_order_relaxed);
   const size_t n = name ? ::strnlen(name, kNameBytes - 1) : 0;
@@ -202,7 +210,12 @@ void record(const at::RecordFunction& fn, const char* name, bool backward, Threa
     ++ts.opDepth;
     cupti::pushOp(index);  // kernels launched from here on link to this op (a no-op without a tracer)
   }
-  fill(ring->entries[index % ring->entries.size()], index, fn, name, backward, currentStep(), ts);
+  fill(ring->entries[index % ring->entries.size()], index, index, fn, name, backward, currentStep(), ts);
+  if (formats::declaresIndexDomain(name))
+    if (Ring* indexOps = gIndexOps.load(std::memory_order_acquire)) {
+      const uint64_t k = indexOps->next.fetch_add(1, std::memory_order_relaxed);
+      fill(indexOps->entries[k % indexOps->entries.size()], k, index, fn, name, backward, currentStep(), ts);
+    }
   if (ProgressPage* p = gProgress.load(std::memory_order_relaxed)) storeName(p->lastOp, sizeof p->lastOp, name);
 }
 
@@ -333,7 +346,7 @@ std::unique_ptr<at::ObserverContext> onCollective(const at::RecordFunction& fn) 
   const int phase = gPhase ? gPhase->load(std::memory_order_relaxed) : static_cast<int>(Phase::Setup);
   const bool inStep = phase != static_cast<int>(Phase::Setup) && phase != static_cast<int>(Phase::BetweenSteps);
   const int64_t step = inStep ? currentStep() : -1;
-  fill(ring->entries[index % ring->entries.size()], index, fn, name, false, step, tState);
+  fill(ring->entries[index % ring->entries.size()], index, index, fn, name, false, step, tState);
   if (ProgressPage* p = gProgress.load(std::memory_order_relaxed)) {
     // Gloo begins collectives on its worker threads, two at once with DDP's buckets: only the
     // newest moves the count on and writes its name, so the count never goes back.
@@ -439,6 +452,9 @@ bool startOpObserver(size_t capacity, std::atomic<int64_t>* step, std::atomic<in
   if (gRingOwner) retired.push_back(std::move(gRingOwner));
   gRingOwner = std::make_unique<Ring>(capacity);
   gRing.store(gRingOwner.get(), std::memory_order_release);
+  if (gIndexOpsOwner) retired.push_back(std::move(gIndexOpsOwner));
+  gIndexOpsOwner = std::make_unique<Ring>(kIndexOpCapacity);
+  gIndexOps.store(gIndexOpsOwner.get(), std::memory_order_release);
   if (gCollectivesOwner) retired.push_back(std::move(gCollectivesOwner));
   gCollectivesOwner = std::make_unique<Ring>(kCollectiveCapacity);
   gCollectives.store(gCollectivesOwner.get(), std::memory_order_release);
@@ -499,6 +515,7 @@ void readRing(const Ring& ring, Describe describe) {
     const Entry& e = ring.entries[i % cap];
     if (e.committed.load(std::memory_order_acquire) != i + 1) continue;  // being rewritten
     Entry copy;
+    copy.opIndex = e.opIndex;
     std::memcpy(copy.name, e.name, sizeof copy.name);
     copy.backward = e.backward;
     copy.inputCount = e.inputCount;
@@ -522,6 +539,13 @@ std::optional<formats::OpTraceData> snapshotOps() {
   out.totalOps = ring->next.load(std::memory_order_acquire);
   out.capacity = static_cast<uint32_t>(ring->entries.size());
   readRing(*ring, [&](const Entry& e, uint64_t i) { out.ops.push_back(describe(e, i)); });
+  if (Ring* indexOps = gIndexOps.load(std::memory_order_acquire)) {
+    // Those the main ring no longer holds.
+    const uint64_t oldest = out.ops.empty() ? out.totalOps : out.ops.front().index;
+    readRing(*indexOps, [&](const Entry& e, uint64_t) {
+      if (e.opIndex < oldest) out.indexOps.push_back(describe(e, e.opIndex));
+    });
+  }
   if (Ring* collectives = gCollectives.load(std::memory_order_acquire)) {
     out.totalCollectives = collectives->next.load(std::memory_order_acquire);
     readRing(*collectives, [&](const Entry& e, uint64_t i) {

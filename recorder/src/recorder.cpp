@@ -618,6 +618,35 @@ struct Recorder::Impl {
     return c;
   }
 
+  /// Queues the other loader's batch of `failure` (Failure::otherBatch) for the writer, which
+  /// drains its queue before it seals, and names what was queued in `crash`. Nothing of it is
+  /// worth losing the crash for: a tensor that cannot be copied is left out.
+  void keepOtherBatch(const Failure& failure, formats::CrashData& crash) {
+    at::NoGradGuard noGrad;
+    at::DisableRecordFunctionGuard notAnOp;
+    std::vector<Job> jobs;
+    std::vector<std::string> names;
+    std::vector<std::vector<int64_t>> shapes;
+    for (const auto& [name, t] : failure.otherBatch) {
+      if (!t.defined() || !t.device().is_cpu()) continue;
+      try {
+        auto full = formats::batchTensorName(formats::kCrashBatchStep, name);
+        if (auto job = hostCopy(full, t)) {
+          jobs.push_back(tensorJob(std::move(*job)));
+          names.push_back(std::move(full));
+          shapes.emplace_back(t.sizes().begin(), t.sizes().end());
+        }
+      } catch (const std::exception& e) {
+        warn(fmt::format("could not keep tensor '{}' of DataLoader #{}'s batch: {}", name, failure.otherLoader, e.what()));
+      }
+    }
+    if (jobs.empty() || !writer->push(std::move(jobs))) return;
+    crash.otherLoader = failure.otherLoader;
+    crash.otherBatch = std::move(names);
+    crash.otherStructure = failure.otherStructure;
+    crash.otherRowDims = formats::rowDimensions(shapes, failure.otherRows, {});
+  }
+
   std::string sealCrash(formats::CrashData crash) {
     if (!writer) return "";
     try {
@@ -992,6 +1021,7 @@ std::string Recorder::fail(const Failure& failure) {
   if (!failure.stack.empty()) crash.stack = failure.stack;
   crash.loadingIndices = failure.loadingIndices;
   crash.loadingDatasetIndices = failure.loadingDatasetIndices;
+  if (failure.otherLoader >= 0 && m.writer) m.keepOtherBatch(failure, crash);
   return m.sealCrash(std::move(crash));
 }
 

@@ -122,6 +122,61 @@ TEST_CASE("loading indices that do not pair with their dataset indices place by 
   CHECK(d.loadingDatasetIndices.empty());
 }
 
+TEST_CASE("an op trace keeps the index ops beyond its ring, and which ops declare an index domain",
+          "[formats][records]") {
+  OpTraceData trace;
+  trace.capacity = 2;
+  trace.totalOps = 90;
+  trace.ops = {{88, "aten::add_", "backward", -1, 3, 7, {}}, {89, "aten::mul", "backward", -1, 3, 7, {}}};
+  trace.indexOps = {{12, "aten::embedding", "forward", 4, 3, 7, {{"float32", {100, 32}}, {"int64", {32, 32}}}}};
+  auto d = decodeOpTrace(encodeMeta(trace));
+  REQUIRE(d.indexOps.size() == 1);
+  CHECK(d.indexOps[0].index == 12);
+  CHECK(d.indexOps[0].name == "aten::embedding");
+  CHECK(d.indexOps[0].inputs[1].shape == std::vector<int64_t>{32, 32});
+  CHECK(d.ops.size() == 2);
+  for (const char* name : {"aten::embedding", "aten::embedding_bag", "aten::_embedding_bag", "aten::nll_loss_nd",
+                           "aten::nll_loss2d", "aten::cross_entropy_loss", "aten::gather", "aten::scatter_add_",
+                           "aten::take_along_dim"})
+    CHECK(declaresIndexDomain(name));
+  for (const char* name : {"aten::embedding_dense_backward", "aten::nll_loss_backward", "aten::gather_backward",
+                           "aten::linear", "aten::gathers", "EmbeddingBackward0", "aten::", "", "gather"})
+    CHECK_FALSE(declaresIndexDomain(name));
+  CHECK_FALSE(declaresIndexDomain(nullptr));
+}
+
+TEST_CASE("a crash keeps another loader's batch by its crash/batch/ names, read back as a step's batch",
+          "[formats][records]") {
+  CrashData c;
+  c.kind = "exception";
+  c.step = 9;
+  c.phase = "between-steps";
+  CHECK_FALSE(otherBatchBegin(decodeCrash(encodeMeta(c))));  // none kept
+  CHECK(decodeCrash(encodeMeta(c)).otherLoader == -1);
+  c.otherLoader = 1;
+  c.otherBatch = {batchTensorName(kCrashBatchStep, "0"), batchTensorName(kCrashBatchStep, "index")};
+  c.otherStructure = R"({"tuple": ["0"]})";
+  c.otherRowDims = {0, 0};
+  auto d = decodeCrash(encodeMeta(c));
+  CHECK(d.otherLoader == 1);
+  CHECK(d.otherBatch == std::vector<std::string>{"crash/batch/0", "crash/batch/index"});
+  CHECK(d.otherStructure == c.otherStructure);
+  CHECK(d.otherRowDims == std::vector<int8_t>{0, 0});
+  auto begin = otherBatchBegin(d);
+  REQUIRE(begin);
+  CHECK(begin->step == kCrashBatchStep);
+  CHECK(begin->batch == d.otherBatch);
+  CHECK(begin->rowDims == d.otherRowDims);
+  CHECK(batchTensorName(begin->step, kDatasetIndexName) == "crash/batch/index");
+  // Row dimensions that do not pair with the tensors: the batch is not written.
+  c.otherRowDims = {0};
+  CHECK_FALSE(otherBatchBegin(decodeCrash(encodeMeta(c))));
+  // A name outside crash/batch/ is no other batch's tensor: the record is damaged.
+  c.otherRowDims = {};
+  c.otherBatch = {batchTensorName(9, "0")};
+  CHECK_THROWS_AS(decodeCrash(encodeMeta(c)), Error);
+}
+
 TEST_CASE("recorder record decoders refuse broken invariants", "[formats][records]") {
   CHECK_THROWS_AS(decodeStepBegin(encodeMeta(StepBeginData{-1, {}, {}, {}, 0, -1})), Error);
   CHECK_THROWS_AS(decodeStepBegin(encodeMeta(StepBeginData{3, {}, {}, {}, 0, 4})), Error);   // keyframe after step

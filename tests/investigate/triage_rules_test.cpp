@@ -4,6 +4,7 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <functional>
 
 #include "crashcap/formats/bundle_writer.hpp"
 #include "crashcap/formats/records.hpp"
@@ -1617,6 +1618,160 @@ TEST_CASE("a domain applies to a batch tensor its op's index input is a slice or
   CHECK(findRowOddities(bundle, 6, {3}, {wider}).empty());
 }
 
+namespace {
+
+/// A bundle whose training steps (step 6's batch of 20 rows: "x" [20,8], "tokens" [20,12]) ran a
+/// loss over 4 classes and an embedding of 40 rows, and whose crash between steps, with `error`,
+/// kept another loader's batch of 16 rows: "0" [16,8] floats, "1" [16] labels, "tokens" [16,12]
+/// and the dataset indices 232..247, changed by `edit` first.
+std::string otherBatchBundle(test::TempDir& dir, const std::string& file, const std::string& error,
+                             const std::function<void(std::vector<float>&, std::vector<int64_t>&, std::vector<int64_t>&)>& edit) {
+  const std::string bundle = dir.file(file);
+  auto w = formats::BundleWriter::create(bundle);
+  std::vector<float> x(20 * 8, 0.5f);
+  std::vector<int64_t> steps(20 * 12, 1);
+  w->writeTensor(formats::batchTensorName(6, "x"), formats::DType::Float32, {20, 8}, x.data(), x.size() * 4);
+  w->writeTensor(formats::batchTensorName(6, "tokens"), formats::DType::Int64, {20, 12}, steps.data(), steps.size() * 8);
+  formats::StepBeginData begin;
+  begin.step = 6;
+  begin.batch = {formats::batchTensorName(6, "x"), formats::batchTensorName(6, "tokens")};
+  begin.rowDims = {0, 0};
+  formats::writeMetaRecord(*w, begin);
+  formats::OpTraceData trace;
+  trace.capacity = 16;
+  for (auto [name, inputs] : std::vector<std::pair<std::string, std::vector<formats::OpInputData>>>{
+           {"aten::embedding", {{"float32", {40, 16}}, {"int64", {20, 12}}}},
+           {"aten::nll_loss_nd", {{"float32", {20, 4}}, {"int64", {20}}}}}) {
+    formats::OpData o;
+    o.index = trace.ops.size();
+    o.name = name;
+    o.phase = "forward";
+    o.step = 6;
+    o.inputs = inputs;
+    trace.ops.push_back(std::move(o));
+  }
+  trace.totalOps = trace.ops.size();
+  formats::writeMetaRecord(*w, trace);
+  std::vector<float> features(16 * 8);
+  std::vector<int64_t> labels(16), tokens(16 * 12), index(16);
+  for (size_t i = 0; i < features.size(); ++i) features[i] = 0.01f * static_cast<float>(i % 13);
+  for (int64_t r = 0; r < 16; ++r) labels[r] = r % 4, index[r] = 232 + r;
+  for (size_t i = 0; i < tokens.size(); ++i) tokens[i] = static_cast<int64_t>((i * 7) % 40);
+  edit(features, labels, tokens);
+  auto name = [](const char* n) { return formats::batchTensorName(formats::kCrashBatchStep, n); };
+  w->writeTensor(name("0"), formats::DType::Float32, {16, 8}, features.data(), features.size() * 4);
+  w->writeTensor(name("1"), formats::DType::Int64, {16}, labels.data(), labels.size() * 8);
+  w->writeTensor(name("tokens"), formats::DType::Int64, {16, 12}, tokens.data(), tokens.size() * 8);
+  w->writeTensor(name("index"), formats::DType::Int64, {16}, index.data(), index.size() * 8);
+  formats::CrashData crash;
+  crash.kind = "exception";
+  crash.step = 6;
+  crash.phase = "between-steps";
+  crash.error = error;
+  crash.otherLoader = 1;
+  crash.otherBatch = {name("0"), name("1"), name("tokens"), name("index")};
+  crash.otherRowDims = {0, 0, 0, 0};
+  formats::writeMetaRecord(*w, crash);
+  w->seal();
+  return bundle;
+}
+
+/// Facts of a crash between steps after step 6, which replays clean, holding `findings` of
+/// DataLoader #1's batch.
+TriageFacts betweenStepsAfter6(const std::string& error, std::vector<RowFinding> findings) {
+  auto f = reproducedAt6();
+  f.replay = replayOf(Verdict::NotReproduced);
+  f.replay->recordedError = error;
+  f.crashStep = 6;
+  f.crashPhase = "between-steps";
+  f.crashError = error;
+  f.otherLoader = 1;
+  f.otherBatchFindings = std::move(findings);
+  return f;
+}
+
+}  // namespace
+
+TEST_CASE("another loader's batch kept at a crash between steps is judged row by row against its other rows, and "
+          "confirms invalid-data where a row holds the index the error is about",
+          "[investigate][triage]") {
+  test::TempDir dir;
+  // A validation pass's label 9 of 4 classes, in row 5 (dataset index 237); the error names it.
+  const std::string target = "Traceback (most recent call last):\n  ...\nIndexError: Target 9 is out of bounds.";
+  auto bundle = otherBatchBundle(dir, "label.ccap", target, [](auto&, auto& labels, auto&) { labels[5] = 9; });
+  auto findings = findOtherBatchOddities(bundle, findIndexDomains(bundle));
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].row == 5);
+  CHECK(findings[0].tensor == "crash/batch/1");
+  CHECK(findings[0].value == 9);
+  CHECK(findings[0].datasetIndex == 237);
+  auto f = betweenStepsAfter6(target, findings);
+  REQUIRE(f.failedOutsideReplay());
+  auto h = judgeInvalidData(f);
+  CHECK(h.verdict == V::Confirmed);
+  CHECK(has(h, "in the batch the program took last from DataLoader #1, not a step's (kept at the crash), row 5 of "
+               "crash/batch/1 is 9, outside 0..3: the error says target 9 is out of bounds, and the loss "
+               "(aten::nll_loss_nd) sees 4 classes (logits [20,4]); dataset index 237"));
+  CHECK(has(h, "the ops named are the training steps'"));
+  CHECK(h.rerun == "crashcap show " + f.bundle + " crash/batch/1");
+  auto c = findCulprit(f);
+  CHECK(c.loader == 1);
+  CHECK(c.rows == std::vector<int64_t>{5});
+  CHECK(c.datasetIndices == std::vector<int64_t>{237});
+  CHECK(c.step == 6);
+  CHECK_FALSE(c.op);
+
+  // A token past the embedding's 40 rows, which the error does not name: the steps' embedding took
+  // [20,12] tokens; this batch's [16,12] are judged against it, and the error is an index's.
+  const std::string range = "IndexError: index out of range in self";
+  bundle = otherBatchBundle(dir, "token.ccap", range, [](auto&, auto&, auto& tokens) { tokens[3 * 12 + 2] = 50; });
+  findings = findOtherBatchOddities(bundle, findIndexDomains(bundle));
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].row == 3);
+  CHECK(findings[0].tensor == "crash/batch/tokens");
+  CHECK(findings[0].value == 50);
+  CHECK(findings[0].domain->indexShape == std::vector<int64_t>{16, 12});
+  CHECK(findings[0].datasetIndex == 235);
+  CHECK(judgeInvalidData(betweenStepsAfter6(range, findings)).verdict == V::Confirmed);
+  // An error that is no index's: what the row holds is said, not confirmed.
+  h = judgeInvalidData(betweenStepsAfter6("OSError: disk full", findings));
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "row 3 of crash/batch/tokens holds 50, outside 0..39: the embedding (aten::embedding) has 40 rows"));
+  CHECK(has(h, "not tested: the code that takes that loader's batches is not replayed"));
+  CHECK_FALSE(findCulprit(betweenStepsAfter6("OSError: disk full", findings)).loader);
+
+  // Tokens of another vocabulary in every row: no row is odd against the others, and no value is
+  // the error's.
+  bundle = otherBatchBundle(dir, "vocabulary.ccap", range, [](auto&, auto&, auto& tokens) {
+    for (size_t r = 0; r < 16; ++r) tokens[r * 12] = 40 + static_cast<int64_t>(r);
+  });
+  CHECK(findOtherBatchOddities(bundle, findIndexDomains(bundle)).empty());
+
+  // A NaN feature in row 2: confirmed where the error is about a NaN, said where it is not.
+  bundle = otherBatchBundle(dir, "nan.ccap", "ValueError: validation loss is nan",
+                            [](auto& features, auto&, auto&) { features[2 * 8 + 1] = std::nanf(""); });
+  findings = findOtherBatchOddities(bundle, findIndexDomains(bundle));
+  REQUIRE(findings.size() == 1);
+  CHECK(findings[0].kind == RowFinding::Kind::NonFinite);
+  CHECK(findings[0].datasetIndex == 234);
+  CHECK(judgeInvalidData(betweenStepsAfter6("ValueError: validation loss is nan", findings)).verdict == V::Confirmed);
+  CHECK(judgeInvalidData(betweenStepsAfter6("ValueError: non-finite logits", findings)).verdict == V::Confirmed);
+  CHECK(findCulprit(betweenStepsAfter6("ValueError: non-finite logits", findings)).rows == std::vector<int64_t>{2});
+  h = judgeInvalidData(betweenStepsAfter6("KeyError: 'financial'", findings));  // "nan" inside a word is no NaN
+  CHECK(h.verdict == V::Inconclusive);
+  CHECK(has(h, "row 2 of crash/batch/0 holds 1 NaN and 0 Inf values; dataset index 234"));
+
+  // A batch with nothing odd in it: said so, and the crash's error is judged without it.
+  bundle = otherBatchBundle(dir, "clean.ccap", target, [](auto&, auto&, auto&) {});
+  CHECK(findOtherBatchOddities(bundle, findIndexDomains(bundle)).empty());
+  CHECK(has(judgeInvalidData(betweenStepsAfter6(target, {})), "the batch the program took last from DataLoader #1 "
+                                                              "(crash/batch/ in the bundle) holds no NaN/Inf"));
+  // A crash that kept no other batch: nothing said of one.
+  f = betweenStepsAfter6(target, {});
+  f.otherLoader = -1;
+  CHECK_FALSE(has(judgeInvalidData(f), "DataLoader"));
+}
+
 TEST_CASE("a negative value in a small batch is invalid data when the step's first NaN is a log given a negative "
           "value, and the log's arithmetic is not blamed",
           "[investigate][triage]") {
@@ -1784,7 +1939,7 @@ TEST_CASE("a gather's or a scatter's index domain is read from the op trace, and
   // The error's domain first: the check that failed.
   CHECK(domains[0].raisedValue == 7);
   CHECK(domains[0].size == 5);
-  CHECK(domains[0].describe() == "the step's error says index 7 is out of bounds for dimension 0 with size 5");
+  CHECK(domains[0].describe() == "the error says index 7 is out of bounds for dimension 0 with size 5");
   // Then the trace's, newest first.
   CHECK(domains[1].op == "aten::scatter_add_");
   CHECK(domains[1].size == 5);
@@ -1906,7 +2061,7 @@ TEST_CASE("a loss's 'Target N is out of bounds' takes its classes from the loss 
   CHECK(d->ignoreIndex == -100);
   CHECK(d->indexShape.empty());
   CHECK(d->describe() ==
-        "the step's error says target 9 is out of bounds, and the loss (aten::cross_entropy_loss) sees 5 classes "
+        "the error says target 9 is out of bounds, and the loss (aten::cross_entropy_loss) sees 5 classes "
         "(logits [6,5])");
   CHECK(domainOfError("Target -3 is out of bounds.", traced)->raisedValue == -3);
   CHECK_FALSE(domainOfError("Target 99999999999999999999 is out of bounds.", traced));

@@ -98,7 +98,7 @@ def test_a_label_past_a_lookup_table_is_named_by_the_index_the_error_calls_out_o
     invalid = next(h for h in triage["hypotheses"] if h["id"] == "invalid-data")
     assert invalid["verdict"] == "confirmed", invalid
     assert triage["culprit"]["dataset_indices"] == [41], triage["culprit"]
-    assert any(e.endswith("is 7, outside 0..4: the step's error says index 7 is out of bounds for dimension 0 with "
+    assert any(e.endswith("is 7, outside 0..4: the error says index 7 is out of bounds for dimension 0 with "
                           "size 5") for e in invalid["evidence"]), invalid
 
 

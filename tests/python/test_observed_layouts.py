@@ -54,9 +54,19 @@ def test_a_crash_in_the_validation_pass_is_after_the_step_and_a_bias_before_batc
     hypotheses = {h["id"]: h for h in triage["hypotheses"]}
     assert hypotheses["nondeterminism"]["verdict"] == "inconclusive", hypotheses["nondeterminism"]
     assert "which a replay does not run" in " ".join(hypotheses["nondeterminism"]["evidence"])
-    assert hypotheses["invalid-data"]["verdict"] == "inconclusive", hypotheses["invalid-data"]
-    assert "between steps" in hypotheses["invalid-data"]["evidence"][0], hypotheses["invalid-data"]
+    # The validation batch the program held, kept in the bundle: its row 2 (sample 50) holds the NaN
+    # the program's check is about. No replay runs the validation, so the rows are judged as kept.
+    assert crash["other_batch"]["loader"] == 1 and "crash/batch/index" in crash["other_batch"]["tensors"], crash
+    assert crashcap_json("show", bundle, "crash/batch/index")["shape"] == [48]
+    assert hypotheses["invalid-data"]["verdict"] == "confirmed", hypotheses["invalid-data"]
+    evidence = hypotheses["invalid-data"]["evidence"]
+    assert "between steps" in evidence[0], evidence
+    assert any("in the batch the program took last from DataLoader #1, not a step's (kept at the crash), row 2 of "
+               "crash/batch/0 holds 1 NaN and 0 Inf values; dataset index 50" in e for e in evidence), evidence
+    culprit = triage["culprit"]
+    assert (culprit["loader"], culprit["step"], culprit["rows"], culprit["dataset_indices"]) == (1, 1, [2], [50]), culprit
     assert "crash exception after step 1" in text, text
+    assert "culprit: rows [2] of the batch DataLoader #1 gave after step 1" in text and "dataset indices [50]" in text, text
     # The first Linear's bias gradient is 0 in exact arithmetic: float32's rounding noise against
     # float64's is not an op departing from float64.
     ops = crashcap_json("bisect", "ops", bundle)

@@ -346,6 +346,18 @@ def test_a_crash_while_the_program_iterates_another_loader_names_that_loader_s_s
     assert ("the last batch the program took before the crash came from DataLoader #1 (not the training's #0), of "
             f"dataset indices {list(range(232, 248))}, and that loader's iteration had not run to its end"
             in crash["error"]), crash["error"]
+    # That batch itself is in the bundle, and triage judges its rows: row 5, sample 237, holds the
+    # target the error names, outside the loss's 4 classes.
+    bundle = only_bundle(tmp_path / "runs-label")
+    assert crash["other_batch"] == {"loader": 1, "tensors": ["crash/batch/0", "crash/batch/1", "crash/batch/index"]}, crash
+    assert [int(v) for v in re.findall(r"-?\d+", crashcap_json("show", bundle, "crash/batch/index")["text"])] == \
+        list(range(232, 248))
+    triage = crashcap_json("triage", bundle)
+    invalid = next(h for h in triage["hypotheses"] if h["id"] == "invalid-data")
+    assert invalid["verdict"] == "confirmed", invalid
+    assert any("row 5 of crash/batch/1 is 9, outside 0..3: the error says target 9 is out of bounds" in e
+               and e.endswith("; dataset index 237") for e in invalid["evidence"]), invalid
+    assert (triage["culprit"]["loader"], triage["culprit"]["rows"], triage["culprit"]["dataset_indices"]) == (1, [5], [237])
     crash = crash_of("raise")
     assert crash["error"].endswith("ValueError: corrupt record 237"), crash
     assert (f"DataLoader #1 (not the training's #0) raised it while loading its batch of dataset indices "
@@ -356,6 +368,46 @@ def test_a_crash_while_the_program_iterates_another_loader_names_that_loader_s_s
     # The second loader's batch is part of the step that failed: not a loop the replay leaves out.
     crash = crash_of("zip", phase="forward", step=3)
     assert crash["error"].endswith("RuntimeError: the consistency loss failed") and "DataLoader #1" not in crash["error"], crash
+
+
+def test_a_token_past_the_vocabulary_in_a_validation_batch_is_named_though_the_embedding_left_the_op_ring(tmp_path):
+    # A recurrent language model: its backward and what runs after it push the step's embedding out
+    # of the op ring, which keeps the last calls of the ops with an index domain beside it. The
+    # held-out text's sample 57 has token 130 of a vocabulary of 100; its batch of 25 is no step's
+    # (the steps' batches are 32), and the embedding takes each sequence but its last token.
+    (tmp_path / "lm.py").write_text(textwrap.dedent("""
+        import torch, torch.nn as nn, torch.nn.functional as F
+        from torch.utils.data import DataLoader
+
+        V = 100
+        g = torch.Generator().manual_seed(1)
+        text, held = torch.randint(0, V, (256, 17), generator=g), torch.randint(0, V, (100, 17), generator=g)
+        held[57, 9] = 130
+        emb, rnn, out = nn.Embedding(V, 16), nn.GRU(16, 32, batch_first=True), nn.Linear(32, V)
+        params = [*emb.parameters(), *rnn.parameters(), *out.parameters()]
+        opt = torch.optim.Adam(params, lr=1e-3)
+        def logits(t):
+            return out(rnn(emb(t[:, :-1]))[0])
+        for t in DataLoader(text, batch_size=32, shuffle=True):
+            loss = F.cross_entropy(logits(t).reshape(-1, V), t[:, 1:].reshape(-1))
+            opt.zero_grad(); loss.backward(); opt.step()
+        with torch.no_grad():
+            for t in DataLoader(held, batch_size=25):
+                F.cross_entropy(logits(t).reshape(-1, V), t[:, 1:].reshape(-1))
+    """))
+    runs = tmp_path / "runs"
+    r = crashcap("run", "--record", "--dir", runs, "--", PYTHON, "lm.py", cwd=tmp_path)
+    assert r.returncode != 0 and "index out of range in self" in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    story = crashcap_json("inspect", bundle, "--ops", 1000)
+    assert (story["crash"]["phase"], story["crash"]["other_batch"]["loader"]) == ("between-steps", 1), story["crash"]
+    assert not any(op["name"] == "aten::embedding" for op in story["last_ops"]), "the ring still holds the embedding"
+    triage = crashcap_json("triage", bundle)
+    invalid = next(h for h in triage["hypotheses"] if h["id"] == "invalid-data")
+    assert invalid["verdict"] == "confirmed", invalid
+    assert any("row 7 of crash/batch/batch holds 130, outside 0..99: the embedding (aten::embedding) has 100 rows" in e
+               and e.endswith("; dataset index 57") for e in invalid["evidence"]), invalid
+    assert (triage["culprit"]["loader"], triage["culprit"]["rows"], triage["culprit"]["dataset_indices"]) == (1, [7], [57])
 
 
 def test_load_again_fetches_through_getitems_and_names_the_sample_that_raises_in_it():

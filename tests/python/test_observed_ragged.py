@@ -117,7 +117,7 @@ def test_a_packed_batch_is_cut_by_packing_the_rows_kept_anew_and_its_bad_label_i
     assert triage["culprit"]["dataset_indices"] == [213], triage["culprit"]
     (row,) = triage["culprit"]["rows"]
     (evidence,) = [h["evidence"] for h in triage["hypotheses"] if h["id"] == "invalid-data"]
-    assert (f"row {row} of steps/{step}/batch/1 is 3, outside 0..2: the step's error says target 3 is out of bounds, "
+    assert (f"row {row} of steps/{step}/batch/1 is 3, outside 0..2: the error says target 3 is out of bounds, "
             f"and the loss (aten::cross_entropy_loss) sees 3 classes (logits [10,3])") in evidence, evidence
     labels = [int(x) for x in re.findall(r"-?\d+", crashcap_json("show", bundle, f"steps/{step}/batch/1")["text"])]
     assert labels[row] == 3 and labels.count(3) == 1, labels

@@ -171,7 +171,17 @@ struct OpTraceData {
   uint32_t capacity = 0;
   std::vector<CollectiveData> collectives;
   uint64_t totalCollectives = 0;
+  /// The last calls of ops that declare an index domain (declaresIndexDomain) older than `ops`'
+  /// oldest, oldest first: what triage judges a batch's integers against, kept beyond the ring.
+  std::vector<OpData> indexOps;
 };
+
+/// Whether an op of this name takes an index input with a domain triage can read from its input
+/// shapes: an embedding's table rows ("aten::embedding", "aten::embedding_bag"), a classification
+/// loss's classes ("aten::nll_loss*", "aten::cross_entropy_loss"), the positions a gather or a
+/// scatter indexes ("aten::gather", "aten::scatter*", "aten::take_along_dim"); not their
+/// backwards. Cheap enough for every op the recorder observes.
+bool declaresIndexDomain(const char* name);
 
 /// Type 11: how the recorded process failed.
 struct CrashData {
@@ -189,6 +199,14 @@ struct CrashData {
   /// Phase "loading": the batch that never came, as the loader's sampler drew it (empty: unknown).
   std::vector<int64_t> loadingIndices;         ///< into the loader's own dataset
   std::vector<int64_t> loadingDatasetIndices;  ///< the same samples in the data under any Subset
+  /// A crash between steps while the program held a batch of a DataLoader other than the
+  /// training's (a validation pass's): that loader's number (-1 none) and its batch as it was at
+  /// the crash, named batchTensorName(kCrashBatchStep, ...), nested and with rows as a step's
+  /// (StepBeginData::structure, rowDims; otherBatchBegin).
+  int32_t otherLoader = -1;
+  std::vector<std::string> otherBatch;
+  std::string otherStructure;
+  std::vector<int8_t> otherRowDims;
 };
 
 /// At most this many indices of a batch that failed to load are kept.
@@ -367,6 +385,13 @@ bool isRecorderRecord(uint16_t type);
 
 // Tensor paths (see bundle.capnp).
 std::string batchTensorName(int64_t step, const std::string& name);
+/// The step number of a batch no step took: another loader's, kept at a crash between steps
+/// (CrashData::otherBatch). Its tensors are "crash/batch/<name>".
+inline constexpr int64_t kCrashBatchStep = -1;
+/// The crash's other-loader batch as the step_begin of step kCrashBatchStep (batch, structure,
+/// row dimensions; no generator states), so that what reads a step's batch reads it alike;
+/// nullopt when the crash holds none.
+std::optional<StepBeginData> otherBatchBegin(const CrashData& crash);
 /// A batch tensor of this name (integer, [B]) maps the batch's rows to dataset indices: sample
 /// bisection reports culprits by both. A TorchScript replay does not feed it to the program
 /// unless the program names it as an input.

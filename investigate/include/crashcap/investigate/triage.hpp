@@ -207,6 +207,13 @@ struct TriageFacts {
   /// finding (emptyMean()); nullopt when not read or the batch has no index tensor.
   std::optional<std::vector<int64_t>> batchDatasetIndices;
   std::optional<JobTriage> job;                      ///< the bundle is a rank of a multi-process job
+  /// A crash between steps while the program held a batch of another DataLoader than the
+  /// training's (a validation pass's; Crash.otherBatch): that loader's number (-1: none kept), and
+  /// what the rows of its batch hold (findOtherBatchOddities), with their dataset indices.
+  int32_t otherLoader = -1;
+  std::vector<RowFinding> otherBatchFindings;
+  /// The crash's error text (the last line compared with what an index error says).
+  std::string crashError;
 
   /// The replay brought the recorded failure back (replayer::showsFailure).
   bool reproduced() const { return replay && replayer::showsFailure(*replay); }
@@ -281,6 +288,9 @@ struct Culprit {
   /// the loss nothing to average (`datasetIndices` then are the whole batch's).
   std::optional<ShortBatch> shortBatch;
   std::optional<replayer::EmptyMean> emptyMean;
+  /// The rows are of the batch another DataLoader (this number) gave between steps, not of a
+  /// step's (TriageFacts::otherBatchFindings); `step` is the step the crash came after.
+  std::optional<int> loader;
 };
 Culprit findCulprit(const TriageFacts& facts);
 
@@ -318,8 +328,9 @@ struct TriageOptions {
 /// (facts.job says which was asked for).
 Triage runTriage(const std::string& bundle, const TriageOptions& options = {});
 
-/// The index domains of the ops in the bundle's op trace (the newest call of each op), and the one
-/// the crash's error names, if it names one.
+/// The index domains of the ops in the bundle's op trace (the newest call of each op: the ring's,
+/// then the index ops kept beyond it, OpTraceData::indexOps), and the one the crash's error names,
+/// if it names one.
 std::vector<IndexDomain> findIndexDomains(const std::string& bundle);
 
 /// What is invalid or odd in `rows` of step `step`'s batch (the dataset index tensor excluded):
@@ -331,6 +342,15 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
                                         const std::vector<IndexDomain>& domains,
                                         const std::optional<ValueFloor>& floor = std::nullopt,
                                         const std::optional<ZeroGiven>& zero = std::nullopt);
+
+/// What is invalid in the batch of another DataLoader than the training's that a crash between
+/// steps kept (Crash.otherBatch; step formats::kCrashBatchStep), whose rows no sample bisection
+/// can test (a replay of the steps does not run the code that took it): the rows that hold NaN/Inf
+/// or a value outside one of `domains`, judged as findRowOddities judges culprit rows, against the
+/// batch's other rows. A domain of the training's steps whose index input has the steps' row
+/// count in its first dimension applies to this batch's row count too. Each finding carries its
+/// row's dataset index where the batch has them. Empty when the crash kept no such batch.
+std::vector<RowFinding> findOtherBatchOddities(const std::string& bundle, const std::vector<IndexDomain>& domains);
 
 /// The values of step `step`'s batch tensors that hold the samples concatenated
 /// (formats::concatenatedBatchTensors) outside one of `domains` (matched by the tensor's shape at

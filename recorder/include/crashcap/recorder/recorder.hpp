@@ -197,6 +197,15 @@ struct Failure {
   /// Phase "loading": the batch that never came, as its sampler drew it, in the loader's dataset
   /// and in the data under any Subset, place by place (Crash.loadingIndices; empty: unknown).
   std::vector<int64_t> loadingIndices, loadingDatasetIndices;
+  /// A crash between steps while the program held a batch of a DataLoader other than the
+  /// training's (a validation pass's): that loader's number (-1 none), its batch with its nesting
+  /// and number of samples (-1 unknown), as beginStep takes them. Copied at the crash into
+  /// crash/batch/<name> (Crash.otherBatch); CPU tensors only (a device's may be unreadable after
+  /// its error).
+  int32_t otherLoader = -1;
+  Batch otherBatch;
+  std::string otherStructure;
+  int64_t otherRows = -1;
 };
 
 /// Thrown by StepGuard::end when the loss (or the gradient norm) is NaN or Inf under

@@ -224,7 +224,8 @@ struct OpTrace {
   indexOps @5 :List(Op);        # the last calls of ops that declare an index domain (an embedding, a
                                 # classification loss, a gather or scatter: formats::declaresIndexDomain)
                                 # that `ops` no longer holds, oldest first: a long backward or what
-                                # runs after it pushes the step's embedding out of the ring
+                                # runs after it pushes the step's embedding out of the ring. Their
+                                # endNs is 0 (not kept)
 }
 
 # A collective (all-reduce, broadcast, barrier, ...) a process issued to its torch.distributed

@@ -247,7 +247,7 @@ std::vector<uint8_t> encodeMeta(const CrashData& v) {
   if (v.otherLoader >= 0 && (v.otherRowDims.empty() || v.otherRowDims.size() == v.otherBatch.size())) {
     r.setOtherLoader(v.otherLoader);
     setTexts(r.initOtherBatch(v.otherBatch.size()), v.otherBatch);
-    r.setOtherStructure(v.otherStructure);
+    r.setOtherStructure(v.otherStructure.size() <= (64 << 10) ? v.otherStructure : "");  // as decodeCrash reads it
     auto dims = r.initOtherRowDims(v.otherRowDims.size());
     for (unsigned i = 0; i < v.otherRowDims.size(); ++i) dims.set(i, v.otherRowDims[i]);
   }

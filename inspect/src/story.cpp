@@ -165,9 +165,13 @@ json storyJson(const formats::BundleReader& reader, const StoryOptions& options)
       j["crash"]["loading_indices"] = c.loadingIndices;
       j["crash"]["loading_dataset_indices"] = c.loadingDatasetIndices;
     }
-    // Another loader's batch the program held at a crash between steps (a validation pass's).
-    j["crash"]["other_batch"] = formats::otherBatchBegin(c)
-                                    ? json{{"loader", c.otherLoader}, {"tensors", c.otherBatch}}
+    // Another loader's batch the program held at a crash between steps (a validation pass's):
+    // the tensors of it the bundle holds (a drain cut short by its deadline may have lost some).
+    std::vector<std::string> held;
+    for (const auto& name : c.otherBatch)
+      if (reader.find(name)) held.push_back(name);
+    j["crash"]["other_batch"] = formats::otherBatchBegin(c) && !held.empty()
+                                    ? json{{"loader", c.otherLoader}, {"tensors", held}}
                                     : json(nullptr);
   } else if (v.supervision) {
     // No recorder in the process (or it never got to record): what `crashcap run` saw.

@@ -568,9 +568,12 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
   // What is largest, measured on the written file.
   {
     auto packed = formats::BundleReader::open(bundlePath, o.limits);
-    uint64_t batchBytes = 0, rngBytes = 0, kfBytes = 0, otherBytes = 0;
+    uint64_t batchBytes = 0, rngBytes = 0, kfBytes = 0, otherBytes = 0, heldBytes = 0;
+    const std::string held = formats::batchTensorName(formats::kCrashBatchStep, "");
     for (const auto& t : packed->tensors()) {
-      if (stepOf(t.name, "steps/"))
+      if (t.name.rfind(held, 0) == 0)
+        heldBytes += t.storedBytes;
+      else if (stepOf(t.name, "steps/"))
         (t.name.find("/rng/") != std::string::npos ? rngBytes : batchBytes) += t.storedBytes;
       else if (stepOf(t.name, "keyframes/"))
         kfBytes += t.storedBytes;
@@ -586,6 +589,7 @@ PackReport packBundle(const std::string& in, const PackOptions& o) {
                            batchBytes});
     if (rngBytes) rep.parts.push_back({"the generator states", rngBytes});
     if (otherBytes) rep.parts.push_back({"the step program and source files", otherBytes});
+    if (heldBytes) rep.parts.push_back({"the batch another DataLoader gave before the crash (crash/batch/)", heldBytes});
     std::sort(rep.parts.begin(), rep.parts.end(), [](const PackPart& x, const PackPart& y) { return x.bytes > y.bytes; });
   }
   if (o.zip) {

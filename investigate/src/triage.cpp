@@ -6,6 +6,7 @@
 #include <fmt/ranges.h>
 
 #include <algorithm>
+#include <climits>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -110,7 +111,7 @@ std::optional<double> firstOutside(const inspect::HostTensor& row, const IndexDo
   for (uint64_t i = 0; i < n; ++i) {
     double v = row.at(i);
     if (v >= static_cast<double>(d.size)) return v;
-    if (v < 0 && !(d.ignoreIndex && v == static_cast<double>(*d.ignoreIndex))) return v;
+    if (v < 0 && !d.negativesInside && !(d.ignoreIndex && v == static_cast<double>(*d.ignoreIndex))) return v;
   }
   return std::nullopt;
 }
@@ -235,14 +236,20 @@ std::optional<IndexDomain> domainOfError(const std::string& error, const std::ve
   }
 }
 
-std::vector<IndexDomain> findIndexDomains(const std::string& bundle) {
+std::vector<IndexDomain> findIndexDomains(const std::string& bundle, bool beyondRing) {
   auto reader = formats::BundleReader::open(bundle);
   auto records = formats::readRecords(*reader);
   std::vector<IndexDomain> out;
-  // The ring's ops, then the index ops older than its oldest that the recorder kept beside it.
+  // The ring's ops, then the index ops older than its oldest that the recorder kept beside it:
+  // the newest step's of them (an earlier step's may have indexed other shapes).
   std::vector<formats::OpData> ops;
   if (records.opTrace) {
-    ops = records.opTrace->indexOps;
+    static const std::vector<formats::OpData> none;
+    const auto& kept = beyondRing ? records.opTrace->indexOps : none;
+    int64_t newest = INT64_MIN;
+    for (const auto& op : kept) newest = std::max(newest, op.step);
+    for (const auto& op : kept)
+      if (op.step == newest) ops.push_back(op);
     ops.insert(ops.end(), records.opTrace->ops.begin(), records.opTrace->ops.end());
   }
   // Every distinct domain, newest first (several embedding tables: tokens, positions, segments).
@@ -666,65 +673,67 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
   return out;
 }
 
-std::vector<RowFinding> findOtherBatchOddities(const std::string& bundle, const std::vector<IndexDomain>& domains) {
+std::optional<std::vector<RowFinding>> findOtherBatchOddities(const std::string& bundle,
+                                                              const std::vector<IndexDomain>& domains) {
   std::vector<IndexDomain> applied;
   int64_t rows = 0;
   {
     auto reader = formats::BundleReader::open(bundle);
     const auto records = formats::readRecords(*reader);
     const auto other = records.crash ? formats::otherBatchBegin(*records.crash) : std::nullopt;
-    if (!other) return {};
-    rows = formats::batchRows(*other, *reader).count;
+    if (!other) return std::nullopt;
+    const auto batchRows = formats::batchRows(*other, *reader);
+    rows = batchRows.count;
+    const std::string index = formats::batchTensorName(formats::kCrashBatchStep, formats::kDatasetIndexName);
+    bool samples = false;  // a tensor with rows that is the batch's own, not its dataset indices
+    for (size_t i = 0; i < other->batch.size(); ++i)
+      samples = samples || (other->batch[i] != index && batchRows.dims[i] >= 0 && reader->find(other->batch[i]));
+    if (rows <= 0 || !samples) return std::nullopt;
     // The op trace holds the steps' ops (what runs between steps is not traced): an index input
     // with the steps' row count first is the steps' batch's, and the same op given this batch
     // takes it with this batch's row count (a validation batch of another size).
     const int64_t stepRows = records.stepBegins.empty() ? 0 : formats::batchRows(records.stepBegins.back(), *reader).count;
     for (const auto& d : domains) {
-      applied.push_back(d);
+      IndexDomain own = d;
+      own.negativesInside = !d.raisedValue;  // padding, as a rule; a negative index the error names is judged
+      applied.push_back(own);
       if (d.raisedValue || d.indexShape.empty() || stepRows <= 0 || rows == stepRows || d.indexShape[0] != stepRows)
         continue;
-      IndexDomain resized = d;
-      resized.indexShape[0] = rows;
-      if (d.ignoreIndex && !resized.sourceShape.empty() && resized.sourceShape[0] == stepRows)
-        resized.sourceShape[0] = rows;  // a loss's logits have the batch's rows too
-      applied.push_back(std::move(resized));
+      own.indexShape[0] = rows;
+      if (d.ignoreIndex && !own.sourceShape.empty() && own.sourceShape[0] == stepRows)
+        own.sourceShape[0] = rows;  // a loss's logits have the batch's rows too
+      applied.push_back(std::move(own));
     }
   }
-  if (rows <= 0) return {};
   // No row was tested by leaving it out, so each row is judged against the batch's others. First
-  // the suspects: the rows holding NaN/Inf, and those outside a domain that some row fits (a domain
-  // every row falls outside is not this batch's: another vocabulary, a column no op indexes with;
-  // the value the error names stays). A loss's negative target is taken for its ignore_index, which
-  // the trace does not keep. Then the suspects against the other rows, as culprit rows are judged
-  // (a domain applies only where every other row fits it).
+  // the suspects: the rows that hold NaN/Inf, and those outside a domain the rest of the batch
+  // fits. Only a few rows (a quarter of the batch at most) can be suspects of one domain: a domain
+  // many rows fall outside is not this batch's (another vocabulary, a label tensor shaped like the
+  // tokens), and a value outside it that several rows share alike is a marker (a segmentation's
+  // void 255), not bad data. Then the suspects against the rest, as culprit rows are judged (a
+  // domain applies only where every other row fits it).
   std::vector<int64_t> all(static_cast<size_t>(rows));
   for (int64_t r = 0; r < rows; ++r) all[static_cast<size_t>(r)] = r;
-  auto padding = [](const RowFinding& r) {
-    return r.kind == RowFinding::Kind::OutOfDomain && r.domain->ignoreIndex && !r.domain->raisedValue && r.value < 0;
-  };
-  std::set<int64_t> suspects;
+  const auto few = [&](size_t n) { return n > 0 && static_cast<int64_t>(n) * 4 <= std::max<int64_t>(rows, 4); };
+  std::set<int64_t> suspects, nonFinite;
   for (const auto& finding : findRowOddities(bundle, formats::kCrashBatchStep, all, {}))
-    if (finding.kind == RowFinding::Kind::NonFinite) suspects.insert(finding.row);
+    if (finding.kind == RowFinding::Kind::NonFinite) nonFinite.insert(finding.row);
+  if (static_cast<int64_t>(nonFinite.size()) < rows) suspects = nonFinite;  // NaN in every row tells nothing of one
   for (const auto& d : applied) {
-    std::set<int64_t> outside;
+    std::map<int64_t, double> outside;  // row -> its first value outside
     for (const auto& finding : findRowOddities(bundle, formats::kCrashBatchStep, all, {d}))
-      if (finding.kind == RowFinding::Kind::OutOfDomain && !padding(finding)) outside.insert(finding.row);
-    if (d.raisedValue || static_cast<int64_t>(outside.size()) < rows) suspects.insert(outside.begin(), outside.end());
+      if (finding.kind == RowFinding::Kind::OutOfDomain) outside.emplace(finding.row, finding.value);
+    std::set<double> values;
+    for (const auto& [row, value] : outside) values.insert(value);
+    const bool marker = outside.size() > 1 && values.size() == 1 && !d.raisedValue;
+    if (few(outside.size()) && !marker)
+      for (const auto& [row, value] : outside) suspects.insert(row);
   }
   std::vector<RowFinding> out;
   if (suspects.empty()) return out;
-  if (static_cast<int64_t>(suspects.size()) < rows) {
+  if (static_cast<int64_t>(suspects.size()) < rows)
     out = findRowOddities(bundle, formats::kCrashBatchStep, {suspects.begin(), suspects.end()}, applied);
-  } else {
-    // Every row a suspect: the other rows tell nothing, so what needs no other row to judge it
-    // stays: NaN/Inf, and the value the error names.
-    for (auto& finding : findRowOddities(bundle, formats::kCrashBatchStep, all, applied))
-      if (finding.kind == RowFinding::Kind::NonFinite ||
-          (finding.kind == RowFinding::Kind::OutOfDomain && finding.domain->raisedValue))
-        out.push_back(std::move(finding));
-  }
-  out.erase(std::remove_if(out.begin(), out.end(), [&](const RowFinding& r) { return !r.invalid() || padding(r); }),
-            out.end());
+  out.erase(std::remove_if(out.begin(), out.end(), [](const RowFinding& r) { return !r.invalid(); }), out.end());
   for (auto& finding : out)
     if (auto index = datasetIndices(bundle, formats::kCrashBatchStep, {finding.row}, std::nullopt))
       finding.datasetIndex = index->front();
@@ -1105,7 +1114,10 @@ Triage runTriage(const std::string& asked, const TriageOptions& options) {
   }
   // Another loader's batch, kept at a crash between steps: no experiment can cut its rows.
   if (f.otherLoader >= 0) try {
-      f.otherBatchFindings = findOtherBatchOddities(bundle, findIndexDomains(bundle));
+      if (auto findings = findOtherBatchOddities(bundle, findIndexDomains(bundle, /*beyondRing=*/true))) {
+        f.otherBatchFindings = std::move(*findings);
+        f.otherBatchJudged = true;
+      }
     } catch (const Error&) {
       // A tensor of it that cannot be read (a damaged bundle): the crash is judged without it.
     }

@@ -381,55 +381,67 @@ std::string loadCulpritText(const replayer::LoadCulprit& c, const std::string& b
                      lastLine(c.error));
 }
 
-/// Whether `error`'s own words (its last line) are those of an index out of its range (a class, a
-/// token, an element), on the host or as a device's assertion.
+/// Whether `error` is an index's out of its range, in PyTorch's words: an embedding's "index out of
+/// range in self", a classification loss's "Target 9 is out of bounds", an indexing op's "index 7 is
+/// out of bounds for dimension 0 with size 5", a device's "device-side assert triggered" (not the
+/// hint every CUDA error of torch 2 ends with, "...to enable device-side assertions").
 bool indexError(const std::string& error) {
-  const auto line = lastLine(error);
-  for (const char* words : {"out of range", "out of bounds", "device-side assert"})
-    if (line.find(words) != std::string::npos) return true;
-  return false;
+  static const std::regex words(
+      R"(index out of range in self|Target -?[0-9]+ is out of bounds|is out of bounds for dimension|device-side assert triggered)");
+  return std::regex_search(error, words);
 }
 
 /// Whether `error`'s own words (its last line) are about a NaN or an infinity (a program's own
 /// check of its values, anomaly mode's "returned nan values").
 bool nonFiniteError(const std::string& error) {
-  static const std::regex words(R"(\b(nan|inf|infinite|infinity|non-?finite)\b)", std::regex::icase);
+  static const std::regex words(R"(\b(nans?|infs?|infinite|infinity|non-?finite)\b)", std::regex::icase);
   return std::regex_search(lastLine(error), words);
+}
+
+/// Whether the error's own words tie a finding of another loader's batch to the crash: an index
+/// out of its range and a row holding the value it names or one outside a domain the batch's other
+/// rows fit, or a NaN/Inf and a row holding one.
+bool tiedToError(const RowFinding& r, const TriageFacts& f) {
+  if (r.kind == RowFinding::Kind::OutOfDomain && r.domain) return r.domain->raisedValue || indexError(f.crashError);
+  return r.kind == RowFinding::Kind::NonFinite && nonFiniteError(f.crashError);
 }
 
 /// What the batch another loader gave between steps holds (TriageFacts::otherBatchFindings), for a
 /// crash the steps' replay does not run: no experiment can leave its rows out, so invalid-data is
-/// confirmed only where the error's own words tie it to a row: an index out of its range and a row
-/// holding one (the value the error names, or one outside a domain every other row of the batch
-/// fits), or a NaN/Inf and a row holding one.
+/// confirmed only where the error's own words tie a row to it (tiedToError).
 void addOtherBatch(const TriageFacts& f, Hypothesis& h) {
   if (f.otherLoader < 0) return;
-  if (f.otherBatchFindings.empty()) {
-    h.evidence.push_back(fmt::format("the batch the program took last from DataLoader #{} (crash/batch/ in the bundle) "
-                                     "holds no NaN/Inf and no index outside a domain the op trace or the error shows",
+  if (!f.otherBatchJudged) {
+    h.evidence.push_back(fmt::format("the batch the program took last from DataLoader #{} is kept (crash/batch/ in the "
+                                     "bundle), but triage could not judge its rows",
                                      f.otherLoader));
     return;
   }
-  bool confirmed = false;
+  if (f.otherBatchFindings.empty()) {
+    h.evidence.push_back(fmt::format("the batch the program took last from DataLoader #{} (crash/batch/ in the bundle) "
+                                     "holds no NaN/Inf and no index outside a domain the op trace or the error shows "
+                                     "in a few rows where its other rows fit it",
+                                     f.otherLoader));
+    return;
+  }
+  const RowFinding* tied = nullptr;
   for (const auto& r : f.otherBatchFindings) {
     h.evidence.push_back(fmt::format("in the batch the program took last from DataLoader #{}, not a step's (kept at the "
                                      "crash), {}{}",
                                      f.otherLoader, rowFindingText(r),
                                      r.datasetIndex ? fmt::format("; dataset index {}", *r.datasetIndex) : ""));
-    const bool outside = r.kind == RowFinding::Kind::OutOfDomain && r.domain;
-    confirmed = confirmed || (outside && (r.domain->raisedValue || indexError(f.crashError))) ||
-                (r.kind == RowFinding::Kind::NonFinite && nonFiniteError(f.crashError));
+    if (!tied && tiedToError(r, f)) tied = &r;
   }
   if (std::any_of(f.otherBatchFindings.begin(), f.otherBatchFindings.end(),
                   [](const RowFinding& r) { return r.domain && !r.domain->op.empty(); }))
     h.evidence.push_back("the ops named are the training steps', as the op trace holds them (what runs between steps is "
                          "not traced), taken to index this batch alike");
-  if (confirmed) {
+  if (tied) {
     h.verdict = V::Confirmed;
-    h.rerun = fmt::format("crashcap show {} {}", f.bundle, f.otherBatchFindings.front().tensor);
+    h.rerun = fmt::format("crashcap show {} {}", f.bundle, tied->tensor);
   } else {
-    h.evidence.push_back("not tested: the code that takes that loader's batches is not replayed, and the error does "
-                         "not name what the rows hold");
+    h.evidence.push_back("not tested: the code that takes that loader's batches is not replayed, and the error's own "
+                         "words do not tie it to what the rows hold");
   }
 }
 
@@ -1086,7 +1098,7 @@ Culprit findCulprit(const TriageFacts& f) {
     // The rows of another loader's batch (a validation pass's), the step the one the crash came after.
     std::vector<int64_t> rows, indices;
     for (const auto& r : f.otherBatchFindings) {
-      if (std::find(rows.begin(), rows.end(), r.row) != rows.end()) continue;
+      if (!tiedToError(r, f) || std::find(rows.begin(), rows.end(), r.row) != rows.end()) continue;
       rows.push_back(r.row);
       if (r.datasetIndex) indices.push_back(*r.datasetIndex);
     }

@@ -447,10 +447,17 @@ class Recorder:
                     except Exception:  # crashcap's own: the crash is recorded without it
                         other_batch = None
             kind, type_name, text, stack = _describe(exc, notes)
-            loader, tensors, structure, rows = other_batch or (-1, [], "", -1)
-            bundle = self._native.fail(kind, type_name, text, stack, phase, own or [], indices or [],
-                                       other_loader=loader, other_batch=tensors, other_structure=structure,
-                                       other_rows=rows)
+            bundle = None
+            if other_batch is not None:
+                loader, tensors, structure, rows = other_batch
+                try:
+                    bundle = self._native.fail(kind, type_name, text, stack, phase, own or [], indices or [],
+                                               other_loader=loader, other_batch=tensors, other_structure=structure,
+                                               other_rows=rows)
+                except TypeError:  # a batch the binding cannot take: the crash is recorded without it
+                    bundle = None
+            if bundle is None:
+                bundle = self._native.fail(kind, type_name, text, stack, phase, own or [], indices or [])
             try:
                 exc._crashcap_bundle = bundle
             except AttributeError:  # an exception type with __slots__: it may be recorded twice

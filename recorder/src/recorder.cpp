@@ -620,10 +620,19 @@ struct Recorder::Impl {
 
   /// Queues the other loader's batch of `failure` (Failure::otherBatch) for the writer, which
   /// drains its queue before it seals, and names what was queued in `crash`. Nothing of it is
-  /// worth losing the crash for: a tensor that cannot be copied is left out.
+  /// worth losing the crash for: a tensor that cannot be copied is left out, a batch the queue has
+  /// no room for is not copied, and one of which only the dataset indices are left is not kept.
   void keepOtherBatch(const Failure& failure, formats::CrashData& crash) {
     at::NoGradGuard noGrad;
     at::DisableRecordFunctionGuard notAnOp;
+    uint64_t bytes = 0;
+    bool samples = false;  // a tensor of the batch's own, not only its dataset indices
+    for (const auto& [name, t] : failure.otherBatch)
+      if (t.defined() && t.device().is_cpu()) {
+        bytes += static_cast<uint64_t>(t.numel()) * t.element_size();
+        samples = samples || name != formats::kDatasetIndexName;
+      }
+    if (!samples || !writer->wouldAccept(bytes, detail::Lane::Step)) return;
     std::vector<Job> jobs;
     std::vector<std::string> names;
     std::vector<std::vector<int64_t>> shapes;
@@ -1021,7 +1030,12 @@ std::string Recorder::fail(const Failure& failure) {
   if (!failure.stack.empty()) crash.stack = failure.stack;
   crash.loadingIndices = failure.loadingIndices;
   crash.loadingDatasetIndices = failure.loadingDatasetIndices;
-  if (failure.otherLoader >= 0 && m.writer) m.keepOtherBatch(failure, crash);
+  if (failure.otherLoader >= 0 && m.writer) try {
+      m.keepOtherBatch(failure, crash);
+    } catch (...) {  // the crash is sealed without it
+      crash.otherLoader = -1;
+      crash.otherBatch.clear();
+    }
   return m.sealCrash(std::move(crash));
 }
 

@@ -168,7 +168,7 @@ TEST_CASE("a crash keeps another loader's batch by its crash/batch/ names, read 
   CHECK(begin->batch == d.otherBatch);
   CHECK(begin->rowDims == d.otherRowDims);
   CHECK(batchTensorName(begin->step, kDatasetIndexName) == "crash/batch/index");
-  // Row dimensions that do not pair with the tensors: the batch is not written.
+  // Row dimensions that do not pair with the tensors: the encoder leaves the batch out.
   c.otherRowDims = {0};
   CHECK_FALSE(otherBatchBegin(decodeCrash(encodeMeta(c))));
   // A name outside crash/batch/ is no other batch's tensor: the record is damaged.

@@ -1686,6 +1686,7 @@ TriageFacts betweenStepsAfter6(const std::string& error, std::vector<RowFinding>
   f.crashPhase = "between-steps";
   f.crashError = error;
   f.otherLoader = 1;
+  f.otherBatchJudged = true;
   f.otherBatchFindings = std::move(findings);
   return f;
 }
@@ -1699,7 +1700,7 @@ TEST_CASE("another loader's batch kept at a crash between steps is judged row by
   // A validation pass's label 9 of 4 classes, in row 5 (dataset index 237); the error names it.
   const std::string target = "Traceback (most recent call last):\n  ...\nIndexError: Target 9 is out of bounds.";
   auto bundle = otherBatchBundle(dir, "label.ccap", target, [](auto&, auto& labels, auto&) { labels[5] = 9; });
-  auto findings = findOtherBatchOddities(bundle, findIndexDomains(bundle));
+  auto findings = findOtherBatchOddities(bundle, findIndexDomains(bundle, true)).value();
   REQUIRE(findings.size() == 1);
   CHECK(findings[0].row == 5);
   CHECK(findings[0].tensor == "crash/batch/1");
@@ -1725,32 +1726,48 @@ TEST_CASE("another loader's batch kept at a crash between steps is judged row by
   // [20,12] tokens; this batch's [16,12] are judged against it, and the error is an index's.
   const std::string range = "IndexError: index out of range in self";
   bundle = otherBatchBundle(dir, "token.ccap", range, [](auto&, auto&, auto& tokens) { tokens[3 * 12 + 2] = 50; });
-  findings = findOtherBatchOddities(bundle, findIndexDomains(bundle));
+  findings = findOtherBatchOddities(bundle, findIndexDomains(bundle, true)).value();
   REQUIRE(findings.size() == 1);
   CHECK(findings[0].row == 3);
   CHECK(findings[0].tensor == "crash/batch/tokens");
   CHECK(findings[0].value == 50);
   CHECK(findings[0].domain->indexShape == std::vector<int64_t>{16, 12});
   CHECK(findings[0].datasetIndex == 235);
+  const RowFinding tokenFinding = findings[0];
   CHECK(judgeInvalidData(betweenStepsAfter6(range, findings)).verdict == V::Confirmed);
   // An error that is no index's: what the row holds is said, not confirmed.
   h = judgeInvalidData(betweenStepsAfter6("OSError: disk full", findings));
   CHECK(h.verdict == V::Inconclusive);
   CHECK(has(h, "row 3 of crash/batch/tokens holds 50, outside 0..39: the embedding (aten::embedding) has 40 rows"));
-  CHECK(has(h, "not tested: the code that takes that loader's batches is not replayed"));
+  CHECK(has(h, "not tested: the code that takes that loader's batches is not replayed, and the error's own words do not "
+               "tie it to what the rows hold"));
   CHECK_FALSE(findCulprit(betweenStepsAfter6("OSError: disk full", findings)).loader);
+  // Words like an index error's that are not one: a shape's "Dimension out of range", and the hint
+  // every CUDA error of torch 2 ends with.
+  CHECK(judgeInvalidData(betweenStepsAfter6("IndexError: Dimension out of range (expected to be in range of [-1, 0], "
+                                            "but got 1)",
+                                            findings))
+            .verdict == V::Inconclusive);
+  CHECK(judgeInvalidData(betweenStepsAfter6("RuntimeError: CUDA error: an illegal memory access was encountered\n"
+                                            "Compile with `TORCH_USE_CUDA_DSA` to enable device-side assertions.",
+                                            findings))
+            .verdict == V::Inconclusive);
+  CHECK(judgeInvalidData(betweenStepsAfter6("RuntimeError: CUDA error: device-side assert triggered\nCUDA kernel errors "
+                                            "might be asynchronously reported",
+                                            findings))
+            .verdict == V::Confirmed);
 
   // Tokens of another vocabulary in every row: no row is odd against the others, and no value is
   // the error's.
   bundle = otherBatchBundle(dir, "vocabulary.ccap", range, [](auto&, auto&, auto& tokens) {
     for (size_t r = 0; r < 16; ++r) tokens[r * 12] = 40 + static_cast<int64_t>(r);
   });
-  CHECK(findOtherBatchOddities(bundle, findIndexDomains(bundle)).empty());
+  CHECK(findOtherBatchOddities(bundle, findIndexDomains(bundle, true)).value().empty());
 
   // A NaN feature in row 2: confirmed where the error is about a NaN, said where it is not.
   bundle = otherBatchBundle(dir, "nan.ccap", "ValueError: validation loss is nan",
                             [](auto& features, auto&, auto&) { features[2 * 8 + 1] = std::nanf(""); });
-  findings = findOtherBatchOddities(bundle, findIndexDomains(bundle));
+  findings = findOtherBatchOddities(bundle, findIndexDomains(bundle, true)).value();
   REQUIRE(findings.size() == 1);
   CHECK(findings[0].kind == RowFinding::Kind::NonFinite);
   CHECK(findings[0].datasetIndex == 234);
@@ -1760,10 +1777,35 @@ TEST_CASE("another loader's batch kept at a crash between steps is judged row by
   h = judgeInvalidData(betweenStepsAfter6("KeyError: 'financial'", findings));  // "nan" inside a word is no NaN
   CHECK(h.verdict == V::Inconclusive);
   CHECK(has(h, "row 2 of crash/batch/0 holds 1 NaN and 0 Inf values; dataset index 234"));
+  // Under an index error, the NaN row is said, and the culprit is the row the error ties.
+  auto both = findings;
+  both.push_back(tokenFinding);
+  CHECK(findCulprit(betweenStepsAfter6(range, both)).rows == std::vector<int64_t>{3});
+  CHECK(judgeInvalidData(betweenStepsAfter6(range, both)).rerun == "crashcap show " + kBundle + " crash/batch/tokens");
+
+  // Padding is no index outside (-100 after each of most rows' tokens), and a value several rows
+  // hold alike outside the domain is a marker (a void 255), not three bad rows; row 3's 50 stays.
+  bundle = otherBatchBundle(dir, "padded.ccap", range, [](auto&, auto&, auto& tokens) {
+    for (size_t r = 0; r < 13; ++r)
+      for (size_t c = 8; c < 12; ++c) tokens[r * 12 + c] = -100;
+    tokens[3 * 12 + 2] = 50;
+  });
+  findings = findOtherBatchOddities(bundle, findIndexDomains(bundle, true)).value();
+  REQUIRE(findings.size() == 1);
+  CHECK((findings[0].row == 3 && findings[0].value == 50));
+  bundle = otherBatchBundle(dir, "marker.ccap", range, [](auto&, auto&, auto& tokens) {
+    for (size_t r : {1, 4, 9}) tokens[r * 12 + 5] = 255;
+  });
+  CHECK(findOtherBatchOddities(bundle, findIndexDomains(bundle, true)).value().empty());
+  // An infinity in every row (an additive mask) says nothing of one row.
+  bundle = otherBatchBundle(dir, "mask.ccap", "ValueError: the loss is inf", [](auto& features, auto&, auto&) {
+    for (size_t r = 0; r < 16; ++r) features[r * 8] = -INFINITY;
+  });
+  CHECK(findOtherBatchOddities(bundle, findIndexDomains(bundle, true)).value().empty());
 
   // A batch with nothing odd in it: said so, and the crash's error is judged without it.
   bundle = otherBatchBundle(dir, "clean.ccap", target, [](auto&, auto&, auto&) {});
-  CHECK(findOtherBatchOddities(bundle, findIndexDomains(bundle)).empty());
+  CHECK(findOtherBatchOddities(bundle, findIndexDomains(bundle, true)).value().empty());
   CHECK(has(judgeInvalidData(betweenStepsAfter6(target, {})), "the batch the program took last from DataLoader #1 "
                                                               "(crash/batch/ in the bundle) holds no NaN/Inf"));
   // A crash that kept no other batch: nothing said of one.

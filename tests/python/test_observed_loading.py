@@ -360,14 +360,17 @@ def test_a_crash_while_the_program_iterates_another_loader_names_that_loader_s_s
     assert (triage["culprit"]["loader"], triage["culprit"]["rows"], triage["culprit"]["dataset_indices"]) == (1, [5], [237])
     crash = crash_of("raise")
     assert crash["error"].endswith("ValueError: corrupt record 237"), crash
+    assert crash["other_batch"] is None, crash  # a batch that failed to load is no batch
     assert (f"DataLoader #1 (not the training's #0) raised it while loading its batch of dataset indices "
             f"{list(range(232, 248))}; a replay" in crash["error"]), crash["error"]
     # The validation ran to its end: the checkpoint's error is not put on its samples.
     crash = crash_of("checkpoint")
     assert crash["error"].endswith("OSError: no space left for the checkpoint") and "DataLoader #1" not in crash["error"], crash
+    assert crash["other_batch"] is None, crash  # let go of when the validation's iteration ended
     # The second loader's batch is part of the step that failed: not a loop the replay leaves out.
     crash = crash_of("zip", phase="forward", step=3)
     assert crash["error"].endswith("RuntimeError: the consistency loss failed") and "DataLoader #1" not in crash["error"], crash
+    assert crash["other_batch"] is None, crash
 
 
 def test_a_token_past_the_vocabulary_in_a_validation_batch_is_named_though_the_embedding_left_the_op_ring(tmp_path):

@@ -54,6 +54,9 @@ struct IndexDomain {
   /// Set where the domain was applied to a batch tensor of this shape, of which the op's index
   /// input is only a part by shape (a slice, `tokens[:, :-1]`, or a column, `labels[:, 0]`).
   std::vector<int64_t> wholeShape{};
+  /// Judging a batch no step took (another loader's, findOtherBatchOddities): a negative value is
+  /// taken for padding (-100, -1), not an index outside; one the error names is its own domain's.
+  bool negativesInside = false;
   /// "the embedding has 32 rows (table [32,8])", "the loss sees 10 classes (logits [32,10])".
   std::string describe() const;
 };
@@ -211,6 +214,7 @@ struct TriageFacts {
   /// training's (a validation pass's; Crash.otherBatch): that loader's number (-1: none kept), and
   /// what the rows of its batch hold (findOtherBatchOddities), with their dataset indices.
   int32_t otherLoader = -1;
+  bool otherBatchJudged = false;  ///< its rows were read and judged (the findings below are all)
   std::vector<RowFinding> otherBatchFindings;
   /// The crash's error text (the last line compared with what an index error says).
   std::string crashError;
@@ -328,10 +332,13 @@ struct TriageOptions {
 /// (facts.job says which was asked for).
 Triage runTriage(const std::string& bundle, const TriageOptions& options = {});
 
-/// The index domains of the ops in the bundle's op trace (the newest call of each op: the ring's,
-/// then the index ops kept beyond it, OpTraceData::indexOps), and the one the crash's error names,
-/// if it names one.
-std::vector<IndexDomain> findIndexDomains(const std::string& bundle);
+/// The index domains of the ops in the bundle's op trace (the newest call of each op), and the one
+/// the crash's error names, if it names one. `beyondRing`: also those of the index ops the recorder
+/// kept beyond the ring (OpTraceData::indexOps, the newest step's), for a crash after the steps'
+/// ops left the ring (findOtherBatchOddities). A failing step's batch is judged by the ring's
+/// alone: an earlier step's ops there would be rivals of the step's own by shape, and a domain
+/// that applies to a tensor keeps its rows from being judged as lengths (RowFinding::LoneZero).
+std::vector<IndexDomain> findIndexDomains(const std::string& bundle, bool beyondRing = false);
 
 /// What is invalid or odd in `rows` of step `step`'s batch (the dataset index tensor excluded):
 /// NaN/Inf, integers outside one of `domains` (matched to the tensor by shape), magnitudes far
@@ -345,12 +352,14 @@ std::vector<RowFinding> findRowOddities(const std::string& bundle, int64_t step,
 
 /// What is invalid in the batch of another DataLoader than the training's that a crash between
 /// steps kept (Crash.otherBatch; step formats::kCrashBatchStep), whose rows no sample bisection
-/// can test (a replay of the steps does not run the code that took it): the rows that hold NaN/Inf
-/// or a value outside one of `domains`, judged as findRowOddities judges culprit rows, against the
-/// batch's other rows. A domain of the training's steps whose index input has the steps' row
-/// count in its first dimension applies to this batch's row count too. Each finding carries its
-/// row's dataset index where the batch has them. Empty when the crash kept no such batch.
-std::vector<RowFinding> findOtherBatchOddities(const std::string& bundle, const std::vector<IndexDomain>& domains);
+/// can test (a replay of the steps does not run the code that took it): the few rows that hold
+/// NaN/Inf or a value outside one of `domains` where the rest fit it, judged as findRowOddities
+/// judges culprit rows, against the batch's other rows. A domain of the training's steps whose
+/// index input has the steps' row count in its first dimension applies to this batch's row count
+/// too. Each finding carries its row's dataset index where the batch has them. nullopt when there
+/// is nothing to judge (no such batch, no rows, no tensor of its samples).
+std::optional<std::vector<RowFinding>> findOtherBatchOddities(const std::string& bundle,
+                                                              const std::vector<IndexDomain>& domains);
 
 /// The values of step `step`'s batch tensors that hold the samples concatenated
 /// (formats::concatenatedBatchTensors) outside one of `domains` (matched by the tensor's shape at

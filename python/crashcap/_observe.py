@@ -461,14 +461,7 @@ class Observer:
                           f"an update (a keyframe holds no gradients)")
         self.training_loader_done = False
         self._finish()
-        extra, rows = (), None
-        if indices is not None and (any(_holds_rows(t, len(indices)) for t in _api._batch.tensors_of(batch))
-                                    or _api._batch.holds_samples(batch, len(indices))):
-            # The sampler's indices are the batch's samples: each tensor's rows are found by their
-            # count (or each sample's own tensors, in a list of one item per sample, by the item),
-            # and the row's dataset index is kept beside them.
-            rows = len(indices)
-            extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)  # made only when kept
+        extra, rows = _sample_rows(batch, indices)
         step = self.step
         self.other_loader = None
         self.in_flight, self.ended, self.backwards, self.updates = step, False, 0, 0
@@ -1057,13 +1050,20 @@ def other_loader_batch(rec, exc):
     if other is None or other[2] is not None or other[4] is None:
         return None
     ordinal, indices, _, _, batch = other
-    extra, rows = (), -1
+    extra, rows = _sample_rows(batch, indices)
+    tensors, structure = _api._batch.flatten(batch, extra)
+    return ordinal, tensors, structure, -1 if rows is None else rows
+
+
+def _sample_rows(batch, indices):
+    """(extra, rows) for recording `batch`, whose sampler drew the dataset `indices` (None: not
+    known): where they are its samples, each tensor's rows are found by their count (or each
+    sample's own tensors, in a list of one item per sample, by the item) and each row's dataset
+    index is kept beside them as "index" (made only when kept); else ((), None)."""
     if indices is not None and (any(_holds_rows(t, len(indices)) for t in _api._batch.tensors_of(batch))
                                 or _api._batch.holds_samples(batch, len(indices))):
-        rows = len(indices)
-        extra = (("index", lambda: torch.tensor(indices, dtype=torch.int64)),)
-    tensors, structure = _api._batch.flatten(batch, extra)
-    return ordinal, tensors, structure, rows
+        return (("index", lambda: torch.tensor(indices, dtype=torch.int64)),), len(indices)
+    return (), None
 
 
 def other_loader_note(rec, exc, shown=64):

@@ -293,6 +293,11 @@ class Observer:
         # other_loader_batch), or the batch (and those its workers drew ahead) it raised the error
         # loading (other_loader_note)
         self.other_loader = None
+        # itertools.cycle over a loader (_ObservedCycle): how many were made, and (id(batch),
+        # (ordinal, dataset indices, dataset)) of the loader's last batch while any exists: a batch
+        # the cycle hands out again is a step again, of the samples it held the first time
+        self.cycles = 0
+        self.last_batch = None
         self.rec = None
         self.capture_only = False       # self.rec records a training without a DataLoader (no steps)
         self.stopped_dir = None         # the recording stop() closed, until its training ends
@@ -316,6 +321,7 @@ class Observer:
         self.ended = False              # its loss was fingerprinted
         self.backwards = 0              # backward() calls of the step in flight
         self.updates = 0                # optimizer steps of the step in flight
+        self.first_updater = None       # the optimizer that stepped first in it
         self.sealed_nonfinite = False   # with keep_going: the first non-finite loss's bundle is sealed
         self.freed_graph = None         # (roots, step, call) of the last backward() or grad() that freed its graph
 
@@ -539,11 +545,15 @@ class Observer:
                               "no model to record, and records nothing of this training. Keep its parameters in an "
                               "nn.Module, or give them to a torch.optim optimizer")
                 elif self.loaderless_backwards == 2:
-                    self.warn("no-loader", f"{by} runs, but no DataLoader batch came before it with gradients "
-                              "enabled: this training makes its own batches, so crashcap records no steps (no "
-                              "batches, weights or replay); it keeps the crash with its Python traceback, the last "
-                              "ops and the environment. To record its steps, use crashcap.Recorder's "
-                              "`with rec.step(i, ...)` (docs/PYTHON.md)")
+                    came = ("no DataLoader batch came with gradients enabled since the optimizer was made (those "
+                            "before it were drawn ahead: a list of the loader's batches, trained on from the list, is "
+                            "one way), so crashcap sees no step begin" if self.batch_before_optimizer else
+                            "no DataLoader batch came before it with gradients enabled: this training makes its own "
+                            "batches")
+                    self.warn("no-loader", f"{by} runs, but {came}, and records no steps (no batches, weights or "
+                              "replay); it keeps the crash with its Python traceback, the last ops and the "
+                              "environment. To record its steps, use crashcap.Recorder's `with rec.step(i, ...)` "
+                              "(docs/PYTHON.md)")
             return
         if self.in_flight is None:
             return
@@ -635,7 +645,10 @@ class Observer:
         if math.isfinite(value) or self.sealed_nonfinite:
             return
         step = self.in_flight
-        text = f"non-finite loss at step {step}: {value} (its backward() #{self.backwards}; the first one's loss was finite)"
+        text = f"non-finite loss at step {step}: {value} (its backward() #{self.backwards}"
+        if self.updates:
+            text += f", after {self.updates} optimizer step{'s' if self.updates > 1 else ''} on its batch"
+        text += "; the first one's loss was finite)"
         text += (" (recorded; the training went on: --nonfinite record)" if self.keep_going else
                  " (crashcap stopped the step before optimizer.step(); --nonfinite record lets the training go on)")
         self.sealed_nonfinite = True
@@ -653,6 +666,14 @@ class Observer:
     def on_optimizer_step(self, optimizer):
         if self.in_flight is not None:
             self.updates += 1
+            if self.updates == 1:
+                self.first_updater = optimizer
+            elif optimizer is self.first_updater and not self.replay:
+                self.warn("updates", f"{type(optimizer).__name__}.step() ran again in step {self.in_flight} before "
+                          f"DataLoader #{self.training_loader} gave another batch: a loop that updates the weights more "
+                          f"than once on a batch (one batch drawn for many updates, an inner loop) has every update on it "
+                          f"recorded as step {self.in_flight}; its replay ends at the step's first update, so a failure "
+                          f"after a later one is recorded, but does not reproduce")
             # The step's computation ends with its update: what the loop runs after it (the
             # scheduler, a validation pass, a checkpoint, logging) is between steps, and a crash
             # there is after the step, not in it. Of several optimizers, which updates last is
@@ -1158,11 +1179,59 @@ def _seen_batch(iterator, batch):
     first = getattr(iterator, "_crashcap_first", False)
     iterator._crashcap_first = False
     ordinal = getattr(iterator, "_crashcap_loader", -1)
-    _observer.on_batch(ordinal, _indices_of(iterator, _take_index(iterator)), batch,
-                       getattr(iterator, "_dataset", None), None if iteration is None else (iteration, first))
+    indices, dataset = _indices_of(iterator, _take_index(iterator)), getattr(iterator, "_dataset", None)
+    _observer.on_batch(ordinal, indices, batch, dataset, None if iteration is None else (iteration, first))
+    if _observer.cycles:
+        _observer.last_batch = (id(batch), (ordinal, indices, dataset))
     if ordinal == _observer.training_loader and ordinal >= 0:
         _observer.training_iterator = weakref.ref(iterator)
         _observer.worker_death = None  # a death the program caught, and went on from
+
+
+_cycle = getattr(itertools.cycle, "_crashcap_real", itertools.cycle)  # not the bootstrap's stand-in
+
+
+class _ObservedCycle(_cycle):
+    """itertools.cycle, as the program gets it: over a DataLoader (or one's iterator), the same
+    items in the same order (the base class keeps the first pass's items and hands them out
+    again), and each batch handed out again is told to the observer as the loader's batch it
+    was, a step of the samples it held the first time. A step-based loop over cycle(loader) trains
+    on the first epoch's batches over and over; without this its later steps would look like
+    backward() calls of the loader's last batch. Over anything else: itertools.cycle itself."""
+
+    def __new__(cls, iterable, /):
+        from torch.utils.data import dataloader
+        if (_observer is None or not _observer.here()
+                or not isinstance(iterable, (dataloader.DataLoader, dataloader._BaseDataLoaderIter))):
+            return _cycle(iterable)
+        with _observer.lock:
+            _observer.cycles += 1
+        self = super().__new__(cls, iterable)
+        self._crashcap_held = {}  # id(batch): what the observer was told of it the first time (the cycle keeps it alive)
+        self._crashcap_pass = None  # (the iteration number of this pass, id of the first batch)
+        return self
+
+    def __next__(self):
+        item = super().__next__()
+        _seen_cycled(self, item)
+        return item
+
+
+@_guarded
+def _seen_cycled(cycle, item):
+    key, held = id(item), cycle._crashcap_held
+    seen = _observer.last_batch
+    if key not in held:
+        if seen is not None and seen[0] == key:  # the loader gave it just now: its first pass
+            held[key] = seen[1]
+            if cycle._crashcap_pass is None:
+                cycle._crashcap_pass = (None, key)
+        return
+    ordinal, indices, dataset = held[key]
+    first = key == cycle._crashcap_pass[1]
+    if first:
+        cycle._crashcap_pass = (next(_iterations), key)
+    _observer.on_batch(ordinal, indices, item, dataset, (cycle._crashcap_pass[0], first))
 
 
 def _replay_takes_over(iterator):
@@ -1323,6 +1392,12 @@ def install(policy=None, replay=False):
             _observer.loaders += 1
 
     dl.DataLoader.__init__ = DataLoader_init
+    # A step-based loop over cycle(loader) (_ObservedCycle): through the bootstrap's stand-in, which
+    # a program that imported it before torch holds.
+    if getattr(itertools.cycle, "_crashcap_real", None) is not None:
+        itertools.cycle.make = _ObservedCycle
+    else:
+        itertools.cycle = _ObservedCycle
 
     # Modules, as they are made: the model is found among them (_model_of) without a scan of every
     # live object. __setstate__ is how unpickling and copy.deepcopy (an EMA copy) make them.

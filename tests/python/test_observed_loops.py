@@ -5,6 +5,7 @@ before training, an epoch's last batch of one sample (a loader that fails to loa
 across steps: test_observed_program_state.py)."""
 
 import os
+import re
 import textwrap
 
 from conftest import (PYTHON, crashcap, crashcap_json, only_bundle, record_written_program, replay_and_triage,
@@ -132,6 +133,60 @@ def test_a_sample_drawn_twice_into_its_batch_is_named_once_by_triage_and_counted
     assert samples.startswith("16 training samples: the batch of step 2, dataset indices"), packed["contents"]
     assert "distinct among the 16 drawn: the sampler drew some more than once" in samples, samples
     assert "in all" not in samples, samples
+
+
+def test_a_loop_over_itertools_cycle_records_each_batch_it_hands_out_again_as_a_step_of_its_samples(tmp_path):
+    # cycle(loader) keeps the first epoch's 10 batches and hands them out again: the same items,
+    # in the same order. The observer's cycle tells each of them as a step, of the samples it held.
+    bare = run_bare(tmp_path, "shapes_of_loops.py", "--case", "cycle")
+    r, _ = run_recorded(tmp_path, "shapes_of_loops.py", "--case", "cycle")
+    assert r.returncode == 0 and r.stdout == bare.stdout, r.stderr
+    (tmp_path / "blow-up").mkdir()
+    r, runs = run_recorded(tmp_path / "blow-up", "shapes_of_loops.py", "--case", "cycle", "--blow-up")
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert "more than once" not in r.stderr and "stepped again" not in r.stderr, r.stderr
+    bundle = only_bundle(runs)
+    replay = crashcap_json("replay", bundle)
+    assert replay["verdict"] == "reproduced-bitwise", replay
+    step = replay["step"]
+    assert step >= 20, replay  # the loss leaves the finite numbers in the third pass or later, not at batch 9
+    assert all(s["bitwise"] for s in replay["steps"]), replay["steps"]
+
+    def indices(k):
+        return crashcap_json("show", bundle, f"steps/{k}/batch/index")["text"]
+    earlier = [k for k in range(step % 10, step, 10)
+               if crashcap("show", bundle, f"steps/{k}/batch/index").returncode == 0]
+    assert earlier, "the recording keeps no earlier pass of the failing step's batch"
+    assert all(indices(k) == indices(step) for k in earlier), (earlier, step)
+    assert indices(step) != indices(step - 1)  # each step its own batch of the pass
+
+
+def test_a_loop_that_updates_many_times_on_one_batch_is_said_to_and_its_late_non_finite_loss_says_after_how_many(
+        tmp_path):
+    # "Overfit one batch": one batch drawn, then an update after update on it with a learning rate
+    # that grows until the loss is no longer finite. Every update is step 0's.
+    (tmp_path / "train.py").write_text(textwrap.dedent("""
+        import torch
+        from torch.utils.data import DataLoader, TensorDataset
+        g = torch.Generator().manual_seed(0)
+        x, y = torch.randn(64, 10, generator=g), torch.randint(0, 3, (64,), generator=g)
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(10, 32), torch.nn.ReLU(), torch.nn.Linear(32, 3))
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda s: 1.3 ** s)
+        xb, yb = next(iter(DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True)))
+        for _ in range(120):
+            loss = torch.nn.functional.cross_entropy(model(xb), yb)
+            optimizer.zero_grad(); loss.backward(); optimizer.step(); schedule.step()
+    """))
+    r = crashcap("run", "--record", "--dir", tmp_path / "runs", "--", PYTHON, "train.py", cwd=tmp_path)
+    assert r.returncode != 0 and "nonfinite-loss" in r.stderr, r.stderr
+    assert r.stderr.count("SGD.step() ran again in step 0 before DataLoader #0 gave another batch") == 1, r.stderr
+    assert "non-finite loss at step 0" in r.stderr and "optimizer steps on its batch" in r.stderr, r.stderr
+    inspect = crashcap_json("inspect", only_bundle(tmp_path / "runs"))
+    said = re.search(r"its backward\(\) #(\d+), after (\d+) optimizer steps on its batch", inspect["crash"]["error"])
+    assert inspect["crash"]["step"] == 0 and said, inspect["crash"]
+    assert int(said[2]) == int(said[1]) - 1 > 1, said[0]  # one update after each backward() before it
 
 
 def test_a_loop_that_draws_its_batches_one_ahead_is_said_to(tmp_path):

@@ -113,6 +113,34 @@ def _observe_spawned_function():
         print(f"crashcap: not recording this process: {type(e).__name__}: {e}", file=sys.stderr)
 
 
+def _stand_in_for_cycle():
+    """itertools.cycle as the program gets it, even imported before torch (`from itertools import
+    cycle`): once crashcap's observer runs, it sees each batch a cycle over a DataLoader hands out
+    again (`make`: crashcap/_observe.py, _ObservedCycle); until then, and over anything else, it
+    makes itertools.cycle itself, an instance of the stand-in as of itertools.cycle."""
+    import itertools
+    real = itertools.cycle
+
+    class _Cycles(type):
+        def __instancecheck__(cls, obj):
+            return isinstance(obj, real)
+
+        def __subclasscheck__(cls, sub):
+            return issubclass(sub, real)
+
+    class cycle(real, metaclass=_Cycles):
+        __doc__ = real.__doc__
+        _crashcap_real = real
+        make = None
+
+        def __new__(cls, iterable, /):
+            make = cycle.make
+            return real(iterable) if make is None else make(iterable)
+
+    cycle.__module__, cycle.__qualname__ = real.__module__, real.__qualname__
+    itertools.cycle = cycle
+
+
 _run_hidden_sitecustomize()
 _OBSERVE_POLICY = None  # a multiprocessing child's CRASHCAP_OBSERVE, until it turns out to be a rank
 if _multiprocessing_child():
@@ -121,8 +149,10 @@ if _multiprocessing_child():
     os.environ.pop("CRASHCAP_REPLAY_REQUEST", None)
     _OBSERVE_POLICY = os.environ.pop("CRASHCAP_OBSERVE", None)
     if _OBSERVE_POLICY is not None:
+        _stand_in_for_cycle()
         sys.meta_path.insert(0, _AfterTorch(_observe_spawned_function))
 elif os.environ.get("CRASHCAP_OBSERVE") is not None or os.environ.get("CRASHCAP_REPLAY_REQUEST") is not None:
+    _stand_in_for_cycle()
     if "torch" in sys.modules:
         _observe()
     else:

@@ -20,12 +20,16 @@ each trains a small MLP and meets a NaN row (dataset index --nan-index) in --cas
   manual       no optimizer: the loop updates the weights itself, `p -= lr * p.grad` under no_grad,
                over a loader made anew in each epoch's for statement, the NaN row NaN only in
                epoch --nan-epoch
+  cycle        a loop of steps over itertools.cycle(loader) (which hands out the first epoch's
+               batches again and again), with --blow-up a learning rate that grows 40-fold every
+               8 steps until the loss is no longer finite, some passes over the data in
   two-losses   a classifier with a reconstruction head, whose two losses are backpropagated one
                after the other (two backward() calls a step); the bad row's reconstruction target
                is Inf, so only the second loss is non-finite
 """
 
 import argparse
+from itertools import cycle, islice
 
 import torch
 import torch.nn as nn
@@ -190,11 +194,26 @@ def two_losses(loader, epochs=3):
         print(f"epoch {epoch}: loss {loss.item():.6f}", flush=True)
 
 
+def cycled(loader, steps, blow_up):
+    model = nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, 8, gamma=40.0 if blow_up else 1.0)
+    for step, (x, y) in enumerate(islice(cycle(loader), steps)):
+        loss = F.cross_entropy(model(x), y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        if step % 10 == 9:
+            print(f"step {step}: loss {loss.item():.6f}", flush=True)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--case", required=True, choices=["spawn", "iterable", "stats-first", "kfold", "warmup", "per-epoch",
                                                       "short", "prefetch", "replacement", "lazy",
-                                                      "two-losses", "manual"])
+                                                      "two-losses", "manual", "cycle"])
+    p.add_argument("--blow-up", action="store_true")
     p.add_argument("--nan-index", type=int, default=-1)
     p.add_argument("--nan-epoch", type=int, default=0)
     a = p.parse_args()
@@ -234,6 +253,8 @@ def main():
         lazy_optimizer(DataLoader(rows, batch_size=16, shuffle=True, num_workers=2))
     elif a.case == "manual":
         manual_updates(rows, 4, a.nan_epoch)
+    elif a.case == "cycle":
+        cycled(DataLoader(rows, batch_size=16, shuffle=True, num_workers=2), 60, a.blow_up)
     elif a.case == "two-losses":
         two_losses(DataLoader(WithTargets(160, a.nan_index), batch_size=16, shuffle=True, num_workers=2))
 

@@ -8,8 +8,8 @@ The old package is made from the new one's directory (its native module included
 Python files of a commit put back:
 
     git worktree add /tmp/old <commit>   # or any checkout of it
-    cp -r build/python/crashcap /tmp/pkg-old && cp /tmp/old/python/crashcap/*.py /tmp/pkg-old/
-    /usr/bin/python3 bench/package_ab.py --old /tmp/pkg-old --new build/python/crashcap [--rounds 24]
+    mkdir /tmp/pkg-old && cp -r build/python/crashcap /tmp/pkg-old/ && cp /tmp/old/python/crashcap/*.py /tmp/pkg-old/crashcap/
+    /usr/bin/python3 bench/package_ab.py --old /tmp/pkg-old/crashcap --new build/python/crashcap [--rounds 24]
 
 The first pair runs each package once before it counts (the bytecode of a package is compiled by
 its first run). The training runs from the repository root: samples/python/train.py by default,
@@ -59,6 +59,9 @@ def main():
     for package in (a.old, a.new):
         if not os.path.isfile(os.path.join(package, "__init__.py")):
             p.error(f"{package} is not a crashcap package directory (no __init__.py)")
+        if os.path.basename(os.path.normpath(os.path.abspath(package))) != "crashcap":
+            p.error(f"{package} must be a directory named crashcap: the recorded program imports it by that name "
+                    f"from the directory above it (under another name it would run unrecorded)")
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
     command = a.command or ["/usr/bin/python3", "samples/python/train.py"]

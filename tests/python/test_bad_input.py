@@ -142,3 +142,20 @@ def test_a_keyframe_cadence_that_is_neither_steps_nor_auto_is_refused_and_auto_i
     assert [l.split()[1] for l in lines if l.startswith("refused")] == ["fast", "0", "-2"], r.stdout
     assert 'must be a number of steps or "auto"' in r.stdout and 'must be >= 1, or "auto"' in r.stdout
     assert [l for l in lines if l.startswith("interval")] == ["interval auto 50", "interval None 50", "interval 7 7"]
+
+
+def test_a_python_package_given_under_another_name_than_crashcap_is_refused_not_run_unrecorded(tmp_path):
+    # The recorded program imports the package as `crashcap` from the directory above it: a copy
+    # under another name would leave the training unrecorded, said only in the child's stderr.
+    package = os.path.join(BIN, os.pardir, "python", "crashcap")
+    shutil.copytree(package, tmp_path / "old-package")
+    env = dict(os.environ, CRASHCAP_PYTHON_PACKAGE=str(tmp_path / "old-package"))
+    r = subprocess.run([os.path.join(BIN, "crashcap"), "run", "--record", "--dir", str(tmp_path / "runs"), "--",
+                        PYTHON, "-c", "print('ran')"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 2 and "ran" not in r.stdout, (r.stdout, r.stderr)
+    assert "named 'old-package'" in r.stderr and "must be named crashcap" in r.stderr, r.stderr
+    shutil.copytree(package, tmp_path / "old" / "crashcap")
+    env["CRASHCAP_PYTHON_PACKAGE"] = str(tmp_path / "old" / "crashcap") + "/"
+    r = subprocess.run([os.path.join(BIN, "crashcap"), "run", "--record", "--dir", str(tmp_path / "runs"), "--",
+                        PYTHON, "-c", "print('ran')"], capture_output=True, text=True, env=env, timeout=120)
+    assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr

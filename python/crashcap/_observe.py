@@ -321,7 +321,7 @@ class Observer:
         self.ended = False              # its loss was fingerprinted
         self.backwards = 0              # backward() calls of the step in flight
         self.updates = 0                # optimizer steps of the step in flight
-        self.first_updater = None       # the optimizer that stepped first in it
+        self.updated = None             # the id of the optimizer that stepped in it (a set of them, after the first)
         self.sealed_nonfinite = False   # with keep_going: the first non-finite loss's bundle is sealed
         self.freed_graph = None         # (roots, step, call) of the last backward() or grad() that freed its graph
 
@@ -667,19 +667,26 @@ class Observer:
         if self.in_flight is not None:
             self.updates += 1
             if self.updates == 1:
-                self.first_updater = optimizer
-            elif optimizer is self.first_updater and not self.replay:
-                self.warn("updates", f"{type(optimizer).__name__}.step() ran again in step {self.in_flight} before "
-                          f"DataLoader #{self.training_loader} gave another batch: a loop that updates the weights more "
-                          f"than once on a batch (one batch drawn for many updates, an inner loop) has every update on it "
-                          f"recorded as step {self.in_flight}; its replay ends at the step's first update, so a failure "
-                          f"after a later one is recorded, but does not reproduce")
+                self.updated = id(optimizer)
+            else:
+                if not isinstance(self.updated, set):
+                    self.updated = {self.updated}
+                if id(optimizer) in self.updated and not self.replay:
+                    self._updated_again(optimizer)
+                self.updated.add(id(optimizer))
             # The step's computation ends with its update: what the loop runs after it (the
             # scheduler, a validation pass, a checkpoint, logging) is between steps, and a crash
             # there is after the step, not in it. Of several optimizers, which updates last is
             # not known: the step stays in flight until the next batch.
             if self.rec is not None and not self.replay and self.rec.optimizer is optimizer:
                 self.rec._finish_step()
+
+    def _updated_again(self, optimizer):
+        self.warn("updates", f"{type(optimizer).__name__}.step() ran again in step {self.in_flight} before "
+                  f"DataLoader #{self.training_loader} gave another batch: a loop that updates the weights more than "
+                  f"once on a batch (one batch drawn for many updates, an inner loop) has every update on it recorded "
+                  f"as step {self.in_flight}; its replay ends at the step's first update, so a failure after a later "
+                  f"one is recorded, but does not reproduce")
 
     def _finish(self):
         if self.rec is not None and self.in_flight is not None and not self.replay:
@@ -1201,6 +1208,8 @@ class _ObservedCycle(_cycle):
 
     def __new__(cls, iterable, /):
         from torch.utils.data import dataloader
+        if cls is not _ObservedCycle:
+            return _cycle.__new__(cls, iterable)
         if (_observer is None or not _observer.here()
                 or not isinstance(iterable, (dataloader.DataLoader, dataloader._BaseDataLoaderIter))):
             return _cycle(iterable)
@@ -1219,8 +1228,10 @@ class _ObservedCycle(_cycle):
 
 @_guarded
 def _seen_cycled(cycle, item):
+    if _api._recorder._user_recorder_made:
+        return  # the program records itself
     key, held = id(item), cycle._crashcap_held
-    seen = _observer.last_batch
+    seen, _observer.last_batch = _observer.last_batch, None  # told once: no later item matches it by a reused id
     if key not in held:
         if seen is not None and seen[0] == key:  # the loader gave it just now: its first pass
             held[key] = seen[1]
@@ -1394,10 +1405,9 @@ def install(policy=None, replay=False):
     dl.DataLoader.__init__ = DataLoader_init
     # A step-based loop over cycle(loader) (_ObservedCycle): through the bootstrap's stand-in, which
     # a program that imported it before torch holds.
+    # (An observer installed without it, in a study's own process, leaves itertools.cycle alone.)
     if getattr(itertools.cycle, "_crashcap_real", None) is not None:
         itertools.cycle.make = _ObservedCycle
-    else:
-        itertools.cycle = _ObservedCycle
 
     # Modules, as they are made: the model is found among them (_model_of) without a scan of every
     # live object. __setstate__ is how unpickling and copy.deepcopy (an EMA copy) make them.

@@ -330,13 +330,13 @@ std::string pythonPackage() {
     // would run the program unrecorded, saying so only in the child's stderr.
     const fs::path package = fs::absolute(v).lexically_normal();
     const std::string name = (package.filename().empty() ? package.parent_path() : package).filename().string();
-    if (bootstrapIn(v) && name != "crashcap")
+    if (bootstrapIn(package) && name != "crashcap")
       throw Error(ErrorCode::InvalidArgument,
                   fmt::format("CRASHCAP_PYTHON_PACKAGE={} is a crashcap package named '{}': the recorded program "
                               "imports it as `crashcap` from the directory above it, so its directory must be named crashcap",
                               v, name),
                   "copy it to a directory named crashcap (e.g. /tmp/old/crashcap) and point at that");
-    if (bootstrapIn(v)) return package.string();
+    if (bootstrapIn(package)) return package.string();
     throw Error(ErrorCode::NotFound,
                 fmt::format("CRASHCAP_PYTHON_PACKAGE={} is not the crashcap Python package (no __init__.py and "
                             "_bootstrap/sitecustomize.py in it)", v),

@@ -157,5 +157,7 @@ def test_a_python_package_given_under_another_name_than_crashcap_is_refused_not_
     shutil.copytree(package, tmp_path / "old" / "crashcap")
     env["CRASHCAP_PYTHON_PACKAGE"] = str(tmp_path / "old" / "crashcap") + "/"
     r = subprocess.run([os.path.join(BIN, "crashcap"), "run", "--record", "--dir", str(tmp_path / "runs"), "--",
-                        PYTHON, "-c", "print('ran')"], capture_output=True, text=True, env=env, timeout=120)
-    assert r.returncode == 0 and r.stdout.strip() == "ran", r.stderr
+                        PYTHON, "-c", "import torch, crashcap._observe as o; print(o.__file__)"], capture_output=True,
+                       text=True, env=env, timeout=120)
+    assert r.returncode == 0 and "not recording" not in r.stderr, r.stderr
+    assert r.stdout.strip() == str(tmp_path / "old" / "crashcap" / "_observe.py"), r.stdout  # the copy records

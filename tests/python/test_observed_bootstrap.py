@@ -256,3 +256,37 @@ def test_a_recorded_batch_is_freed_when_the_training_drops_it_not_when_the_garba
 def test_record_options_without_record_are_refused(tmp_path):
     r = crashcap("run", "--nonfinite", "record", "--dir", tmp_path, "--", PYTHON, "-c", "pass")
     assert r.returncode == 2 and "add --record" in r.stderr, r.stderr
+
+
+def test_the_stand_in_for_itertools_cycle_makes_cycles_that_pickle_subclass_and_compare_as_itertools_cycle(tmp_path):
+    # The bootstrap's stand-in, imported before torch and after: the same values, pickling, copies,
+    # isinstance and a subclass of the program's own, with and without the observer running.
+    script = tmp_path / "cycles.py"
+    script.write_text(textwrap.dedent("""
+        import copy, itertools, pickle
+        from itertools import cycle
+
+        class Named(cycle):
+            def name(self):
+                return "named"
+
+        def check(when):
+            c = cycle([1, 2, 3]); next(c)
+            again = pickle.loads(pickle.dumps(c))
+            copied = copy.deepcopy(c)
+            n = Named("ab")
+            print(when, [next(again) for _ in range(4)], [next(copied) for _ in range(4)],
+                  isinstance(c, itertools.cycle), issubclass(type(c), itertools.cycle), n.name(), next(n),
+                  pickle.loads(pickle.dumps(itertools.cycle)) is itertools.cycle)
+
+        check("before")
+        import torch
+        check("after")
+    """))
+    bare = subprocess.run([PYTHON, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+    r = subprocess.run([os.path.join(os.environ["CRASHCAP_BIN"], "crashcap"), "run", "--record", "--dir",
+                        str(tmp_path / "runs"), "--", PYTHON, str(script)], cwd=tmp_path, capture_output=True,
+                       text=True, timeout=120)
+    assert bare.returncode == 0 and r.returncode == 0, (bare.stderr, r.stderr)
+    assert r.stdout == bare.stdout, (r.stdout, bare.stdout)
+    assert "before [2, 3, 1, 2] [2, 3, 1, 2] True True named a True" in r.stdout, r.stdout

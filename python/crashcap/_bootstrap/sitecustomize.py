@@ -2,7 +2,8 @@
 
 It runs the sitecustomize it hides (the system's), then waits for the program to import torch,
 and only then loads crashcap's observer (crashcap/_observe.py): a program that never imports
-torch (a launcher, a shell helper) runs as if crashcap were not there. Nothing here may break
+torch (a launcher, a shell helper) runs as if crashcap were not there, but for the stand-in for
+itertools.cycle (_stand_in_for_cycle), which makes itertools.cycle itself. Nothing here may break
 the program: an error is one line on stderr.
 """
 
@@ -117,7 +118,10 @@ def _stand_in_for_cycle():
     """itertools.cycle as the program gets it, even imported before torch (`from itertools import
     cycle`): once crashcap's observer runs, it sees each batch a cycle over a DataLoader hands out
     again (`make`: crashcap/_observe.py, _ObservedCycle); until then, and over anything else, it
-    makes itertools.cycle itself, an instance of the stand-in as of itertools.cycle."""
+    makes itertools.cycle itself. Such a cycle is an instance of the stand-in as of itertools.cycle,
+    pickles as one, and a program's subclass of it is made as that subclass; only `type(c) is
+    itertools.cycle` tells them apart."""
+    import copyreg
     import itertools
     real = itertools.cycle
 
@@ -134,11 +138,23 @@ def _stand_in_for_cycle():
         make = None
 
         def __new__(cls, iterable, /):
+            if cls is not cycle:
+                return real.__new__(cls, iterable)  # a subclass the program made of itertools.cycle
             make = cycle.make
             return real(iterable) if make is None else make(iterable)
 
     cycle.__module__, cycle.__qualname__ = real.__module__, real.__qualname__
+    # pickle finds a class by its name: itertools.cycle is the stand-in now, so a cycle pickles as
+    # one, and unpickles as itertools.cycle (its state restored by its own __setstate__)
+    copyreg.pickle(real, lambda c: (cycle,) + c.__reduce__()[1:])
     itertools.cycle = cycle
+
+
+def _stand_in():
+    try:
+        _stand_in_for_cycle()
+    except Exception as e:
+        print(f"crashcap: loops over itertools.cycle(loader) will not be seen: {type(e).__name__}: {e}", file=sys.stderr)
 
 
 _run_hidden_sitecustomize()
@@ -149,10 +165,10 @@ if _multiprocessing_child():
     os.environ.pop("CRASHCAP_REPLAY_REQUEST", None)
     _OBSERVE_POLICY = os.environ.pop("CRASHCAP_OBSERVE", None)
     if _OBSERVE_POLICY is not None:
-        _stand_in_for_cycle()
+        _stand_in()
         sys.meta_path.insert(0, _AfterTorch(_observe_spawned_function))
 elif os.environ.get("CRASHCAP_OBSERVE") is not None or os.environ.get("CRASHCAP_REPLAY_REQUEST") is not None:
-    _stand_in_for_cycle()
+    _stand_in()
     if "torch" in sys.modules:
         _observe()
     else:

@@ -59,9 +59,6 @@ def main():
     for package in (a.old, a.new):
         if not os.path.isfile(os.path.join(package, "__init__.py")):
             p.error(f"{package} is not a crashcap package directory (no __init__.py)")
-        if os.path.basename(os.path.normpath(os.path.abspath(package))) != "crashcap":
-            p.error(f"{package} must be a directory named crashcap: the recorded program imports it by that name "
-                    f"from the directory above it (under another name it would run unrecorded)")
     if a.rounds < 1:
         p.error("--rounds must be at least 1")
     command = a.command or ["/usr/bin/python3", "samples/python/train.py"]

@@ -321,7 +321,7 @@ class Observer:
         self.ended = False              # its loss was fingerprinted
         self.backwards = 0              # backward() calls of the step in flight
         self.updates = 0                # optimizer steps of the step in flight
-        self.updated = None             # the id of the optimizer that stepped in it (a set of them, after the first)
+        self.updated = None             # the ids of the optimizers that stepped in it
         self.sealed_nonfinite = False   # with keep_going: the first non-finite loss's bundle is sealed
         self.freed_graph = None         # (roots, step, call) of the last backward() or grad() that freed its graph
 
@@ -667,13 +667,11 @@ class Observer:
         if self.in_flight is not None:
             self.updates += 1
             if self.updates == 1:
-                self.updated = id(optimizer)
-            else:
-                if not isinstance(self.updated, set):
-                    self.updated = {self.updated}
-                if id(optimizer) in self.updated and not self.replay:
-                    self._updated_again(optimizer)
+                self.updated = {id(optimizer)}
+            elif id(optimizer) not in self.updated:
                 self.updated.add(id(optimizer))
+            elif not self.replay:
+                self._updated_again(optimizer)
             # The step's computation ends with its update: what the loop runs after it (the
             # scheduler, a validation pass, a checkpoint, logging) is between steps, and a crash
             # there is after the step, not in it. Of several optimizers, which updates last is
@@ -1208,8 +1206,6 @@ class _ObservedCycle(_cycle):
 
     def __new__(cls, iterable, /):
         from torch.utils.data import dataloader
-        if cls is not _ObservedCycle:
-            return _cycle.__new__(cls, iterable)
         if (_observer is None or not _observer.here()
                 or not isinstance(iterable, (dataloader.DataLoader, dataloader._BaseDataLoaderIter))):
             return _cycle(iterable)
